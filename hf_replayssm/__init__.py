@@ -1,0 +1,22 @@
+"""ReplaySSM for Hugging Face Transformers: cache SSM inputs, not state.
+
+    from hf_replayssm import ReplayCache
+    out = model.generate(input_ids, past_key_values=ReplayCache(), max_new_tokens=256)
+"""
+
+from .adapters import supported_model_types
+from .cache import ReplayCache
+from .layers import ReplayLayer, RollbackError
+from .precision import PRESETS, PrecisionPolicy
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "PRESETS",
+    "PrecisionPolicy",
+    "ReplayCache",
+    "ReplayLayer",
+    "RollbackError",
+    "__version__",
+    "supported_model_types",
+]

@@ -1,0 +1,177 @@
+"""Patching machinery shared by the family adapters.
+
+A mixer forward runs *unchanged* (its own projections, conv, gates and norms); the adapter only
+
+1. wraps the mixer class's ``forward`` so that, when it receives a ``ReplayCache``, the call knows which
+   ``ReplayLayer`` serves it (a context variable), and
+2. wraps the module-level recurrence functions the forward calls (e.g. ``mamba2_selective_state_update`` /
+   ``mamba2_chunk_scan``): inside a replay call they compute the outputs from checkpoint + records instead of
+   stepping the state; outside one they call the original.
+
+The cache hands the stock mixer ``None`` as conv state and a recording flag, so every conv step goes through
+``update_conv_state`` (the conv ring). Both wraps are idempotent and cost one context lookup otherwise.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import inspect
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+_ACTIVE: contextvars.ContextVar[ReplayCall | None] = contextvars.ContextVar("hf_replayssm_call", default=None)
+_CACHE_KWARGS = ("cache", "cache_params", "past_key_values")
+
+
+@dataclass
+class ReplayCall:
+    layer: object  # ReplayLayer
+    module: torch.nn.Module
+    handled_tokens: int = 0
+
+
+def active_call() -> ReplayCall | None:
+    return _ACTIVE.get()
+
+
+def reference_function(fn: Callable) -> Callable:
+    """The pure-torch reference behind a hub-kernel wrapper (its signature is what model code calls)."""
+    while hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    return fn
+
+
+class CallArgs:
+    """The arguments of one intercepted call, by name, able to re-issue the call with a few substitutions."""
+
+    def __init__(self, signature: inspect.Signature, args: tuple, kwargs: dict):
+        self.args, self.kwargs = args, kwargs
+        positional = [p.name for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        self._positions = {name: i for i, name in enumerate(positional)}
+        bound = signature.bind_partial(*args, **kwargs)
+        self.values = dict(bound.arguments)
+        for p in signature.parameters.values():
+            if p.kind is p.VAR_KEYWORD:
+                self.values.update(self.values.pop(p.name, {}))
+            elif p.name not in self.values and p.default is not p.empty:
+                self.values[p.name] = p.default
+
+    def __getitem__(self, name: str):
+        return self.values.get(name)
+
+    def call(self, fn: Callable, **overrides):
+        """Call ``fn`` the way the model called the original, with ``overrides`` by parameter name."""
+        args, kwargs = list(self.args), dict(self.kwargs)
+        for name, value in overrides.items():
+            pos = self._positions.get(name)
+            if name not in kwargs and pos is not None and pos < len(args):
+                args[pos] = value
+            else:
+                kwargs[name] = value
+        return fn(*args, **kwargs)
+
+
+def intercept(module, name: str, make_replacement: Callable[[Callable], Callable]) -> None:
+    """Replace ``module.name`` by ``make_replacement(original)`` once."""
+    original = getattr(module, name, None)
+    if original is None:
+        raise RuntimeError(f"{module.__name__} has no function {name!r}; this transformers version is not supported")
+    if getattr(original, "_replayssm_original", None) is not None:
+        return
+    replacement = make_replacement(original)
+    replacement._replayssm_original = original
+    setattr(module, name, replacement)
+
+
+def _find_cache(args: tuple, kwargs: dict):
+    for key in _CACHE_KWARGS:
+        if kwargs.get(key) is not None:
+            return kwargs[key]
+    return args[0] if args else None
+
+
+def wrap_mixer_forward(mixer_cls: type) -> None:
+    """Make ``mixer_cls.forward`` route a ReplayCache call through the replay layer (idempotent)."""
+    original = mixer_cls.__dict__.get("forward")
+    if original is None or getattr(original, "_replayssm_original", None) is not None:
+        return
+    from ..cache import ReplayCache
+
+    @functools.wraps(original)
+    def forward(self, hidden_states, *args, **kwargs):
+        cache = _find_cache(args, kwargs)
+        if not isinstance(cache, ReplayCache):
+            return original(self, hidden_states, *args, **kwargs)
+        if kwargs.get("cu_seq_lens_q") is not None or kwargs.get("cu_seqlens") is not None:
+            raise ValueError("ReplayCache does not support packed sequences (cu_seqlens); pad the batch instead")
+        layer = cache.replay_layer_for(self, hidden_states.shape[0])
+        call = ReplayCall(layer, self)
+        token = _ACTIVE.set(call)
+        try:
+            out = original(self, hidden_states, *args, **kwargs)
+        finally:
+            _ACTIVE.reset(token)
+        count = hidden_states.shape[1]
+        if call.handled_tokens != count:
+            raise RuntimeError(
+                f"{type(self).__name__} did not route its recurrence through ReplayCache ({call.handled_tokens} of "
+                f"{count} tokens); this kernel path is not supported"
+            )
+        layer.finish_forward(count)
+        return out
+
+    forward._replayssm_original = original
+    mixer_cls.forward = forward
+
+
+def repoint_accelerate_hook(mixer: torch.nn.Module) -> None:
+    """accelerate's device hooks capture the bound ``forward`` when a model is dispatched (``device_map=...``);
+    point a hooked mixer at the patched class forward."""
+    if "_old_forward" in vars(mixer):
+        mixer._old_forward = type(mixer).forward.__get__(mixer)
+
+
+def conv_update_interceptor(module) -> Callable[[Callable], Callable]:
+    """``causal_conv1d_update`` inside a replay call (mixers that skip the recording check use it for decode)."""
+    conv_fn = getattr(module, "causal_conv1d_fn")
+
+    def make(original):
+        signature = inspect.signature(reference_function(original))
+
+        def causal_conv1d_update(*args, **kwargs):
+            call = active_call()
+            if call is None:
+                return original(*args, **kwargs)
+            a = CallArgs(signature, args, kwargs)
+            x = a["hidden_states"] if a["hidden_states"] is not None else args[0]
+            full = call.layer.update_conv_state(x, conv_kernel_size=a["weight"].shape[-1])
+            out = conv_fn(full, a["weight"], a["bias"], activation=a["activation"])
+            return out[..., -x.shape[-1] :]
+
+        return causal_conv1d_update
+
+    return make
+
+
+@dataclass
+class FamilyAdapter:
+    """A recurrence family and the model types whose mixers it serves."""
+
+    name: str
+    recurrence: Callable[[], object]
+    # mixer class name -> (model types, {function name: interceptor factory(module) -> (original -> replacement)})
+    mixers: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    interceptors: dict[str, Callable] = field(default_factory=dict)
+
+    def install(self, mixer_cls: type) -> None:
+        module = sys.modules[mixer_cls.__module__]
+        for fn_name, factory in self.interceptors.items():
+            if hasattr(module, fn_name):
+                intercept(module, fn_name, factory(module))
+        if hasattr(module, "causal_conv1d_update"):
+            intercept(module, "causal_conv1d_update", conv_update_interceptor(module))
+        wrap_mixer_forward(mixer_cls)

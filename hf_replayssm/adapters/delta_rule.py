@@ -1,0 +1,102 @@
+"""Delta-rule family adapters: Gated DeltaNet (qwen3_next, qwen3_5, qwen3_5_moe, olmo_hybrid) and Kimi Delta
+Attention (kimi_linear, bailing_hybrid, glm5_next).
+
+Their mixers call ``*_recurrent_*`` for one token and ``*_chunk_*`` for several, with raw q/k, value, log-decay
+``g`` (per head for GDN, per key channel for KDA) and ``beta``. Inside a replay call both become
+``ReplayLayer.forward_tokens`` after the same normalisation the torch reference applies (the module's own
+``l2norm``, then ``1/sqrt(d_k)`` on q).
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+from ..recurrences import DeltaRuleRecurrence
+from .base import CallArgs, FamilyAdapter, active_call, reference_function
+
+
+def _prepare(module, a: CallArgs) -> dict[str, torch.Tensor]:
+    query, key, value = a["query"], a["key"], a["value"]
+    num_k_heads, num_v_heads = key.shape[2], value.shape[2]
+    if num_k_heads != num_v_heads:  # grouped value attention: q/k head h serves value heads h*r .. h*r+r-1
+        query = query.repeat_interleave(num_v_heads // num_k_heads, dim=2)
+        key = key.repeat_interleave(num_v_heads // num_k_heads, dim=2)
+    query, key = query.float(), key.float()
+    if a["use_qk_l2norm_in_kernel"]:
+        query = module.l2norm(query, dim=-1, eps=1e-6)
+        key = module.l2norm(key, dim=-1, eps=1e-6)
+    query = query / (query.shape[-1] ** 0.5)
+    return {"q": query, "k": key, "v": value.float(), "beta": a["beta"].float(), "g": a["g"].float()}
+
+
+def _make_interceptor(module, chunked: bool):
+    def make(original):
+        signature = inspect.signature(reference_function(original))
+
+        def replay_delta_rule(*args, **kwargs):
+            call = active_call()
+            if call is None:
+                return original(*args, **kwargs)
+            a = CallArgs(signature, args, kwargs)
+            if a["cu_seqlens"] is not None:
+                raise ValueError("ReplayCache does not support packed sequences (cu_seqlens); pad the batch instead")
+            tokens = _prepare(module, a)
+            chunk_fn = None
+            if chunked:
+
+                def chunk_fn(start: int, stop: int, initial_state: torch.Tensor):
+                    o, state = a.call(
+                        original,
+                        query=a["query"][:, start:stop],
+                        key=a["key"][:, start:stop],
+                        value=a["value"][:, start:stop],
+                        g=a["g"][:, start:stop],
+                        beta=a["beta"][:, start:stop],
+                        initial_state=initial_state,
+                        output_final_state=True,
+                    )
+                    return o.float(), state
+
+            out = call.layer.forward_tokens(tokens, chunk_fn)
+            call.handled_tokens += a["value"].shape[1]
+            final = call.layer.checkpoint if a["output_final_state"] else None
+            return out.to(a["query"].dtype), final
+
+        replay_delta_rule.__name__ = original.__name__
+        return replay_delta_rule
+
+    return make
+
+
+def _recurrent(module):
+    return _make_interceptor(module, chunked=False)
+
+
+def _chunk(module):
+    return _make_interceptor(module, chunked=True)
+
+
+GATED_DELTANET = FamilyAdapter(
+    name="gated_deltanet",
+    recurrence=DeltaRuleRecurrence,
+    mixers={
+        "Qwen3NextGatedDeltaNet": ("qwen3_next",),
+        "Qwen3_5GatedDeltaNet": ("qwen3_5", "qwen3_5_text"),
+        "Qwen3_5MoeGatedDeltaNet": ("qwen3_5_moe", "qwen3_5_moe_text"),
+        "OlmoHybridGatedDeltaNet": ("olmo_hybrid",),
+    },
+    interceptors={"torch_recurrent_gated_delta_rule": _recurrent, "torch_chunk_gated_delta_rule": _chunk},
+)
+
+KIMI_DELTA = FamilyAdapter(
+    name="kimi_delta_attention",
+    recurrence=DeltaRuleRecurrence,
+    mixers={
+        "KimiLinearDeltaAttention": ("kimi_linear",),
+        "BailingHybridDeltaAttention": ("bailing_hybrid",),
+        "Glm5NextTextLinearAttention": ("glm5_next",),
+    },
+    interceptors={"recurrent_kimi_delta_attention": _recurrent, "chunk_kimi_delta_attention": _chunk},
+)

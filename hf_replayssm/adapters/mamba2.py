@@ -1,0 +1,122 @@
+"""Mamba-2 family adapter (nemotron_h, falcon_h1, bamba, granitemoehybrid, zamba2, mamba2).
+
+Every Mamba-2 mixer in transformers calls two module-level functions for its recurrence:
+``mamba2_selective_state_update`` (one token, writes the state in place) and ``mamba2_chunk_scan`` (T tokens
+from an initial state). Inside a replay call both become ``ReplayLayer.forward_tokens``; the mixer keeps its own
+in_proj, conv, gated norm and out_proj.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.nn.functional as F
+
+from ..recurrences import Mamba2Recurrence
+from .base import CallArgs, FamilyAdapter, active_call, reference_function
+
+
+def _per_head(t: torch.Tensor | None, dims: int) -> torch.Tensor | None:
+    """Undo the mixers' ``expand(..., head_dim[, state])`` (values are tied across the expanded dims)."""
+    if t is None:
+        return None
+    while t.dim() > dims:
+        t = t[..., 0]
+    return t
+
+
+def _step_interceptor(module):
+    def make(original):
+        signature = inspect.signature(reference_function(original))
+
+        def mamba2_selective_state_update(*args, **kwargs):
+            call = active_call()
+            if call is None:
+                return original(*args, **kwargs)
+            a = CallArgs(signature, args, kwargs)
+            x = a["hidden_states"]  # [B, H, P]
+            dt = _per_head(a["dt"], 2).float()  # [B, H]
+            if a["dt_bias"] is not None:
+                dt = dt + _per_head(a["dt_bias"], 1).float()
+            if a["dt_softplus"]:
+                dt = F.softplus(dt)
+            tokens = {
+                "x": x[:, None],
+                "dt": dt[:, None],
+                "B": a["B"][:, None],
+                "C": a["C"][:, None],
+                "A": _per_head(a["A"], 1).float(),
+                "D": _per_head(a["D"], 1),
+            }
+            y = call.layer.forward_tokens(tokens)[:, 0]
+            if a["z"] is not None:
+                y = y * F.silu(a["z"].float())
+            call.handled_tokens += 1
+            return y.to(x.dtype)
+
+        return mamba2_selective_state_update
+
+    return make
+
+
+def _chunk_interceptor(module):
+    def make(original):
+        signature = inspect.signature(reference_function(original))
+
+        def mamba2_chunk_scan(*args, **kwargs):
+            call = active_call()
+            if call is None:
+                return original(*args, **kwargs)
+            a = CallArgs(signature, args, kwargs)
+            x, dt_raw = a["hidden_states"], a["dt"]  # [B, T, H, P], [B, T, H]
+            dt = dt_raw.float()
+            if a["dt_bias"] is not None:
+                dt = dt + a["dt_bias"].float()
+            if a["dt_softplus"]:
+                dt = F.softplus(dt)
+            low, high = a["dt_limit"] if a["dt_limit"] is not None else (0.0, float("inf"))
+            dt = torch.clamp(dt, min=low, max=high)
+            Bm, Cm = a["B"], a["C"]
+            tokens = {"x": x, "dt": dt, "B": Bm, "C": Cm, "A": a["A"].float(), "D": a["D"]}
+
+            def chunk_fn(start: int, stop: int, initial_state: torch.Tensor):
+                y, state = a.call(
+                    original,
+                    hidden_states=x[:, start:stop],
+                    dt=dt_raw[:, start:stop],
+                    B=Bm[:, start:stop],
+                    C=Cm[:, start:stop],
+                    initial_states=initial_state,
+                    return_final_states=True,
+                )
+                return y.float(), state
+
+            y = call.layer.forward_tokens(tokens, chunk_fn)
+            call.handled_tokens += x.shape[1]
+            y = y.to(x.dtype)
+            if a["return_final_states"]:
+                return y, call.layer.checkpoint
+            return y
+
+        return mamba2_chunk_scan
+
+    return make
+
+
+ADAPTER = FamilyAdapter(
+    name="mamba2",
+    recurrence=Mamba2Recurrence,
+    mixers={
+        "NemotronHMamba2Mixer": ("nemotron_h",),
+        "FalconH1Mixer": ("falcon_h1",),
+        "BambaMixer": ("bamba",),
+        "GraniteMoeHybridMambaLayer": ("granitemoehybrid",),
+        "Zamba2MambaMixer": ("zamba2",),
+        "Mamba2Mixer": ("mamba2",),
+    },
+    interceptors={
+        "mamba2_selective_state_update": _step_interceptor,
+        "mamba2_chunk_scan": _chunk_interceptor,
+    },
+)

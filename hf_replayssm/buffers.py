@@ -1,0 +1,194 @@
+"""Preallocated ring buffers with static shapes (pure torch, no transformers import).
+
+``RecordRing`` holds the per-token records of one SSM layer: committed records (part of the sequence, waiting
+for the next flush) followed by pending ones (speculative drafts that a ``crop`` may still drop). Records live in
+a circular buffer, so folding the oldest records into the checkpoint and dropping the newest are both pointer
+moves. ``ConvRing`` keeps the last inputs of the short causal convolution the same way, so the conv window can
+be rewound together with the records.
+
+The host-side integers drive Python control flow; ``cursor`` mirrors them on the device for kernels.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+
+
+class RecordRing:
+    """Circular buffer of ``capacity`` records per batch row; one tensor per record field."""
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self.fields: dict[str, torch.Tensor] = {}
+        self.origin = 0  # slot of the oldest record
+        self.num_committed = 0
+        self.num_pending = 0
+        self.cursor: torch.Tensor | None = None  # device mirror: [origin, num_committed, num_pending]
+
+    @property
+    def allocated(self) -> bool:
+        return bool(self.fields)
+
+    @property
+    def size(self) -> int:
+        return self.num_committed + self.num_pending
+
+    def allocate(self, like: Mapping[str, torch.Tensor]) -> None:
+        """Allocate storage shaped after example records ``like[name]`` of shape [B, T, *feature]."""
+        for name, example in like.items():
+            shape = (example.shape[0], self.capacity, *example.shape[2:])
+            self.fields[name] = torch.zeros(shape, dtype=example.dtype, device=example.device)
+        device = next(iter(self.fields.values())).device
+        self.cursor = torch.zeros(3, dtype=torch.int64, device=device)
+
+    def _sync_cursor(self) -> None:
+        if self.cursor is not None:
+            self.cursor.copy_(torch.tensor([self.origin, self.num_committed, self.num_pending]))
+
+    def _slots(self, start: int, count: int, device: torch.device) -> torch.Tensor:
+        return (self.origin + start + torch.arange(count, device=device)) % self.capacity
+
+    def read(self, start: int = 0, count: int | None = None) -> dict[str, torch.Tensor]:
+        """Records ``start .. start+count`` (0 = oldest) in sequence order, each [B, count, *feature]."""
+        count = self.size - start if count is None else count
+        if not self.allocated:
+            return {}
+        device = next(iter(self.fields.values())).device
+        if count == 0:
+            return {name: buf[:, :0] for name, buf in self.fields.items()}
+        first = (self.origin + start) % self.capacity
+        if first + count <= self.capacity:  # contiguous: a view, no copy
+            return {name: buf[:, first : first + count] for name, buf in self.fields.items()}
+        slots = self._slots(start, count, device)
+        return {name: buf.index_select(1, slots) for name, buf in self.fields.items()}
+
+    def append(self, records: Mapping[str, torch.Tensor], pending: bool) -> None:
+        count = next(iter(records.values())).shape[1]
+        if self.size + count > self.capacity:
+            raise RuntimeError(f"ring overflow: {self.size} + {count} > capacity {self.capacity}")
+        if count:
+            slots = self._slots(self.size, count, next(iter(self.fields.values())).device)
+            for name, value in records.items():
+                self.fields[name].index_copy_(1, slots, value.to(self.fields[name].dtype))
+        if pending:
+            self.num_pending += count
+        else:
+            self.num_committed += count
+        self._sync_cursor()
+
+    def commit(self) -> None:
+        """Pending records become part of the sequence."""
+        self.num_committed += self.num_pending
+        self.num_pending = 0
+        self._sync_cursor()
+
+    def drop_newest(self, count: int) -> None:
+        """Forget the newest ``count`` records (pending first, then committed): a rollback."""
+        if count > self.size:
+            raise RuntimeError(f"cannot drop {count} records, only {self.size} buffered")
+        from_pending = min(count, self.num_pending)
+        self.num_pending -= from_pending
+        self.num_committed -= count - from_pending
+        self._sync_cursor()
+
+    def drop_oldest(self, count: int) -> None:
+        """Forget the oldest ``count`` records (after they were folded into the checkpoint)."""
+        if count > self.size:
+            raise RuntimeError(f"cannot drop {count} records, only {self.size} buffered")
+        self.origin = (self.origin + count) % self.capacity
+        from_committed = min(count, self.num_committed)
+        self.num_committed -= from_committed
+        self.num_pending -= count - from_committed
+        if self.size == 0:
+            self.origin = 0
+        self._sync_cursor()
+
+    def clear(self) -> None:
+        self.origin = self.num_committed = self.num_pending = 0
+        self._sync_cursor()
+
+    def grow(self, capacity: int) -> None:
+        """Reallocate to a larger capacity, keeping the records (outside the hot path: only when a larger
+        speculative window is requested)."""
+        if capacity <= self.capacity:
+            return
+        if self.allocated:
+            kept = self.read()
+            for name, buf in self.fields.items():
+                new = torch.zeros((buf.shape[0], capacity, *buf.shape[2:]), dtype=buf.dtype, device=buf.device)
+                new[:, : self.size] = kept[name]
+                self.fields[name] = new
+        self.capacity = capacity
+        self.origin = 0
+        self._sync_cursor()
+
+    def index_batch(self, index: torch.Tensor) -> None:
+        """Select / reorder batch rows (beam search, contrastive search)."""
+        for name, buf in self.fields.items():
+            self.fields[name] = buf.index_select(0, index.to(buf.device))
+
+    def nbytes(self) -> int:
+        return sum(buf.numel() * buf.element_size() for buf in self.fields.values())
+
+
+class ConvRing:
+    """The last ``capacity`` inputs of a causal depthwise convolution, indexed by absolute token position.
+
+    ``window(kernel)`` returns the ``kernel`` inputs before the current position (zeros before the sequence
+    start), which is what the model's own conv needs in front of the new tokens. Rewinding ``r`` tokens is exact
+    while ``r <= capacity - kernel``.
+    """
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self.buffer: torch.Tensor | None = None  # [B, C, capacity]
+        self.position = 0  # tokens written so far
+        self.oldest = 0  # oldest position whose input is still held
+
+    def allocate(self, like: torch.Tensor) -> None:
+        self.buffer = torch.zeros((like.shape[0], like.shape[1], self.capacity), dtype=like.dtype, device=like.device)
+
+    def window(self, kernel: int) -> torch.Tensor:
+        """[B, C, kernel]: inputs at positions position-kernel .. position-1 (zeros before the start)."""
+        assert self.buffer is not None
+        positions = torch.arange(self.position - kernel, self.position, device=self.buffer.device)
+        out = self.buffer.index_select(2, positions.clamp(min=0) % self.capacity)
+        return out.masked_fill((positions < 0)[None, None, :], 0)
+
+    def write(self, inputs: torch.Tensor) -> None:
+        """Append inputs [B, C, T] (only the last ``capacity`` columns are kept)."""
+        assert self.buffer is not None
+        count = inputs.shape[-1]
+        keep = min(count, self.capacity)
+        positions = torch.arange(self.position + count - keep, self.position + count, device=self.buffer.device)
+        self.buffer.index_copy_(2, positions % self.capacity, inputs[..., -keep:].to(self.buffer.dtype))
+        self.position += count
+        self.oldest = max(self.oldest, self.position - self.capacity)
+
+    def rewind(self, count: int, kernel: int) -> None:
+        if count > self.position or max(self.position - count - kernel, 0) < self.oldest:
+            raise RuntimeError(f"conv window cannot rewind {count} tokens (holds {self.position - self.oldest})")
+        self.position -= count
+
+    def grow(self, capacity: int) -> None:
+        if capacity <= self.capacity:
+            return
+        if self.buffer is not None:
+            held = min(self.position - self.oldest, self.capacity)
+            positions = torch.arange(self.position - held, self.position, device=self.buffer.device)
+            kept = self.buffer.index_select(2, positions % self.capacity)
+            new = torch.zeros((*self.buffer.shape[:2], capacity), dtype=self.buffer.dtype, device=self.buffer.device)
+            new.index_copy_(2, positions % capacity, kept)
+            self.buffer = new
+        self.capacity = capacity
+
+    def index_batch(self, index: torch.Tensor) -> None:
+        if self.buffer is not None:
+            self.buffer = self.buffer.index_select(0, index.to(self.buffer.device))
+
+    def nbytes(self) -> int:
+        return 0 if self.buffer is None else self.buffer.numel() * self.buffer.element_size()

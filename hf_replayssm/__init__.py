@@ -6,10 +6,14 @@
 
 from .adapters import supported_model_types
 from .cache import ReplayCache
+from .integration import install_hooks
 from .layers import ReplayLayer, RollbackError
 from .precision import PRESETS, PrecisionPolicy
 
 __version__ = "0.1.0"
+
+# Pass-through hooks on generate() and model calls; they only act when a ReplayCache is passed.
+install_hooks()
 
 __all__ = [
     "PRESETS",

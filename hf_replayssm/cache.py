@@ -55,9 +55,7 @@ class ReplayCache(DynamicCache):
         self._bound_ids: set[int] = set()
         self._batch_size: int | None = None
         self._recording = False
-        from .integration import install_hooks
-
-        install_hooks()
+        self._prompt_tokens = 0
 
     # ------------------------------------------------------------------ binding
     @classmethod
@@ -107,6 +105,7 @@ class ReplayCache(DynamicCache):
         self._bound_ids = {id(m) for m in model.modules() if hasattr(m, "config")}
         if self._recording:
             self.activate_past_recording()
+        self.expect_prompt(self._prompt_tokens)
 
     def replay_layer_for(self, mixer, batch_size: int) -> ReplayLayer:
         """The ReplayLayer serving ``mixer``; checks the binding and the batch size."""
@@ -210,6 +209,13 @@ class ReplayCache(DynamicCache):
                 layer.deactivate_past_recording()
             elif hasattr(layer, "record_past"):
                 layer.record_past = False
+
+    def expect_prompt(self, num_tokens: int) -> None:
+        """The first ``num_tokens`` tokens fed to an empty cache are prompt: while recording they take the
+        model's prefill path instead of becoming rollback-able drafts."""
+        self._prompt_tokens = int(num_tokens)
+        for layer in self.replay_layers.values():
+            layer.prompt_tokens = self._prompt_tokens
 
     def reserve_window(self, window: int) -> None:
         """Keep speculative rollbacks of up to ``window`` tokens exact."""

@@ -6,7 +6,7 @@
   model a ReplayCache of its own, and returns the cache to plain decoding afterwards.
 * ``GenerationMixin._prepare_cache_for_generation``: creates that draft ReplayCache.
 
-Installed once, on the first ``ReplayCache()``; calls without a ReplayCache pass straight through.
+Installed once, when ``hf_replayssm`` is imported; calls without a ReplayCache pass straight through.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import contextvars
 import functools
 from dataclasses import dataclass
 
+import torch
 from transformers import DynamicCache, GenerationMixin, PreTrainedModel
 
 _CACHE_KWARGS = ("cache", "past_key_values", "cache_params")
@@ -75,10 +76,18 @@ def _wrap_generate(original):
         drafts = _speculative_window(self, kwargs)
         if drafts is None:
             return original(self, *args, **kwargs)
+        if cache.get_seq_length() > 0:
+            raise ValueError(
+                "assisted generation and prompt lookup need an empty ReplayCache: transformers feeds the whole "
+                "prompt in the first verify step. Pass a new ReplayCache() to this generate() call."
+            )
         assistant = kwargs.get("assistant_model")
         if assistant is not None:
             _has_replayable_layers(assistant)  # refuse a draft whose state could not be rolled back
         cache.reserve_window(drafts + 1)
+        prompt = kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
+        if isinstance(prompt, torch.Tensor):
+            cache.expect_prompt(prompt.shape[-1])
         had_flag = "_is_stateful" in vars(self)
         previous = vars(self).get("_is_stateful")
         self._is_stateful = False  # ReplayCache makes rollback exact, so assisted decoding is allowed

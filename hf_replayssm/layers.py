@@ -52,6 +52,7 @@ class ReplayLayer(LinearAttentionLayer):
         # True routes every conv step through ``update_conv_state``, i.e. through the conv ring.
         self.record_past = True
         self.tokens_seen = 0
+        self.prompt_tokens = 0  # leading tokens of the first forward that are prompt, not drafts
         self.bound_batch: int | None = None
         self.mixer_ref: weakref.ref | None = None
         self.counters: Counter = Counter()
@@ -153,14 +154,14 @@ class ReplayLayer(LinearAttentionLayer):
     def _forward_plain(self, tokens, chunk_fn):
         ring, rec = self.ring, self.recurrence
         count = self._num_tokens(tokens)
-        prefill = self.tokens_seen == 0
-        if not prefill and ring.size + count < self.buffer_len:
+        if count == 1 and self.tokens_seen and ring.size + 1 < self.buffer_len:
             y, records = rec.outputs(self.store.read(), ring.read(), tokens)
             ring.append(records, pending=False)
             return y
+        # A flush step (the L-th token), or a multi-token forward: the model's own path, like a prefill.
         y = self._absorb(tokens, chunk_fn, ring.read())
         ring.clear()
-        self.counters["flushes" if not prefill else "prefills"] += 1
+        self.counters["flushes" if count == 1 and self.tokens_seen else "prefills"] += 1
         return y
 
     def _absorb(self, tokens, chunk_fn, history) -> torch.Tensor:
@@ -191,25 +192,27 @@ class ReplayLayer(LinearAttentionLayer):
         count = self._num_tokens(tokens)
         if ring.num_committed and (ring.num_committed >= self.buffer_len or ring.size + count > ring.capacity):
             self._fold_oldest(ring.num_committed)
-        excess = ring.size + count - ring.capacity
-        head = 0
+        # The prompt part of a first forward is never rolled back: it takes the model's own (prefill) path.
+        head = min(self.prompt_tokens, count) if self.tokens_seen == 0 else 0
+        excess = ring.size + count - head - ring.capacity
         if excess > 0:
-            # Older drafts lose their rollback first, then the head of this forward (the prompt part of a first
-            # assisted round) is absorbed directly. A later crop reaching past them raises.
+            # Older drafts lose their rollback first, then the head of this forward is absorbed directly.
+            # A later crop reaching past them raises.
             from_pending = min(excess, ring.num_pending)
             if from_pending:
                 self._fold_oldest(from_pending)
-            head = excess - from_pending
+            head += excess - from_pending
         outputs = []
         if head:
-            outputs.append(self._absorb(rec.slice(tokens, 0, head), chunk_fn, {}))
-            tokens = rec.slice(tokens, head, count)
-            if self.tokens_seen == 0:
-                self.counters["prefills"] += 1
-        y, records = rec.outputs(self.store.read(), ring.read(), tokens)
-        ring.append(records, pending=True)
-        outputs.append(y)
-        return torch.cat(outputs, dim=1) if len(outputs) > 1 else y
+            outputs.append(self._absorb(rec.slice(tokens, 0, head), chunk_fn, ring.read()))
+            ring.clear()
+            self.counters["prefills"] += 1
+        if head < count:
+            tail = rec.slice(tokens, head, count) if head else tokens
+            y, records = rec.outputs(self.store.read(), ring.read(), tail)
+            ring.append(records, pending=True)
+            outputs.append(y)
+        return torch.cat(outputs, dim=1) if len(outputs) > 1 else outputs[0]
 
     def finish_forward(self, count: int) -> None:
         """Called once per mixer forward after the replay step ran."""

@@ -75,8 +75,8 @@ def _chunk_interceptor(module):
                 dt = dt + a["dt_bias"].float()
             if a["dt_softplus"]:
                 dt = F.softplus(dt)
-            low, high = a["dt_limit"] if a["dt_limit"] is not None else (0.0, float("inf"))
-            dt = torch.clamp(dt, min=low, max=high)
+            # Buffered tokens are decode steps: like the stock single-token update, no ``dt_limit`` clamp (the
+            # model's chunk scan, used for absorbed tokens, applies it as in a stock prefill).
             Bm, Cm = a["B"], a["C"]
             tokens = {"x": x, "dt": dt, "B": Bm, "C": Cm, "A": a["A"].float(), "D": a["D"]}
 
@@ -94,7 +94,7 @@ def _chunk_interceptor(module):
 
             y = call.layer.forward_tokens(tokens, chunk_fn)
             call.handled_tokens += x.shape[1]
-            y = y.to(x.dtype)
+            y = y.to(x.dtype).contiguous()  # callers .view() the result
             if a["return_final_states"]:
                 return y, call.layer.checkpoint
             return y

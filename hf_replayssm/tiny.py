@@ -14,8 +14,10 @@ COMMON = dict(
 )
 _ATTN = dict(num_attention_heads=4, num_key_value_heads=2, intermediate_size=128)
 _LA3_FA = ["linear_attention", "linear_attention", "full_attention", "linear_attention"]
+# rms_norm_eps=1e-3: random-init GDN heads emit outputs with norms down to ~1e-4, which the gated RMSNorm (eps
+# 1e-6) scales up a thousandfold, so fp32 rounding alone moves stock decoding's own logits by ~1e-4.
 _GDN = dict(head_dim=16, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
-            linear_num_value_heads=4, linear_conv_kernel_dim=4)
+            linear_num_value_heads=4, linear_conv_kernel_dim=4, rms_norm_eps=1e-3)
 _MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32)
 _KDA = dict(num_attention_heads=4, num_key_value_heads=4, intermediate_size=128, moe_intermediate_size=32,
             kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, num_local_experts=4,

@@ -31,13 +31,27 @@ def _gate(g: torch.Tensor) -> torch.Tensor:
     return g[..., None] if g.dim() == 3 else g
 
 
-def _pair_weights(c_q: torch.Tensor, c_k: torch.Tensor, k: torch.Tensor, u: torch.Tensor, mask: torch.Tensor):
-    """W[b,h,i,j] = sum_c exp(c_q[i] - c_k[j]) * k_j * u_i over key channels, zero where ``mask`` is False.
+def _sum_after(g: torch.Tensor) -> torch.Tensor:
+    """out[:, j] = sum_{t>j} g[:, t] along dim 1 (an exclusive reverse cumulative sum)."""
+    reverse = torch.flip(torch.cumsum(torch.flip(g, [1]), dim=1), [1])
+    return torch.cat([reverse[:, 1:], torch.zeros_like(reverse[:, :1])], dim=1)
 
-    c_q [B,T,H,Kg], c_k [B,M,H,Kg], k [B,M,H,K], u [B,T,H,K], mask [T, M] -> [B,H,T,M].
+
+def segment_sums(g: torch.Tensor) -> torch.Tensor:
+    """seg[b,h,i,j,:] = sum_{j<t<=i} g[b,t,h,:] for j <= i (summed directly rather than as a difference of
+    cumulative sums, which loses precision as the sums grow). g [B,M,H,Kg] -> [B,H,M,M,Kg]."""
+    steps = g.shape[1]
+    terms = g.permute(0, 2, 1, 3)[:, :, :, None, :].expand(-1, -1, -1, steps, -1)  # [b,h,t,j] = g_t
+    after_j = torch.ones(steps, steps, dtype=torch.bool, device=g.device).tril(-1)  # t > j
+    return torch.cumsum(terms.masked_fill(~after_j[:, :, None], 0), dim=2)
+
+
+def _pair_weights(seg: torch.Tensor, k: torch.Tensor, u: torch.Tensor, mask: torch.Tensor):
+    """W[b,h,i,j] = sum_c exp(seg[i, j]) * k_j * u_i over key channels, zero where ``mask`` is False.
+
+    seg [B,H,T,M,Kg] (log decay from token j to query i), k [B,M,H,K], u [B,T,H,K], mask [T, M] -> [B,H,T,M].
     """
-    diff = c_q.permute(0, 2, 1, 3)[:, :, :, None, :] - c_k.permute(0, 2, 1, 3)[:, :, None, :, :]  # [B,H,T,M,Kg]
-    decay = torch.exp(diff.masked_fill(~mask[:, :, None], float("-inf")))
+    decay = torch.exp(seg.masked_fill(~mask[:, :, None], float("-inf")))
     if decay.shape[-1] == 1:  # scalar gate: factor the decay out of the dot product
         return decay[..., 0] * torch.einsum("bthk,bmhk->bhtm", u, k)
     return torch.einsum("bhtmk,bmhk,bthk->bhtm", decay, k, u)
@@ -67,8 +81,8 @@ def delta_replay(
     k, v, beta = k.to(f32), v.to(f32), beta.to(f32)
     ks = torch.cat([hist_k.to(f32), k], dim=1)  # [B, M, H, K]
     gs = torch.cat([_gate(hist_g), _gate(g)], dim=1)  # [B, M, H, Kg]
-    c = torch.cumsum(gs, dim=1)
-    c_new = c[:, num_hist:]  # [B, T, H, Kg]
+    c_new = torch.cumsum(gs, dim=1)[:, num_hist:]  # [B, T, H, Kg] log decay since the checkpoint
+    seg = segment_sums(gs)[:, :, num_hist:]  # [B, H, T, M, Kg]
     state = state.to(f32)
 
     rows = num_hist + torch.arange(window, device=device)[:, None]
@@ -76,7 +90,7 @@ def delta_replay(
     strictly_before = cols < rows  # [T, M]
 
     # P_i^T k_i split into checkpoint, history and in-window parts.
-    w_k = _pair_weights(c_new, c, ks, k, strictly_before)  # [B, H, T, M]
+    w_k = _pair_weights(seg, ks, k, strictly_before)  # [B, H, T, M]
     pk = torch.einsum("bhkv,bthk->bthv", state, torch.exp(c_new) * k)
     if num_hist:
         pk = pk + torch.einsum("bhtm,bmhv->bthv", w_k[..., :num_hist], hist_d.to(f32))
@@ -90,7 +104,7 @@ def delta_replay(
     if q is None:
         return None, d
     q = q.to(f32)
-    w_q = _pair_weights(c_new, c, ks, q, cols <= rows)  # includes the token itself (decay 1)
+    w_q = _pair_weights(seg, ks, q, cols <= rows)  # includes the token itself (decay 1)
     ds = torch.cat([hist_d.to(f32), d], dim=1)
     o = torch.einsum("bhkv,bthk->bthv", state, torch.exp(c_new) * q) + torch.einsum("bhtm,bmhv->bthv", w_q, ds)
     return o, d
@@ -101,9 +115,11 @@ def delta_fold(state: torch.Tensor, k: torch.Tensor, d: torch.Tensor, g: torch.T
     f32 = torch.float32
     if k.shape[1] == 0:
         return state.to(f32).clone()
-    c = torch.cumsum(_gate(g), dim=1)  # [B, M, H, Kg]
-    c_last = c[:, -1]  # [B, H, Kg]
-    k_decayed = torch.exp(c_last[:, None] - c) * k.to(f32)  # [B, M, H, K]
+    gate = _gate(g)
+    c_last = gate.sum(dim=1)  # [B, H, Kg]
+    # log decay from each record to the end, summed directly: sum_{t>j} g_t
+    after = _sum_after(gate)
+    k_decayed = torch.exp(after) * k.to(f32)  # [B, M, H, K]
     update = torch.einsum("bmhk,bmhv->bhkv", k_decayed, d.to(f32))
     return state.to(f32) * torch.exp(c_last)[..., None] + update
 

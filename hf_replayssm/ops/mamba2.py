@@ -26,9 +26,19 @@ def _heads(t: torch.Tensor, num_heads: int) -> torch.Tensor:
     return t.repeat_interleave(num_heads // groups, dim=-2)
 
 
-def _log_decay_cumsum(dt: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
-    """dt [B, M, H], A [H] (negative) -> cumulative log decay [B, M, H]."""
-    return torch.cumsum(dt * A, dim=1)
+def _segment_sums(log_decay: torch.Tensor) -> torch.Tensor:
+    """seg[b,h,i,j] = sum_{j<t<=i} log_decay[b,t,h] (summed directly, not as a difference of cumulative sums,
+    which loses precision as they grow). [B, M, H] -> [B, H, M, M]; entries j > i are meaningless."""
+    steps = log_decay.shape[1]
+    terms = log_decay.transpose(1, 2)[:, :, :, None].expand(-1, -1, -1, steps)  # [b,h,t,j] = a_t
+    after_j = torch.ones(steps, steps, dtype=torch.bool, device=log_decay.device).tril(-1)
+    return torch.cumsum(terms.masked_fill(~after_j, 0), dim=2)
+
+
+def _sum_after(x: torch.Tensor) -> torch.Tensor:
+    """out[:, j] = sum_{t>j} x[:, t] along dim 1."""
+    reverse = torch.flip(torch.cumsum(torch.flip(x, [1]), dim=1), [1])
+    return torch.cat([reverse[:, 1:], torch.zeros_like(reverse[:, :1])], dim=1)
 
 
 def ssd_replay(
@@ -56,8 +66,8 @@ def ssd_replay(
     dts = torch.cat([hist_dt.to(f32), dt.to(f32)], dim=1)  # [B, M, H]
     Bs = torch.cat([hist_B.to(f32), B.to(f32)], dim=1)  # [B, M, G, N]
     C = C.to(f32)
-    lam = _log_decay_cumsum(dts, A.to(f32))  # [B, M, H]
-    lam_q = lam[:, num_hist:]  # [B, T, H]
+    log_decay = dts * A.to(f32)  # [B, M, H]
+    lam_q = torch.cumsum(log_decay, dim=1)[:, num_hist:]  # [B, T, H] log decay since the checkpoint
 
     # Checkpoint term: exp(lam_i) * S0 C_i  -- the only read of the full state.
     C_heads = _heads(C, num_heads)  # [B, T, H, N]
@@ -67,8 +77,8 @@ def ssd_replay(
     scores = _heads(torch.einsum("btgn,bmgn->btmg", C, Bs).transpose(2, 3), num_heads)  # [B, T, H, M]
     total = num_hist + window
     causal = torch.arange(total, device=x.device)[None, :] <= (num_hist + torch.arange(window, device=x.device))[:, None]
-    diff = lam_q.transpose(1, 2)[..., :, None] - lam.transpose(1, 2)[..., None, :]  # [B, H, T, M]
-    weight = torch.exp(diff.masked_fill(~causal, float("-inf"))) * dts.transpose(1, 2)[..., None, :]
+    seg = _segment_sums(log_decay)[:, :, num_hist:]  # [B, H, T, M]
+    weight = torch.exp(seg.masked_fill(~causal, float("-inf"))) * dts.transpose(1, 2)[..., None, :]
     y = y + torch.einsum("bthm,bhtm,bmhp->bthp", scores, weight, xs)
     if D is not None:
         y = y + D.to(f32)[:, None] * x.to(f32)
@@ -83,9 +93,9 @@ def ssd_fold(
     if x.shape[1] == 0:
         return state.to(f32).clone()
     dt = dt.to(f32)
-    lam = _log_decay_cumsum(dt, A.to(f32))  # [B, M, H]
-    lam_last = lam[:, -1]  # [B, H]
-    weight = torch.exp(lam_last[:, None] - lam) * dt  # [B, M, H]
+    log_decay = dt * A.to(f32)  # [B, M, H]
+    lam_last = log_decay.sum(dim=1)  # [B, H]
+    weight = torch.exp(_sum_after(log_decay)) * dt  # [B, M, H]
     B_heads = _heads(B.to(f32), x.shape[2])  # [B, M, H, N]
     update = torch.einsum("bmh,bmhp,bmhn->bhpn", weight, x.to(f32), B_heads)
     return state.to(f32) * torch.exp(lam_last)[..., None, None] + update

@@ -1,0 +1,1 @@
+"""Evaluation harness for ReplaySSM (shipped as ``hf_replayssm.eval``)."""

@@ -1,0 +1,55 @@
+import functools
+import warnings
+
+import pytest
+import torch
+import transformers
+
+from hf_replayssm.tiny import tiny_model
+
+transformers.logging.set_verbosity_error()
+warnings.filterwarnings("ignore", message=".*fall.*back.*")
+
+# Every architecture ReplayCache supports, as tiny configs this transformers version can build.
+SUPPORTED = [
+    "nemotron_h", "falcon_h1", "bamba", "granitemoehybrid", "zamba2", "mamba2",
+    "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid",
+    "kimi_linear", "bailing_hybrid", "glm5_next",
+]
+ALL_BUILDABLE = [*SUPPORTED, "llama", "mamba", "jamba"]
+# One per family and layer kind (plain SSM layers, hybrid attention+SSM layers) for the slower speculative tests.
+REPRESENTATIVE = ["nemotron_h", "falcon_h1", "zamba2", "qwen3_next", "qwen3_5_text", "kimi_linear"]
+
+
+@functools.cache
+def _model(model_type: str, seed: int):
+    try:
+        return tiny_model(model_type, seed=seed)
+    except ValueError as error:  # model type absent from this transformers version
+        if "Unrecognized" in str(error) or "does not recognize" in str(error):
+            return None
+        raise
+
+
+def get_model(model_type: str, seed: int = 0):
+    model = _model(model_type, seed)
+    if model is None:
+        pytest.skip(f"transformers {transformers.__version__} has no {model_type}")
+    return model
+
+
+def cache_kwarg(model) -> str:
+    """Pure Mamba-2 takes its cache as `cache_params` in transformers 5.17 (`cache` later)."""
+    if type(model).__name__.startswith("Mamba2") and transformers.__version__.startswith("5.17"):
+        return "cache_params"
+    return "past_key_values"
+
+
+def max_logit_diff(a, b) -> float:
+    assert len(a) == len(b), (len(a), len(b))
+    return max((x - y).abs().max().item() for x, y in zip(a, b))
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(1234)

@@ -1,0 +1,64 @@
+"""Ring buffers: pointer-move rollback, wrap-around, growth."""
+
+import pytest
+import torch
+
+from hf_replayssm.buffers import ConvRing, RecordRing
+
+
+def _records(start, count, batch=2):
+    values = torch.arange(start, start + count, dtype=torch.float32)
+    return {"x": values[None, :, None].expand(batch, count, 3).clone(), "dt": values[None, :].expand(batch, count)}
+
+
+def _seq(ring):
+    return ring.read()["dt"][0].tolist()
+
+
+def test_ring_commit_drop_and_wrap():
+    ring = RecordRing(5)
+    ring.allocate(_records(0, 1))
+    ring.append(_records(0, 3), pending=False)
+    ring.append(_records(3, 2), pending=True)
+    assert (ring.num_committed, ring.num_pending) == (3, 2)
+    ring.drop_newest(1)  # reject the last draft
+    ring.commit()
+    assert _seq(ring) == [0, 1, 2, 3]
+    ring.drop_oldest(3)  # folded into the checkpoint
+    ring.append(_records(4, 4), pending=True)  # wraps around the end of the storage
+    assert _seq(ring) == [3, 4, 5, 6, 7]
+    assert ring.cursor.tolist() == [ring.origin, 1, 4]
+    with pytest.raises(RuntimeError, match="overflow"):
+        ring.append(_records(8, 1), pending=True)
+    with pytest.raises(RuntimeError, match="cannot drop"):
+        ring.drop_newest(6)
+
+
+def test_ring_grow_keeps_order():
+    ring = RecordRing(4)
+    ring.allocate(_records(0, 1))
+    ring.append(_records(0, 3), pending=False)
+    ring.drop_oldest(2)
+    ring.append(_records(3, 3), pending=True)  # wrapped
+    ring.grow(8)
+    assert _seq(ring) == [2, 3, 4, 5]
+    assert (ring.num_committed, ring.num_pending) == (1, 3)
+    ring.append(_records(6, 4), pending=True)
+    assert _seq(ring) == [2, 3, 4, 5, 6, 7, 8, 9]
+
+
+def test_conv_ring_window_and_rewind():
+    conv = ConvRing(6)
+    inputs = torch.arange(1, 11, dtype=torch.float32)[None, None, :]  # token t has input t+1
+    conv.allocate(inputs[..., :1])
+    assert conv.window(3).tolist() == [[[0, 0, 0]]]  # zeros before the sequence start
+    conv.write(inputs[..., :2])
+    assert conv.window(3).tolist() == [[[0, 1, 2]]]
+    conv.write(inputs[..., 2:8])
+    assert conv.window(3).tolist() == [[[6, 7, 8]]]
+    conv.rewind(3, kernel=3)
+    assert conv.window(3).tolist() == [[[3, 4, 5]]]
+    with pytest.raises(RuntimeError, match="cannot rewind"):
+        conv.rewind(2, kernel=3)  # would need the input of token 0, already overwritten
+    conv.grow(10)
+    assert conv.window(3).tolist() == [[[3, 4, 5]]]

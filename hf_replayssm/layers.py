@@ -52,7 +52,8 @@ class ReplayLayer(LinearAttentionLayer):
         # True routes every conv step through ``update_conv_state``, i.e. through the conv ring.
         self.record_past = True
         self.tokens_seen = 0
-        self.prompt_tokens = 0  # leading tokens of the first forward that are prompt, not drafts
+        self.prompt_tokens = 0  # announced prompt length (generate() with speculation); 0 = the first forward
+        self._prompt_len = 0
         self.bound_batch: int | None = None
         self.mixer_ref: weakref.ref | None = None
         self.counters: Counter = Counter()
@@ -130,6 +131,15 @@ class ReplayLayer(LinearAttentionLayer):
             self.is_recurrent_states_initialized[0] = True
             self.device = device
 
+    def prompt_part(self, count: int) -> int:
+        """How many leading tokens of a forward of ``count`` tokens are prompt (prefill) rather than generated.
+        The prompt is the first ``prompt_tokens`` tokens when generate() announced them, else the first forward;
+        a prompt token fed again after a rollback is still a prompt token."""
+        if self.tokens_seen == 0 and not self.prompt_tokens:
+            self._prompt_len = count
+        prompt_len = self.prompt_tokens or self._prompt_len
+        return max(0, min(prompt_len - self.tokens_seen, count))
+
     def reserve_window(self, window: int) -> None:
         """Make sure speculative windows of ``window`` tokens can be rolled back exactly."""
         if window > self.window:
@@ -193,7 +203,7 @@ class ReplayLayer(LinearAttentionLayer):
         if ring.num_committed and (ring.num_committed >= self.buffer_len or ring.size + count > ring.capacity):
             self._fold_oldest(ring.num_committed)
         # The prompt part of a first forward is never rolled back: it takes the model's own (prefill) path.
-        head = min(self.prompt_tokens, count) if self.tokens_seen == 0 else 0
+        head = self.prompt_part(count) if self.prompt_tokens and self.tokens_seen == 0 else 0
         excess = ring.size + count - head - ring.capacity
         if excess > 0:
             # Older drafts lose their rollback first, then the head of this forward is absorbed directly.

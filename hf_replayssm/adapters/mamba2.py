@@ -75,8 +75,11 @@ def _chunk_interceptor(module):
                 dt = dt + a["dt_bias"].float()
             if a["dt_softplus"]:
                 dt = F.softplus(dt)
-            # Buffered tokens are decode steps: like the stock single-token update, no ``dt_limit`` clamp (the
-            # model's chunk scan, used for absorbed tokens, applies it as in a stock prefill).
+            # Stock transformers clamps dt to ``dt_limit`` in its chunk scan (prefill) but not in its single-token
+            # update (decode). Buffered tokens follow the same rule: prompt tokens clamped, generated ones not.
+            prompt = call.layer.prompt_part(x.shape[1])
+            if prompt and a["dt_limit"] is not None:
+                dt = torch.cat([dt[:, :prompt].clamp(*a["dt_limit"]), dt[:, prompt:]], dim=1)
             Bm, Cm = a["B"], a["C"]
             tokens = {"x": x, "dt": dt, "B": Bm, "C": Cm, "A": a["A"].float(), "D": a["D"]}
 

@@ -5,7 +5,7 @@
 """
 
 from .adapters import supported_model_types
-from .cache import ReplayCache
+from .cache import ReplayCache, cache_argument
 from .integration import install_hooks
 from .layers import ReplayLayer, RollbackError
 from .precision import PRESETS, PrecisionPolicy
@@ -22,5 +22,6 @@ __all__ = [
     "ReplayLayer",
     "RollbackError",
     "__version__",
+    "cache_argument",
     "supported_model_types",
 ]

@@ -21,6 +21,19 @@ BACKENDS = ("auto", "torch")
 STAT_KEYS = ("decode_steps", "flushes", "checkpoint_writes", "rolled_back_tokens", "prefills", "tokens")
 
 
+def cache_argument(model) -> str:
+    """The keyword under which ``model`` (and its ``generate``) takes a cache in this transformers version:
+    ``cache`` (newer 5.x; ``past_key_values`` still works there, with a deprecation warning), ``past_key_values``,
+    or ``cache_params`` (pure Mamba models in 5.17)."""
+    import inspect
+
+    parameters = inspect.signature(model.forward).parameters
+    for name in ("cache", "past_key_values", "cache_params"):
+        if name in parameters:
+            return name
+    return "past_key_values"
+
+
 class ReplayCache(DynamicCache):
     """ReplaySSM cache: checkpoint + a ring of the last inputs per SSM layer instead of a rewritten state.
 
@@ -238,9 +251,11 @@ class ReplayCache(DynamicCache):
                     "ReplayCache(window=...) at least as large as the speculative window."
                 )
         for layer in self.layers:
-            if isinstance(layer, ReplayLayer) or isinstance(layer, CacheLayerMixin):
-                layer.crop(count)
-            elif isinstance(layer, LinearAttentionCacheLayerMixin) and any(layer.is_conv_states_initialized.values()):
+            # stock linear layers that never ran (5.17 uses them for nemotron_h's mlp/moe blocks) have nothing to crop
+            stock_linear = isinstance(layer, LinearAttentionCacheLayerMixin) and not isinstance(layer, ReplayLayer)
+            if stock_linear and not any(layer.is_conv_states_initialized.values()):
+                continue
+            if hasattr(layer, "crop"):
                 layer.crop(count)
 
     def batch_repeat_interleave(self, repeats: int) -> None:

@@ -47,7 +47,7 @@ def cache_kwarg(model) -> str:
 
 def max_logit_diff(a, b) -> float:
     assert len(a) == len(b), (len(a), len(b))
-    return max((x - y).abs().max().item() for x, y in zip(a, b))
+    return max((x - y).abs().max().item() for x, y in zip(a, b, strict=True))
 
 
 @pytest.fixture(autouse=True)

@@ -195,7 +195,8 @@ def test_rollback_equals_recomputation(model_type, prompt_len, buffer_len, round
         assert torch.isfinite(state).all()
 
 
-@pytest.mark.parametrize("model_type", ["falcon_h1", "qwen3_next", "kimi_linear"])  # stock crop fails on 5.17 nemotron_h
+# (not nemotron_h: transformers 5.17's own crop raises a TypeError on it)
+@pytest.mark.parametrize("model_type", ["falcon_h1", "qwen3_next", "kimi_linear"])
 def test_stock_rollback_is_detectably_wrong(model_type):
     """Negative control: transformers' own crop leaves the recurrent state wrong by far more than our tolerance, so
     the tests above would catch a rollback that is not exact."""

@@ -50,7 +50,8 @@ class CallArgs:
 
     def __init__(self, signature: inspect.Signature, args: tuple, kwargs: dict):
         self.args, self.kwargs = args, kwargs
-        positional = [p.name for p in signature.parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        positional = [p.name for p in signature.parameters.values() if p.kind in kinds]
         self._positions = {name: i for i, name in enumerate(positional)}
         bound = signature.bind_partial(*args, **kwargs)
         self.values = dict(bound.arguments)
@@ -137,7 +138,7 @@ def repoint_accelerate_hook(mixer: torch.nn.Module) -> None:
 
 def conv_update_interceptor(module) -> Callable[[Callable], Callable]:
     """``causal_conv1d_update`` inside a replay call (mixers that skip the recording check use it for decode)."""
-    conv_fn = getattr(module, "causal_conv1d_fn")
+    conv_fn = module.causal_conv1d_fn
 
     def make(original):
         signature = inspect.signature(reference_function(original))

@@ -75,8 +75,8 @@ def ssd_replay(
 
     # Buffered term: causal "attention" over history + window with SSD weights.
     scores = _heads(torch.einsum("btgn,bmgn->btmg", C, Bs).transpose(2, 3), num_heads)  # [B, T, H, M]
-    total = num_hist + window
-    causal = torch.arange(total, device=x.device)[None, :] <= (num_hist + torch.arange(window, device=x.device))[:, None]
+    queries = num_hist + torch.arange(window, device=x.device)
+    causal = torch.arange(num_hist + window, device=x.device)[None, :] <= queries[:, None]
     seg = _segment_sums(log_decay)[:, :, num_hist:]  # [B, H, T, M]
     weight = torch.exp(seg.masked_fill(~causal, float("-inf"))) * dts.transpose(1, 2)[..., None, :]
     y = y + torch.einsum("bthm,bhtm,bmhp->bthp", scores, weight, xs)

@@ -1,0 +1,51 @@
+"""``hf-replayssm`` command line."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    result = run_demo(
+        model_id=args.model, max_new_tokens=args.tokens, prompt=args.prompt, buffer_len=args.buffer_len,
+        lookup_tokens=args.lookup, device=args.device, progress=not args.no_progress,
+    )
+    if args.json:
+        print(json.dumps({k: v for k, v in result.items() if k != "report"}, indent=2))
+    else:
+        print(result["report"])
+    return 0 if result["identical_tokens"] and result["identical_tokens_lookup"] else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-replayssm", description="ReplaySSM for Hugging Face Transformers")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    demo = commands.add_parser("demo", help="stock decoding vs ReplayCache vs ReplayCache + prompt lookup")
+    demo.add_argument("--model", help="hub id or local path (default: the bundled tiny-mamba2; or tiny-gdn)")
+    demo.add_argument("--tokens", type=int, default=128, help="new tokens to generate (default 128)")
+    demo.add_argument("--prompt", help="prompt text (default: a few lines of Hamlet)")
+    demo.add_argument("--buffer-len", type=int, default=16, help="ReplayCache buffer_len (default 16)")
+    demo.add_argument("--lookup", type=int, default=4, help="prompt_lookup_num_tokens (default 4)")
+    demo.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
+    demo.add_argument("--json", action="store_true", help="print the measurements as JSON")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bars")
+    demo.set_defaults(run=_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.utils.logging.disable_progress_bar()
+    args = build_parser().parse_args(argv)
+    return args.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

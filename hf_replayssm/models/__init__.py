@@ -1,0 +1,40 @@
+"""Small hybrid models shipped with the package, and a loader that also takes hub ids or local paths.
+
+* ``tiny-mamba2``: a 0.9M-parameter Nemotron-H-style hybrid (Mamba-2 + attention + MLP blocks);
+* ``tiny-gdn``: a 1M-parameter Qwen3.5-style hybrid (Gated DeltaNet + attention).
+
+Both were trained for a few minutes on CPU on Shakespeare's plays by ``python -m hf_replayssm.models.train``
+(settings and losses in each folder's TRAINING.txt). They write recognisably Shakespeare-shaped text, which is all
+the demos need: a state that carries information and a real tokenizer.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+BUNDLED = ("tiny-mamba2", "tiny-gdn")
+DEFAULT_MODEL = "tiny-mamba2"
+
+
+def bundled_path(name: str) -> Path:
+    if name not in BUNDLED:
+        raise ValueError(f"no bundled model {name!r}; bundled models: {', '.join(BUNDLED)}")
+    return Path(__file__).parent / name
+
+
+def load_model(name_or_path: str | None = None, device: str | torch.device | None = None,
+               dtype: torch.dtype = torch.float32):
+    """(model, tokenizer or None) for a bundled name, a local path or a hub id; eval mode, on ``device``."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    name_or_path = name_or_path or DEFAULT_MODEL
+    source = bundled_path(name_or_path) if name_or_path in BUNDLED else name_or_path
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device).eval()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError):
+        tokenizer = None
+    return model, tokenizer

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -76,6 +77,12 @@ def _wrap_generate(original):
         drafts = _speculative_window(self, kwargs)
         if drafts is None:
             return original(self, *args, **kwargs)
+        if kwargs.get("cache_params") is cache and "cache_params" in inspect.signature(self.forward).parameters:
+            raise ValueError(
+                "this transformers version runs assisted generation / prompt lookup only with a cache passed as "
+                "past_key_values, which pure Mamba models do not take; plain decoding works, or upgrade transformers "
+                "(pure Mamba-2 speculation works from 5.24, where the cache is passed as cache=)"
+            )
         if cache.get_seq_length() > 0:
             raise ValueError(
                 "assisted generation and prompt lookup need an empty ReplayCache: transformers feeds the whole "

@@ -5,6 +5,7 @@ import pytest
 import torch
 import transformers
 
+from hf_replayssm import cache_argument
 from hf_replayssm.tiny import tiny_model
 
 transformers.logging.set_verbosity_error()
@@ -39,10 +40,10 @@ def get_model(model_type: str, seed: int = 0):
 
 
 def cache_kwarg(model) -> str:
-    """Pure Mamba-2 takes its cache as `cache_params` in transformers 5.17 (`cache` later)."""
-    if type(model).__name__.startswith("Mamba2") and transformers.__version__.startswith("5.17"):
-        return "cache_params"
-    return "past_key_values"
+    """Pure Mamba-2 takes its cache as `cache_params` in transformers 5.17; everything takes `past_key_values`
+    (newer 5.x prefer `cache=` but accept it)."""
+    name = cache_argument(model)
+    return "cache_params" if name == "cache_params" else "past_key_values"
 
 
 def max_logit_diff(a, b) -> float:

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import REPRESENTATIVE, get_model, max_logit_diff
+from conftest import REPRESENTATIVE, cache_kwarg, get_model, max_logit_diff
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import DynamicCache
@@ -229,3 +229,17 @@ def test_rollback_deeper_than_buffered_raises():
         assert cache.get_seq_length() == 7  # the refused crop changed nothing
     layers = [layer for layer in cache.layers if isinstance(layer, ReplayLayer)]
     assert all(layer.tokens_seen == 7 for layer in layers)
+
+
+def test_pure_mamba2_speculation():
+    model = get_model("mamba2")
+    key = cache_kwarg(model)
+    prompt = _repetitive_prompt()
+    greedy = model.generate(prompt, **GREEDY)
+    if key == "cache_params":  # transformers 5.17 looks for the cache under past_key_values only
+        with pytest.raises(ValueError, match="pure Mamba models"):
+            model.generate(prompt, cache_params=ReplayCache(), prompt_lookup_num_tokens=3, **GREEDY)
+        return
+    out = model.generate(prompt, **{key: ReplayCache()}, prompt_lookup_num_tokens=3, **GREEDY)
+    assert torch.equal(out.sequences, greedy.sequences)
+    assert max_logit_diff(out.logits, greedy.logits) < 1e-4

@@ -40,7 +40,8 @@ class ReplayCache(DynamicCache):
     Args:
         buffer_len: records buffered before a flush folds them into the checkpoint (L). ``1`` is plain step
             decoding.
-        precision: a preset name (see ``hf_replayssm.precision.PRESETS``) or a ``PrecisionPolicy``.
+        precision: a preset name (see ``hf_replayssm.precision.PRESETS``) or a ``PrecisionPolicy``; or a list of
+            them, one per batch row (to compare policies on the same sequence in one batch).
         backend: ``"auto"`` or ``"torch"`` (the pure-torch reference; Triton kernels come later).
         window: the deepest speculative rollback that must stay exact (draft tokens per verify). Defaults to
             ``buffer_len``; ``generate()`` raises it automatically for prompt lookup and assistant models.
@@ -49,7 +50,7 @@ class ReplayCache(DynamicCache):
     def __init__(
         self,
         buffer_len: int = 16,
-        precision: str | PrecisionPolicy = "fp32",
+        precision: str | PrecisionPolicy | list[str | PrecisionPolicy] = "fp32",
         backend: str = "auto",
         window: int | None = None,
     ):
@@ -61,7 +62,12 @@ class ReplayCache(DynamicCache):
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         super().__init__()
         self.buffer_len = buffer_len
-        self.policy = resolve_policy(precision)
+        if isinstance(precision, (list, tuple)):
+            if not precision:
+                raise ValueError("precision: give a policy, or a non-empty list with one policy per batch row")
+            self.policy = [resolve_policy(p) for p in precision]
+        else:
+            self.policy = resolve_policy(precision)
         self.backend = backend
         self.window = window if window is not None else buffer_len
         self._bound: weakref.ref | None = None
@@ -106,7 +112,7 @@ class ReplayCache(DynamicCache):
         for layer_idx, (mixer, adapter) in mixers.items():
             stock = layers[layer_idx]
             layer_cls = ReplayHybridLayer if isinstance(stock, CacheLayerMixin) else ReplayLayer
-            layer = layer_cls(self.buffer_len, self.window, self.policy)
+            layer = layer_cls(self.buffer_len, self.window, self.policy, layer_idx)
             layer.recurrence = adapter.recurrence()
             layer.mixer_ref = weakref.ref(mixer)
             layers[layer_idx] = layer

@@ -21,6 +21,18 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if result["identical_tokens"] and result["identical_tokens_lookup"] else 1
 
 
+def _precision_check(args: argparse.Namespace) -> int:
+    from .eval.precision_check import DEFAULT_POLICIES, precision_check
+    from .models import load_model
+
+    model, tokenizer = load_model(args.model, device=args.device)
+    policies = args.policies.split(",") if args.policies else list(DEFAULT_POLICIES)
+    report = precision_check(model, tokenizer, policies=policies, tokens=args.tokens, prompt=args.prompt,
+                             buffer_len=args.buffer_len, progress=not args.no_progress)
+    print(json.dumps(report.to_dict(), indent=2) if args.json else report.table())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-replayssm", description="ReplaySSM for Hugging Face Transformers")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -35,6 +47,19 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--json", action="store_true", help="print the measurements as JSON")
     demo.add_argument("--no-progress", action="store_true", help="no progress bars")
     demo.set_defaults(run=_demo)
+
+    check = commands.add_parser(
+        "precision-check", help="teacher-forced KL of state-precision policies against fp32, per position bin"
+    )
+    check.add_argument("--model", help="hub id or local path (default: the bundled tiny-mamba2; or tiny-gdn)")
+    check.add_argument("--tokens", type=int, default=256, help="positions to teacher-force (default 256)")
+    check.add_argument("--policies", help="comma-separated presets (default: all of them)")
+    check.add_argument("--prompt", help="prompt text the fp32 continuation starts from")
+    check.add_argument("--buffer-len", type=int, default=16)
+    check.add_argument("--device", help="cpu, cuda, ... (default: cuda if available)")
+    check.add_argument("--json", action="store_true", help="print the report as JSON")
+    check.add_argument("--no-progress", action="store_true", help="no progress bars")
+    check.set_defaults(run=_precision_check)
     return parser
 
 

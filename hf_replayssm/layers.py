@@ -25,6 +25,10 @@ from .precision import CheckpointStore, PrecisionPolicy
 ChunkFn = Callable[[int, int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
+def _length(records: Mapping[str, torch.Tensor]) -> int:
+    return next(iter(records.values())).shape[1] if records else 0
+
+
 def _cat(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     if not a:
         return dict(b)
@@ -38,14 +42,15 @@ class RollbackError(ValueError):
 class ReplayLayer(LinearAttentionLayer):
     """ReplaySSM state of one SSM layer (also exposes the ``LinearAttentionLayer`` attributes transformers reads)."""
 
-    def __init__(self, buffer_len: int, window: int, policy: PrecisionPolicy, number_of_states: int = 1, **kwargs):
+    def __init__(self, buffer_len: int, window: int, policy: PrecisionPolicy | list[PrecisionPolicy],
+                 layer_idx: int = 0, number_of_states: int = 1, **kwargs):
         super().__init__(number_of_states=number_of_states)
         self.buffer_len = buffer_len
         self.window = window
         self.ring = RecordRing(buffer_len + window)
         self.conv = ConvRing(0)
         self.conv_kernel = None
-        self.store = CheckpointStore(policy)
+        self.store = CheckpointStore(policy, seed_offset=layer_idx)
         self.recurrence = None  # a ``recurrences`` family, set by the adapter on first use
         self.recording = False
         # Stock mixers skip their in-place single-token conv update while a layer records its past; keeping this
@@ -57,6 +62,9 @@ class ReplayLayer(LinearAttentionLayer):
         self.bound_batch: int | None = None
         self.mixer_ref: weakref.ref | None = None
         self.counters: Counter = Counter()
+        self.checkpoint_position = 0  # tokens folded into the stored checkpoint
+        self.anchor = 0  # position of the last prefill; flush boundaries sit at anchor + k * buffer_len
+        self._staged: dict = {}  # boundary position -> StagedCheckpoint inside pending speculative records
         self._params: dict[str, torch.Tensor] = {}  # per-layer constants of the last call (e.g. Mamba-2's A)
 
     # ------------------------------------------------------------------ public view
@@ -89,6 +97,7 @@ class ReplayLayer(LinearAttentionLayer):
     def deactivate_past_recording(self) -> None:
         self.recording = False
         self.ring.commit()
+        self._resolve_staged()
 
     @property
     def is_compileable(self) -> bool:
@@ -161,17 +170,27 @@ class ReplayLayer(LinearAttentionLayer):
     def _num_tokens(self, tokens: Mapping[str, torch.Tensor]) -> int:
         return tokens[self.recurrence.per_token[0]].shape[1]
 
+    def _boundary(self, position: int) -> int:
+        """The flush boundary a token at ``position`` reads from: the anchor (last prefill) plus a multiple of L."""
+        return self.anchor + (position - self.anchor) // self.buffer_len * self.buffer_len
+
     def _forward_plain(self, tokens, chunk_fn):
         ring, rec = self.ring, self.recurrence
         count = self._num_tokens(tokens)
+        while ring.size >= self.buffer_len:  # complete periods left by speculative decoding
+            self._commit_staged_or_fold(self.checkpoint_position + self.buffer_len)
         if count == 1 and self.tokens_seen and ring.size + 1 < self.buffer_len:
             y, records = rec.outputs(self.store.read(), ring.read(), tokens)
             ring.append(records, pending=False)
             return y
-        # A flush step (the L-th token), or a multi-token forward: the model's own path, like a prefill.
+        # A flush step (the L-th token since the last boundary), or a multi-token forward: the model's own path,
+        # like a prefill, which re-anchors the flush boundaries.
+        flush_step = count == 1 and self.tokens_seen > 0
         y = self._absorb(tokens, chunk_fn, ring.read())
         ring.clear()
-        self.counters["flushes" if count == 1 and self.tokens_seen else "prefills"] += 1
+        self.counters["flushes" if flush_step else "prefills"] += 1
+        if not flush_step:
+            self.anchor = self.checkpoint_position
         return y
 
     def _absorb(self, tokens, chunk_fn, history) -> torch.Tensor:
@@ -181,48 +200,95 @@ class ReplayLayer(LinearAttentionLayer):
         if count > 1 and chunk_fn is not None:
             start = self.store.recurrence()
             if history and next(iter(history.values())).shape[1]:
-                start = rec.fold(start, history, self._params, exact=True)
+                start = rec.fold(start, history, self._params, exact=self.store.exact_fold)
             y, state = chunk_fn(0, count, start)
         else:
             y, records = rec.outputs(self.store.read(), history, tokens)
-            state = rec.fold(self.store.recurrence(), _cat(history, records), self._params, exact=True)
-        self.store.write(state)
+            state = rec.fold(self.store.recurrence(), _cat(history, records), self._params, exact=self.store.exact_fold)
+        self.checkpoint_position += _length(history) + count
+        self.store.write(state, position=self.checkpoint_position)
         self.counters["checkpoint_writes"] += 1
         return y
 
     def _fold_oldest(self, count: int) -> None:
-        state = self.recurrence.fold(self.store.recurrence(), self.ring.read(0, count), self._params, exact=True)
-        self.store.write(state)
+        """Fold the ``count`` oldest records into the stored checkpoint."""
+        position = self.checkpoint_position + count
+        state = self.recurrence.fold(
+            self.store.recurrence(), self.ring.read(0, count), self._params, exact=self.store.exact_fold
+        )
+        self.store.write(state, position=position)
         self.ring.drop_oldest(count)
+        self.checkpoint_position = position
+        self._staged = {b: st for b, st in self._staged.items() if b > position}
         self.counters["checkpoint_writes"] += 1
         self.counters["flushes"] += 1
 
+    def _base(self, boundary: int):
+        """The checkpoint at flush boundary ``boundary``: the stored one, or one staged from buffered records."""
+        stored = self.checkpoint_position
+        if boundary == stored:
+            return self.store
+        if boundary not in self._staged:
+            previous = self._base(boundary - self.buffer_len)
+            records = self.ring.read(boundary - self.buffer_len - stored, self.buffer_len)
+            state = self.recurrence.fold(previous.recurrence(), records, self._params, exact=self.store.exact_fold)
+            self._staged[boundary] = self.store.stage(state, position=boundary)
+            self.counters["staged_checkpoints"] += 1
+        return self._staged[boundary]
+
     def _forward_recording(self, tokens, chunk_fn):
-        ring, rec = self.ring, self.recurrence
+        """Speculative tokens become pending records. Each token reads the checkpoint at its own flush boundary,
+        exactly as plain decoding would: when a window crosses a boundary, the checkpoint there is staged from the
+        window's earlier records and stored only if the crop keeps them."""
+        ring, rec, length = self.ring, self.recurrence, self.buffer_len
         count = self._num_tokens(tokens)
-        if ring.num_committed and (ring.num_committed >= self.buffer_len or ring.size + count > ring.capacity):
-            self._fold_oldest(ring.num_committed)
+        outputs = []
         # The prompt part of a first forward is never rolled back: it takes the model's own (prefill) path.
         head = self.prompt_part(count) if self.prompt_tokens and self.tokens_seen == 0 else 0
+        # Complete periods of committed records are folded (a flush).
+        while ring.num_committed >= length:
+            self._commit_staged_or_fold(self.checkpoint_position + length)
         excess = ring.size + count - head - ring.capacity
         if excess > 0:
-            # Older drafts lose their rollback first, then the head of this forward is absorbed directly.
-            # A later crop reaching past them raises.
+            # The window does not fit: older drafts lose their rollback first, then the head of this forward is
+            # absorbed directly (flush boundaries re-anchor there). A later crop reaching past them raises.
             from_pending = min(excess, ring.num_pending)
             if from_pending:
                 self._fold_oldest(from_pending)
+                self.anchor = self.checkpoint_position
             head += excess - from_pending
-        outputs = []
         if head:
             outputs.append(self._absorb(rec.slice(tokens, 0, head), chunk_fn, ring.read()))
             ring.clear()
+            self._staged = {}
+            self.anchor = self.checkpoint_position
             self.counters["prefills"] += 1
-        if head < count:
-            tail = rec.slice(tokens, head, count) if head else tokens
-            y, records = rec.outputs(self.store.read(), ring.read(), tail)
+        position, index = self.tokens_seen + head, head
+        while index < count:
+            boundary = self._boundary(position)
+            stop = min(count, index + boundary + length - position)
+            base = self._base(boundary)
+            history = ring.read(boundary - self.checkpoint_position, position - boundary)
+            y, records = rec.outputs(base.read(), history, rec.slice(tokens, index, stop))
             ring.append(records, pending=True)
             outputs.append(y)
+            position += stop - index
+            index = stop
         return torch.cat(outputs, dim=1) if len(outputs) > 1 else outputs[0]
+
+    def _commit_staged_or_fold(self, boundary: int) -> None:
+        """Make the checkpoint at ``boundary`` the stored one (its staged encodings if any, else a fold)."""
+        stored = self.checkpoint_position
+        staged = self._staged.get(boundary)
+        if staged is None:
+            self._fold_oldest(boundary - stored)
+            return
+        self.store.load(staged)
+        self.ring.drop_oldest(boundary - stored)
+        self.checkpoint_position = boundary
+        self._staged = {b: st for b, st in self._staged.items() if b > boundary}
+        self.counters["checkpoint_writes"] += 1
+        self.counters["flushes"] += 1
 
     def finish_forward(self, count: int) -> None:
         """Called once per mixer forward after the replay step ran."""
@@ -249,6 +315,14 @@ class ReplayLayer(LinearAttentionLayer):
             self.tokens_seen -= count
             self.counters["rolled_back_tokens"] += count
         self.ring.commit()
+        self._resolve_staged()
+
+    def _resolve_staged(self) -> None:
+        """After a crop: staged checkpoints whose tokens were all kept become stored; the others are dropped."""
+        kept = [b for b in self._staged if b <= self.tokens_seen]
+        self._staged = {b: st for b, st in self._staged.items() if b in kept}
+        for boundary in sorted(kept):
+            self._commit_staged_or_fold(boundary)
 
     def _index_batch(self, index: torch.Tensor) -> None:
         self.store.index_batch(index)
@@ -279,7 +353,8 @@ class ReplayLayer(LinearAttentionLayer):
         if self.conv.buffer is not None:
             self.conv.buffer.zero_()
         self.conv.position = self.conv.oldest = 0
-        self.tokens_seen = 0
+        self.tokens_seen = self.anchor = self.checkpoint_position = 0
+        self._staged = {}
         self.has_previous_state[0] = False
 
     def offload(self) -> None:  # state must stay where the layer runs
@@ -298,9 +373,10 @@ class ReplayLayer(LinearAttentionLayer):
 class ReplayHybridLayer(ReplayLayer, DynamicLayer):
     """A layer with both an SSM state and attention K/V (falcon_h1, zamba2 hybrid blocks)."""
 
-    def __init__(self, buffer_len: int, window: int, policy: PrecisionPolicy, number_of_states: int = 1, **kwargs):
+    def __init__(self, buffer_len: int, window: int, policy: PrecisionPolicy | list[PrecisionPolicy],
+                 layer_idx: int = 0, number_of_states: int = 1, **kwargs):
         DynamicLayer.__init__(self)
-        ReplayLayer.__init__(self, buffer_len, window, policy, number_of_states=number_of_states)
+        ReplayLayer.__init__(self, buffer_len, window, policy, layer_idx, number_of_states=number_of_states)
 
     def lazy_initialization(self, *args, **kwargs) -> None:
         if len(args) == 2 and not kwargs:  # attention K/V

@@ -10,8 +10,11 @@ inner (last, contiguous) dimension: d_state for Mamba-2 ``[B, H, P, N]``, the va
 | ``bf16`` + SR | bfloat16, stochastic rounding | 2 | rel. 2^-7 (< 1 ulp), unbiased |
 | ``fp16`` | float16, round to nearest even | 2 | rel. 2^-11 (normals), abs. 2^-25 (subnormals) |
 | ``fp16`` + SR | float16, stochastic rounding | 2 | rel. 2^-10 / abs. 2^-24, unbiased |
-| ``fp8`` | E4M3 codes (uint8) + one fp32 scale per row (row amax / 448) | 1 + 4/row | max(rel. 2^-4, 2^-10 x amax/448) per element |
-| ``nvfp4`` | E2M1 codes packed two per byte (element 2i in the low nibble) + one E4M3 scale per 16 elements along the row + one fp32 scale per sequence (batch row) | 0.5 + 1/16 | (1 + 2^-4)/6 x amax of its 16-block (+ a 2^-9-of-scale underflow floor) |
+| ``fp8`` | E4M3 codes (uint8), one fp32 scale (row amax / 448) per row | 1 + 4/row | rel. 2^-4, abs. 2^-10 amax/448 |
+| ``nvfp4`` | E2M1 x2 per byte, E4M3 scale per 16, fp32 scale per sequence | 0.5 + 1/16 | (1+2^-4)/6 x block amax |
+
+NVFP4 details: element 2i sits in the low nibble of byte i, 2i+1 in the high nibble; the sequence (batch-row) scale
+is amax / (6 x 448); block scales that underflow E4M3 leave an error floor of 2^-9 x that scale.
 
 Values beyond a format's range saturate (SSM states must not turn into inf/NaN). Stochastic rounding picks the upper
 or lower neighbour with the probability that makes the expected value exact, from a seeded ``torch.Generator``:

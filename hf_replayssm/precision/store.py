@@ -14,7 +14,6 @@ from .formats import Encoding
 from .policy import PrecisionPolicy
 
 
-
 class _Slot:
     """The encoded checkpoint (and read copy) of the batch rows that share one policy."""
 

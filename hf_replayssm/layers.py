@@ -310,7 +310,8 @@ class ReplayLayer(LinearAttentionLayer):
                 "after every verify step as generate() does."
             )
         if count:
-            self.conv.rewind(count, self.conv_kernel)
+            if self.conv.buffer is not None:
+                self.conv.rewind(count, self.conv_kernel)
             self.ring.drop_newest(count)
             self.tokens_seen -= count
             self.counters["rolled_back_tokens"] += count

@@ -7,7 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import DynamicCache
 
-from hf_replayssm import ReplayCache, RollbackError
+from hf_replayssm import PRESETS, ReplayCache, RollbackError
 from hf_replayssm.layers import ReplayLayer
 
 pytestmark = pytest.mark.equivalence
@@ -120,6 +120,21 @@ def _stock_greedy(model, input_ids, prompt_len, new, allowed=None):
     return torch.cat(tokens, dim=1), torch.stack(logits, dim=1)
 
 
+@pytest.mark.parametrize("precision", list(PRESETS))
+@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text", "kimi_linear"])
+def test_speculation_equals_plain_decoding_under_every_policy(model_type, precision):
+    """Prompt lookup and a hybrid draft give exactly what plain decoding with the same policy gives."""
+    model = get_model(model_type)
+    prompt = _lookup_prompt(model, 0)
+    plain = model.generate(prompt, past_key_values=ReplayCache(buffer_len=4, precision=precision), **GREEDY)
+    for extra in (dict(prompt_lookup_num_tokens=3), dict(assistant_model=get_model(model_type, seed=5))):
+        cache = ReplayCache(buffer_len=4, precision=precision)
+        out = model.generate(prompt, past_key_values=cache, **extra, **GREEDY)
+        assert torch.equal(out.sequences, plain.sequences)
+        assert max_logit_diff(out.logits, plain.logits) < TOLERANCE[precision]
+        assert cache.stats()["rolled_back_tokens"] > 0
+
+
 @pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_next", "kimi_linear"])
 def test_plain_decoding_after_speculation_is_exact_and_bounded(model_type):
     model = get_model(model_type)
@@ -153,17 +168,49 @@ def _stock_step_logits(model, tokens, prompt_len):
     return torch.stack(logits, dim=1)  # position prompt_len - 1 + i predicts token prompt_len + i
 
 
+def _plain_step_logits(model, tokens, prompt_len, precision, buffer_len):
+    """Plain (non-speculative) ReplayCache decoding with the same policy: prefill, then one token at a time."""
+    cache = ReplayCache(buffer_len=buffer_len, precision=precision)
+    with torch.no_grad():
+        logits = [model(tokens[:, :prompt_len], past_key_values=cache, use_cache=True).logits[:, -1]]
+        for pos in range(prompt_len, tokens.shape[1]):
+            logits.append(model(tokens[:, pos : pos + 1], past_key_values=cache, use_cache=True).logits[:, -1])
+    return torch.stack(logits, dim=1)
+
+
 rounds = st.lists(st.tuples(st.integers(1, 6), st.integers(0, 5)), min_size=1, max_size=5)
+# A speculative window and single steps compute the same values with different batch shapes, so the inputs of the
+# SSM layers differ in the last float32 bits between speculative and plain decoding. A state element that sits that
+# close to a rounding boundary of a low-precision format (or to a stochastic-rounding threshold) can then round to
+# the other neighbour: one unit of the format, seen here as logit differences up to a few 1e-3. Without boundary-
+# aligned staged checkpoints the difference is the format's whole error and the tokens diverge. The exact staging
+# semantics are checked bit for bit at the layer level (test_layer_schedule.py), where the inputs are identical.
+TOLERANCE = {name: 1e-4 if name == "fp32" else 1e-2 for name in PRESETS}
 
 
 @pytest.mark.parametrize("model_type", REPRESENTATIVE)
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prompt_len=st.integers(2, 9), buffer_len=st.sampled_from([1, 2, 3, 8]), rounds=rounds, seed=st.integers(0, 99))
 def test_rollback_equals_recomputation(model_type, prompt_len, buffer_len, rounds, seed):
+    _check_rollback(model_type, prompt_len, buffer_len, rounds, seed, "fp32")
+
+
+@pytest.mark.parametrize("precision", [p for p in PRESETS if p != "fp32"])
+@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text", "kimi_linear"])
+@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(prompt_len=st.integers(2, 9), buffer_len=st.sampled_from([2, 3, 8]), rounds=rounds, seed=st.integers(0, 99))
+def test_rollback_equals_recomputation_under_every_policy(model_type, precision, prompt_len, buffer_len, rounds,
+                                                          seed):
+    """The reference is plain decoding with the same policy: each token reads the checkpoint of its own flush
+    boundary, so speculation changes nothing, whatever the storage format."""
+    _check_rollback(model_type, prompt_len, buffer_len, rounds, seed, precision)
+
+
+def _check_rollback(model_type, prompt_len, buffer_len, rounds, seed, precision):
     model = get_model(model_type)
     generator = torch.Generator().manual_seed(seed)
     prompt = torch.randint(3, 120, (1, prompt_len), generator=generator)
-    cache = ReplayCache(buffer_len=buffer_len, window=6)
+    cache = ReplayCache(buffer_len=buffer_len, window=6, precision=precision)
     cache.activate_past_recording()
     cache.expect_prompt(prompt_len)
     accepted = prompt
@@ -185,11 +232,14 @@ def test_rollback_equals_recomputation(model_type, prompt_len, buffer_len, round
         final = torch.randint(3, 120, (1, 1), generator=generator)
         verify_logits[accepted.shape[1]] = model(final, past_key_values=cache, use_cache=True).logits[:, -1]
     full = torch.cat([accepted, final], dim=1)
-    reference = _stock_step_logits(model, full, prompt_len)
+    if precision == "fp32":
+        reference = _stock_step_logits(model, full, prompt_len)
+    else:
+        reference = _plain_step_logits(model, full, prompt_len, precision, buffer_len)
     assert cache.get_seq_length() == full.shape[1]
     for pos, got in verify_logits.items():
         if pos >= prompt_len - 1:
-            torch.testing.assert_close(got, reference[:, pos - prompt_len + 1], atol=1e-4, rtol=0)
+            torch.testing.assert_close(got, reference[:, pos - prompt_len + 1], atol=TOLERANCE[precision], rtol=0)
     for layer in cache.replay_layers.values():
         state = layer.current_state()
         assert torch.isfinite(state).all()

@@ -91,7 +91,7 @@ def _policy_names(policies) -> list[str]:
 @torch.no_grad()
 def precision_check(model, tokenizer=None, policies=DEFAULT_POLICIES, tokens: int = 256, prompt: str | None = None,
                     input_ids: torch.Tensor | None = None, buffer_len: int = 16, progress: bool = True,
-                    seed: int = 0) -> PrecisionReport:
+                    seed: int = 0, model_name: str | None = None) -> PrecisionReport:
     """Teacher-forced KL of each policy against fp32 over ``tokens`` positions (see the module docstring)."""
     names = _policy_names(policies)
     device = next(model.parameters()).device
@@ -139,7 +139,7 @@ def precision_check(model, tokenizer=None, policies=DEFAULT_POLICIES, tokens: in
         top1_agreement={n: agree[n] / positions for n in names},
         ref_token_logprob_gap={n: gap[n] / positions for n in names},
         bytes_per_element={n: resolve_policy(p).bytes_per_element(row) for n, p in zip(names, policies, strict=True)},
-        meta={"model": getattr(model.config, "_name_or_path", "") or type(model).__name__,
+        meta={"model": model_name or getattr(model.config, "_name_or_path", "") or type(model).__name__,
               "ssm_layers": len(cache.replay_layers), "prompt_tokens": prompt_len, "buffer_len": buffer_len,
               "state_row": row, "presets": list(PRESETS)},
     )

@@ -43,8 +43,9 @@ class ReplayCache(DynamicCache):
         precision: a preset name (see ``hf_replayssm.precision.PRESETS``) or a ``PrecisionPolicy``; or a list of
             them, one per batch row (to compare policies on the same sequence in one batch).
         backend: ``"auto"`` or ``"torch"`` (the pure-torch reference; Triton kernels come later).
-        window: the deepest speculative rollback that must stay exact (draft tokens per verify). Defaults to
-            ``buffer_len``; ``generate()`` raises it automatically for prompt lookup and assistant models.
+        window: extra record slots for speculative windows (draft tokens per verify) beyond ``buffer_len``; sets
+            the deepest rollback that stays exact. ``generate()`` raises it automatically for prompt lookup and
+            assistant models; plain decoding needs none.
     """
 
     def __init__(
@@ -69,7 +70,7 @@ class ReplayCache(DynamicCache):
         else:
             self.policy = resolve_policy(precision)
         self.backend = backend
-        self.window = window if window is not None else buffer_len
+        self.window = window or 0
         self._bound: weakref.ref | None = None
         self._bound_ids: set[int] = set()
         self._batch_size: int | None = None
@@ -166,15 +167,25 @@ class ReplayCache(DynamicCache):
         return stats
 
     def memory(self) -> dict[str, int]:
-        """Bytes per component: checkpoint, read_copy, buffer (records), conv, attention_kv."""
+        """Bytes per component: ``checkpoint``, ``read_copy``, ``buffer`` (records), ``conv`` (the conv input ring),
+        ``attention_kv``, their ``total``, and ``stock_total``: what a stock transformers cache holds for the same
+        tokens (a float32 recurrent state and a kernel-wide conv window per SSM layer, the same attention K/V)."""
         sizes: Counter = Counter()
         for layer in self.layers:
             if isinstance(layer, ReplayLayer):
                 sizes.update(layer.nbytes())
+                if layer.store.allocated:
+                    sizes["stock_state"] += layer.checkpoint.numel() * 4
+                if layer.conv.buffer is not None:
+                    conv = layer.conv.buffer
+                    sizes["stock_conv"] += conv.shape[0] * conv.shape[1] * layer.conv_kernel * conv.element_size()
             if isinstance(layer, CacheLayerMixin) and getattr(layer, "is_initialized", False):
                 sizes["attention_kv"] += sum(t.numel() * t.element_size() for t in (layer.keys, layer.values))
         keys = ("checkpoint", "read_copy", "buffer", "conv", "attention_kv")
-        return {key: int(sizes[key]) for key in keys}
+        result = {key: int(sizes[key]) for key in keys}
+        result["total"] = sum(result.values())
+        result["stock_total"] = int(sizes["stock_state"] + sizes["stock_conv"] + sizes["attention_kv"])
+        return result
 
     # ------------------------------------------------------------------ transformers Cache API
     def get_seq_length(self, layer_idx: int = 0) -> int:

@@ -23,12 +23,13 @@ def _demo(args: argparse.Namespace) -> int:
 
 def _precision_check(args: argparse.Namespace) -> int:
     from .eval.precision_check import DEFAULT_POLICIES, precision_check
-    from .models import load_model
+    from .models import DEFAULT_MODEL, load_model
 
     model, tokenizer = load_model(args.model, device=args.device)
     policies = args.policies.split(",") if args.policies else list(DEFAULT_POLICIES)
     report = precision_check(model, tokenizer, policies=policies, tokens=args.tokens, prompt=args.prompt,
-                             buffer_len=args.buffer_len, progress=not args.no_progress)
+                             buffer_len=args.buffer_len, progress=not args.no_progress,
+                             model_name=f"{args.model or DEFAULT_MODEL} ({type(model).__name__})")
     print(json.dumps(report.to_dict(), indent=2) if args.json else report.table())
     return 0
 

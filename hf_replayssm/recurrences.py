@@ -33,7 +33,9 @@ class Mamba2Recurrence:
         return (batch, heads, head_dim, tokens["B"].shape[-1])
 
     def record_examples(self, tokens: Records) -> dict[str, torch.Tensor]:
-        return {name: tokens[name][:, :1].float() for name in self.record_fields}
+        # x and B are post-conv activations: stored losslessly in the model's dtype; dt (post-softplus) in float32
+        return {name: tokens[name][:, :1] if name != "dt" else tokens[name][:, :1].float()
+                for name in self.record_fields}
 
     def outputs(self, state: torch.Tensor, hist: Records, tokens: Records) -> tuple[torch.Tensor, dict]:
         y = ssd_replay(

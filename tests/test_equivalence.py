@@ -5,6 +5,7 @@ import torch
 from conftest import SUPPORTED, cache_kwarg, get_model, max_logit_diff
 
 from hf_replayssm import ReplayCache
+from hf_replayssm.tiny import tiny_model
 
 pytestmark = pytest.mark.equivalence
 GREEDY = dict(do_sample=False, max_new_tokens=24, min_new_tokens=24, output_logits=True, return_dict_in_generate=True)
@@ -106,3 +107,27 @@ def test_manual_forward_and_cache_reuse_across_generate_calls(model_type):
     stock_more = model.generate(full, past_key_values=stock_cache, **GREEDY)
     assert torch.equal(more.sequences, stock_more.sequences)
     assert max_logit_diff(more.logits, stock_more.logits) < 1e-4
+
+
+@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text", "kimi_linear"])
+def test_bf16_models_stay_as_close_to_fp32_as_stock(model_type):
+    """In a bfloat16 model the replay math runs in float32 (as the mamba_ssm / fla kernels do), with records stored
+    losslessly in the model's dtype; it is at least as close to the float32 model as stock bf16 decoding is."""
+    from transformers import DynamicCache
+
+    fp32 = get_model(model_type)
+    bf16 = tiny_model(model_type).to(torch.bfloat16)
+    tokens = torch.randint(3, 120, (1, 40))
+
+    def step_logits(model, cache):
+        with torch.no_grad():
+            out = [model(tokens[:, :8], past_key_values=cache, use_cache=True).logits[:, -1].float()]
+            for pos in range(8, tokens.shape[1]):
+                out.append(model(tokens[:, pos : pos + 1], past_key_values=cache, use_cache=True).logits[:, -1].float())
+        return torch.stack(out)
+
+    reference = step_logits(fp32, DynamicCache(config=fp32.config))
+    stock = step_logits(bf16, DynamicCache(config=bf16.config))
+    replay = step_logits(bf16, ReplayCache(buffer_len=8))
+    stock_error, replay_error = (stock - reference).abs().max(), (replay - reference).abs().max()
+    assert replay_error <= 1.1 * stock_error + 1e-3, (replay_error, stock_error)

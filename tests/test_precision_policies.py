@@ -8,9 +8,9 @@ import sys
 import pytest
 import torch
 from conftest import get_model
-from hf_replayssm.eval.precision_check import position_bins, precision_check
 
 from hf_replayssm import PRESETS, PrecisionPolicy, ReplayCache
+from hf_replayssm.eval.precision_check import position_bins, precision_check
 from hf_replayssm.tiny import tiny_model
 
 FAMILIES = ["nemotron_h", "qwen3_5_text", "kimi_linear"]  # Mamba-2, GDN, KDA

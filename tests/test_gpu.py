@@ -1,0 +1,97 @@
+"""The same guarantees on a CUDA device (skipped without one; run on the H200, see README "GPU check")."""
+
+import pytest
+import torch
+from conftest import SUPPORTED, get_model, max_logit_diff
+
+from hf_replayssm import PRESETS, ReplayCache
+from hf_replayssm.tiny import tiny_model
+
+pytestmark = [pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device"), pytest.mark.gpu]
+GREEDY = dict(do_sample=False, max_new_tokens=24, min_new_tokens=24, output_logits=True, return_dict_in_generate=True,
+              suppress_tokens=[0])
+
+
+def _cuda(model_type, seed=0):
+    get_model(model_type)  # skips model types this transformers version lacks
+    return tiny_model(model_type, seed=seed).cuda()
+
+
+@pytest.mark.parametrize("model_type", SUPPORTED)
+def test_cuda_greedy_matches_stock(model_type):
+    model = _cuda(model_type)
+    prompt = torch.randint(3, 120, (2, 7), device="cuda")
+    stock = model.generate(prompt, **GREEDY)
+    for buffer_len in (1, 4, 16):
+        cache = ReplayCache(buffer_len=buffer_len)
+        out = model.generate(prompt, past_key_values=cache, **GREEDY)
+        assert torch.equal(out.sequences, stock.sequences)
+        assert max_logit_diff(out.logits, stock.logits) < 1e-4
+        assert all(layer.checkpoint.is_cuda for layer in cache.replay_layers.values())
+
+
+@pytest.mark.parametrize("model_type", ["nemotron_h", "falcon_h1", "qwen3_5_text", "kimi_linear"])
+def test_cuda_speculation_equals_greedy(model_type):
+    model, draft = _cuda(model_type), _cuda(model_type, seed=5)
+    base = torch.randint(3, 120, (1, 5), device="cuda")
+    prompt = torch.cat([base] * 3, dim=1)
+    greedy = model.generate(prompt, **GREEDY)
+    for extra in (dict(prompt_lookup_num_tokens=3), dict(assistant_model=draft)):
+        out = model.generate(prompt, past_key_values=ReplayCache(buffer_len=8), **extra, **GREEDY)
+        assert torch.equal(out.sequences, greedy.sequences)
+        assert max_logit_diff(out.logits, greedy.logits) < 1e-4
+
+
+def test_device_map_splits_layers_between_gpu_and_cpu(tmp_path):
+    """device_map="auto" with a small GPU budget puts some layers on cuda:0 and the rest on the CPU; each layer's
+    buffers live on its own device."""
+    from transformers import AutoModelForCausalLM
+
+    model = tiny_model("qwen3_next")
+    model.save_pretrained(tmp_path)
+    dispatched = AutoModelForCausalLM.from_pretrained(tmp_path, device_map="auto",
+                                                      max_memory={0: "300KB", "cpu": "2GB"}).eval()
+    assert {"cpu", 0} <= set(dispatched.hf_device_map.values()) or {"cpu", "cuda:0"} <= {
+        str(v) for v in dispatched.hf_device_map.values()}
+    prompt = torch.randint(3, 120, (1, 6))
+    stock = model.generate(prompt, **GREEDY)
+    cache = ReplayCache(buffer_len=4)
+    out = dispatched.generate(prompt.to(dispatched.device), past_key_values=cache, **GREEDY)
+    assert torch.equal(out.sequences.cpu(), stock.sequences)
+    assert max_logit_diff([x.cpu() for x in out.logits], stock.logits) < 1e-4
+    devices = {layer.checkpoint.device.type for layer in cache.replay_layers.values()}
+    assert devices == {"cuda", "cpu"}
+
+
+@pytest.mark.parametrize("precision", list(PRESETS))
+def test_cuda_policies_and_exact_separated_recurrence(precision):
+    model = _cuda("nemotron_h")
+    tokens = torch.randint(3, 120, (1, 60), device="cuda")
+    cache = ReplayCache(buffer_len=4, precision=precision)
+    with torch.no_grad():
+        model(tokens[:, :6], past_key_values=cache, use_cache=True)
+        for pos in range(6, tokens.shape[1]):
+            model(tokens[:, pos : pos + 1], past_key_values=cache, use_cache=True)
+    fp32 = ReplayCache(buffer_len=4)
+    with torch.no_grad():
+        model(tokens[:, :6], past_key_values=fp32, use_cache=True)
+        for pos in range(6, tokens.shape[1]):
+            model(tokens[:, pos : pos + 1], past_key_values=fp32, use_cache=True)
+    first = min(cache.replay_layers)
+    if PRESETS[precision].mode == "separated" and PRESETS[precision].checkpoint_format == "fp32":
+        assert torch.equal(cache.replay_layers[first].checkpoint, fp32.replay_layers[first].checkpoint)
+    assert cache.memory()["checkpoint"] > 0
+
+
+def test_cuda_demo_and_precision_check():
+    from hf_replayssm.demo import run_demo
+    from hf_replayssm.eval.precision_check import precision_check
+    from hf_replayssm.models import load_model
+
+    result = run_demo(max_new_tokens=64, device="cuda", progress=False)
+    assert result["identical_tokens"] and result["identical_tokens_lookup"] and result["device"].startswith("cuda")
+    model, tokenizer = load_model("tiny-gdn", device="cuda")
+    report = precision_check(model, tokenizer, tokens=64, progress=False, policies=["fp32", "shared-nvfp4"])
+    assert report.mean_kl("fp32") == 0.0 and report.mean_kl("shared-nvfp4") > 0
+    print(result["report"])
+    print(report.table())

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import SUPPORTED, get_model, max_logit_diff
+from conftest import SUPPORTED, cache_kwarg, get_model, max_logit_diff
 
 from hf_replayssm import PRESETS, ReplayCache
 from hf_replayssm.tiny import tiny_model
@@ -24,7 +24,7 @@ def test_cuda_greedy_matches_stock(model_type):
     stock = model.generate(prompt, **GREEDY)
     for buffer_len in (1, 4, 16):
         cache = ReplayCache(buffer_len=buffer_len)
-        out = model.generate(prompt, past_key_values=cache, **GREEDY)
+        out = model.generate(prompt, **{cache_kwarg(model): cache}, **GREEDY)
         assert torch.equal(out.sequences, stock.sequences)
         assert max_logit_diff(out.logits, stock.logits) < 1e-4
         assert all(layer.checkpoint.is_cuda for layer in cache.replay_layers.values())

@@ -46,6 +46,16 @@ def cache_kwarg(model) -> str:
     return "cache_params" if name == "cache_params" else "past_key_values"
 
 
+def decode(model, tokens, prompt_len, cache):
+    """Decoding through ``cache``: prefill ``tokens[:, :prompt_len]``, then one token at a time. Returns the logits
+    of the last position of every forward, [batch, 1 + tokens - prompt_len, vocab]."""
+    with torch.no_grad():
+        logits = [model(tokens[:, :prompt_len], past_key_values=cache, use_cache=True).logits[:, -1]]
+        for pos in range(prompt_len, tokens.shape[1]):
+            logits.append(model(tokens[:, pos : pos + 1], past_key_values=cache, use_cache=True).logits[:, -1])
+    return torch.stack(logits, dim=1)
+
+
 def max_logit_diff(a, b) -> float:
     assert len(a) == len(b), (len(a), len(b))
     return max((x - y).abs().max().item() for x, y in zip(a, b, strict=True))

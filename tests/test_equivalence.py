@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import SUPPORTED, cache_kwarg, get_model, max_logit_diff
+from conftest import SUPPORTED, cache_kwarg, decode, get_model, max_logit_diff
 
 from hf_replayssm import ReplayCache
 from hf_replayssm.tiny import tiny_model
@@ -119,15 +119,8 @@ def test_bf16_models_stay_as_close_to_fp32_as_stock(model_type):
     bf16 = tiny_model(model_type).to(torch.bfloat16)
     tokens = torch.randint(3, 120, (1, 40))
 
-    def step_logits(model, cache):
-        with torch.no_grad():
-            out = [model(tokens[:, :8], past_key_values=cache, use_cache=True).logits[:, -1].float()]
-            for pos in range(8, tokens.shape[1]):
-                out.append(model(tokens[:, pos : pos + 1], past_key_values=cache, use_cache=True).logits[:, -1].float())
-        return torch.stack(out)
-
-    reference = step_logits(fp32, DynamicCache(config=fp32.config))
-    stock = step_logits(bf16, DynamicCache(config=bf16.config))
-    replay = step_logits(bf16, ReplayCache(buffer_len=8))
+    reference = decode(fp32, tokens, 8, DynamicCache(config=fp32.config))
+    stock = decode(bf16, tokens, 8, DynamicCache(config=bf16.config)).float()
+    replay = decode(bf16, tokens, 8, ReplayCache(buffer_len=8)).float()
     stock_error, replay_error = (stock - reference).abs().max(), (replay - reference).abs().max()
     assert replay_error <= 1.1 * stock_error + 1e-3, (replay_error, stock_error)

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import SUPPORTED, cache_kwarg, get_model, max_logit_diff
+from conftest import SUPPORTED, cache_kwarg, decode, get_model, max_logit_diff
 
 from hf_replayssm import PRESETS, ReplayCache
 from hf_replayssm.tiny import tiny_model
@@ -68,16 +68,9 @@ def test_device_map_with_cpu_offloaded_layers(tmp_path):
 def test_cuda_policies_and_exact_separated_recurrence(precision):
     model = _cuda("nemotron_h")
     tokens = torch.randint(3, 120, (1, 60), device="cuda")
-    cache = ReplayCache(buffer_len=4, precision=precision)
-    with torch.no_grad():
-        model(tokens[:, :6], past_key_values=cache, use_cache=True)
-        for pos in range(6, tokens.shape[1]):
-            model(tokens[:, pos : pos + 1], past_key_values=cache, use_cache=True)
-    fp32 = ReplayCache(buffer_len=4)
-    with torch.no_grad():
-        model(tokens[:, :6], past_key_values=fp32, use_cache=True)
-        for pos in range(6, tokens.shape[1]):
-            model(tokens[:, pos : pos + 1], past_key_values=fp32, use_cache=True)
+    cache, fp32 = ReplayCache(buffer_len=4, precision=precision), ReplayCache(buffer_len=4)
+    decode(model, tokens, 6, cache)
+    decode(model, tokens, 6, fp32)
     first = min(cache.replay_layers)
     if PRESETS[precision].mode == "separated" and PRESETS[precision].checkpoint_format == "fp32":
         assert torch.equal(cache.replay_layers[first].checkpoint, fp32.replay_layers[first].checkpoint)

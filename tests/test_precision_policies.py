@@ -7,7 +7,7 @@ import sys
 
 import pytest
 import torch
-from conftest import get_model
+from conftest import decode, get_model
 
 from hf_replayssm import PRESETS, PrecisionPolicy, ReplayCache
 from hf_replayssm.eval.precision_check import position_bins, precision_check
@@ -73,10 +73,7 @@ def test_separated_mode_keeps_the_recurrence_exact(model_type):
     checkpoints = {}
     for precision in ("fp32", "separated-nvfp4", "separated-fp8", "shared-nvfp4"):
         cache = ReplayCache(buffer_len=4, precision=precision)
-        with torch.no_grad():
-            model(tokens[:, :6], past_key_values=cache, use_cache=True)
-            for pos in range(6, tokens.shape[1]):
-                model(tokens[:, pos : pos + 1], past_key_values=cache, use_cache=True)
+        decode(model, tokens, 6, cache)
         first = cache.replay_layers[min(cache.replay_layers)]
         assert first.num_buffered == 0 and cache.stats()["flushes"] >= 16 * len(cache.replay_layers)
         checkpoints[precision] = first.checkpoint.clone()
@@ -110,17 +107,10 @@ def test_per_row_policies_in_one_batch_match_separate_runs():
     model = get_model("qwen3_5_text")
     tokens = torch.randint(3, 120, (1, 30))
     policies = ["fp32", "shared-nvfp4", "fp16-sr"]
-    batched = ReplayCache(buffer_len=4, precision=policies)
-    with torch.no_grad():
-        together = model(tokens.expand(3, -1)[:, :8], past_key_values=batched, use_cache=True).logits
-        for pos in range(8, 30):
-            together = model(tokens.expand(3, -1)[:, pos : pos + 1], past_key_values=batched, use_cache=True).logits
-        for row, precision in enumerate(policies):
-            alone = ReplayCache(buffer_len=4, precision=precision)
-            logits = model(tokens[:, :8], past_key_values=alone, use_cache=True).logits
-            for pos in range(8, 30):
-                logits = model(tokens[:, pos : pos + 1], past_key_values=alone, use_cache=True).logits
-            torch.testing.assert_close(together[row], logits[0], atol=1e-4, rtol=0)
+    together = decode(model, tokens.expand(3, -1), 8, ReplayCache(buffer_len=4, precision=policies))
+    for row, precision in enumerate(policies):
+        alone = decode(model, tokens, 8, ReplayCache(buffer_len=4, precision=precision))
+        torch.testing.assert_close(together[row], alone[0], atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="3 per-row precision policies for a batch of 2"):
         model(tokens[:, :4].expand(2, -1), past_key_values=ReplayCache(precision=policies), use_cache=True)
 

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import get_model
+from conftest import decode, get_model
 from transformers import DynamicCache
 
 from hf_replayssm import ReplayCache
@@ -40,31 +40,23 @@ def test_buffer_len_one_is_step_decoding(model_type):
     """With L=1 every step folds its token straight into the checkpoint, which then tracks the stock state."""
     model = get_model(model_type)
     cache, stock = ReplayCache(buffer_len=1), DynamicCache(config=model.config)
-    prompt = torch.randint(3, 120, (1, 5))
-    with torch.no_grad():
-        model(prompt, past_key_values=cache, use_cache=True)
-        model(prompt, past_key_values=stock, use_cache=True)
-        for _ in range(6):
-            token = torch.randint(3, 120, (1, 1))
-            model(token, past_key_values=cache, use_cache=True)
-            model(token, past_key_values=stock, use_cache=True)
-            for idx, layer in cache.replay_layers.items():
-                assert layer.num_buffered == 0
-                stock_state = stock.layers[idx].recurrent_states[0]
-                torch.testing.assert_close(layer.checkpoint, stock_state.float(), atol=1e-5, rtol=1e-5)
+    tokens = torch.randint(3, 120, (1, 5))
+    for _ in range(6):
+        decode(model, tokens, tokens.shape[1], cache)  # the new tokens only: a prefill, then single steps
+        decode(model, tokens, tokens.shape[1], stock)
+        for idx, layer in cache.replay_layers.items():
+            assert layer.num_buffered == 0
+            stock_state = stock.layers[idx].recurrent_states[0]
+            torch.testing.assert_close(layer.checkpoint, stock_state.float(), atol=1e-5, rtol=1e-5)
+        tokens = torch.randint(3, 120, (1, 1))
 
 
 def test_current_state_matches_stock_between_flushes():
     model = get_model("qwen3_next")
     cache, stock = ReplayCache(buffer_len=8), DynamicCache(config=model.config)
-    with torch.no_grad():
-        prompt = torch.randint(3, 120, (1, 5))
-        model(prompt, past_key_values=cache, use_cache=True)
-        model(prompt, past_key_values=stock, use_cache=True)
-        for _ in range(5):
-            token = torch.randint(3, 120, (1, 1))
-            model(token, past_key_values=cache, use_cache=True)
-            model(token, past_key_values=stock, use_cache=True)
+    tokens = torch.randint(3, 120, (1, 10))
+    decode(model, tokens, 5, cache)
+    decode(model, tokens, 5, stock)
     for idx, layer in cache.replay_layers.items():
         assert layer.num_buffered == 5
         torch.testing.assert_close(layer.current_state(), stock.layers[idx].recurrent_states[0], atol=1e-5, rtol=1e-5)

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import REPRESENTATIVE, cache_kwarg, get_model, max_logit_diff
+from conftest import REPRESENTATIVE, cache_kwarg, decode, get_model, max_logit_diff
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import DynamicCache
@@ -159,37 +159,36 @@ def test_plain_decoding_after_speculation_is_exact_and_bounded(model_type):
 # Property test: random accept/reject patterns and window sizes, ReplayCache vs recomputation from scratch.
 
 def _stock_step_logits(model, tokens, prompt_len):
-    """Logits at every position >= prompt_len - 1 by stock decoding: prefill the prompt, then one token at a time."""
-    cache = DynamicCache(config=model.config)
-    with torch.no_grad():
-        logits = [model(tokens[:, :prompt_len], past_key_values=cache, use_cache=True).logits[:, -1]]
-        for pos in range(prompt_len, tokens.shape[1]):
-            logits.append(model(tokens[:, pos : pos + 1], past_key_values=cache, use_cache=True).logits[:, -1])
-    return torch.stack(logits, dim=1)  # position prompt_len - 1 + i predicts token prompt_len + i
+    """Stock decoding: prefill the prompt, then one token at a time."""
+    return decode(model, tokens, prompt_len, DynamicCache(config=model.config))
 
 
 def _plain_step_logits(model, tokens, prompt_len, precision, buffer_len):
-    """Plain (non-speculative) ReplayCache decoding with the same policy: prefill, then one token at a time."""
-    cache = ReplayCache(buffer_len=buffer_len, precision=precision)
-    with torch.no_grad():
-        logits = [model(tokens[:, :prompt_len], past_key_values=cache, use_cache=True).logits[:, -1]]
-        for pos in range(prompt_len, tokens.shape[1]):
-            logits.append(model(tokens[:, pos : pos + 1], past_key_values=cache, use_cache=True).logits[:, -1])
-    return torch.stack(logits, dim=1)
+    """Plain (non-speculative) ReplayCache decoding with the same policy."""
+    return decode(model, tokens, prompt_len, ReplayCache(buffer_len=buffer_len, precision=precision))
 
 
 rounds = st.lists(st.tuples(st.integers(1, 6), st.integers(0, 5)), min_size=1, max_size=5)
 # A speculative window and single steps compute the same values with different batch shapes, so the inputs of the
 # SSM layers differ in the last float32 bits between speculative and plain decoding. A state element that sits that
 # close to a rounding boundary of a low-precision format (or to a stochastic-rounding threshold) can then round to
-# the other neighbour: one unit of the format, seen here as logit differences up to a few 1e-3. Without boundary-
-# aligned staged checkpoints the difference is the format's whole error and the tokens diverge. The exact staging
-# semantics are checked bit for bit at the layer level (test_layer_schedule.py), where the inputs are identical.
-TOLERANCE = {name: 1e-4 if name == "fp32" else 1e-2 for name in PRESETS}
+# the other neighbour: one unit of the format (2^-8 relative for bf16, up to 1/8 for fp8 and more for nvfp4). Without
+# boundary-aligned staged checkpoints the difference is the format's whole error and the tokens diverge. The exact
+# staging semantics are checked bit for bit at the layer level (test_layer_schedule.py), where the inputs are
+# identical, and rollback itself bit for bit under every policy (test_precision_policies.py).
+def _tolerance(name):
+    policy = PRESETS[name]
+    formats = {policy.checkpoint_format, policy.read_format}
+    if formats & {"fp8", "nvfp4"}:
+        return 5e-2
+    return 1e-2 if policy.stochastic_rounding else 2e-3 if "bf16" in formats else 1e-4
+
+
+TOLERANCE = {name: _tolerance(name) for name in PRESETS}
 
 
 @pytest.mark.parametrize("model_type", REPRESENTATIVE)
-@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=6, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prompt_len=st.integers(2, 9), buffer_len=st.sampled_from([1, 2, 3, 8]), rounds=rounds, seed=st.integers(0, 99))
 def test_rollback_equals_recomputation(model_type, prompt_len, buffer_len, rounds, seed):
     _check_rollback(model_type, prompt_len, buffer_len, rounds, seed, "fp32")
@@ -197,7 +196,7 @@ def test_rollback_equals_recomputation(model_type, prompt_len, buffer_len, round
 
 @pytest.mark.parametrize("precision", [p for p in PRESETS if p != "fp32"])
 @pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text", "kimi_linear"])
-@settings(max_examples=3, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=3, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(prompt_len=st.integers(2, 9), buffer_len=st.sampled_from([2, 3, 8]), rounds=rounds, seed=st.integers(0, 99))
 def test_rollback_equals_recomputation_under_every_policy(model_type, precision, prompt_len, buffer_len, rounds,
                                                           seed):

@@ -136,26 +136,40 @@ def repoint_accelerate_hook(mixer: torch.nn.Module) -> None:
         mixer._old_forward = type(mixer).forward.__get__(mixer)
 
 
-def conv_update_interceptor(module) -> Callable[[Callable], Callable]:
+Interceptor = Callable[[object], Callable[[Callable], Callable]]
+
+
+def interceptor(body: Callable) -> Interceptor:
+    """Turn ``body(module, call, args, original)`` into an interceptor factory for a module-level function: outside a
+    replay call the original runs untouched; inside one, ``body`` gets the call's ``ReplayCall``, the arguments by
+    name (``CallArgs``, bound against the torch reference's signature) and the original (to run the model's own
+    path, e.g. a chunked prefill)."""
+
+    def factory(module) -> Callable[[Callable], Callable]:
+        def make(original: Callable) -> Callable:
+            signature = inspect.signature(reference_function(original))
+
+            @functools.wraps(original)
+            def replacement(*args, **kwargs):
+                call = active_call()
+                if call is None:
+                    return original(*args, **kwargs)
+                return body(module, call, CallArgs(signature, args, kwargs), original)
+
+            return replacement
+
+        return make
+
+    return factory
+
+
+@interceptor
+def conv_update_interceptor(module, call, a: CallArgs, original):
     """``causal_conv1d_update`` inside a replay call (mixers that skip the recording check use it for decode)."""
-    conv_fn = module.causal_conv1d_fn
-
-    def make(original):
-        signature = inspect.signature(reference_function(original))
-
-        def causal_conv1d_update(*args, **kwargs):
-            call = active_call()
-            if call is None:
-                return original(*args, **kwargs)
-            a = CallArgs(signature, args, kwargs)
-            x = a["hidden_states"] if a["hidden_states"] is not None else args[0]
-            full = call.layer.update_conv_state(x, conv_kernel_size=a["weight"].shape[-1])
-            out = conv_fn(full, a["weight"], a["bias"], activation=a["activation"])
-            return out[..., -x.shape[-1] :]
-
-        return causal_conv1d_update
-
-    return make
+    x = a["hidden_states"]
+    full = call.layer.update_conv_state(x, conv_kernel_size=a["weight"].shape[-1])
+    out = module.causal_conv1d_fn(full, a["weight"], a["bias"], activation=a["activation"])
+    return out[..., -x.shape[-1] :]
 
 
 @dataclass

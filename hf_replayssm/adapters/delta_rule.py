@@ -9,12 +9,10 @@ Their mixers call ``*_recurrent_*`` for one token and ``*_chunk_*`` for several,
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 
 from ..recurrences import DeltaRuleRecurrence
-from .base import CallArgs, FamilyAdapter, active_call, reference_function
+from .base import CallArgs, FamilyAdapter, interceptor
 
 
 def _prepare(module, a: CallArgs) -> dict[str, torch.Tensor]:
@@ -31,51 +29,40 @@ def _prepare(module, a: CallArgs) -> dict[str, torch.Tensor]:
     return {"q": query, "k": key, "v": value.float(), "beta": a["beta"].float(), "g": a["g"].float()}
 
 
-def _make_interceptor(module, chunked: bool):
-    def make(original):
-        signature = inspect.signature(reference_function(original))
+def _replay(module, call, a: CallArgs, original, chunked: bool):
+    if a["cu_seqlens"] is not None:
+        raise ValueError("ReplayCache does not support packed sequences (cu_seqlens); pad the batch instead")
+    tokens = _prepare(module, a)
+    chunk_fn = None
+    if chunked:  # the model's own chunked path, for tokens the cache absorbs (a prefill)
 
-        def replay_delta_rule(*args, **kwargs):
-            call = active_call()
-            if call is None:
-                return original(*args, **kwargs)
-            a = CallArgs(signature, args, kwargs)
-            if a["cu_seqlens"] is not None:
-                raise ValueError("ReplayCache does not support packed sequences (cu_seqlens); pad the batch instead")
-            tokens = _prepare(module, a)
-            chunk_fn = None
-            if chunked:
+        def chunk_fn(start: int, stop: int, initial_state: torch.Tensor):
+            o, state = a.call(
+                original,
+                query=a["query"][:, start:stop],
+                key=a["key"][:, start:stop],
+                value=a["value"][:, start:stop],
+                g=a["g"][:, start:stop],
+                beta=a["beta"][:, start:stop],
+                initial_state=initial_state,
+                output_final_state=True,
+            )
+            return o.float(), state
 
-                def chunk_fn(start: int, stop: int, initial_state: torch.Tensor):
-                    o, state = a.call(
-                        original,
-                        query=a["query"][:, start:stop],
-                        key=a["key"][:, start:stop],
-                        value=a["value"][:, start:stop],
-                        g=a["g"][:, start:stop],
-                        beta=a["beta"][:, start:stop],
-                        initial_state=initial_state,
-                        output_final_state=True,
-                    )
-                    return o.float(), state
-
-            out = call.layer.forward_tokens(tokens, chunk_fn)
-            call.handled_tokens += a["value"].shape[1]
-            final = call.layer.checkpoint if a["output_final_state"] else None
-            return out.to(a["query"].dtype), final
-
-        replay_delta_rule.__name__ = original.__name__
-        return replay_delta_rule
-
-    return make
+    out = call.layer.forward_tokens(tokens, chunk_fn)
+    call.handled_tokens += a["value"].shape[1]
+    final = call.layer.checkpoint if a["output_final_state"] else None
+    return out.to(a["query"].dtype), final
 
 
-def _recurrent(module):
-    return _make_interceptor(module, chunked=False)
+@interceptor
+def _recurrent(module, call, a: CallArgs, original):
+    return _replay(module, call, a, original, chunked=False)
 
 
-def _chunk(module):
-    return _make_interceptor(module, chunked=True)
+@interceptor
+def _chunk(module, call, a: CallArgs, original):
+    return _replay(module, call, a, original, chunked=True)
 
 
 GATED_DELTANET = FamilyAdapter(

@@ -8,13 +8,11 @@ in_proj, conv, gated norm and out_proj.
 
 from __future__ import annotations
 
-import inspect
-
 import torch
 import torch.nn.functional as F
 
 from ..recurrences import Mamba2Recurrence
-from .base import CallArgs, FamilyAdapter, active_call, reference_function
+from .base import CallArgs, FamilyAdapter, interceptor
 
 
 def _per_head(t: torch.Tensor | None, dims: int) -> torch.Tensor | None:
@@ -26,85 +24,65 @@ def _per_head(t: torch.Tensor | None, dims: int) -> torch.Tensor | None:
     return t
 
 
-def _step_interceptor(module):
-    def make(original):
-        signature = inspect.signature(reference_function(original))
-
-        def mamba2_selective_state_update(*args, **kwargs):
-            call = active_call()
-            if call is None:
-                return original(*args, **kwargs)
-            a = CallArgs(signature, args, kwargs)
-            x = a["hidden_states"]  # [B, H, P]
-            dt = _per_head(a["dt"], 2).float()  # [B, H]
-            if a["dt_bias"] is not None:
-                dt = dt + _per_head(a["dt_bias"], 1).float()
-            if a["dt_softplus"]:
-                dt = F.softplus(dt)
-            tokens = {
-                "x": x[:, None],
-                "dt": dt[:, None],
-                "B": a["B"][:, None],
-                "C": a["C"][:, None],
-                "A": _per_head(a["A"], 1).float(),
-                "D": _per_head(a["D"], 1),
-            }
-            y = call.layer.forward_tokens(tokens)[:, 0]
-            if a["z"] is not None:
-                y = y * F.silu(a["z"].float())
-            call.handled_tokens += 1
-            return y.to(x.dtype)
-
-        return mamba2_selective_state_update
-
-    return make
+@interceptor
+def _step(module, call, a: CallArgs, original):
+    """``mamba2_selective_state_update``: one token per sequence."""
+    x = a["hidden_states"]  # [B, H, P]
+    dt = _per_head(a["dt"], 2).float()  # [B, H]
+    if a["dt_bias"] is not None:
+        dt = dt + _per_head(a["dt_bias"], 1).float()
+    if a["dt_softplus"]:
+        dt = F.softplus(dt)
+    tokens = {
+        "x": x[:, None],
+        "dt": dt[:, None],
+        "B": a["B"][:, None],
+        "C": a["C"][:, None],
+        "A": _per_head(a["A"], 1).float(),
+        "D": _per_head(a["D"], 1),
+    }
+    y = call.layer.forward_tokens(tokens)[:, 0]
+    if a["z"] is not None:
+        y = y * F.silu(a["z"].float())
+    call.handled_tokens += 1
+    return y.to(x.dtype)
 
 
-def _chunk_interceptor(module):
-    def make(original):
-        signature = inspect.signature(reference_function(original))
+@interceptor
+def _chunk(module, call, a: CallArgs, original):
+    """``mamba2_chunk_scan``: T tokens per sequence from an initial state."""
+    x, dt_raw = a["hidden_states"], a["dt"]  # [B, T, H, P], [B, T, H]
+    dt = dt_raw.float()
+    if a["dt_bias"] is not None:
+        dt = dt + a["dt_bias"].float()
+    if a["dt_softplus"]:
+        dt = F.softplus(dt)
+    # Stock transformers clamps dt to ``dt_limit`` in its chunk scan (prefill) but not in its single-token update
+    # (decode). Buffered tokens follow the same rule: prompt tokens clamped, generated ones not.
+    prompt = call.layer.prompt_part(x.shape[1])
+    if prompt and a["dt_limit"] is not None:
+        dt = torch.cat([dt[:, :prompt].clamp(*a["dt_limit"]), dt[:, prompt:]], dim=1)
+    Bm, Cm = a["B"], a["C"]
+    tokens = {"x": x, "dt": dt, "B": Bm, "C": Cm, "A": a["A"].float(), "D": a["D"]}
 
-        def mamba2_chunk_scan(*args, **kwargs):
-            call = active_call()
-            if call is None:
-                return original(*args, **kwargs)
-            a = CallArgs(signature, args, kwargs)
-            x, dt_raw = a["hidden_states"], a["dt"]  # [B, T, H, P], [B, T, H]
-            dt = dt_raw.float()
-            if a["dt_bias"] is not None:
-                dt = dt + a["dt_bias"].float()
-            if a["dt_softplus"]:
-                dt = F.softplus(dt)
-            # Stock transformers clamps dt to ``dt_limit`` in its chunk scan (prefill) but not in its single-token
-            # update (decode). Buffered tokens follow the same rule: prompt tokens clamped, generated ones not.
-            prompt = call.layer.prompt_part(x.shape[1])
-            if prompt and a["dt_limit"] is not None:
-                dt = torch.cat([dt[:, :prompt].clamp(*a["dt_limit"]), dt[:, prompt:]], dim=1)
-            Bm, Cm = a["B"], a["C"]
-            tokens = {"x": x, "dt": dt, "B": Bm, "C": Cm, "A": a["A"].float(), "D": a["D"]}
+    def chunk_fn(start: int, stop: int, initial_state: torch.Tensor):
+        y, state = a.call(
+            original,
+            hidden_states=x[:, start:stop],
+            dt=dt_raw[:, start:stop],
+            B=Bm[:, start:stop],
+            C=Cm[:, start:stop],
+            initial_states=initial_state,
+            return_final_states=True,
+        )
+        return y.float(), state
 
-            def chunk_fn(start: int, stop: int, initial_state: torch.Tensor):
-                y, state = a.call(
-                    original,
-                    hidden_states=x[:, start:stop],
-                    dt=dt_raw[:, start:stop],
-                    B=Bm[:, start:stop],
-                    C=Cm[:, start:stop],
-                    initial_states=initial_state,
-                    return_final_states=True,
-                )
-                return y.float(), state
-
-            y = call.layer.forward_tokens(tokens, chunk_fn)
-            call.handled_tokens += x.shape[1]
-            y = y.to(x.dtype).contiguous()  # callers .view() the result
-            if a["return_final_states"]:
-                return y, call.layer.checkpoint
-            return y
-
-        return mamba2_chunk_scan
-
-    return make
+    y = call.layer.forward_tokens(tokens, chunk_fn)
+    call.handled_tokens += x.shape[1]
+    y = y.to(x.dtype).contiguous()  # callers .view() the result
+    if a["return_final_states"]:
+        return y, call.layer.checkpoint
+    return y
 
 
 ADAPTER = FamilyAdapter(
@@ -119,7 +97,7 @@ ADAPTER = FamilyAdapter(
         "Mamba2Mixer": ("mamba2",),
     },
     interceptors={
-        "mamba2_selective_state_update": _step_interceptor,
-        "mamba2_chunk_scan": _chunk_interceptor,
+        "mamba2_selective_state_update": _step,
+        "mamba2_chunk_scan": _chunk,
     },
 )

@@ -1,13 +1,14 @@
 """Cache layers: ``ReplayLayer`` holds one SSM layer's checkpoint, record ring and conv window.
 
 The schedule, per layer (L = ``buffer_len``):
-* prefill: the model's own chunked path runs from the checkpoint and writes the final state; the ring is empty;
-* a plain forward of T tokens with n records buffered: if n + T < L the outputs are read from checkpoint + ring
-  and the T records appended (no state write); otherwise one flush folds the ring and the new tokens into the
-  checkpoint;
-* while recording (speculative decoding) new tokens are *pending* records; ``crop(-r)`` drops the newest r
-  records and rewinds the conv window (a pointer move) and commits the rest. Flushes fold only committed
-  records, early enough that the next window fits. A rollback deeper than what is still buffered raises.
+* prefill (any plain multi-token forward): the model's own chunked path runs from the checkpoint and writes the
+  final state; the ring is empty. Flush boundaries sit every L tokens from there;
+* a decode step reads checkpoint + ring and appends one record (no state write); the step that reaches the next
+  boundary flushes: the ring and the token are folded into the checkpoint;
+* while recording (speculative decoding) new tokens are *pending* records. Each token still reads the checkpoint
+  of its own boundary; when a window crosses a boundary that checkpoint is staged from the window's records and
+  stored only if the crop keeps them. ``crop(-r)`` drops the newest r records and rewinds the conv window (pointer
+  moves) and commits the rest. A rollback deeper than what is still buffered raises.
 """
 
 from __future__ import annotations
@@ -59,7 +60,6 @@ class ReplayLayer(LinearAttentionLayer):
         self.tokens_seen = 0
         self.prompt_tokens = 0  # announced prompt length (generate() with speculation); 0 = the first forward
         self._prompt_len = 0
-        self.bound_batch: int | None = None
         self.mixer_ref: weakref.ref | None = None
         self.counters: Counter = Counter()
         self.checkpoint_position = 0  # tokens folded into the stored checkpoint
@@ -109,7 +109,9 @@ class ReplayLayer(LinearAttentionLayer):
 
     def update_conv_state(self, conv_states: torch.Tensor, state_idx: int = 0, conv_kernel_size=None, **kwargs):
         """Return ``[history, new]`` for the model's own causal conv and remember the new inputs."""
-        kernel = conv_kernel_size or conv_states.shape[-1]
+        kernel = conv_kernel_size or self.conv_kernel
+        if kernel is None:
+            raise ValueError("update_conv_state needs conv_kernel_size on its first call")
         self._ensure_conv(conv_states, kernel)
         full = torch.cat([self.conv.window(kernel).to(conv_states.dtype), conv_states], dim=-1)
         self.conv.write(conv_states)
@@ -333,7 +335,6 @@ class ReplayLayer(LinearAttentionLayer):
             self.recurrent_states[0] = self.store.recurrence()
         if self.conv.buffer is not None:
             self.conv_states[0] = self.conv.buffer
-        self.bound_batch = int(index.numel()) if self.bound_batch is not None else None
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         if self.store.allocated:

@@ -42,6 +42,12 @@ def test_quickstart_script():
     assert "assisted by a hybrid draft, same tokens: True" in out.stdout
 
 
+def test_precision_long_memory_example():
+    out = subprocess.run([sys.executable, "examples/precision_long_memory.py"], capture_output=True, text=True,
+                         check=True, cwd=ROOT)
+    assert out.stdout.count("KL(fp32 || policy)") == 3 and "separated-nvfp4" in out.stdout
+
+
 def test_quickstart_notebook():
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")

@@ -7,31 +7,19 @@ tests/test_precision_policies.py) and the quick check runs over 300 teacher-forc
     python examples/precision_long_memory.py
 """
 
-import math
-
-import torch
 import transformers
 
 from hf_replayssm.eval.precision_check import precision_check
-from hf_replayssm.tiny import tiny_model
+from hf_replayssm.tiny import slow_heads, tiny_model
 
 POLICIES = ["fp32", "bf16", "fp16-sr", "separated-fp8", "shared-fp8", "separated-nvfp4", "shared-nvfp4",
             "fp16-sr+nvfp4"]
 
 
-def long_memory_model(model_type: str):
-    model = tiny_model(model_type)
-    for module in model.modules():
-        if isinstance(getattr(module, "A_log", None), torch.nn.Parameter):
-            with torch.no_grad():
-                module.A_log.fill_(math.log(1e-3))
-    return model
-
-
 def main() -> None:
     transformers.logging.set_verbosity_error()
     for model_type, family in [("nemotron_h", "Mamba-2"), ("qwen3_5_text", "GDN"), ("kimi_linear", "KDA")]:
-        report = precision_check(long_memory_model(model_type), tokens=300, progress=False, policies=POLICIES,
+        report = precision_check(slow_heads(tiny_model(model_type)), tokens=300, progress=False, policies=POLICIES,
                                  model_name=f"tiny {model_type} ({family}), slow heads")
         print(report.table(), end="\n\n")
 

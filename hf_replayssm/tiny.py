@@ -6,6 +6,8 @@ rollback still produces the right tokens.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 COMMON = dict(
@@ -68,6 +70,16 @@ def tiny_config(model_type: str, **overrides):
         text_config = {**base["text_config"], **overrides}
         return AutoConfig.for_model(model_type, **{**base, "text_config": text_config})
     return AutoConfig.for_model(model_type, **{**COMMON, **base, **overrides})
+
+
+def slow_heads(model, decay_rate: float = 1e-3):
+    """Give every SSM head a slow decay (A_log = log ``decay_rate``), like the long-memory heads of real models: with
+    the fast-decaying random init a state's rounding error is forgotten within a few tokens."""
+    for module in model.modules():
+        if isinstance(getattr(module, "A_log", None), torch.nn.Parameter):
+            with torch.no_grad():
+                module.A_log.fill_(math.log(decay_rate))
+    return model
 
 
 def tiny_model(model_type: str, seed: int = 0, dtype: torch.dtype = torch.float32, **overrides):

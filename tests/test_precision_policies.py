@@ -1,7 +1,6 @@
 """Precision policies: presets, memory, the exactness of the separated recurrence, KL ordering, exact rollback."""
 
 import json
-import math
 import subprocess
 import sys
 
@@ -11,21 +10,15 @@ from conftest import decode, get_model
 
 from hf_replayssm import PRESETS, PrecisionPolicy, ReplayCache
 from hf_replayssm.eval.precision_check import position_bins, precision_check
-from hf_replayssm.tiny import tiny_model
+from hf_replayssm.tiny import slow_heads, tiny_model
 
 FAMILIES = ["nemotron_h", "qwen3_5_text", "kimi_linear"]  # Mamba-2, GDN, KDA
 
 
 def long_memory_model(model_type):
-    """A tiny model whose SSM heads forget slowly (A_log = log 1e-3), like the long-memory heads of real models:
-    with the fast-decaying random init a checkpoint's rounding error is forgotten within a few steps, and shared
-    and separated storage look alike."""
-    model = tiny_model(model_type)
-    for module in model.modules():
-        if isinstance(getattr(module, "A_log", None), torch.nn.Parameter):
-            with torch.no_grad():
-                module.A_log.fill_(math.log(1e-3))
-    return model
+    """A tiny model whose SSM heads forget slowly: with the fast-decaying random init a checkpoint's rounding error
+    is forgotten within a few steps, and shared and separated storage look alike."""
+    return slow_heads(tiny_model(model_type))
 
 
 def test_presets():

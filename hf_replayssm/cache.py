@@ -18,7 +18,8 @@ from .layers import ReplayHybridLayer, ReplayLayer, RollbackError
 from .precision import PrecisionPolicy, resolve_policy
 
 BACKENDS = ("auto", "torch")
-STAT_KEYS = ("decode_steps", "flushes", "checkpoint_writes", "rolled_back_tokens", "prefills", "tokens")
+STAT_KEYS = ("decode_steps", "flushes", "checkpoint_writes", "rolled_back_tokens", "prefills", "tokens",
+             "staged_checkpoints")
 
 
 def cache_argument(model) -> str:

@@ -29,13 +29,6 @@ def supported_model_types() -> list[str]:
     return sorted(t for adapter in ADAPTERS for types in adapter.mixers.values() for t in types)
 
 
-def family_of(model_type: str) -> str | None:
-    for adapter in ADAPTERS:
-        if any(model_type in types for types in adapter.mixers.values()):
-            return adapter.name
-    return None
-
-
 def _refuse(model, what: str) -> None:
     raise ValueError(
         f"ReplayCache cannot replay {type(model).__name__} ({what}). Supported model types: "

@@ -24,26 +24,13 @@ from __future__ import annotations
 
 import torch
 
+from .decay import segment_sums, sum_after
+
 
 def _gate(g: torch.Tensor) -> torch.Tensor:
     """Scalar gates [B,M,H] -> [B,M,H,1]; per-channel gates [B,M,H,K] unchanged. Always float32."""
     g = g.to(torch.float32)
     return g[..., None] if g.dim() == 3 else g
-
-
-def _sum_after(g: torch.Tensor) -> torch.Tensor:
-    """out[:, j] = sum_{t>j} g[:, t] along dim 1 (an exclusive reverse cumulative sum)."""
-    reverse = torch.flip(torch.cumsum(torch.flip(g, [1]), dim=1), [1])
-    return torch.cat([reverse[:, 1:], torch.zeros_like(reverse[:, :1])], dim=1)
-
-
-def segment_sums(g: torch.Tensor) -> torch.Tensor:
-    """seg[b,h,i,j,:] = sum_{j<t<=i} g[b,t,h,:] for j <= i (summed directly rather than as a difference of
-    cumulative sums, which loses precision as the sums grow). g [B,M,H,Kg] -> [B,H,M,M,Kg]."""
-    steps = g.shape[1]
-    terms = g.permute(0, 2, 1, 3)[:, :, :, None, :].expand(-1, -1, -1, steps, -1)  # [b,h,t,j] = g_t
-    after_j = torch.ones(steps, steps, dtype=torch.bool, device=g.device).tril(-1)  # t > j
-    return torch.cumsum(terms.masked_fill(~after_j[:, :, None], 0), dim=2)
 
 
 def _pair_weights(seg: torch.Tensor, k: torch.Tensor, u: torch.Tensor, mask: torch.Tensor):
@@ -118,7 +105,7 @@ def delta_fold(state: torch.Tensor, k: torch.Tensor, d: torch.Tensor, g: torch.T
     gate = _gate(g)
     c_last = gate.sum(dim=1)  # [B, H, Kg]
     # log decay from each record to the end, summed directly: sum_{t>j} g_t
-    after = _sum_after(gate)
+    after = sum_after(gate)
     k_decayed = torch.exp(after) * k.to(f32)  # [B, M, H, K]
     update = torch.einsum("bmhk,bmhv->bhkv", k_decayed, d.to(f32))
     return state.to(f32) * torch.exp(c_last)[..., None] + update

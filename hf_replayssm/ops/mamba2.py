@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from .decay import segment_sums, sum_after
+
 
 def _heads(t: torch.Tensor, num_heads: int) -> torch.Tensor:
     """[..., G, N] per group -> [..., H, N] per head (head h uses group h // (H // G))."""
@@ -24,21 +26,6 @@ def _heads(t: torch.Tensor, num_heads: int) -> torch.Tensor:
     if groups == num_heads:
         return t
     return t.repeat_interleave(num_heads // groups, dim=-2)
-
-
-def _segment_sums(log_decay: torch.Tensor) -> torch.Tensor:
-    """seg[b,h,i,j] = sum_{j<t<=i} log_decay[b,t,h] (summed directly, not as a difference of cumulative sums,
-    which loses precision as they grow). [B, M, H] -> [B, H, M, M]; entries j > i are meaningless."""
-    steps = log_decay.shape[1]
-    terms = log_decay.transpose(1, 2)[:, :, :, None].expand(-1, -1, -1, steps)  # [b,h,t,j] = a_t
-    after_j = torch.ones(steps, steps, dtype=torch.bool, device=log_decay.device).tril(-1)
-    return torch.cumsum(terms.masked_fill(~after_j, 0), dim=2)
-
-
-def _sum_after(x: torch.Tensor) -> torch.Tensor:
-    """out[:, j] = sum_{t>j} x[:, t] along dim 1."""
-    reverse = torch.flip(torch.cumsum(torch.flip(x, [1]), dim=1), [1])
-    return torch.cat([reverse[:, 1:], torch.zeros_like(reverse[:, :1])], dim=1)
 
 
 def ssd_replay(
@@ -77,7 +64,7 @@ def ssd_replay(
     scores = _heads(torch.einsum("btgn,bmgn->btmg", C, Bs).transpose(2, 3), num_heads)  # [B, T, H, M]
     queries = num_hist + torch.arange(window, device=x.device)
     causal = torch.arange(num_hist + window, device=x.device)[None, :] <= queries[:, None]
-    seg = _segment_sums(log_decay)[:, :, num_hist:]  # [B, H, T, M]
+    seg = segment_sums(log_decay)[:, :, num_hist:]  # [B, H, T, M]
     weight = torch.exp(seg.masked_fill(~causal, float("-inf"))) * dts.transpose(1, 2)[..., None, :]
     y = y + torch.einsum("bthm,bhtm,bmhp->bthp", scores, weight, xs)
     if D is not None:
@@ -95,7 +82,7 @@ def ssd_fold(
     dt = dt.to(f32)
     log_decay = dt * A.to(f32)  # [B, M, H]
     lam_last = log_decay.sum(dim=1)  # [B, H]
-    weight = torch.exp(_sum_after(log_decay)) * dt  # [B, M, H]
+    weight = torch.exp(sum_after(log_decay)) * dt  # [B, M, H]
     B_heads = _heads(B.to(f32), x.shape[2])  # [B, M, H, N]
     update = torch.einsum("bmh,bmhp,bmhn->bhpn", weight, x.to(f32), B_heads)
     return state.to(f32) * torch.exp(lam_last)[..., None, None] + update

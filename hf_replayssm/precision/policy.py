@@ -69,6 +69,3 @@ def resolve_policy(precision: str | PrecisionPolicy) -> PrecisionPolicy:
             f"unknown precision {precision!r}; use one of {', '.join(PRESETS)} or a PrecisionPolicy"
         ) from None
 
-
-def policy_name(policy: PrecisionPolicy) -> str:
-    return next((name for name, preset in PRESETS.items() if preset == policy), repr(policy))

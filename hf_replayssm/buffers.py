@@ -6,7 +6,8 @@ a circular buffer, so folding the oldest records into the checkpoint and droppin
 moves. ``ConvRing`` keeps the last inputs of the short causal convolution the same way, so the conv window can
 be rewound together with the records.
 
-The host-side integers drive Python control flow; ``cursor`` mirrors them on the device for kernels.
+Positions are host integers shared by the batch rows: this is the pure-torch reference schedule. The Triton
+kernels keep per-row positions on the device.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ class RecordRing:
         self.origin = 0  # slot of the oldest record
         self.num_committed = 0
         self.num_pending = 0
-        self.cursor: torch.Tensor | None = None  # device mirror: [origin, num_committed, num_pending]
 
     @property
     def allocated(self) -> bool:
@@ -42,12 +42,6 @@ class RecordRing:
         for name, example in like.items():
             shape = (example.shape[0], self.capacity, *example.shape[2:])
             self.fields[name] = torch.zeros(shape, dtype=example.dtype, device=example.device)
-        device = next(iter(self.fields.values())).device
-        self.cursor = torch.zeros(3, dtype=torch.int64, device=device)
-
-    def _sync_cursor(self) -> None:
-        if self.cursor is not None:
-            self.cursor.copy_(torch.tensor([self.origin, self.num_committed, self.num_pending]))
 
     def _slots(self, start: int, count: int, device: torch.device) -> torch.Tensor:
         return (self.origin + start + torch.arange(count, device=device)) % self.capacity
@@ -72,19 +66,17 @@ class RecordRing:
             raise RuntimeError(f"ring overflow: {self.size} + {count} > capacity {self.capacity}")
         if count:
             slots = self._slots(self.size, count, next(iter(self.fields.values())).device)
-            for name, value in records.items():
-                self.fields[name].index_copy_(1, slots, value.to(self.fields[name].dtype))
+            for name, buf in self.fields.items():  # records may carry fields this ring does not keep
+                buf.index_copy_(1, slots, records[name].to(buf.dtype))
         if pending:
             self.num_pending += count
         else:
             self.num_committed += count
-        self._sync_cursor()
 
     def commit(self) -> None:
         """Pending records become part of the sequence."""
         self.num_committed += self.num_pending
         self.num_pending = 0
-        self._sync_cursor()
 
     def drop_newest(self, count: int) -> None:
         """Forget the newest ``count`` records (pending first, then committed): a rollback."""
@@ -93,7 +85,6 @@ class RecordRing:
         from_pending = min(count, self.num_pending)
         self.num_pending -= from_pending
         self.num_committed -= count - from_pending
-        self._sync_cursor()
 
     def drop_oldest(self, count: int) -> None:
         """Forget the oldest ``count`` records (after they were folded into the checkpoint)."""
@@ -105,11 +96,9 @@ class RecordRing:
         self.num_pending -= count - from_committed
         if self.size == 0:
             self.origin = 0
-        self._sync_cursor()
 
     def clear(self) -> None:
         self.origin = self.num_committed = self.num_pending = 0
-        self._sync_cursor()
 
     def grow(self, capacity: int) -> None:
         """Reallocate to a larger capacity, keeping the records (outside the hot path: only when a larger
@@ -124,7 +113,6 @@ class RecordRing:
                 self.fields[name] = new
         self.capacity = capacity
         self.origin = 0
-        self._sync_cursor()
 
     def index_batch(self, index: torch.Tensor) -> None:
         """Select / reorder batch rows (beam search, contrastive search)."""
@@ -169,8 +157,12 @@ class ConvRing:
         self.position += count
         self.oldest = max(self.oldest, self.position - self.capacity)
 
+    def rewindable(self, kernel: int) -> int:
+        """How many tokens ``rewind`` can undo while keeping the ``kernel`` inputs before the new position."""
+        return self.position if self.oldest == 0 else max(0, self.position - kernel - self.oldest)
+
     def rewind(self, count: int, kernel: int) -> None:
-        if count > self.position or max(self.position - count - kernel, 0) < self.oldest:
+        if count > self.rewindable(kernel):
             raise RuntimeError(f"conv window cannot rewind {count} tokens (holds {self.position - self.oldest})")
         self.position -= count
 

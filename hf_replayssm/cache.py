@@ -7,6 +7,7 @@ that receives it, so it needs no config argument.
 
 from __future__ import annotations
 
+import inspect
 import weakref
 from collections import Counter
 
@@ -14,6 +15,8 @@ import torch
 from transformers import DynamicCache
 from transformers.cache_utils import CacheLayerMixin, LinearAttentionCacheLayerMixin
 
+from .adapters import find_mixers, repoint_accelerate_hook
+from .adapters.base import active_call
 from .layers import ReplayHybridLayer, ReplayLayer, RollbackError
 from .precision import PrecisionPolicy, resolve_policy
 
@@ -26,13 +29,23 @@ def cache_argument(model) -> str:
     """The keyword under which ``model`` (and its ``generate``) takes a cache in this transformers version:
     ``cache`` (newer 5.x; ``past_key_values`` still works there, with a deprecation warning), ``past_key_values``,
     or ``cache_params`` (pure Mamba models in 5.17)."""
-    import inspect
-
     parameters = inspect.signature(model.forward).parameters
     for name in ("cache", "past_key_values", "cache_params"):
         if name in parameters:
             return name
     return "past_key_values"
+
+
+def _check_count(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
+
+
+def resolve_backend(backend: str, device: torch.device | None) -> str:
+    """The implementation a bound cache runs: ``"torch"`` (the pure-torch reference) until kernels exist."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return "torch"
 
 
 class ReplayCache(DynamicCache):
@@ -43,11 +56,14 @@ class ReplayCache(DynamicCache):
             decoding.
         precision: a preset name (see ``hf_replayssm.precision.PRESETS``) or a ``PrecisionPolicy``; or a list of
             them, one per batch row (to compare policies on the same sequence in one batch).
-        backend: ``"auto"`` or ``"torch"`` (the pure-torch reference; Triton kernels come later).
-        window: extra record slots for speculative windows (draft tokens per verify) beyond ``buffer_len``; sets
-            the deepest rollback that stays exact. ``generate()`` raises it automatically for prompt lookup and
-            assistant models; plain decoding needs none.
+        backend: ``"auto"`` or ``"torch"`` (the pure-torch reference; Triton kernels come later). Resolved once,
+            when the cache binds to a model (``cache.resolved_backend``).
+        window: record slots reserved for speculative windows (draft tokens per verify) beyond ``buffer_len``.
+            A larger window grows the rings when it happens, so this only preallocates; ``generate()`` sets it from
+            what transformers will draft. Plain decoding needs none.
     """
+
+    _replayssm_cache = True  # how the mixer hooks recognise this cache without importing it
 
     def __init__(
         self,
@@ -56,12 +72,14 @@ class ReplayCache(DynamicCache):
         backend: str = "auto",
         window: int | None = None,
     ):
-        if not isinstance(buffer_len, int) or isinstance(buffer_len, bool) or buffer_len < 1:
-            raise ValueError(f"buffer_len must be an int >= 1, got {buffer_len!r}")
-        if window is not None and (not isinstance(window, int) or window < 1):
-            raise ValueError(f"window must be None or an int >= 1, got {window!r}")
+        _check_count("buffer_len", buffer_len, 1)
+        if window is not None:
+            _check_count("window", window, 0)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        from .integration import install_hooks
+
+        install_hooks()  # idempotent; nothing is patched before the first ReplayCache exists
         super().__init__()
         self.buffer_len = buffer_len
         if isinstance(precision, (list, tuple)):
@@ -71,12 +89,19 @@ class ReplayCache(DynamicCache):
         else:
             self.policy = resolve_policy(precision)
         self.backend = backend
+        self.resolved_backend: str | None = None
         self.window = window or 0
         self._bound: weakref.ref | None = None
         self._bound_ids: set[int] = set()
         self._batch_size: int | None = None
         self._recording = False
         self._prompt_tokens = 0
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_bound"] = None  # a cache pickles without its model; it re-binds on its next use
+        state["_bound_ids"] = set()
+        return state
 
     # ------------------------------------------------------------------ binding
     @classmethod
@@ -91,9 +116,8 @@ class ReplayCache(DynamicCache):
         return self._bound() if self._bound is not None else None
 
     def bind(self, model) -> None:
-        """Attach to ``model``: build one cache layer per decoder layer, ReplayLayers for the SSM ones."""
-        from .adapters import find_mixers, repoint_accelerate_hook
-
+        """Attach to ``model``: build one cache layer per decoder layer, ReplayLayers for the SSM ones. A cache that
+        already holds layers (e.g. unpickled) re-attaches to a model of the same architecture."""
         bound = self.bound_model
         if bound is not None:
             if model is bound or id(model) in self._bound_ids:
@@ -105,28 +129,48 @@ class ReplayCache(DynamicCache):
                 f"this ReplayCache is bound to a {type(bound).__name__} (it holds that model's state); create a "
                 f"new ReplayCache() for {type(model).__name__}"
             )
-        if any(getattr(layer, "is_initialized", False) for layer in self.layers):
-            raise ValueError("this ReplayCache was used before it was bound to a model; create a new ReplayCache()")
-
         mixers = find_mixers(model)  # raises for SSM types we cannot replay
+        if self.replay_layers or any(getattr(layer, "is_initialized", False) for layer in self.layers):
+            self._reattach(model, mixers)
+        else:
+            self.layers = self._build_layers(model, mixers)
+            self.layer_class_to_replicate = None
+        self._bound = weakref.ref(model)
+        self._bound_ids = {id(m) for m in model.modules() if hasattr(m, "config")}
+        self.resolved_backend = resolve_backend(self.backend, next(model.parameters()).device)
+        if self._recording:
+            self.activate_past_recording()
+        self.expect_prompt(self._prompt_tokens)
+
+    def _build_layers(self, model, mixers) -> list:
         text_config = model.config.get_text_config(decoder=True)
         layers = DynamicCache(config=text_config).layers
         for layer_idx, (mixer, adapter) in mixers.items():
             stock = layers[layer_idx]
             layer_cls = ReplayHybridLayer if isinstance(stock, CacheLayerMixin) else ReplayLayer
-            layer = layer_cls(self.buffer_len, self.window, self.policy, layer_idx)
-            layer.recurrence = adapter.recurrence()
-            layer.mixer_ref = weakref.ref(mixer)
+            layer = layer_cls(self.buffer_len, self.window, self.policy, layer_idx, recurrence=adapter.recurrence())
+            layer.family = adapter.name
             layers[layer_idx] = layer
-            adapter.install(type(mixer))
-            repoint_accelerate_hook(mixer)
-        self.layers = layers
-        self.layer_class_to_replicate = None
-        self._bound = weakref.ref(model)
-        self._bound_ids = {id(m) for m in model.modules() if hasattr(m, "config")}
-        if self._recording:
-            self.activate_past_recording()
-        self.expect_prompt(self._prompt_tokens)
+            self._attach(layer, mixer, adapter)
+        return layers
+
+    @staticmethod
+    def _attach(layer: ReplayLayer, mixer, adapter) -> None:
+        layer.mixer_ref = weakref.ref(mixer)
+        adapter.install(type(mixer))
+        repoint_accelerate_hook(mixer)
+
+    def _reattach(self, model, mixers) -> None:
+        replay = self.replay_layers
+        if not replay:
+            raise ValueError("this ReplayCache was used before it was bound to a model; create a new ReplayCache()")
+        if set(replay) != set(mixers) or any(replay[i].family != adapter.name for i, (_, adapter) in mixers.items()):
+            raise ValueError(
+                f"this ReplayCache holds the state of another architecture (SSM layers {sorted(replay)}); create a "
+                f"new ReplayCache() for {type(model).__name__}"
+            )
+        for layer_idx, (mixer, adapter) in mixers.items():
+            self._attach(replay[layer_idx], mixer, adapter)
 
     def replay_layer_for(self, mixer, batch_size: int) -> ReplayLayer:
         """The ReplayLayer serving ``mixer``; checks the binding and the batch size."""
@@ -136,7 +180,7 @@ class ReplayCache(DynamicCache):
                 "or to generate(), or create it with ReplayCache.for_model(model)"
             )
         layer = self.layers[mixer.layer_idx] if mixer.layer_idx < len(self.layers) else None
-        if not isinstance(layer, ReplayLayer) or layer.mixer_ref() is not mixer:
+        if not isinstance(layer, ReplayLayer) or layer.mixer_ref is None or layer.mixer_ref() is not mixer:
             raise ValueError(
                 f"this ReplayCache is bound to another model ({type(self.bound_model).__name__}); create a new "
                 "ReplayCache() per model"
@@ -150,7 +194,7 @@ class ReplayCache(DynamicCache):
         elif batch_size != self._batch_size:
             raise ValueError(
                 f"this ReplayCache holds state for batch size {self._batch_size}, got a batch of {batch_size}; "
-                "use a new ReplayCache() for a different batch"
+                "use a new ReplayCache() (or cache.reset()) for a different batch"
             )
 
     # ------------------------------------------------------------------ views
@@ -168,21 +212,26 @@ class ReplayCache(DynamicCache):
         return stats
 
     def memory(self) -> dict[str, int]:
-        """Bytes per component: ``checkpoint``, ``read_copy``, ``buffer`` (records), ``conv`` (the conv input ring),
-        ``attention_kv``, their ``total``, and ``stock_total``: what a stock transformers cache holds for the same
-        tokens (a float32 recurrent state and a kernel-wide conv window per SSM layer, the same attention K/V)."""
+        """Bytes of every tensor the cache keeps alive, per component: ``checkpoint``, ``read_copy``, ``buffer``
+        (records), ``conv`` (the conv input ring), ``attention_kv``, ``other`` (staged checkpoints of an open
+        speculative window, per-layer constants), their ``total``, and ``stock_total``: what a stock transformers
+        cache holds for the same tokens (a float32 recurrent state and a kernel-wide conv window per SSM layer, the
+        same attention K/V). Storage shared with the model's own parameters is not counted."""
         sizes: Counter = Counter()
         for layer in self.layers:
             if isinstance(layer, ReplayLayer):
-                sizes.update(layer.nbytes())
-                if layer.store.allocated:
-                    sizes["stock_state"] += layer.checkpoint.numel() * 4
-                if layer.conv.buffer is not None:
-                    conv = layer.conv.buffer
-                    sizes["stock_conv"] += conv.shape[0] * conv.shape[1] * layer.conv_kernel * conv.element_size()
+                parts = layer.nbytes()
+                sizes.update({key: parts[key] for key in ("checkpoint", "read_copy", "buffer", "conv")})
+                sizes["other"] += parts["staged"] + parts["params"]
+                schedule = layer.schedule
+                if schedule.allocated:
+                    sizes["stock_state"] += schedule.state_numel() * 4
+                if schedule.conv.buffer is not None:
+                    conv = schedule.conv.buffer
+                    sizes["stock_conv"] += conv.shape[0] * conv.shape[1] * schedule.conv_kernel * conv.element_size()
             if isinstance(layer, CacheLayerMixin) and getattr(layer, "is_initialized", False):
                 sizes["attention_kv"] += sum(t.numel() * t.element_size() for t in (layer.keys, layer.values))
-        keys = ("checkpoint", "read_copy", "buffer", "conv", "attention_kv")
+        keys = ("checkpoint", "read_copy", "buffer", "conv", "attention_kv", "other")
         result = {key: int(sizes[key]) for key in keys}
         result["total"] = sum(result.values())
         result["stock_total"] = int(sizes["stock_state"] + sizes["stock_conv"] + sizes["attention_kv"])
@@ -195,14 +244,19 @@ class ReplayCache(DynamicCache):
         return super().get_seq_length(layer_idx)
 
     def get_conv_state(self, layer_idx: int, state_idx: int = 0):
-        if isinstance(self.layers[layer_idx], ReplayLayer):
-            return None  # routes the stock mixer through update_conv_state, i.e. our conv ring
+        layer = self.layers[layer_idx]
+        if isinstance(layer, ReplayLayer):
+            if active_call() is not None:
+                return None  # routes the stock mixer through update_conv_state, i.e. our conv ring
+            return layer.conv_states[state_idx] if layer.tokens_seen else None
         return super().get_conv_state(layer_idx, state_idx)
 
     def get_recurrent_state(self, layer_idx: int, state_idx: int = 0):
+        """Inside a replay call: the checkpoint (the mixer only hands it back). Elsewhere: the current recurrent
+        state, materialised (checkpoint + buffered records), as a stock cache would hold it."""
         layer = self.layers[layer_idx]
         if isinstance(layer, ReplayLayer):
-            return layer.checkpoint if layer.tokens_seen else None
+            return layer.recurrent_states[state_idx]
         return super().get_recurrent_state(layer_idx, state_idx)
 
     def update_conv_state(self, conv_states: torch.Tensor, layer_idx: int, state_idx: int = 0, **kwargs):
@@ -214,8 +268,6 @@ class ReplayCache(DynamicCache):
         return super().update_recurrent_state(recurrent_states, layer_idx, state_idx, **kwargs)
 
     def _require_replay_call(self, layer_idx: int) -> None:
-        from .adapters.base import active_call
-
         if isinstance(self.layers[layer_idx], ReplayLayer) and active_call() is None:
             raise RuntimeError(
                 f"layer {layer_idx} wrote its state outside the ReplaySSM path (a replaced or kernelized mixer "
@@ -243,52 +295,75 @@ class ReplayCache(DynamicCache):
 
     def expect_prompt(self, num_tokens: int) -> None:
         """The first ``num_tokens`` tokens fed to an empty cache are prompt: while recording they take the
-        model's prefill path instead of becoming rollback-able drafts."""
+        model's prefill path instead of becoming rollback-able drafts (default: the first forward)."""
         self._prompt_tokens = int(num_tokens)
         for layer in self.replay_layers.values():
-            layer.prompt_tokens = self._prompt_tokens
+            layer.expect_prompt(self._prompt_tokens)
 
     def reserve_window(self, window: int) -> None:
-        """Keep speculative rollbacks of up to ``window`` tokens exact."""
+        """Preallocate for speculative windows of up to ``window`` tokens (larger ones grow the rings)."""
         self.window = max(self.window, int(window))
         for layer in self.replay_layers.values():
             layer.reserve_window(self.window)
 
     def crop(self, tokens_to_remove) -> None:
-        """Drop the last ``-tokens_to_remove`` tokens (int or 0-d tensor). A positive value is the length to keep."""
+        """Drop the last ``-tokens_to_remove`` tokens (int or 0-d tensor). A positive value is the length to keep.
+        All or nothing: a rollback some layer cannot undo exactly raises ``RollbackError`` and changes nothing."""
         count = int(tokens_to_remove)
         if count > 0:
             count -= self.get_seq_length()
             if count > 0:
                 raise ValueError(f"cannot crop to length {int(tokens_to_remove)}: the cache holds fewer tokens")
-        for idx, layer in self.replay_layers.items():  # all-or-nothing: check every SSM layer first
-            if -count > layer.ring.size:
-                raise RollbackError(
-                    f"cannot roll back {-count} tokens exactly: SSM layer {idx} only holds its last "
-                    f"{layer.ring.size} tokens as records (older ones are folded into the checkpoint). Use "
-                    "ReplayCache(window=...) at least as large as the speculative window."
-                )
-        for layer in self.layers:
-            # stock linear layers that never ran (5.17 uses them for nemotron_h's mlp/moe blocks) have nothing to crop
-            stock_linear = isinstance(layer, LinearAttentionCacheLayerMixin) and not isinstance(layer, ReplayLayer)
-            if stock_linear and not any(layer.is_conv_states_initialized.values()):
-                continue
+        for idx, layer in self.replay_layers.items():
+            try:
+                layer.check_rollback(count)
+            except RollbackError as error:
+                raise RollbackError(f"SSM layer {idx}: {error}") from None
+        for layer in self._layers_with_state():
             if hasattr(layer, "crop"):
                 layer.crop(count)
 
+    def _layers_with_state(self) -> list:
+        """Layers to crop / reorder: stock linear layers that never ran (5.17 uses them for nemotron_h's mlp/moe
+        blocks) hold nothing and lack the batch methods."""
+        layers = []
+        for layer in self.layers:
+            stock_linear = isinstance(layer, LinearAttentionCacheLayerMixin) and not isinstance(layer, ReplayLayer)
+            if stock_linear and not any(layer.is_conv_states_initialized.values()):
+                continue
+            layers.append(layer)
+        return layers
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        for layer in self._layers_with_state():
+            layer.reorder_cache(beam_idx)
+
     def batch_repeat_interleave(self, repeats: int) -> None:
-        super().batch_repeat_interleave(repeats)
+        """Repeat every batch row ``repeats`` times (as transformers does for ``num_return_sequences``)."""
+        for layer in self._layers_with_state():
+            layer.batch_repeat_interleave(repeats)
         if self._batch_size is not None:
             self._batch_size *= repeats
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        super().batch_select_indices(indices)
+        """Keep the batch rows ``indices`` (in that order)."""
+        for layer in self._layers_with_state():
+            layer.batch_select_indices(indices)
         if self._batch_size is not None:
             self._batch_size = int(torch.as_tensor(indices).numel())
 
     def reset(self) -> None:
-        super().reset()
+        """Forget every token: the cache takes any batch size afterwards."""
+        model = self.bound_model
+        if model is not None:
+            self.layers = self._build_layers(model, find_mixers(model))
+        else:
+            for layer in self.layers:
+                layer.reset()
         self._batch_size = None
+        if self._recording:
+            self.activate_past_recording()
+        self.expect_prompt(self._prompt_tokens)
 
     def __repr__(self) -> str:
         model = type(self.bound_model).__name__ if self.bound_model is not None else "unbound"

@@ -1,12 +1,15 @@
 """Hooks into transformers so that a ReplayCache "just works" in ``model(...)`` and ``model.generate(...)``.
 
-* ``PreTrainedModel.__call__``: binds a ReplayCache passed by keyword to the model before its forward runs.
+* ``PreTrainedModel.__call__``: binds a ReplayCache passed by keyword to the model before its forward runs (and
+  passes it under the keyword the forward takes, e.g. ``cache_params`` for pure Mamba-2 in transformers 5.17).
 * ``GenerationMixin.generate``: binds the cache, and for assisted generation / prompt lookup lifts transformers'
-  refusal for stateful models (ReplayCache rolls back exactly), sizes the rollback window, gives a hybrid draft
-  model a ReplayCache of its own, and returns the cache to plain decoding afterwards.
+  refusal for stateful models (ReplayCache rolls back exactly) for this call only, preallocates the rollback window,
+  gives a hybrid draft model a ReplayCache of its own, and returns the cache to plain decoding afterwards.
 * ``GenerationMixin._prepare_cache_for_generation``: creates that draft ReplayCache.
 
-Installed once, when ``hf_replayssm`` is imported; calls without a ReplayCache pass straight through.
+Installed when the first ``ReplayCache`` is created (or by ``install_hooks()``), never by an import. Calls without
+a ReplayCache pass straight through, compiled ones included (the hooks read no context variable under
+``torch.compile``).
 """
 
 from __future__ import annotations
@@ -14,12 +17,13 @@ from __future__ import annotations
 import contextvars
 import functools
 import inspect
+import threading
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache, GenerationMixin, PreTrainedModel
 
 _CACHE_KWARGS = ("cache", "past_key_values", "cache_params")
+_install_lock = threading.Lock()
 _installed = False
 
 
@@ -31,20 +35,25 @@ class _DraftSettings:
 
 
 _DRAFT: contextvars.ContextVar[_DraftSettings | None] = contextvars.ContextVar("hf_replayssm_draft", default=None)
+# ids of the models whose "stateful models cannot do assisted generation" refusal is lifted in this context (thread)
+_LIFTED: contextvars.ContextVar[frozenset] = contextvars.ContextVar("hf_replayssm_lifted", default=frozenset())
+
+
+def _is_replay_cache(value) -> bool:
+    return getattr(value, "_replayssm_cache", False) is True
 
 
 def _replay_cache_in(kwargs: dict):
-    from .cache import ReplayCache
-
     for key in _CACHE_KWARGS:
         value = kwargs.get(key)
-        if isinstance(value, ReplayCache):
+        if _is_replay_cache(value):
             return value
     return None
 
 
 def _speculative_window(model, kwargs: dict) -> int | None:
-    """Largest number of draft tokens one verify step can reject, or None when generation is not assisted."""
+    """Draft tokens transformers will verify per step (to preallocate the rings; larger windows grow them), or None
+    when generation is not assisted."""
     config = kwargs.get("generation_config") or model.generation_config
     lookup = kwargs.get("prompt_lookup_num_tokens", getattr(config, "prompt_lookup_num_tokens", None))
     assistant = kwargs.get("assistant_model")
@@ -52,19 +61,76 @@ def _speculative_window(model, kwargs: dict) -> int | None:
         return None
     if assistant is None:
         return int(lookup)
-    assistant_config = assistant.generation_config
-    drafts = int(kwargs.get("num_assistant_tokens", getattr(assistant_config, "num_assistant_tokens", None) or 20))
-    schedule = getattr(assistant_config, "num_assistant_tokens_schedule", None) or "constant"
-    if schedule != "constant":  # the heuristic schedules grow the draft by 2 per fully accepted round
-        limit = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None)) or 256
-        drafts = max(drafts, int(limit))
-    return drafts
+    # transformers drafts what the *assistant's* generation config says (a num_assistant_tokens keyword of the main
+    # call does not reach it); the heuristic schedules start there and grow, which grows the rings
+    drafts = getattr(assistant.generation_config, "num_assistant_tokens", None)
+    return int(drafts or 20)
+
+
+def _max_length(model, args: tuple, kwargs: dict) -> int | None:
+    config = kwargs.get("generation_config") or model.generation_config
+    prompt = kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
+    new = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None))
+    if isinstance(prompt, torch.Tensor) and new is not None:
+        return prompt.shape[-1] + int(new)
+    length = kwargs.get("max_length", getattr(config, "max_length", None))
+    return int(length) if length is not None else None
 
 
 def _has_replayable_layers(model) -> bool:
     from .adapters import find_mixers
 
     return bool(find_mixers(model))  # raises for recurrent layers ReplayCache cannot roll back
+
+
+class _StatefulFlag:
+    """Replaces a model class's ``_is_stateful = True``: still True, except for models whose refusal a ReplayCache
+    ``generate()`` lifted in the current context (so other threads and plain calls keep transformers' check)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __get__(self, obj, objtype=None):
+        if obj is not None and id(obj) in _LIFTED.get():
+            return False
+        return self.value
+
+
+def _scope_stateful_flag(model) -> None:
+    cls = type(model)
+    if isinstance(cls.__dict__.get("_is_stateful"), _StatefulFlag):
+        return
+    for klass in cls.__mro__:  # the class that gives the value now
+        if "_is_stateful" in klass.__dict__:
+            value = klass.__dict__["_is_stateful"]
+            break
+    else:
+        value = False
+    if isinstance(value, _StatefulFlag):
+        value = value.value
+    cls._is_stateful = _StatefulFlag(value)
+
+
+def _check_assisted(model, cache, args: tuple, kwargs: dict) -> None:
+    if "cache_params" in inspect.signature(model.forward).parameters and kwargs.get("cache_params") is cache:
+        raise ValueError(
+            "this transformers version runs assisted generation / prompt lookup only with a cache passed as "
+            "past_key_values, which pure Mamba models do not take; plain decoding works, or upgrade transformers "
+            "(pure Mamba-2 speculation works from 5.24, where the cache is passed as cache=)"
+        )
+    if cache.get_seq_length() > 0:
+        raise ValueError(
+            "assisted generation and prompt lookup need an empty ReplayCache: transformers feeds the whole "
+            "prompt in the first verify step. Pass a new ReplayCache() to this generate() call."
+        )
+    from .chunking import speculation_refusal
+
+    reason = speculation_refusal(model, _max_length(model, args, kwargs))
+    if reason is not None:
+        raise ValueError(f"ReplayCache cannot make speculative decoding exact here: {reason}")
+    assistant = kwargs.get("assistant_model")
+    if assistant is not None:
+        _has_replayable_layers(assistant)  # refuse a draft whose state could not be rolled back
 
 
 def _wrap_generate(original):
@@ -77,36 +143,19 @@ def _wrap_generate(original):
         drafts = _speculative_window(self, kwargs)
         if drafts is None:
             return original(self, *args, **kwargs)
-        if kwargs.get("cache_params") is cache and "cache_params" in inspect.signature(self.forward).parameters:
-            raise ValueError(
-                "this transformers version runs assisted generation / prompt lookup only with a cache passed as "
-                "past_key_values, which pure Mamba models do not take; plain decoding works, or upgrade transformers "
-                "(pure Mamba-2 speculation works from 5.24, where the cache is passed as cache=)"
-            )
-        if cache.get_seq_length() > 0:
-            raise ValueError(
-                "assisted generation and prompt lookup need an empty ReplayCache: transformers feeds the whole "
-                "prompt in the first verify step. Pass a new ReplayCache() to this generate() call."
-            )
-        assistant = kwargs.get("assistant_model")
-        if assistant is not None:
-            _has_replayable_layers(assistant)  # refuse a draft whose state could not be rolled back
+        _check_assisted(self, cache, args, kwargs)
         cache.reserve_window(drafts + 1)
         prompt = kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
         if isinstance(prompt, torch.Tensor):
             cache.expect_prompt(prompt.shape[-1])
-        had_flag = "_is_stateful" in vars(self)
-        previous = vars(self).get("_is_stateful")
-        self._is_stateful = False  # ReplayCache makes rollback exact, so assisted decoding is allowed
-        token = _DRAFT.set(_DraftSettings(cache.buffer_len, cache.policy, drafts + 1))
+        _scope_stateful_flag(self)
+        lifted = _LIFTED.set(_LIFTED.get() | {id(self)})  # ReplayCache makes rollback exact: allow assisted decoding
+        draft = _DRAFT.set(_DraftSettings(cache.buffer_len, cache.policy, drafts + 1))
         try:
             return original(self, *args, **kwargs)
         finally:
-            _DRAFT.reset(token)
-            if had_flag:
-                self._is_stateful = previous
-            else:
-                del self._is_stateful
+            _DRAFT.reset(draft)
+            _LIFTED.reset(lifted)
             cache.deactivate_past_recording()
 
     generate._replayssm_original = original
@@ -120,14 +169,16 @@ def _wrap_prepare_cache(original):
         settings = _DRAFT.get()
         if settings is None or not getattr(generation_config, "is_assistant", False):
             return result
+        from transformers import DynamicCache
+
         from .cache import ReplayCache
 
         for key in _CACHE_KWARGS:
             made = model_kwargs.get(key)
-            if isinstance(made, DynamicCache) and not isinstance(made, ReplayCache) and _has_replayable_layers(self):
+            if isinstance(made, DynamicCache) and not _is_replay_cache(made) and _has_replayable_layers(self):
                 draft_cache = ReplayCache(settings.buffer_len, settings.precision, window=settings.window)
                 draft_cache.bind(self)
-                draft_cache.activate_past_recording()
+                draft_cache.activate_past_recording()  # its first forward (the prompt) is the prefill
                 model_kwargs[key] = draft_cache
         return result
 
@@ -135,12 +186,28 @@ def _wrap_prepare_cache(original):
     return _prepare_cache_for_generation
 
 
+@functools.cache
+def _forward_cache_keyword(model_cls: type) -> str | None:
+    """The cache parameter a model class's forward names, when it does not name ``past_key_values`` (``cache`` in
+    newer 5.x, ``cache_params`` for pure Mamba in 5.17); a cache passed as ``past_key_values`` would otherwise land in
+    ``**kwargs`` and never be used (or, for some classes, go through a deprecation shim)."""
+    parameters = inspect.signature(model_cls.forward).parameters
+    if "past_key_values" in parameters:
+        return None
+    return next((name for name in ("cache", "cache_params") if name in parameters), None)
+
+
 def _wrap_call(original):
     @functools.wraps(original)
     def __call__(self, *args, **kwargs):
+        if torch.compiler.is_compiling():
+            return original(self, *args, **kwargs)
         cache = _replay_cache_in(kwargs)
         if cache is not None:
             cache.bind(self)
+            keyword = _forward_cache_keyword(type(self))
+            if keyword is not None and kwargs.get("past_key_values") is cache and kwargs.get(keyword) is None:
+                kwargs[keyword] = kwargs.pop("past_key_values")
         return original(self, *args, **kwargs)
 
     __call__._replayssm_original = original
@@ -148,10 +215,16 @@ def _wrap_call(original):
 
 
 def install_hooks() -> None:
+    """Install the pass-through hooks (idempotent; ``ReplayCache()`` calls it)."""
     global _installed
-    if _installed:
-        return
-    GenerationMixin.generate = _wrap_generate(GenerationMixin.generate)
-    GenerationMixin._prepare_cache_for_generation = _wrap_prepare_cache(GenerationMixin._prepare_cache_for_generation)
-    PreTrainedModel.__call__ = _wrap_call(PreTrainedModel.__call__)
-    _installed = True
+    with _install_lock:
+        if _installed:
+            return
+        from transformers import GenerationMixin, PreTrainedModel
+
+        GenerationMixin.generate = _wrap_generate(GenerationMixin.generate)
+        GenerationMixin._prepare_cache_for_generation = _wrap_prepare_cache(
+            GenerationMixin._prepare_cache_for_generation
+        )
+        PreTrainedModel.__call__ = _wrap_call(PreTrainedModel.__call__)
+        _installed = True

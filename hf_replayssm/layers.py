@@ -1,103 +1,149 @@
-"""Cache layers: ``ReplayLayer`` holds one SSM layer's checkpoint, record ring and conv window.
+"""transformers cache layers around a ``ReplaySchedule``.
 
-The schedule, per layer (L = ``buffer_len``):
-* prefill (any plain multi-token forward): the model's own chunked path runs from the checkpoint and writes the
-  final state; the ring is empty. Flush boundaries sit every L tokens from there;
-* a decode step reads checkpoint + ring and appends one record (no state write); the step that reaches the next
-  boundary flushes: the ring and the token are folded into the checkpoint;
-* while recording (speculative decoding) new tokens are *pending* records. Each token still reads the checkpoint
-  of its own boundary; when a window crosses a boundary that checkpoint is staged from the window's records and
-  stored only if the crop keeps them. ``crop(-r)`` drops the newest r records and rewinds the conv window (pointer
-  moves) and commits the rest. A rollback deeper than what is still buffered raises.
+``ReplayLayer`` is what ``ReplayCache.layers[i]`` holds for an SSM layer: a ``LinearAttentionLayer`` (so stock code
+finds the attributes it reads) whose work is done by the transformers-free ``schedule.ReplaySchedule``.
+
+Stock views: ``recurrent_states[0]`` and ``conv_states[0]`` (what transformers' own code and cache API read) are
+materialised on access outside a replay call: the current recurrent state (checkpoint + every buffered record,
+folded) and the last ``K`` conv inputs in the stock ``[B, C, K]`` layout. Inside a replay call, where the mixer only
+hands them back to the replay path, they cost nothing (the checkpoint and the conv window). They are copies: writing
+into them does not change the cache.
 """
 
 from __future__ import annotations
 
 import weakref
-from collections import Counter
-from collections.abc import Callable, Mapping
 
 import torch
 from transformers.cache_utils import DynamicLayer, LinearAttentionLayer
 
-from .buffers import ConvRing, RecordRing
-from .precision import CheckpointStore, PrecisionPolicy
+from .adapters.base import active_call
+from .precision import PrecisionPolicy
+from .schedule import ReplaySchedule, RollbackError
 
-ChunkFn = Callable[[int, int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
-
-
-def _length(records: Mapping[str, torch.Tensor]) -> int:
-    return next(iter(records.values())).shape[1] if records else 0
+__all__ = ["ReplayHybridLayer", "ReplayLayer", "RollbackError"]
 
 
-def _cat(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    if not a:
-        return dict(b)
-    return {name: torch.cat([a[name].to(torch.float32), b[name].to(torch.float32)], dim=1) for name in b}
+class _StockView(dict):
+    """``layer.recurrent_states`` / ``layer.conv_states``: ``{0: current value}``, computed when read."""
 
+    def __init__(self, layer: ReplayLayer, kind: str):
+        super().__init__({0: None})
+        self._layer, self._kind = weakref.ref(layer), kind
 
-class RollbackError(ValueError):
-    """A ``crop`` asked for more than the cache can undo exactly."""
+    def __getitem__(self, state_idx):
+        if state_idx != 0:
+            return super().__getitem__(state_idx)
+        schedule = self._layer().schedule
+        inside = active_call() is not None
+        if self._kind == "conv":
+            return schedule.conv_window()
+        if schedule.tokens_seen == 0:
+            return None
+        return schedule.checkpoint() if inside else schedule.current_state()
+
+    def get(self, state_idx, default=None):
+        try:
+            return self[state_idx]
+        except KeyError:
+            return default
+
+    def __setitem__(self, state_idx, value):
+        if state_idx == 0 and value is not None:
+            raise RuntimeError("a ReplayLayer's state is managed by ReplayCache; it cannot be assigned")
+        super().__setitem__(state_idx, value)
+
+    def __reduce__(self):  # pickled as a plain marker; the layer rebuilds its views
+        return (dict, ({},))
 
 
 class ReplayLayer(LinearAttentionLayer):
     """ReplaySSM state of one SSM layer (also exposes the ``LinearAttentionLayer`` attributes transformers reads)."""
 
     def __init__(self, buffer_len: int, window: int, policy: PrecisionPolicy | list[PrecisionPolicy],
-                 layer_idx: int = 0, number_of_states: int = 1, **kwargs):
+                 layer_idx: int = 0, recurrence=None, number_of_states: int = 1, **kwargs):
         super().__init__(number_of_states=number_of_states)
-        self.buffer_len = buffer_len
-        self.window = window
-        self.ring = RecordRing(buffer_len + window)
-        self.conv = ConvRing(0)
-        self.conv_kernel = None
-        self.store = CheckpointStore(policy, seed_offset=layer_idx)
-        self.recurrence = None  # a ``recurrences`` family, set by the adapter on first use
-        self.recording = False
+        self.layer_idx = layer_idx
+        self.schedule = ReplaySchedule(recurrence, buffer_len, window, policy, layer_idx)
+        self.mixer_ref: weakref.ref | None = None
+        self.family: str | None = None
+        self._install_views()
         # Stock mixers skip their in-place single-token conv update while a layer records its past; keeping this
         # True routes every conv step through ``update_conv_state``, i.e. through the conv ring.
         self.record_past = True
-        self.tokens_seen = 0
-        self.prompt_tokens = 0  # announced prompt length (generate() with speculation); 0 = the first forward
-        self._prompt_len = 0
-        self.mixer_ref: weakref.ref | None = None
-        self.counters: Counter = Counter()
-        self.checkpoint_position = 0  # tokens folded into the stored checkpoint
-        self.anchor = 0  # position of the last prefill; flush boundaries sit at anchor + k * buffer_len
-        self._staged: dict = {}  # boundary position -> StagedCheckpoint inside pending speculative records
-        self._params: dict[str, torch.Tensor] = {}  # per-layer constants of the last call (e.g. Mamba-2's A)
+
+    def _install_views(self) -> None:
+        self.conv_states = _StockView(self, "conv")
+        self.recurrent_states = _StockView(self, "recurrent")
+
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["mixer_ref"] = None  # re-attached when the cache binds to the model again
+        state.pop("conv_states", None)
+        state.pop("recurrent_states", None)
+        return state
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._install_views()
 
     # ------------------------------------------------------------------ public view
     @property
     def checkpoint(self) -> torch.Tensor | None:
-        """The state the recurrence continues from (float32 view)."""
-        return self.store.recurrence() if self.store.allocated else None
+        """The state the recurrence continues from (float32)."""
+        return self.schedule.checkpoint()
+
+    def current_state(self) -> torch.Tensor | None:
+        """The full recurrent state after every buffered record (materialised on demand)."""
+        return self.schedule.current_state()
 
     @property
     def num_buffered(self) -> int:
         """Committed records not yet folded into the checkpoint."""
-        return self.ring.num_committed
+        return self.schedule.ring.num_committed
 
     @property
     def num_pending(self) -> int:
         """Speculative records a ``crop`` may still drop."""
-        return self.ring.num_pending
+        return self.schedule.ring.num_pending
 
-    def current_state(self) -> torch.Tensor:
-        """The full recurrent state after every buffered record (materialised on demand; for checks and tools)."""
-        return self.recurrence.fold(self.store.recurrence(), self.ring.read(), self._params, exact=True)
+    @property
+    def buffer_len(self) -> int:
+        return self.schedule.buffer_len
+
+    @property
+    def recording(self) -> bool:
+        return self.schedule.recording
+
+    @property
+    def tokens_seen(self) -> int:
+        return self.schedule.tokens_seen
+
+    @property
+    def counters(self):
+        return self.schedule.counters
+
+    @property
+    def ring(self):
+        return self.schedule.ring
+
+    @property
+    def conv(self):
+        return self.schedule.conv
+
+    @property
+    def store(self):
+        return self.schedule.store
 
     # ------------------------------------------------------------------ transformers layer API
     def lazy_initialization(self, *args, **kwargs) -> None:  # allocation happens on first use
         pass
 
     def activate_past_recording(self) -> None:
-        self.recording = True
+        self.schedule.activate_recording()
 
     def deactivate_past_recording(self) -> None:
-        self.recording = False
-        self.ring.commit()
-        self._resolve_staged()
+        self.schedule.deactivate_recording()
 
     @property
     def is_compileable(self) -> bool:
@@ -109,12 +155,12 @@ class ReplayLayer(LinearAttentionLayer):
 
     def update_conv_state(self, conv_states: torch.Tensor, state_idx: int = 0, conv_kernel_size=None, **kwargs):
         """Return ``[history, new]`` for the model's own causal conv and remember the new inputs."""
-        kernel = conv_kernel_size or self.conv_kernel
+        kernel = conv_kernel_size or self.schedule.conv_kernel
         if kernel is None:
             raise ValueError("update_conv_state needs conv_kernel_size on its first call")
-        self._ensure_conv(conv_states, kernel)
-        full = torch.cat([self.conv.window(kernel).to(conv_states.dtype), conv_states], dim=-1)
-        self.conv.write(conv_states)
+        full = self.schedule.conv_update(conv_states, kernel)
+        self.is_conv_states_initialized[0] = True
+        self.conv_kernel_size[0] = kernel
         return full
 
     def update_recurrent_state(self, recurrent_states: torch.Tensor, state_idx: int = 0, **kwargs):
@@ -122,242 +168,58 @@ class ReplayLayer(LinearAttentionLayer):
         return recurrent_states
 
     def get_seq_length(self) -> int:
-        return self.tokens_seen
+        return self.schedule.tokens_seen
 
-    # ------------------------------------------------------------------ allocation
-    def _ensure_conv(self, like: torch.Tensor, kernel: int) -> None:
-        if self.conv.buffer is None:
-            self.conv_kernel = kernel
-            self.conv = ConvRing(kernel + self.ring.capacity)
-            self.conv.allocate(like)
-            self.conv_states[0] = self.conv.buffer  # compat: stock code only ever hands it back to us
-            self.is_conv_states_initialized[0] = True
-
-    def _ensure_state(self, tokens: Mapping[str, torch.Tensor]) -> None:
-        if not self.store.allocated:
-            device = next(v for v in tokens.values() if isinstance(v, torch.Tensor)).device
-            self.store.allocate(self.recurrence.state_shape(tokens), device)
-            self.ring.allocate(self.recurrence.record_examples(tokens))
-            self.recurrent_states[0] = self.store.recurrence()
-            self.is_recurrent_states_initialized[0] = True
-            self.device = device
+    # ------------------------------------------------------------------ the replay step (called by the adapters)
+    def forward_tokens(self, tokens, chunk_fn=None, out_dtype=None) -> torch.Tensor:
+        out = self.schedule.forward_tokens(tokens, chunk_fn, out_dtype)
+        self.device = self.schedule.device
+        self.is_recurrent_states_initialized[0] = True
+        return out
 
     def prompt_part(self, count: int) -> int:
-        """How many leading tokens of a forward of ``count`` tokens are prompt (prefill) rather than generated.
-        The prompt is the first ``prompt_tokens`` tokens when generate() announced them, else the first forward;
-        a prompt token fed again after a rollback is still a prompt token."""
-        if self.tokens_seen == 0 and not self.prompt_tokens:
-            self._prompt_len = count
-        prompt_len = self.prompt_tokens or self._prompt_len
-        return max(0, min(prompt_len - self.tokens_seen, count))
-
-    def reserve_window(self, window: int) -> None:
-        """Make sure speculative windows of ``window`` tokens can be rolled back exactly."""
-        if window > self.window:
-            self.window = window
-            self.ring.grow(self.buffer_len + window)
-            if self.conv_kernel is not None:
-                self.conv.grow(self.conv_kernel + self.ring.capacity)
-
-    # ------------------------------------------------------------------ the replay step
-    def forward_tokens(self, tokens: Mapping[str, torch.Tensor], chunk_fn: ChunkFn | None = None) -> torch.Tensor:
-        """Outputs [B, T, ...] (float32) of T new tokens; updates ring / checkpoint per the schedule."""
-        self._ensure_state(tokens)
-        self._params = {k: v for k, v in tokens.items() if k not in self.recurrence.per_token}
-        if self.recording:
-            return self._forward_recording(tokens, chunk_fn)
-        self.ring.commit()
-        return self._forward_plain(tokens, chunk_fn)
-
-    def _num_tokens(self, tokens: Mapping[str, torch.Tensor]) -> int:
-        return tokens[self.recurrence.per_token[0]].shape[1]
-
-    def _boundary(self, position: int) -> int:
-        """The flush boundary a token at ``position`` reads from: the anchor (last prefill) plus a multiple of L."""
-        return self.anchor + (position - self.anchor) // self.buffer_len * self.buffer_len
-
-    def _forward_plain(self, tokens, chunk_fn):
-        ring, rec = self.ring, self.recurrence
-        count = self._num_tokens(tokens)
-        while ring.size >= self.buffer_len:  # complete periods left by speculative decoding
-            self._commit_staged_or_fold(self.checkpoint_position + self.buffer_len)
-        if count == 1 and self.tokens_seen and ring.size + 1 < self.buffer_len:
-            y, records = rec.outputs(self.store.read(), ring.read(), tokens)
-            ring.append(records, pending=False)
-            return y
-        # A flush step (the L-th token since the last boundary), or a multi-token forward: the model's own path,
-        # like a prefill, which re-anchors the flush boundaries.
-        flush_step = count == 1 and self.tokens_seen > 0
-        y = self._absorb(tokens, chunk_fn, ring.read())
-        ring.clear()
-        self.counters["flushes" if flush_step else "prefills"] += 1
-        if not flush_step:
-            self.anchor = self.checkpoint_position
-        return y
-
-    def _absorb(self, tokens, chunk_fn, history) -> torch.Tensor:
-        """Fold ``history`` records and all of ``tokens`` into the checkpoint; return the tokens' outputs."""
-        rec = self.recurrence
-        count = self._num_tokens(tokens)
-        if count > 1 and chunk_fn is not None:
-            start = self.store.recurrence()
-            if history and next(iter(history.values())).shape[1]:
-                start = rec.fold(start, history, self._params, exact=self.store.exact_fold)
-            y, state = chunk_fn(0, count, start)
-        else:
-            y, records = rec.outputs(self.store.read(), history, tokens)
-            state = rec.fold(self.store.recurrence(), _cat(history, records), self._params, exact=self.store.exact_fold)
-        self.checkpoint_position += _length(history) + count
-        self.store.write(state, position=self.checkpoint_position)
-        self.counters["checkpoint_writes"] += 1
-        return y
-
-    def _fold_oldest(self, count: int) -> None:
-        """Fold the ``count`` oldest records into the stored checkpoint."""
-        position = self.checkpoint_position + count
-        state = self.recurrence.fold(
-            self.store.recurrence(), self.ring.read(0, count), self._params, exact=self.store.exact_fold
-        )
-        self.store.write(state, position=position)
-        self.ring.drop_oldest(count)
-        self.checkpoint_position = position
-        self._staged = {b: st for b, st in self._staged.items() if b > position}
-        self.counters["checkpoint_writes"] += 1
-        self.counters["flushes"] += 1
-
-    def _base(self, boundary: int):
-        """The checkpoint at flush boundary ``boundary``: the stored one, or one staged from buffered records."""
-        stored = self.checkpoint_position
-        if boundary == stored:
-            return self.store
-        if boundary not in self._staged:
-            previous = self._base(boundary - self.buffer_len)
-            records = self.ring.read(boundary - self.buffer_len - stored, self.buffer_len)
-            state = self.recurrence.fold(previous.recurrence(), records, self._params, exact=self.store.exact_fold)
-            self._staged[boundary] = self.store.stage(state, position=boundary)
-            self.counters["staged_checkpoints"] += 1
-        return self._staged[boundary]
-
-    def _forward_recording(self, tokens, chunk_fn):
-        """Speculative tokens become pending records. Each token reads the checkpoint at its own flush boundary,
-        exactly as plain decoding would: when a window crosses a boundary, the checkpoint there is staged from the
-        window's earlier records and stored only if the crop keeps them."""
-        ring, rec, length = self.ring, self.recurrence, self.buffer_len
-        count = self._num_tokens(tokens)
-        outputs = []
-        # The prompt part of a first forward is never rolled back: it takes the model's own (prefill) path.
-        head = self.prompt_part(count) if self.prompt_tokens and self.tokens_seen == 0 else 0
-        # Complete periods of committed records are folded (a flush).
-        while ring.num_committed >= length:
-            self._commit_staged_or_fold(self.checkpoint_position + length)
-        excess = ring.size + count - head - ring.capacity
-        if excess > 0:
-            # The window does not fit: older drafts lose their rollback first, then the head of this forward is
-            # absorbed directly (flush boundaries re-anchor there). A later crop reaching past them raises.
-            from_pending = min(excess, ring.num_pending)
-            if from_pending:
-                self._fold_oldest(from_pending)
-                self.anchor = self.checkpoint_position
-            head += excess - from_pending
-        if head:
-            outputs.append(self._absorb(rec.slice(tokens, 0, head), chunk_fn, ring.read()))
-            ring.clear()
-            self._staged = {}
-            self.anchor = self.checkpoint_position
-            self.counters["prefills"] += 1
-        position, index = self.tokens_seen + head, head
-        while index < count:
-            boundary = self._boundary(position)
-            stop = min(count, index + boundary + length - position)
-            base = self._base(boundary)
-            history = ring.read(boundary - self.checkpoint_position, position - boundary)
-            y, records = rec.outputs(base.read(), history, rec.slice(tokens, index, stop))
-            ring.append(records, pending=True)
-            outputs.append(y)
-            position += stop - index
-            index = stop
-        return torch.cat(outputs, dim=1) if len(outputs) > 1 else outputs[0]
-
-    def _commit_staged_or_fold(self, boundary: int) -> None:
-        """Make the checkpoint at ``boundary`` the stored one (its staged encodings if any, else a fold)."""
-        stored = self.checkpoint_position
-        staged = self._staged.get(boundary)
-        if staged is None:
-            self._fold_oldest(boundary - stored)
-            return
-        self.store.load(staged)
-        self.ring.drop_oldest(boundary - stored)
-        self.checkpoint_position = boundary
-        self._staged = {b: st for b, st in self._staged.items() if b > boundary}
-        self.counters["checkpoint_writes"] += 1
-        self.counters["flushes"] += 1
+        return self.schedule.prompt_part(count)
 
     def finish_forward(self, count: int) -> None:
-        """Called once per mixer forward after the replay step ran."""
-        if self.tokens_seen:
-            self.counters["decode_steps"] += 1
-        self.tokens_seen += count
-        self.counters["tokens"] += count
+        self.schedule.finish_forward(count)
         self.has_previous_state[0] = True
 
+    def reserve_window(self, window: int) -> None:
+        self.schedule.reserve_window(window)
+
+    def expect_prompt(self, num_tokens: int) -> None:
+        self.schedule.prompt_tokens = int(num_tokens)
+
     # ------------------------------------------------------------------ rollback and batch ops
+    def check_rollback(self, tokens_to_remove: int) -> None:
+        self.schedule.check_rollback(-int(tokens_to_remove))
+
     def crop(self, tokens_to_remove: int) -> None:
         count = -int(tokens_to_remove)
         if count < 0:
             raise ValueError(f"ReplayLayer.crop expects a count <= 0 (tokens to drop), got {tokens_to_remove}")
-        if count > self.ring.size:
-            raise RollbackError(
-                f"cannot roll back {count} tokens exactly: only the last {self.ring.size} are still buffered (the "
-                "rest was folded into the checkpoint). Pass a larger window, e.g. ReplayCache(window=...), or crop "
-                "after every verify step as generate() does."
-            )
-        if count:
-            if self.conv.buffer is not None:
-                self.conv.rewind(count, self.conv_kernel)
-            self.ring.drop_newest(count)
-            self.tokens_seen -= count
-            self.counters["rolled_back_tokens"] += count
-        self.ring.commit()
-        self._resolve_staged()
-
-    def _resolve_staged(self) -> None:
-        """After a crop: staged checkpoints whose tokens were all kept become stored; the others are dropped."""
-        kept = [b for b in self._staged if b <= self.tokens_seen]
-        self._staged = {b: st for b, st in self._staged.items() if b in kept}
-        for boundary in sorted(kept):
-            self._commit_staged_or_fold(boundary)
-
-    def _index_batch(self, index: torch.Tensor) -> None:
-        self.store.index_batch(index)
-        self.ring.index_batch(index)
-        self.conv.index_batch(index)
-        if self.store.allocated:
-            self.recurrent_states[0] = self.store.recurrence()
-        if self.conv.buffer is not None:
-            self.conv_states[0] = self.conv.buffer
+        self.schedule.crop(count)
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        if self.store.allocated:
-            self._index_batch(beam_idx)
+        if self.schedule.allocated:
+            self.schedule.index_batch(beam_idx)
 
     def batch_repeat_interleave(self, repeats: int) -> None:
-        if self.store.allocated:
-            batch = self.store.checkpoint.shape[0]
-            self._index_batch(torch.arange(batch, device=self.store.checkpoint.device).repeat_interleave(repeats))
+        if self.schedule.allocated:
+            rows = torch.arange(self.schedule.batch_size, device=self.schedule.device)
+            self.schedule.index_batch(rows.repeat_interleave(repeats))
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
-        if self.store.allocated:
-            self._index_batch(torch.as_tensor(indices, device=self.store.checkpoint.device).flatten())
+        if self.schedule.allocated:
+            self.schedule.index_batch(torch.as_tensor(indices, device=self.schedule.device).flatten())
 
     def reset(self) -> None:
-        self.store.zero_()
-        self.ring.clear()
-        if self.conv.buffer is not None:
-            self.conv.buffer.zero_()
-        self.conv.position = self.conv.oldest = 0
-        self.tokens_seen = self.anchor = self.checkpoint_position = 0
-        self._staged = {}
+        """Drop every token and the storage (the next forward may use any batch size)."""
+        old = self.schedule
+        self.schedule = ReplaySchedule(old.recurrence, old.buffer_len, old.window, old.store.policies,
+                                       self.layer_idx)
         self.has_previous_state[0] = False
+        self.is_conv_states_initialized[0] = self.is_recurrent_states_initialized[0] = False
 
     def offload(self) -> None:  # state must stay where the layer runs
         pass
@@ -365,20 +227,21 @@ class ReplayLayer(LinearAttentionLayer):
     def prefetch(self) -> None:
         pass
 
+    def tensors(self):
+        yield from self.schedule.tensors()
+
     def nbytes(self) -> dict[str, int]:
-        sizes = self.store.nbytes()
-        sizes["buffer"] = self.ring.nbytes()
-        sizes["conv"] = self.conv.nbytes()
-        return sizes
+        return self.schedule.nbytes()
 
 
 class ReplayHybridLayer(ReplayLayer, DynamicLayer):
     """A layer with both an SSM state and attention K/V (falcon_h1, zamba2 hybrid blocks)."""
 
     def __init__(self, buffer_len: int, window: int, policy: PrecisionPolicy | list[PrecisionPolicy],
-                 layer_idx: int = 0, number_of_states: int = 1, **kwargs):
+                 layer_idx: int = 0, recurrence=None, number_of_states: int = 1, **kwargs):
         DynamicLayer.__init__(self)
-        ReplayLayer.__init__(self, buffer_len, window, policy, layer_idx, number_of_states=number_of_states)
+        ReplayLayer.__init__(self, buffer_len, window, policy, layer_idx, recurrence,
+                             number_of_states=number_of_states)
 
     def lazy_initialization(self, *args, **kwargs) -> None:
         if len(args) == 2 and not kwargs:  # attention K/V
@@ -398,12 +261,22 @@ class ReplayHybridLayer(ReplayLayer, DynamicLayer):
 
     def batch_repeat_interleave(self, repeats: int) -> None:
         ReplayLayer.batch_repeat_interleave(self, repeats)
-        DynamicLayer.batch_repeat_interleave(self, repeats)
+        if self.is_initialized:
+            DynamicLayer.batch_repeat_interleave(self, repeats)
 
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         ReplayLayer.batch_select_indices(self, indices)
-        DynamicLayer.batch_select_indices(self, indices)
+        if self.is_initialized:
+            DynamicLayer.batch_select_indices(self, indices)
 
     def reset(self) -> None:
         ReplayLayer.reset(self)
-        DynamicLayer.reset(self)
+        self.keys = self.values = None
+        self.is_initialized = False
+        if hasattr(self, "cumulative_length"):
+            self.cumulative_length = 0
+
+    def tensors(self):
+        yield from ReplayLayer.tensors(self)
+        if self.is_initialized:
+            yield from (self.keys, self.values)

@@ -1,8 +1,10 @@
-"""Recurrence families as seen by a replay layer: which records a token leaves, how outputs are read from a
+"""Recurrence families as seen by a replay schedule: which records a token leaves, how outputs are read from a
 checkpoint plus records, and how records fold into a new checkpoint. Pure torch; the math is in ``ops``.
 
-Token inputs arrive as a dict of [B, T, ...] tensors (plus per-layer parameters), already in the form the
-recurrence consumes (post-conv, post-softplus, normalised), so every family treats a window of T tokens alike.
+Token inputs arrive as a dict of [B, T, ...] tensors plus per-layer parameters (the keys not in ``per_token``),
+in the form the mixer hands its recurrence function (post-conv; Mamba-2's dt post-softplus). Records are stored
+in the model's dtype where that is lossless (Mamba-2 x and B, delta-rule raw k and v) and in float32 where they are
+computed (dt, g, beta, the corrected value d); anything derived from them (normalised keys) is recomputed on read.
 """
 
 from __future__ import annotations
@@ -22,7 +24,10 @@ def _slice(tokens: Mapping[str, torch.Tensor], per_token: tuple[str, ...], start
 
 
 class Mamba2Recurrence:
-    """Mamba-2 / SSD: records (x, dt, B) after the conv; C is only needed by the token that reads it."""
+    """Mamba-2 / SSD: records (x, dt, B) after the conv; C is only needed by the token that reads it.
+
+    Tokens: x [B,T,H,P], dt [B,T,H] (post-softplus, float32), B, C [B,T,G,N]; parameters A [H], D [H] or None.
+    """
 
     name = "mamba2"
     per_token = ("x", "dt", "B", "C")
@@ -32,15 +37,16 @@ class Mamba2Recurrence:
         batch, _, heads, head_dim = tokens["x"].shape
         return (batch, heads, head_dim, tokens["B"].shape[-1])
 
-    def record_examples(self, tokens: Records) -> dict[str, torch.Tensor]:
-        # x and B are post-conv activations: stored losslessly in the model's dtype; dt (post-softplus) in float32
+    def record_examples(self, tokens: Records, exact: bool = False) -> dict[str, torch.Tensor]:
+        # x and B are post-conv activations: kept in the model's dtype; dt (post-softplus) in float32
         return {name: tokens[name][:, :1] if name != "dt" else tokens[name][:, :1].float()
                 for name in self.record_fields}
 
-    def outputs(self, state: torch.Tensor, hist: Records, tokens: Records) -> tuple[torch.Tensor, dict]:
+    def outputs(self, state: torch.Tensor, hist: Records, tokens: Records, params: Records) -> tuple[torch.Tensor,
+                                                                                                    dict]:
         y = ssd_replay(
             state, hist["x"], hist["dt"], hist["B"], tokens["x"], tokens["dt"], tokens["B"], tokens["C"],
-            tokens["A"], tokens.get("D"),
+            params["A"], params.get("D"),
         )
         return y, {name: tokens[name] for name in self.record_fields}
 
@@ -55,41 +61,55 @@ class Mamba2Recurrence:
 class DeltaRuleRecurrence:
     """Gated DeltaNet (scalar gate) and Kimi Delta Attention (per-channel gate).
 
-    Records keep the raw inputs (k, v, beta, g) and the corrected value d. Reads use d; a flush can recompute d
-    exactly from the raw inputs against the high-precision checkpoint (``exact=True``), so no error of a
-    low-precision read copy ever enters the recurrence.
+    Tokens: q, k [B,T,Hk,K] raw (as the mixer passes them, before l2 normalisation; one per key head), v [B,T,Hv,V],
+    beta [B,T,Hv], g [B,T,Hv] or [B,T,Hv,K] (float32 log decay); parameters ``normalize`` (the model's own l2norm, or
+    None when the model normalises itself) and ``value_heads`` (Hv; key heads serve Hv / Hk value heads each).
+    Records: raw k (per key head), g and the corrected value d; plus v and beta when flushes must recompute d from
+    raw inputs against a high-precision checkpoint (``exact``: separated precision), so no error of a low-precision
+    read copy ever enters the recurrence.
     """
 
     name = "delta_rule"
     per_token = ("q", "k", "v", "beta", "g")
-    record_fields = ("k", "v", "beta", "g", "d")
 
     def state_shape(self, tokens: Records) -> tuple[int, ...]:
-        batch, _, heads, key_dim = tokens["k"].shape
-        return (batch, heads, key_dim, tokens["v"].shape[-1])
+        batch, _, value_heads, value_dim = tokens["v"].shape
+        return (batch, value_heads, tokens["k"].shape[-1], value_dim)
 
-    def record_examples(self, tokens: Records) -> dict[str, torch.Tensor]:
-        examples = {name: tokens[name][:, :1].float() for name in ("k", "v", "beta", "g")}
-        examples["d"] = tokens["v"][:, :1].float()
+    def record_examples(self, tokens: Records, exact: bool = False) -> dict[str, torch.Tensor]:
+        examples = {"k": tokens["k"][:, :1], "g": tokens["g"][:, :1].float(), "d": tokens["v"][:, :1].float()}
+        if exact:
+            examples["v"] = tokens["v"][:, :1]
+            examples["beta"] = tokens["beta"][:, :1].float()
         return examples
 
-    def outputs(self, state: torch.Tensor, hist: Records, tokens: Records) -> tuple[torch.Tensor, dict]:
+    @staticmethod
+    def _keys(k: torch.Tensor, params: Records) -> torch.Tensor:
+        """Raw keys/queries [B,M,Hk,K] -> normalised float32 per value head [B,M,Hv,K]."""
+        k = k.float()
+        if params.get("normalize") is not None:
+            k = params["normalize"](k, dim=-1, eps=1e-6)
+        ratio = params["value_heads"] // k.shape[2]
+        return k.repeat_interleave(ratio, dim=2) if ratio > 1 else k
+
+    def outputs(self, state: torch.Tensor, hist: Records, tokens: Records, params: Records) -> tuple[torch.Tensor,
+                                                                                                    dict]:
+        q = self._keys(tokens["q"], params)
+        q = q / (q.shape[-1] ** 0.5)
         o, d = delta_replay(
-            state, hist["k"], hist["d"], hist["g"], tokens["q"], tokens["k"], tokens["v"], tokens["beta"], tokens["g"]
+            state, self._keys(hist["k"], params), hist["d"], hist["g"], q, self._keys(tokens["k"], params),
+            tokens["v"], tokens["beta"], tokens["g"],
         )
         records = {name: tokens[name] for name in ("k", "v", "beta", "g")}
         records["d"] = d
         return o, records
 
     def fold(self, state: torch.Tensor, records: Records, params: Records, exact: bool = False) -> torch.Tensor:
-        d = records["d"]
-        if exact:
-            empty = {name: records[name][:, :0] for name in ("k", "d", "g")}
-            _, d = delta_replay(
-                state, empty["k"], empty["d"], empty["g"], None, records["k"], records["v"], records["beta"],
-                records["g"],
-            )
-        return delta_fold(state, records["k"], d, records["g"])
+        k, d = self._keys(records["k"], params), records["d"]
+        if exact and "v" in records:  # recompute the corrected values against this checkpoint
+            empty_k, empty_d, empty_g = k[:, :0], d[:, :0], records["g"][:, :0]
+            _, d = delta_replay(state, empty_k, empty_d, empty_g, None, k, records["v"], records["beta"], records["g"])
+        return delta_fold(state, k, d, records["g"])
 
     def slice(self, tokens: Records, start: int, stop: int) -> dict:
         return _slice(tokens, self.per_token, start, stop)

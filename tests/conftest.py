@@ -39,19 +39,19 @@ def get_model(model_type: str, seed: int = 0):
 
 
 def cache_kwarg(model) -> str:
-    """Pure Mamba-2 takes its cache as `cache_params` in transformers 5.17; everything takes `past_key_values`
-    (newer 5.x prefer `cache=` but accept it)."""
-    name = cache_argument(model)
-    return "cache_params" if name == "cache_params" else "past_key_values"
+    """The keyword the model's forward takes its cache under (``cache`` in newer 5.x, ``past_key_values`` in 5.17,
+    ``cache_params`` for pure Mamba-2 in 5.17). A stock cache passed under another name can be silently ignored."""
+    return cache_argument(model)
 
 
 def decode(model, tokens, prompt_len, cache):
     """Decoding through ``cache``: prefill ``tokens[:, :prompt_len]``, then one token at a time. Returns the logits
     of the last position of every forward, [batch, 1 + tokens - prompt_len, vocab]."""
+    key = cache_kwarg(model)
     with torch.no_grad():
-        logits = [model(tokens[:, :prompt_len], past_key_values=cache, use_cache=True).logits[:, -1]]
+        logits = [model(tokens[:, :prompt_len], **{key: cache}, use_cache=True).logits[:, -1]]
         for pos in range(prompt_len, tokens.shape[1]):
-            logits.append(model(tokens[:, pos : pos + 1], past_key_values=cache, use_cache=True).logits[:, -1])
+            logits.append(model(tokens[:, pos : pos + 1], **{key: cache}, use_cache=True).logits[:, -1])
     return torch.stack(logits, dim=1)
 
 

@@ -14,7 +14,10 @@ from hf_replayssm import PRESETS, ReplayCache, RollbackError, supported_model_ty
         (dict(buffer_len="16"), "buffer_len must be an int >= 1"),
         (dict(precision="fp4"), "unknown precision 'fp4'; use one of"),
         (dict(backend="cuda"), "backend must be one of"),
-        (dict(window=0), "window must be None or an int >= 1"),
+        (dict(buffer_len=True), "buffer_len must be an int >= 1"),
+        (dict(window=-1), "window must be an int >= 0"),
+        (dict(window=True), "window must be an int >= 0"),
+        (dict(window=2.0), "window must be an int >= 0"),
     ],
 )
 def test_constructor_arguments(kwargs, message):
@@ -87,15 +90,25 @@ def test_unbound_cache_in_a_direct_mixer_call():
 def test_crop_errors():
     model = get_model("qwen3_next")
     cache = ReplayCache(buffer_len=4)
+    step = torch.randint(3, 120, (1, 1))
     with torch.no_grad():
         model(torch.randint(3, 120, (1, 6)), past_key_values=cache, use_cache=True)
-        model(torch.randint(3, 120, (1, 1)), past_key_values=cache, use_cache=True)
-    with pytest.raises(RollbackError, match="cannot roll back 2 tokens exactly"):
-        cache.crop(-2)  # the prompt was folded into the checkpoint: only 1 token can be undone
+        model(step, past_key_values=cache, use_cache=True)
+        with pytest.raises(RollbackError, match="cannot roll back 1 tokens exactly.*activate_past_recording"):
+            cache.crop(-1)  # plain decoding keeps no conv history to rewind
+        cache.activate_past_recording()
+        model(step, past_key_values=cache, use_cache=True)
+        model(step, past_key_values=cache, use_cache=True)
+    before = {idx: (layer.num_buffered, layer.num_pending) for idx, layer in cache.replay_layers.items()}
+    with pytest.raises(RollbackError, match="cannot roll back 3 tokens exactly"):
+        cache.crop(-3)  # the token decoded before recording cannot be undone
+    assert {idx: (layer.num_buffered, layer.num_pending) for idx, layer in cache.replay_layers.items()} == before
+    assert cache.get_seq_length() == 9  # all or nothing: nothing changed
     with pytest.raises(ValueError, match="cannot crop to length 99"):
         cache.crop(99)
-    cache.crop(6)  # a positive value is the length to keep (transformers 5.17 semantics)
-    assert cache.get_seq_length() == 6
+    cache.crop(7)  # a positive value is the length to keep (transformers 5.17 semantics)
+    assert cache.get_seq_length() == 7
+    assert all(layer.num_pending == 0 and layer.num_buffered == 1 for layer in cache.replay_layers.values())
 
 
 def test_device_map_auto_with_offloaded_layers(tmp_path):

@@ -9,7 +9,9 @@ A mixer forward runs *unchanged* (its own projections, conv, gates and norms); t
    stepping the state; outside one they call the original.
 
 The cache hands the stock mixer ``None`` as conv state and a recording flag, so every conv step goes through
-``update_conv_state`` (the conv ring). Both wraps are idempotent and cost one context lookup otherwise.
+``update_conv_state`` (the conv ring). Both wraps are idempotent and cost one context lookup otherwise; under
+``torch.compile`` they call the original without looking anything up (Dynamo cannot trace a context variable), and
+this module imports neither transformers nor the cache.
 """
 
 from __future__ import annotations
@@ -100,12 +102,11 @@ def wrap_mixer_forward(mixer_cls: type) -> None:
     original = mixer_cls.__dict__.get("forward")
     if original is None or getattr(original, "_replayssm_original", None) is not None:
         return
-    from ..cache import ReplayCache
 
     @functools.wraps(original)
     def forward(self, hidden_states, *args, **kwargs):
         cache = _find_cache(args, kwargs)
-        if not isinstance(cache, ReplayCache):
+        if getattr(cache, "_replayssm_cache", False) is not True:  # stock caches (compiled calls too) pass through
             return original(self, hidden_states, *args, **kwargs)
         if kwargs.get("cu_seq_lens_q") is not None or kwargs.get("cu_seqlens") is not None:
             raise ValueError("ReplayCache does not support packed sequences (cu_seqlens); pad the batch instead")
@@ -151,6 +152,8 @@ def interceptor(body: Callable) -> Interceptor:
 
             @functools.wraps(original)
             def replacement(*args, **kwargs):
+                if torch.compiler.is_compiling():  # a compiled (stock) call: never a replay call today
+                    return original(*args, **kwargs)
                 call = active_call()
                 if call is None:
                     return original(*args, **kwargs)

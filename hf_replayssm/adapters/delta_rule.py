@@ -15,29 +15,37 @@ from ..recurrences import DeltaRuleRecurrence
 from .base import CallArgs, FamilyAdapter, interceptor
 
 
-def _prepare(module, a: CallArgs) -> dict[str, torch.Tensor]:
-    query, key, value = a["query"], a["key"], a["value"]
-    num_k_heads, num_v_heads = key.shape[2], value.shape[2]
-    if num_k_heads != num_v_heads:  # grouped value attention: q/k head h serves value heads h*r .. h*r+r-1
-        query = query.repeat_interleave(num_v_heads // num_k_heads, dim=2)
-        key = key.repeat_interleave(num_v_heads // num_k_heads, dim=2)
-    query, key = query.float(), key.float()
-    if a["use_qk_l2norm_in_kernel"]:
-        query = module.l2norm(query, dim=-1, eps=1e-6)
-        key = module.l2norm(key, dim=-1, eps=1e-6)
-    query = query / (query.shape[-1] ** 0.5)
-    return {"q": query, "k": key, "v": value.float(), "beta": a["beta"].float(), "g": a["g"].float()}
+def _key_heads(t: torch.Tensor, mixer) -> torch.Tensor:
+    """One query/key per key head. transformers 5.17 repeats them to the value heads before calling the recurrence;
+    the copies are identical, so every ``ratio``-th head is the original."""
+    key_heads = getattr(mixer, "num_k_heads", t.shape[2])
+    if key_heads < t.shape[2]:
+        return t[:, :, :: t.shape[2] // key_heads]
+    return t
+
+
+def _tokens(module, call, a: CallArgs) -> dict:
+    """The recurrence's inputs as the mixer passed them; normalisation and head expansion happen on read."""
+    value = a["value"]
+    return {
+        "q": _key_heads(a["query"], call.module),
+        "k": _key_heads(a["key"], call.module),
+        "v": value,
+        "beta": a["beta"].float(),
+        "g": a["g"].float(),
+        "normalize": module.l2norm if a["use_qk_l2norm_in_kernel"] else None,
+        "value_heads": value.shape[2],
+    }
 
 
 def _replay(module, call, a: CallArgs, original, chunked: bool):
     if a["cu_seqlens"] is not None:
         raise ValueError("ReplayCache does not support packed sequences (cu_seqlens); pad the batch instead")
-    tokens = _prepare(module, a)
     chunk_fn = None
     if chunked:  # the model's own chunked path, for tokens the cache absorbs (a prefill)
 
         def chunk_fn(start: int, stop: int, initial_state: torch.Tensor):
-            o, state = a.call(
+            return a.call(
                 original,
                 query=a["query"][:, start:stop],
                 key=a["key"][:, start:stop],
@@ -47,12 +55,11 @@ def _replay(module, call, a: CallArgs, original, chunked: bool):
                 initial_state=initial_state,
                 output_final_state=True,
             )
-            return o.float(), state
 
-    out = call.layer.forward_tokens(tokens, chunk_fn)
+    out = call.layer.forward_tokens(_tokens(module, call, a), chunk_fn, out_dtype=a["query"].dtype)
     call.handled_tokens += a["value"].shape[1]
     final = call.layer.checkpoint if a["output_final_state"] else None
-    return out.to(a["query"].dtype), final
+    return out, final
 
 
 @interceptor

@@ -75,11 +75,11 @@ def _chunk(module, call, a: CallArgs, original):
             initial_states=initial_state,
             return_final_states=True,
         )
-        return y.float(), state
+        return y, state
 
-    y = call.layer.forward_tokens(tokens, chunk_fn)
+    y = call.layer.forward_tokens(tokens, chunk_fn, out_dtype=x.dtype)
     call.handled_tokens += x.shape[1]
-    y = y.to(x.dtype).contiguous()  # callers .view() the result
+    y = y.contiguous()  # callers .view() the result
     if a["return_final_states"]:
         return y, call.layer.checkpoint
     return y

@@ -1,0 +1,392 @@
+"""The ReplaySSM schedule of one SSM layer (pure torch: no transformers import).
+
+``ReplaySchedule`` owns the checkpoint store, the record ring, the conv-input ring, the token positions and the
+staged checkpoints of one layer, and decides per forward what to read, append, fold and write. The transformers
+cache layer (``layers.ReplayLayer``) is a thin adapter around it; kernels will replace the math it calls, not the
+schedule.
+
+The schedule (L = ``buffer_len``):
+
+* prefill (any plain multi-token forward): the model's own chunked path runs from the checkpoint and writes the
+  final state; the ring is empty. Flush boundaries sit every L tokens from there (the *anchor*).
+* a decode step reads checkpoint + ring and appends one record (no state write); the step that reaches the next
+  boundary flushes: the ring and the token are folded into the checkpoint. So the ring holds at most L - 1
+  committed records.
+* while recording (speculative decoding) new tokens are *pending* records. Each token still reads the checkpoint
+  of its own boundary; when a window crosses a boundary that checkpoint is staged from the window's records and
+  stored only if the crop keeps them. ``crop(r)`` drops the newest r records and rewinds the conv window (pointer
+  moves) and commits the rest. A window larger than the ring grows the ring (never folds a draft), so the flush
+  grid never moves and generation never fails half-way. The first forward of an empty cache is its prompt (the
+  prefill path), unless ``prompt_tokens`` announced a shorter prompt (transformers' first assisted round feeds the
+  prompt and the first drafts together).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+
+import torch
+
+from .buffers import ConvRing, RecordRing
+from .precision import CheckpointStore, PrecisionPolicy
+
+ChunkFn = Callable[[int, int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+
+
+class RollbackError(ValueError):
+    """A ``crop`` asked for more than the cache can undo exactly."""
+
+
+def _length(records: Mapping[str, torch.Tensor]) -> int:
+    return next(iter(records.values())).shape[1] if records else 0
+
+
+def _cat(a: Mapping[str, torch.Tensor], b: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Records ``a`` followed by ``b`` (the fields of ``a``: ``b`` may carry more than a ring keeps)."""
+    if not a or _length(a) == 0:
+        return dict(b)
+    return {name: torch.cat([a[name], b[name].to(a[name].dtype)], dim=1) for name in a}
+
+
+class ReplaySchedule:
+    """Checkpoint, record ring, conv ring and positions of one SSM layer.
+
+    Args:
+        recurrence: a ``recurrences`` family (what a token records, how outputs are read, how records fold).
+        buffer_len: L, records per flush period (1 = plain step decoding).
+        window: record slots reserved for speculative windows beyond the L - 1 committed ones.
+        policy: a ``PrecisionPolicy`` or one per batch row.
+        layer_idx: seeds stochastic rounding per layer.
+    """
+
+    def __init__(self, recurrence, buffer_len: int, window: int, policy: PrecisionPolicy | list[PrecisionPolicy],
+                 layer_idx: int = 0):
+        self.recurrence = recurrence
+        self.buffer_len = buffer_len
+        self.window = window
+        self.ring = RecordRing(self._ring_capacity(window))
+        self.conv = ConvRing(0)
+        self.conv_kernel: int | None = None
+        self.store = CheckpointStore(policy, seed_offset=layer_idx)
+        self.recording = False
+        self.tokens_seen = 0
+        self.prompt_tokens = 0  # announced prompt length (generate() with speculation); 0 = the first forward
+        self._prompt_len = 0
+        self.counters: Counter = Counter()
+        self.checkpoint_position = 0  # tokens folded into the stored checkpoint
+        self.anchor = 0  # position of the last prefill; flush boundaries sit at anchor + k * buffer_len
+        self._staged: dict = {}  # boundary position -> StagedCheckpoint inside pending speculative records
+        self._params: dict[str, object] = {}  # per-layer constants of the last call (e.g. Mamba-2's A)
+        self.device: torch.device | None = None
+        self.batch_size: int | None = None
+        self.state_shape: tuple[int, ...] | None = None
+
+    def _ring_capacity(self, window: int) -> int:
+        return max(1, self.buffer_len - 1 + window)
+
+    # ------------------------------------------------------------------ views
+    @property
+    def allocated(self) -> bool:
+        return self.store.allocated
+
+    def checkpoint(self) -> torch.Tensor | None:
+        """The state the recurrence continues from (float32; the stored tensor itself for an fp32 checkpoint)."""
+        return self.store.recurrence() if self.store.allocated else None
+
+    def current_state(self) -> torch.Tensor | None:
+        """The full recurrent state after every buffered record, materialised (for checks and stock views)."""
+        if not self.store.allocated:
+            return None
+        return self.recurrence.fold(self.store.recurrence(), self.ring.read(), self._params, exact=True)
+
+    def state_numel(self) -> int:
+        """Elements of the full recurrent state (all batch rows)."""
+        if self.state_shape is None:
+            return 0
+        return self.batch_size * int(torch.Size(self.state_shape[1:]).numel())
+
+    def conv_window(self) -> torch.Tensor | None:
+        """The last ``conv_kernel`` conv inputs [B, C, K], the stock layout of a conv state."""
+        return None if self.conv.buffer is None else self.conv.window(self.conv_kernel)
+
+    def max_rollback(self) -> int:
+        """The deepest ``crop`` this layer can undo exactly now."""
+        depth = self.ring.size
+        if self.conv.buffer is not None:
+            depth = min(depth, self.conv.rewindable(self.conv_kernel))
+        return depth
+
+    # ------------------------------------------------------------------ allocation
+    def _ensure_conv(self, like: torch.Tensor, kernel: int) -> None:
+        if self.conv.buffer is None:
+            self.conv_kernel = kernel
+            self.conv = ConvRing(kernel + self.window)
+            self.conv.allocate(like)
+
+    def _ensure_state(self, tokens: Mapping[str, torch.Tensor]) -> None:
+        if not self.store.allocated:
+            device = next(v for v in tokens.values() if isinstance(v, torch.Tensor)).device
+            shape = self.recurrence.state_shape(tokens)
+            self.store.allocate(shape, device)
+            self.device, self.batch_size, self.state_shape = device, shape[0], shape
+            self.ring.allocate(self.recurrence.record_examples(tokens, exact=self.store.exact_fold))
+
+    def reserve_window(self, window: int) -> None:
+        """Keep speculative windows of ``window`` tokens exact without growing later (growth is automatic)."""
+        if window > self.window:
+            self.window = window
+            self.ring.grow(self._ring_capacity(window))
+            if self.conv.buffer is not None:
+                self.conv.grow(self.conv_kernel + window)
+
+    def _head(self, count: int) -> int:
+        """Leading tokens of a recording forward that take the prefill path: the prompt part of a first forward."""
+        return self.prompt_part(count) if self.tokens_seen == 0 else 0
+
+    def prompt_part(self, count: int) -> int:
+        """How many leading tokens of a forward of ``count`` tokens are prompt (prefill) rather than generated.
+        The prompt is the first ``prompt_tokens`` tokens when generate() announced them, else the first forward;
+        a prompt token fed again after a rollback is still a prompt token."""
+        if self.tokens_seen == 0 and not self.prompt_tokens:
+            self._prompt_len = count
+        prompt_len = self.prompt_tokens or self._prompt_len
+        return max(0, min(prompt_len - self.tokens_seen, count))
+
+    # ------------------------------------------------------------------ the conv window
+    def conv_update(self, inputs: torch.Tensor, kernel: int) -> torch.Tensor:
+        """``[history, inputs]`` ([B, C, K + T]) for the model's own causal conv; remembers the new inputs."""
+        self._ensure_conv(inputs, kernel)
+        if self.recording:  # every speculative token must stay rewindable until the crop
+            count = inputs.shape[-1]
+            self.conv.grow(kernel + self.ring.num_pending + count - self._head(count))
+        full = torch.cat([self.conv.window(kernel).to(inputs.dtype), inputs], dim=-1)
+        self.conv.write(inputs)
+        return full
+
+    # ------------------------------------------------------------------ the replay step
+    def forward_tokens(self, tokens: Mapping[str, torch.Tensor], chunk_fn: ChunkFn | None = None,
+                       out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Outputs [B, T, ...] of T new tokens (in ``out_dtype``, default float32); updates ring and checkpoint."""
+        self._ensure_state(tokens)
+        self._params = {k: v for k, v in tokens.items() if k not in self.recurrence.per_token}
+        if self.recording:
+            pieces = self._forward_recording(tokens, chunk_fn)
+        else:
+            self.ring.commit()
+            pieces = self._forward_plain(tokens, chunk_fn)
+        dtype = out_dtype or torch.float32
+        if len(pieces) == 1:
+            return pieces[0].to(dtype)
+        return torch.cat([piece.to(dtype) for piece in pieces], dim=1)
+
+    def _num_tokens(self, tokens: Mapping[str, torch.Tensor]) -> int:
+        return tokens[self.recurrence.per_token[0]].shape[1]
+
+    def _boundary(self, position: int) -> int:
+        """The flush boundary a token at ``position`` reads from: the anchor (last prefill) plus a multiple of L."""
+        return self.anchor + (position - self.anchor) // self.buffer_len * self.buffer_len
+
+    def _forward_plain(self, tokens, chunk_fn) -> list[torch.Tensor]:
+        ring, rec = self.ring, self.recurrence
+        count = self._num_tokens(tokens)
+        while ring.size >= self.buffer_len:  # complete periods left by speculative decoding
+            self._commit_staged_or_fold(self.checkpoint_position + self.buffer_len)
+        if count == 1 and self.tokens_seen and ring.size + 1 < self.buffer_len:
+            y, records = rec.outputs(self.store.read(), ring.read(), tokens, self._params)
+            ring.append(records, pending=False)
+            return [y]
+        # A flush step (the L-th token since the last boundary), or a multi-token forward: the model's own path,
+        # like a prefill, which re-anchors the flush boundaries.
+        flush_step = count == 1 and self.tokens_seen > 0
+        y = self._absorb(tokens, chunk_fn, ring.read())
+        ring.clear()
+        self.counters["flushes" if flush_step else "prefills"] += 1
+        if not flush_step:
+            self.anchor = self.checkpoint_position
+        return [y]
+
+    def _absorb(self, tokens, chunk_fn, history) -> torch.Tensor:
+        """Fold ``history`` records and all of ``tokens`` into the checkpoint; return the tokens' outputs."""
+        rec = self.recurrence
+        count = self._num_tokens(tokens)
+        exact = self.store.exact_fold
+        if count > 1 and chunk_fn is not None:
+            start = self.store.recurrence()
+            if _length(history):
+                start = rec.fold(start, history, self._params, exact=exact)
+            y, state = chunk_fn(0, count, start)
+        else:
+            y, records = rec.outputs(self.store.read(), history, tokens, self._params)
+            state = rec.fold(self.store.recurrence(), _cat(history, records), self._params, exact=exact)
+        self.checkpoint_position += _length(history) + count
+        self.store.write(state, position=self.checkpoint_position)
+        self.counters["checkpoint_writes"] += 1
+        return y
+
+    def _fold_oldest(self, count: int) -> None:
+        """Fold the ``count`` oldest records into the stored checkpoint."""
+        position = self.checkpoint_position + count
+        state = self.recurrence.fold(
+            self.store.recurrence(), self.ring.read(0, count), self._params, exact=self.store.exact_fold
+        )
+        self.store.write(state, position=position)
+        self.ring.drop_oldest(count)
+        self.checkpoint_position = position
+        self._staged = {b: st for b, st in self._staged.items() if b > position}
+        self.counters["checkpoint_writes"] += 1
+        self.counters["flushes"] += 1
+
+    def _base(self, boundary: int):
+        """The checkpoint at flush boundary ``boundary``: the stored one, or one staged from buffered records."""
+        stored = self.checkpoint_position
+        if boundary == stored:
+            return self.store
+        if boundary not in self._staged:
+            previous = self._base(boundary - self.buffer_len)
+            records = self.ring.read(boundary - self.buffer_len - stored, self.buffer_len)
+            state = self.recurrence.fold(previous.recurrence(), records, self._params, exact=self.store.exact_fold)
+            self._staged[boundary] = self.store.stage(state, position=boundary)
+            self.counters["staged_checkpoints"] += 1
+        return self._staged[boundary]
+
+    def _forward_recording(self, tokens, chunk_fn) -> list[torch.Tensor]:
+        """Speculative tokens become pending records. Each token reads the checkpoint at its own flush boundary,
+        exactly as plain decoding would: when a window crosses a boundary, the checkpoint there is staged from the
+        window's earlier records and stored only if the crop keeps them."""
+        ring, rec, length = self.ring, self.recurrence, self.buffer_len
+        count = self._num_tokens(tokens)
+        outputs = []
+        head = self._head(count)  # the prompt part of a first forward is never rolled back: the prefill path
+        while ring.num_committed >= length:  # complete periods of committed records: a flush
+            self._commit_staged_or_fold(self.checkpoint_position + length)
+        needed = ring.size + count - head
+        if needed > ring.capacity:  # a larger window than reserved: grow, never fold drafts (the grid stays)
+            self.reserve_window(needed - (length - 1))
+        if head:
+            outputs.append(self._absorb(rec.slice(tokens, 0, head), chunk_fn, ring.read()))
+            ring.clear()
+            self._staged = {}
+            self.anchor = self.checkpoint_position
+            self.counters["prefills"] += 1
+        position, index = self.tokens_seen + head, head
+        while index < count:
+            boundary = self._boundary(position)
+            stop = min(count, index + boundary + length - position)
+            base = self._base(boundary)
+            history = ring.read(boundary - self.checkpoint_position, position - boundary)
+            y, records = rec.outputs(base.read(), history, rec.slice(tokens, index, stop), self._params)
+            ring.append(records, pending=True)
+            outputs.append(y)
+            position += stop - index
+            index = stop
+        return outputs
+
+    def _commit_staged_or_fold(self, boundary: int) -> None:
+        """Make the checkpoint at ``boundary`` the stored one (its staged encodings if any, else a fold)."""
+        stored = self.checkpoint_position
+        staged = self._staged.get(boundary)
+        if staged is None:
+            self._fold_oldest(boundary - stored)
+            return
+        self.store.load(staged)
+        self.ring.drop_oldest(boundary - stored)
+        self.checkpoint_position = boundary
+        self._staged = {b: st for b, st in self._staged.items() if b > boundary}
+        self.counters["checkpoint_writes"] += 1
+        self.counters["flushes"] += 1
+
+    def finish_forward(self, count: int) -> None:
+        """Called once per mixer forward after the replay step ran."""
+        if self.tokens_seen:
+            self.counters["decode_steps"] += 1
+        self.tokens_seen += count
+        self.counters["tokens"] += count
+
+    # ------------------------------------------------------------------ speculation and rollback
+    def activate_recording(self) -> None:
+        self.recording = True
+
+    def deactivate_recording(self) -> None:
+        self.recording = False
+        self.ring.commit()
+        self._resolve_staged()
+
+    def check_rollback(self, count: int) -> None:
+        """Raise ``RollbackError`` (changing nothing) unless the newest ``count`` tokens can be dropped exactly."""
+        depth = self.max_rollback()
+        if count > depth:
+            raise RollbackError(
+                f"cannot roll back {count} tokens exactly: only the last {depth} can be undone (older tokens are "
+                "folded into the checkpoint, and only tokens fed while recording keep their conv inputs). Call "
+                "activate_past_recording() before feeding tokens you may drop, and crop after every verify step as "
+                "generate() does."
+            )
+
+    def crop(self, count: int) -> None:
+        """Drop the newest ``count`` tokens and commit the rest."""
+        self.check_rollback(count)
+        if count:
+            if self.conv.buffer is not None:
+                self.conv.rewind(count, self.conv_kernel)
+            self.ring.drop_newest(count)
+            self.tokens_seen -= count
+            self.counters["rolled_back_tokens"] += count
+        self.ring.commit()
+        self._resolve_staged()
+
+    def _resolve_staged(self) -> None:
+        """After a crop: staged checkpoints whose tokens were all kept become stored; the others are dropped."""
+        kept = [b for b in self._staged if b <= self.tokens_seen]
+        self._staged = {b: st for b, st in self._staged.items() if b in kept}
+        for boundary in sorted(kept):
+            self._commit_staged_or_fold(boundary)
+
+    # ------------------------------------------------------------------ batch rows
+    def index_batch(self, index: torch.Tensor) -> None:
+        """Keep / reorder / repeat batch rows (beam search, contrastive search, ``batch_select_indices``)."""
+        if self._staged:
+            raise RuntimeError("batch rows cannot be reordered inside a speculative window; crop first")
+        self.store.index_batch(index)
+        self.ring.index_batch(index)
+        self.conv.index_batch(index)
+        self.batch_size = int(index.numel())
+
+    # ------------------------------------------------------------------ memory
+    def tensors(self) -> Iterator[torch.Tensor]:
+        """Every tensor this schedule keeps alive (for memory accounting)."""
+        yield from self.store.tensors()
+        yield from self.ring.fields.values()
+        if self.conv.buffer is not None:
+            yield self.conv.buffer
+        for staged in self._staged.values():
+            yield from _staged_tensors(staged)
+        for value in self._params.values():
+            if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+                yield value
+
+    def nbytes(self) -> dict[str, int]:
+        sizes = self.store.nbytes()
+        sizes["buffer"] = self.ring.nbytes()
+        sizes["conv"] = self.conv.nbytes()
+        sizes["staged"] = sum(_storage_bytes(_staged_tensors(st)) for st in self._staged.values())
+        sizes["params"] = _storage_bytes(v for v in self._params.values()
+                                         if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter))
+        return sizes
+
+
+def _storage_bytes(tensors) -> int:
+    seen, total = set(), 0
+    for t in tensors:
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in seen:
+            seen.add(storage.data_ptr())
+            total += storage.nbytes()
+    return total
+
+
+def _staged_tensors(staged) -> Iterator[torch.Tensor]:
+    for encodings in staged.encodings:
+        for encoding in encodings:
+            if encoding:
+                yield from encoding.values()

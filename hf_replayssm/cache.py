@@ -217,10 +217,14 @@ class ReplayCache(DynamicCache):
         speculative window, per-layer constants), their ``total``, and ``stock_total``: what a stock transformers
         cache holds for the same tokens (a float32 recurrent state and a kernel-wide conv window per SSM layer, the
         same attention K/V). Storage shared with the model's own parameters is not counted."""
+        model = self.bound_model
+        shared = set() if model is None else {
+            t.untyped_storage().data_ptr() for t in [*model.parameters(), *model.buffers()]
+        }
         sizes: Counter = Counter()
         for layer in self.layers:
             if isinstance(layer, ReplayLayer):
-                parts = layer.nbytes()
+                parts = layer.nbytes(exclude=shared)
                 sizes.update({key: parts[key] for key in ("checkpoint", "read_copy", "buffer", "conv")})
                 sizes["other"] += parts["staged"] + parts["params"]
                 schedule = layer.schedule
@@ -277,6 +281,17 @@ class ReplayCache(DynamicCache):
     @property
     def is_compileable(self) -> bool:
         return False
+
+    @property
+    def is_linear(self) -> list[bool]:
+        """transformers re-feeds the whole prefix to a cache whose layers are all linear (it cannot tell how many
+        tokens such a cache holds); a ReplayCache knows (``get_seq_length``), so an SSM-only model reports its
+        layers as not linear and a reused cache continues from where it stopped."""
+        flags = [isinstance(layer, LinearAttentionCacheLayerMixin) and not isinstance(layer, CacheLayerMixin)
+                 for layer in self.layers]
+        if flags and all(flags) and self.replay_layers:
+            return [False] * len(flags)
+        return flags
 
     def activate_past_recording(self) -> None:
         self._recording = True

@@ -230,8 +230,8 @@ class ReplayLayer(LinearAttentionLayer):
     def tensors(self):
         yield from self.schedule.tensors()
 
-    def nbytes(self) -> dict[str, int]:
-        return self.schedule.nbytes()
+    def nbytes(self, exclude: set[int] = frozenset()) -> dict[str, int]:
+        return self.schedule.nbytes(exclude)
 
 
 class ReplayHybridLayer(ReplayLayer, DynamicLayer):

@@ -18,7 +18,7 @@ The schedule (L = ``buffer_len``):
   moves) and commits the rest. A window larger than the ring grows the ring (never folds a draft), so the flush
   grid never moves and generation never fails half-way. The first forward of an empty cache is its prompt (the
   prefill path), unless ``prompt_tokens`` announced a shorter prompt (transformers' first assisted round feeds the
-  prompt and the first drafts together).
+  prompt and the first drafts together); without an announcement its last ``window`` tokens stay rewindable.
 """
 
 from __future__ import annotations
@@ -141,8 +141,16 @@ class ReplaySchedule:
                 self.conv.grow(self.conv_kernel + window)
 
     def _head(self, count: int) -> int:
-        """Leading tokens of a recording forward that take the prefill path: the prompt part of a first forward."""
-        return self.prompt_part(count) if self.tokens_seen == 0 else 0
+        """Leading tokens of a recording forward that take the prefill path (never rolled back): the announced
+        prompt of a first forward; without an announcement (a draft model's cache, manual use) all of a first
+        forward but its last ``window`` tokens, which stay rewindable (transformers re-feeds the last prompt token
+        of a draft model after its first round)."""
+        if self.tokens_seen:
+            return 0
+        prompt = self.prompt_part(count)
+        if self.prompt_tokens:
+            return prompt
+        return count - min(self.window, count - 1)
 
     def prompt_part(self, count: int) -> int:
         """How many leading tokens of a forward of ``count`` tokens are prompt (prefill) rather than generated.
@@ -362,16 +370,18 @@ class ReplaySchedule:
         for staged in self._staged.values():
             yield from _staged_tensors(staged)
         for value in self._params.values():
-            if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter):
+            if isinstance(value, torch.Tensor):
                 yield value
 
-    def nbytes(self) -> dict[str, int]:
+    def nbytes(self, exclude: set[int] = frozenset()) -> dict[str, int]:
+        """Bytes per component; ``params`` counts the per-layer constants held, except storages in ``exclude``
+        (e.g. the model's own parameters, which the cache does not keep alive)."""
         sizes = self.store.nbytes()
         sizes["buffer"] = self.ring.nbytes()
         sizes["conv"] = self.conv.nbytes()
         sizes["staged"] = sum(_storage_bytes(_staged_tensors(st)) for st in self._staged.values())
-        sizes["params"] = _storage_bytes(v for v in self._params.values()
-                                         if isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter))
+        held = (v for v in self._params.values() if isinstance(v, torch.Tensor))
+        sizes["params"] = _storage_bytes(v for v in held if v.untyped_storage().data_ptr() not in exclude)
         return sizes
 
 

@@ -63,3 +63,9 @@ def max_logit_diff(a, b) -> float:
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(1234)
+
+
+# Greedy generation with per-step logits. suppress_tokens: a generated pad token (id 0) makes generate() infer a
+# padding mask for it; keep tokens ordinary.
+GREEDY_KW = dict(do_sample=False, max_new_tokens=30, min_new_tokens=30, output_logits=True,
+                 return_dict_in_generate=True, suppress_tokens=[0])

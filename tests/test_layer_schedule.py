@@ -1,12 +1,12 @@
-"""The replay schedule at the layer level, on synthetic inputs (no model): speculation with rollbacks stores the same
+"""The replay schedule (ReplaySchedule, no transformers) on synthetic inputs (no model): speculation with rollbacks stores the same
 checkpoints, bit for bit, as plain decoding, under every precision policy."""
 
 import pytest
 import torch
 
-from hf_replayssm import PRESETS
-from hf_replayssm.layers import ReplayLayer
+from hf_replayssm.precision import PRESETS
 from hf_replayssm.recurrences import DeltaRuleRecurrence, Mamba2Recurrence
+from hf_replayssm.schedule import ReplaySchedule
 
 HEADS, HEAD_DIM, STATE, GROUPS = 4, 8, 32, 2
 
@@ -26,9 +26,10 @@ def delta_tokens(generator, count):
     k = torch.nn.functional.normalize(torch.randn(1, count, HEADS, STATE, generator=generator), dim=-1)
     q = torch.nn.functional.normalize(torch.randn(1, count, HEADS, STATE, generator=generator), dim=-1)
     return {
-        "q": q / STATE**0.5, "k": k, "v": torch.randn(1, count, HEADS, STATE, generator=generator),
+        "q": q, "k": k, "v": torch.randn(1, count, HEADS, STATE, generator=generator),
         "beta": torch.rand(1, count, HEADS, generator=generator),
         "g": -torch.rand(1, count, HEADS, generator=generator) * 0.05,
+        "normalize": None, "value_heads": HEADS,
     }
 
 
@@ -61,11 +62,9 @@ def test_speculation_stores_the_checkpoints_of_plain_decoding(family, precision)
     rec = rec_cls()
     per_token = rec.per_token
 
-    plain = ReplayLayer(length, 8, PRESETS[precision])
-    plain.recurrence = rec
-    spec = ReplayLayer(length, 8, PRESETS[precision])
-    spec.recurrence = rec
-    spec.activate_past_recording()
+    plain = ReplaySchedule(rec, length, 8, PRESETS[precision])
+    spec = ReplaySchedule(rec, length, 8, PRESETS[precision])
+    spec.activate_recording()
     spec.prompt_tokens = prompt_len
 
     plain_out = [_feed(plain, rec.slice(accepted, 0, prompt_len), rec)]
@@ -82,7 +81,7 @@ def test_speculation_stores_the_checkpoints_of_plain_decoding(family, precision)
         out = _feed(spec, _cat(keep, drop, per_token) if reject else keep, rec)
         for i in range(pending + window - reject):
             spec_out[start + i] = out[:, i]
-        spec.crop(-reject)
+        spec.crop(reject)
         start += pending + window - reject
         pending = 0
         for got, want in zip(_encodings(spec), checkpoints[spec.checkpoint_position], strict=True):

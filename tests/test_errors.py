@@ -94,7 +94,7 @@ def test_crop_errors():
     with torch.no_grad():
         model(torch.randint(3, 120, (1, 6)), past_key_values=cache, use_cache=True)
         model(step, past_key_values=cache, use_cache=True)
-        with pytest.raises(RollbackError, match="cannot roll back 1 tokens exactly.*activate_past_recording"):
+        with pytest.raises(RollbackError, match=r"cannot roll back 1 tokens exactly.*activate_past_recording"):
             cache.crop(-1)  # plain decoding keeps no conv history to rewind
         cache.activate_past_recording()
         model(step, past_key_values=cache, use_cache=True)

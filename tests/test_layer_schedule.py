@@ -1,5 +1,5 @@
-"""The replay schedule (ReplaySchedule, no transformers) on synthetic inputs (no model): speculation with rollbacks stores the same
-checkpoints, bit for bit, as plain decoding, under every precision policy."""
+"""The replay schedule (``ReplaySchedule``, no transformers) on synthetic inputs: speculation with rollbacks stores
+the same checkpoints, bit for bit, as plain decoding, under every precision policy."""
 
 import pytest
 import torch

@@ -1,6 +1,6 @@
 # make demo : create .venv, install, run the main job (hf-replayssm demo)
 # make test : install with dev tools, lint (ruff), run the test suite on the newest transformers 5.x
-# make test-compat : the whole suite again on transformers 5.17.0 (a second venv)
+# make test-compat : the model-equivalence tests (marked `equivalence`) on transformers 5.17.0 (a second venv)
 
 PYTHON ?= python3
 VENV ?= .venv
@@ -8,6 +8,11 @@ COMPAT_VENV ?= .venv-tf517
 # CPU build from the local wheel store here; on a GPU machine use e.g. `make demo TORCH_SPEC=torch`.
 TORCH_SPEC ?= torch==2.13.0
 PIP_FLAGS ?= -q --disable-pip-version-check
+# pytest-xdist workers (CI's machine has 2 cores); each worker runs torch single-threaded. --durations shows the
+# slowest tests in the log.
+PYTEST_WORKERS ?= 2
+PYTEST_FLAGS ?= -q -n $(PYTEST_WORKERS) --durations=15
+PYTEST_ENV ?= OMP_NUM_THREADS=1
 
 .PHONY: demo test test-compat install clean
 
@@ -24,7 +29,7 @@ demo: $(VENV)/bin/python
 
 test: install
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/python -m pytest -q
+	$(PYTEST_ENV) $(VENV)/bin/python -m pytest $(PYTEST_FLAGS)
 
 $(COMPAT_VENV)/bin/python:
 	$(PYTHON) -m venv $(COMPAT_VENV)
@@ -32,7 +37,7 @@ $(COMPAT_VENV)/bin/python:
 
 test-compat: $(COMPAT_VENV)/bin/python
 	$(COMPAT_VENV)/bin/pip install $(PIP_FLAGS) -e ".[dev]" "transformers==5.17.0"
-	$(COMPAT_VENV)/bin/python -m pytest -q
+	$(PYTEST_ENV) $(COMPAT_VENV)/bin/python -m pytest $(PYTEST_FLAGS) -m equivalence
 
 clean:
 	rm -rf $(VENV) $(COMPAT_VENV) build *.egg-info

@@ -34,6 +34,18 @@ def _precision_check(args: argparse.Namespace) -> int:
     return 0
 
 
+BENCHES = {
+    "memory": "hf_replayssm.bench.memory",  # cache memory and prefill peak vs the stock cache
+    "kernels": "hf_replayssm.kernels.bench",  # replay vs standard step kernels (needs triton and a GPU)
+}
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import importlib
+
+    return importlib.import_module(BENCHES[args.bench]).main(args.bench_args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-replayssm", description="ReplaySSM for Hugging Face Transformers")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -61,6 +73,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--json", action="store_true", help="print the report as JSON")
     check.add_argument("--no-progress", action="store_true", help="no progress bars")
     check.set_defaults(run=_precision_check)
+
+    bench = commands.add_parser("bench", help="benchmarks on a GPU: memory, kernels (--help after the name)")
+    bench.add_argument("bench", choices=sorted(BENCHES))
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="the benchmark's own arguments")
+    bench.set_defaults(run=_bench)
     return parser
 
 

@@ -47,6 +47,15 @@ def reference_function(fn: Callable) -> Callable:
     return fn
 
 
+def reference_signature(fn: Callable) -> inspect.Signature:
+    """The signature model code calls ``fn`` with. With Hugging Face's ``kernels`` package active, transformers turns
+    the function into a ``kernels`` function module whose ``forward`` carries the reference signature."""
+    fn = reference_function(fn)
+    if isinstance(fn, torch.nn.Module):
+        return inspect.signature(fn.forward)
+    return inspect.signature(fn)
+
+
 class CallArgs:
     """The arguments of one intercepted call, by name, able to re-issue the call with a few substitutions."""
 
@@ -148,7 +157,7 @@ def interceptor(body: Callable) -> Interceptor:
 
     def factory(module) -> Callable[[Callable], Callable]:
         def make(original: Callable) -> Callable:
-            signature = inspect.signature(reference_function(original))
+            signature = reference_signature(original)
 
             @functools.wraps(original)
             def replacement(*args, **kwargs):

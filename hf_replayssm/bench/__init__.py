@@ -1,0 +1,1 @@
+"""Benchmarks (``hf-replayssm bench ...``): cache memory and, with the kernels, decode speed."""

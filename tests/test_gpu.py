@@ -89,3 +89,35 @@ def test_cuda_demo_and_precision_check():
     assert report.mean_kl("fp32") == 0.0 and report.mean_kl("shared-nvfp4") > 0
     print(result["report"])
     print(report.table())
+
+
+def test_cuda_hybrid_draft_with_a_long_prompt_and_window_growth():
+    model, draft = _cuda("nemotron_h"), _cuda("qwen3_next", seed=5)
+    draft.generation_config.assistant_confidence_threshold = 0.0
+    prompt = torch.randint(3, 120, (1, 48), device="cuda")
+    greedy = model.generate(prompt, **GREEDY)
+    out = model.generate(prompt, past_key_values=ReplayCache(buffer_len=4), assistant_model=draft,
+                         num_assistant_tokens=3, **GREEDY)
+    assert torch.equal(out.sequences, greedy.sequences)
+    assert max_logit_diff(out.logits, greedy.logits) < 1e-4
+
+
+@pytest.mark.parametrize("precision", ["fp32", "separated-nvfp4"])
+def test_cuda_memory_report_matches_the_allocator(precision):
+    """memory() equals what the CUDA allocator holds for the cache (every tensor it keeps alive, nothing else)."""
+    model = _cuda("qwen3_5_text")
+    tokens = torch.randint(3, 120, (4, 40), device="cuda")
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    cache = ReplayCache(buffer_len=8, precision=precision)
+    with torch.no_grad():
+        for pos in range(0, 40, 8):
+            model(tokens[:, pos : pos + 8], **{cache_kwarg(model): cache}, use_cache=True, logits_to_keep=1)
+        for pos in range(3):
+            model(tokens[:, pos : pos + 1], **{cache_kwarg(model): cache}, use_cache=True, logits_to_keep=1)
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated() - base
+    reported = cache.memory()["total"]
+    # the caching allocator rounds each block up to 512 bytes
+    blocks = sum(1 for _ in cache.replay_layers.values()) * 16 + 8
+    assert reported <= held <= reported + 512 * blocks, (reported, held)

@@ -131,6 +131,12 @@ def _check_assisted(model, cache, args: tuple, kwargs: dict) -> None:
     assistant = kwargs.get("assistant_model")
     if assistant is not None:
         _has_replayable_layers(assistant)  # refuse a draft whose state could not be rolled back
+        if _forward_cache_keyword(type(assistant)) == "cache_params":
+            raise ValueError(
+                f"{type(assistant).__name__} cannot be a draft model on this transformers version: transformers passes "
+                "a draft model its cache as past_key_values, which pure Mamba models do not take here. Use a hybrid "
+                "draft model, or upgrade transformers (pure Mamba-2 drafts work from 5.24)."
+            )
 
 
 def _wrap_generate(original):
@@ -140,6 +146,13 @@ def _wrap_generate(original):
         if cache is None:
             return original(self, *args, **kwargs)
         cache.bind(self)
+        if kwargs.get("cache_params") is cache and cache.get_seq_length() > 0:
+            # transformers (5.17) slices the already-cached prefix off the inputs only for past_key_values
+            raise ValueError(
+                f"this transformers version re-feeds the whole prefix to a cache passed as cache_params, so a "
+                f"{type(self).__name__} cannot continue from a non-empty ReplayCache in generate(). Feed the new "
+                "tokens with model(...) calls, start a new ReplayCache(), or upgrade transformers (works from 5.24)."
+            )
         drafts = _speculative_window(self, kwargs)
         if drafts is None:
             return original(self, *args, **kwargs)

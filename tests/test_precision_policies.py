@@ -49,7 +49,7 @@ def test_memory_per_component(precision):
     layers = len(cache.replay_layers)
     memory = cache.memory()
     per_format = {"fp32": 4 * elements, "bf16": 2 * elements, "fp16": 2 * elements, "fp8": elements + 4 * rows,
-                  "nvfp4": elements // 2 + elements // 16 + 4 * 2 * layers}
+                  "nvfp4": elements // 2 + elements // 16 + (4 * 2 + 8) * layers}  # + sequence scales, 0-d row
     policy = PRESETS[precision]
     assert memory["checkpoint"] == per_format[policy.checkpoint_format]
     assert memory["read_copy"] == (per_format[policy.read_format] if policy.read_format else 0)
@@ -136,8 +136,10 @@ def _cache_bytes(cache):
             state += [t.clone() for t in slot.checkpoint.values()]
             state += [t.clone() for t in (slot.read_copy or {}).values()]
         state += [t.clone() for t in layer.ring.read().values()]
-        state.append(layer.conv.window(layer.conv_kernel).clone())
-        state.append(layer.ring.cursor.clone())
+        state.append(layer.conv.window(layer.schedule.conv_kernel).clone())
+        ring = layer.ring
+        positions = [ring.origin, ring.num_committed, ring.num_pending, layer.schedule.checkpoint_position]
+        state.append(torch.tensor(positions))
     return state
 
 

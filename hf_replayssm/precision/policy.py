@@ -6,6 +6,10 @@
   a low-precision copy (``read_format``) refreshed from the checkpoint at every flush and never read back into the
   recurrence. For the delta-rule families the corrected values that enter the checkpoint are recomputed at flush
   time from the buffered raw inputs against the high-precision checkpoint.
+
+Stochastic rounding (bf16 / fp16 checkpoints) is counter-based: each element's noise is Philox-4x32-10 of (``seed``,
+layer, token position, element index within its batch row), so a sequence rounds the same way in any batch, next to
+any other policies, and under plain or speculative scheduling (exact function in :mod:`.formats`).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ class PrecisionPolicy:
     checkpoint_format: str = "fp32"
     stochastic_rounding: bool = False  # on checkpoint writes (bf16 / fp16 only)
     read_format: str | None = None  # None: non-flush steps read the checkpoint itself
-    seed: int = 0  # for stochastic rounding
+    seed: int = 0  # stochastic rounding: noise of (seed mod 2^32, layer, position, element), see formats.py
 
     def __post_init__(self):
         if self.checkpoint_format not in FORMATS:

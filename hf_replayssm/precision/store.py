@@ -1,46 +1,53 @@
 """The checkpoint of one SSM layer: the only place a replay layer reads or writes its recurrent state.
 
 ``read()`` is what non-flush steps compute outputs from (the read copy in separated mode, else the checkpoint);
-``recurrence()`` is what flushes continue from (always the checkpoint). Both return float32 and are decoded once
-per write. Storage is allocated once and rewritten in place. A store can hold a different policy per batch row
-(used to compare policies on the same sequence in one batch).
+``recurrence()`` is what flushes continue from (always the checkpoint). Both return float32, decoded from the
+encodings at every call: nothing but the encodings is kept, so ``nbytes()`` is all the state memory. For the fp32
+format (with one policy) the decoded tensor *is* the stored one, not a copy: callers must not modify it in place.
+Storage is allocated once and rewritten in place (``index_batch`` replaces it). A store can hold a different policy
+per batch row (used to compare policies on the same sequence in one batch).
+
+Stochastic rounding of the checkpoint at token ``position`` uses the noise key (policy ``seed``, ``seed_offset`` as
+the layer, ``position``): a batch row's encoding depends only on its own state and that key, not on the other rows
+of the batch nor on their policies (see :mod:`.formats` for the exact function).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
-from .formats import Encoding
+from .formats import Encoding, NoiseKey
 from .policy import PrecisionPolicy
 
 
 class _Slot:
-    """The encoded checkpoint (and read copy) of the batch rows that share one policy."""
+    """The encoded checkpoint (and read copy) of the batch rows that share one policy (``rows``: their indices,
+    None when the policy covers the whole batch)."""
 
-    def __init__(self, policy: PrecisionPolicy, rows: torch.Tensor | None, seed: int):
-        self.policy, self.rows, self.seed = policy, rows, seed
+    def __init__(self, policy: PrecisionPolicy, rows: torch.Tensor | None, layer: int):
+        self.policy, self.rows, self.layer = policy, rows, layer
         self.checkpoint_codec, self.read_codec = policy.checkpoint_codec(), policy.read_codec()
         self.checkpoint: Encoding = {}
         self.read_copy: Encoding | None = None
 
     def encode(self, state: torch.Tensor, position: int) -> tuple[Encoding, Encoding | None]:
-        """Encodings of ``state`` as the checkpoint at token ``position``. Stochastic rounding draws from a generator
-        seeded by (policy seed, layer, position): the same state at the same position rounds the same way, however
-        the writes were scheduled (plain or speculative decoding)."""
-        generator = None
-        if self.policy.stochastic_rounding:
-            generator = torch.Generator(device=state.device)
-            generator.manual_seed((self.seed * 1_000_003 + position) % (2**63 - 1))
-        checkpoint = self.checkpoint_codec.encode(state, generator)
+        """Encodings of ``state`` (this slot's rows) as the checkpoint at token ``position``. Stochastic rounding is
+        keyed by (policy seed, layer, position) and the element index within a batch row: the same state at the
+        same position rounds the same way, whatever the batch and however the writes were scheduled (plain or
+        speculative decoding)."""
+        noise = NoiseKey(self.policy.seed, self.layer, position) if self.policy.stochastic_rounding else None
+        checkpoint = self.checkpoint_codec.encode(state, noise)
         read_copy = None
         if self.read_codec is not None:  # refreshed from the checkpoint, never read back into the recurrence
             read_copy = self.read_codec.encode(self.checkpoint_codec.decode(checkpoint))
         return checkpoint, read_copy
 
     def load(self, checkpoint: Encoding, read_copy: Encoding | None) -> None:
-        if not self.checkpoint:  # first time: take the tensors as the static storage
-            self.checkpoint = {name: t.clone() for name, t in checkpoint.items()}
-            self.read_copy = None if read_copy is None else {name: t.clone() for name, t in read_copy.items()}
+        if not self.checkpoint:  # first time: compact copies become the static storage
+            self.checkpoint = _compact_copy(checkpoint)
+            self.read_copy = None if read_copy is None else _compact_copy(read_copy)
             return
         _copy_into(self.checkpoint, checkpoint)
         if read_copy is not None:
@@ -57,26 +64,27 @@ class _Slot:
 
 class StagedCheckpoint:
     """A checkpoint computed but not stored: the state at a flush boundary inside a speculative window, which becomes
-    the stored checkpoint only if the tokens before the boundary are accepted."""
+    the stored checkpoint only if the tokens before the boundary are accepted. It keeps only its encodings; reads
+    decode them at every call."""
 
     def __init__(self, store: CheckpointStore, state: torch.Tensor, position: int):
         self.position = position
         self.encodings = [slot.encode(state if slot.rows is None else state.index_select(0, slot.rows), position)
                           for slot in store.slots]
         self._store = store
-        self._decoded: dict[str, torch.Tensor] = {}
 
     def read(self) -> torch.Tensor:
-        if "read" not in self._decoded:
-            self._decoded["read"] = self._store._assemble_from(
-                [slot.decode_read(*enc) for slot, enc in zip(self._store.slots, self.encodings, strict=True)])
-        return self._decoded["read"]
+        return self._store._assemble_from(
+            [slot.decode_read(*enc) for slot, enc in zip(self._store.slots, self.encodings, strict=True)])
 
     def recurrence(self) -> torch.Tensor:
-        if "recurrence" not in self._decoded:
-            self._decoded["recurrence"] = self._store._assemble_from(
-                [slot.decode_checkpoint(enc[0]) for slot, enc in zip(self._store.slots, self.encodings, strict=True)])
-        return self._decoded["recurrence"]
+        return self._store._assemble_from(
+            [slot.decode_checkpoint(enc[0]) for slot, enc in zip(self._store.slots, self.encodings, strict=True)])
+
+
+def _compact_copy(encoding: Encoding) -> Encoding:
+    """Copies that own exactly their bytes (never a view into a larger buffer)."""
+    return {name: t.clone(memory_format=torch.contiguous_format) for name, t in encoding.items()}
 
 
 def _copy_into(target: Encoding, source: Encoding) -> None:
@@ -84,16 +92,23 @@ def _copy_into(target: Encoding, source: Encoding) -> None:
         target[name].copy_(value)
 
 
-def _nbytes(encoding: Encoding | None) -> int:
-    return 0 if not encoding else sum(t.numel() * t.element_size() for t in encoding.values() if t.dim())
+def _storage_bytes(tensors: list[torch.Tensor], seen: set) -> int:
+    """Bytes of the storages behind ``tensors`` (0-d ones included), each storage counted once across ``seen``."""
+    total = 0
+    for t in tensors:
+        storage = t.untyped_storage()
+        key = (t.device, storage.data_ptr())
+        if key not in seen:
+            seen.add(key)
+            total += storage.nbytes()
+    return total
 
 
 class CheckpointStore:
     def __init__(self, policy: PrecisionPolicy | list[PrecisionPolicy], seed_offset: int = 0):
         self.policies = list(policy) if isinstance(policy, (list, tuple)) else [policy]
-        self.seed_offset = seed_offset
+        self.seed_offset = seed_offset  # the layer index: the ``layer`` of the stochastic-rounding noise key
         self.slots: list[_Slot] = []
-        self._decoded: dict[str, torch.Tensor] = {}
 
     @property
     def allocated(self) -> bool:
@@ -118,7 +133,7 @@ class CheckpointStore:
             groups = [
                 (p, torch.tensor([i for i, q in enumerate(self.policies) if q == p], device=device)) for p in distinct
             ]
-        self.slots = [_Slot(policy, rows, policy.seed * 1_000_003 + self.seed_offset) for policy, rows in groups]
+        self.slots = [_Slot(policy, rows, self.seed_offset) for policy, rows in groups]
         self.load(self.stage(torch.zeros(shape, device=device), position=0))
 
     def _assemble_from(self, parts: list[torch.Tensor]) -> torch.Tensor:
@@ -129,12 +144,6 @@ class CheckpointStore:
             out.index_copy_(0, slot.rows, part)
         return out
 
-    def _assemble(self, kind: str) -> torch.Tensor:
-        if kind not in self._decoded:
-            parts = [slot.decode_checkpoint() if kind == "recurrence" else slot.decode_read() for slot in self.slots]
-            self._decoded[kind] = self._assemble_from(parts)
-        return self._decoded[kind]
-
     def stage(self, state: torch.Tensor, position: int) -> StagedCheckpoint:
         """Encode ``state`` as the checkpoint at token ``position`` without storing it."""
         return StagedCheckpoint(self, state, position)
@@ -143,15 +152,14 @@ class CheckpointStore:
         """Store a staged checkpoint (its exact encodings: nothing is rounded again)."""
         for slot, (checkpoint, read_copy) in zip(self.slots, staged.encodings, strict=True):
             slot.load(checkpoint, read_copy)
-        self._decoded = {}
 
     def read(self) -> torch.Tensor:
-        """State for computing outputs on non-flush steps (float32)."""
-        return self._assemble("read")
+        """State for computing outputs on non-flush steps (float32, decoded now)."""
+        return self._assemble_from([slot.decode_read() for slot in self.slots])
 
     def recurrence(self) -> torch.Tensor:
-        """State the recurrence continues from at a flush (float32)."""
-        return self._assemble("recurrence")
+        """State the recurrence continues from at a flush (float32, decoded now)."""
+        return self._assemble_from([slot.decode_checkpoint() for slot in self.slots])
 
     def write(self, state: torch.Tensor, position: int) -> None:
         """Store ``state`` as the checkpoint at token ``position``."""
@@ -167,12 +175,31 @@ class CheckpointStore:
         for slot in self.slots:
             for encoding in (slot.checkpoint, slot.read_copy or {}):
                 for name, value in encoding.items():
-                    if value.dim():
+                    if value.dim():  # 0-d entries (nvfp4's row length) are not per batch row
                         encoding[name] = value.index_select(0, index.to(value.device))
-        self._decoded = {}
+
+    def _checkpoint_tensors(self) -> list[torch.Tensor]:
+        tensors = []
+        for slot in self.slots:
+            tensors += slot.checkpoint.values()
+            if slot.rows is not None:  # which batch rows the slot holds (per-row policies)
+                tensors.append(slot.rows)
+        return tensors
+
+    def _read_copy_tensors(self) -> list[torch.Tensor]:
+        return [t for slot in self.slots for t in (slot.read_copy or {}).values()]
+
+    def tensors(self) -> Iterator[torch.Tensor]:
+        """Every tensor the store keeps alive: the encodings of the checkpoint and read copy (values, codes, scales,
+        0-d entries) and, with per-row policies, each slot's row index."""
+        yield from self._checkpoint_tensors()
+        yield from self._read_copy_tensors()
 
     def nbytes(self) -> dict[str, int]:
+        """Bytes of every storage behind :meth:`tensors`: ``checkpoint`` (checkpoint encodings, row indices) and
+        ``read_copy``."""
+        seen: set = set()
         return {
-            "checkpoint": sum(_nbytes(slot.checkpoint) for slot in self.slots),
-            "read_copy": sum(_nbytes(slot.read_copy) for slot in self.slots),
+            "checkpoint": _storage_bytes(self._checkpoint_tensors(), seen),
+            "read_copy": _storage_bytes(self._read_copy_tensors(), seen),
         }

@@ -1,0 +1,562 @@
+"""Decode-step kernel benchmark: ReplaySSM replay step vs the standard step vs transformers' torch path.
+
+    python -m hf_replayssm.kernels.bench --family mamba2 --out results.json          # installed package, GPU
+    PYTHONPATH=. python kernels/bench.py --family mamba2 --out results.json          # from a checkout
+    TRITON_INTERPRET=1 python -m hf_replayssm.kernels.bench --family mamba2 --smoke --out /tmp/smoke.json   # CPU
+
+What is timed (per model shape and batch size; fp32 state/checkpoint, bf16 x/B/C/records, fp32 dt, D and dt_bias
+given, softplus on, z absent as in transformers' Mamba-2 mixers):
+
+* ``replay``: :func:`mamba2_replay_step` averaged over whole cycles of ``L`` (= buffer_len, default 16) launches,
+  i.e. ``((L-1) replay + 1 flush) / L`` per row. Two phase layouts: ``mixed`` (row b's count starts at b mod L, so
+  every launch has rows in every phase, ~1/L of them flushing) and ``in_phase`` (all rows share one count, so one
+  launch in L is a full flush).
+* ``standard``: :func:`mamba2_state_update` (read state, update, write back, output), with its default launch
+  configuration (mamba_ssm's table) and the best of a sweep.
+* ``torch``: transformers' pure-torch ``mamba2_selective_state_update`` (nemotron_h; ``__wrapped__`` so a hub or
+  mamba_ssm kernel is never picked) called the way the Nemotron-H mixer calls it, or
+  :func:`hf_replayssm.ops.mamba2.ssd_step_reference` when transformers lacks it.
+
+Timing (GPU): one CUDA graph holds ``L`` consecutive steps; before each graph replay the L2 cache is flushed by
+writing a 256 MB buffer, and the replay is timed with CUDA events (median of the repetitions, 20th/80th percentiles
+also stored). Inputs rotate among enough copies (1, 2, 4, 8 or 16, dividing L) that consecutive steps never find
+their state in the 50 MB L2 either. CUDA graphs remove the per-launch CPU overhead that would otherwise dominate at
+small batch (a decode step runs under CUDA graphs in production too). Device-to-device copy bandwidth (1 GiB
+``copy_``, read + write counted) is measured in the same run.
+
+Bytes counted per step (per batch row): standard = 2|S| + io; replay = |S| (checkpoint read) + |S|/L (flush write,
+amortised) + (L-1)/2 records read on average + (L-1)/L record appends + io, with |S| = H*P*N*4, a record =
+H*P*2 (x) + H*4 (dt) + G*N*2 (B) and io = x, dt, B, C reads + y write. ``GB/s`` = these bytes / time (1 GB = 1e9 B).
+
+Launch configurations: both Triton kernels are timed with their default configuration and with each
+configuration of a small sweep (``REPLAY_SWEEP`` / ``STANDARD_SWEEP``; registers per thread are recorded); the
+table's "replay" and "standard" columns are the best of each sweep, "std dflt" the standard kernel's default, and
+the speedup columns compare best with best and default with default. ``--diag`` adds single-phase launch times
+(every row at count 0, L/2, L-2, L-1) and a variant without the count update.
+
+A quick correctness check on the device runs first (replay vs standard kernel over 2L+3 steps, and one mixed-phase
+launch vs the torch reference); its errors go into the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import importlib.util
+import json
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+L2_BYTES = 50 * 2**20
+MAMBA2_SHAPES = {  # name: (heads, head_dim, d_state, groups)
+    "nemotron-h-8b": (128, 64, 128, 8),
+    "nemotron-3-nano": (64, 64, 128, 8),
+}
+BATCHES = [1, 8, 32, 64, 128, 256, 512]
+# Launch configurations swept: replay (block_p, num_warps, fold_unroll), standard (block_p, num_warps).
+REPLAY_SWEEP = [(16, 2, 4), (16, 2, 1), (32, 2, 4), (32, 2, 1), (8, 2, 4), (16, 4, 4), (32, 4, 4), (64, 8, 4)]
+STANDARD_SWEEP = [(4, 4), (8, 4), (16, 8), (32, 8), (64, 8)]
+CONFIG_KEYS = ("block_p", "num_warps", "fold_unroll")
+
+
+def _cfg_dict(cfg) -> dict:
+    return cfg if isinstance(cfg, dict) else dict(zip(CONFIG_KEYS, cfg, strict=False))
+
+
+def _cfg_name(cfg) -> str:
+    c = _cfg_dict(cfg)
+    return f"p{c['block_p']}w{c['num_warps']}" + (f"u{c['fold_unroll']}" if "fold_unroll" in c else "")
+
+
+def _load_mamba2():
+    """The kernels module, from the installed package or, in a plain checkout, from the file next to this one."""
+    try:
+        return importlib.import_module("hf_replayssm.kernels.mamba2")
+    except ImportError:
+        root = Path(__file__).resolve().parents[1]
+        if str(root) not in sys.path:
+            sys.path.insert(0, str(root))
+        path = Path(__file__).with_name("mamba2.py")
+        spec = importlib.util.spec_from_file_location("_replayssm_kernels_mamba2", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        return module
+
+
+def _torch_step_fn():
+    """(name, fn(state, x, dt, B, C, A, D, dt_bias)) for transformers' torch decode step."""
+    try:
+        from transformers.models.nemotron_h import modeling_nemotron_h
+
+        ssu = modeling_nemotron_h.mamba2_selective_state_update
+        ssu = getattr(ssu, "__wrapped__", ssu)
+
+        def step(state, x, dt, B, C, A, D, dt_bias):
+            head_dim, d_state = state.shape[-2:]
+            return ssu(state, x, dt[..., None].expand(-1, -1, head_dim), A[:, None, None].expand(-1, head_dim, d_state),
+                       B, C, D[:, None].expand(-1, head_dim), z=None, dt_bias=dt_bias[:, None].expand(-1, head_dim),
+                       dt_softplus=True)
+
+        return "transformers.nemotron_h.mamba2_selective_state_update (torch)", step
+    except (ImportError, AttributeError):
+        from hf_replayssm.ops.mamba2 import ssd_step_reference
+
+        def step(state, x, dt, B, C, A, D, dt_bias):
+            dtp = torch.nn.functional.softplus(dt.float() + dt_bias.float())
+            y, new_state = ssd_step_reference(state, x[:, None], dtp[:, None], B[:, None], C[:, None], A, D)
+            state.copy_(new_state)
+            return y[:, 0].to(x.dtype)
+
+        return "hf_replayssm.ops.mamba2.ssd_step_reference", step
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# timing
+
+
+class Timer:
+    def __init__(self, device: torch.device, reps: int | None, budget_ms: float):
+        self.device, self.reps, self.budget_ms = device, reps, budget_ms
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.flush_buf = torch.empty(256 * 2**20, dtype=torch.int8, device=device)
+
+    def __call__(self, fn) -> dict:
+        """Time ``fn`` (cold L2 on GPU); returns milliseconds per call: median, p20, p80, reps."""
+        if not self.cuda:
+            fn()  # compile / warm up
+            reps = self.reps or 1
+            times = []
+            for _ in range(reps):
+                start = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - start) * 1e3)
+            return _summary(times)
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                fn()
+            replay = graph.replay
+        except RuntimeError as error:  # not capturable: time eagerly (CPU launch overhead included)
+            print(f"  (CUDA graph capture failed, timing eagerly: {str(error).splitlines()[0]})")
+            graph, replay = None, fn
+        replay()
+        torch.cuda.synchronize(self.device)
+        reps = self.reps
+        if reps is None:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(3):
+                self.flush_buf.zero_()
+                replay()
+            end.record()
+            end.synchronize()
+            reps = int(min(max(self.budget_ms / (start.elapsed_time(end) / 3), 10), 200))
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        for start, end in events:
+            self.flush_buf.zero_()
+            start.record()
+            replay()
+            end.record()
+        torch.cuda.synchronize(self.device)
+        times = [start.elapsed_time(end) for start, end in events]
+        del graph, replay
+        return _summary(times)
+
+
+def _summary(times: list[float]) -> dict:
+    ordered = sorted(times)
+
+    def pct(q):
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return dict(ms=pct(0.5), p20_ms=pct(0.2), p80_ms=pct(0.8), reps=len(times))
+
+
+def copy_bandwidth(device: torch.device, timer: Timer, nbytes: int) -> dict:
+    """Device-to-device copy bandwidth in GB/s (bytes read + written): ``copy_`` (a memcpy) and an elementwise
+    kernel (``mul(src, 1, out=dst)``), each timed eagerly (median of 20, buffers far larger than L2) and through
+    ``timer``. ``best`` is the largest."""
+    src = torch.rand(nbytes // 4, device=device)
+    dst = torch.empty_like(src)
+    variants = {"copy_": lambda: dst.copy_(src), "mul": lambda: torch.mul(src, 1.0, out=dst)}
+    out = {}
+    for name, fn in variants.items():
+        out[f"{name}_timer"] = 2 * nbytes / (timer(fn)["ms"] * 1e-3) / 1e9
+        if device.type == "cuda":
+            fn()
+            times = []
+            for _ in range(20):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            out[f"{name}_eager"] = 2 * nbytes / (_summary(times)["ms"] * 1e-3) / 1e9
+    out["best"] = max(out.values())
+    return out
+
+
+def _phase_times(k, inputs: ReplayInputs, timer: Timer, L: int, cfg) -> dict:
+    """Single-launch replay time with every row at one count (0, L/2, L-2: replay; L-1: flush), in us. Each timed
+    graph resets ``count`` first (a tiny copy, timed alone and subtracted)."""
+    c = inputs.copies[0]
+    saved = {name: c[name].clone() for name in ("count",)}
+    target = torch.empty_like(c["count"])
+    reset_only = timer(lambda: c["count"].copy_(target))["ms"]
+    out = {}
+    for count in sorted({0, L // 2, max(L - 2, 0), L - 1}):
+        target.fill_(count)
+
+        def run():
+            c["count"].copy_(target)
+            k._replay_step(c["state"], c["ring_x"], c["ring_dt"], c["ring_B"], c["origin"], c["count"], c["x"],
+                           c["dt"], c["B"], c["C"], inputs.params["A"], D=inputs.params["D"],
+                           dt_bias=inputs.params["dt_bias"], dt_softplus=True, buffer_len=L, out=c["out"],
+                           _config=_cfg_dict(cfg))
+
+        out[f"count{count}{'_flush' if count == L - 1 else ''}"] = (timer(run)["ms"] - reset_only) * 1e3
+    c["count"].copy_(saved["count"])
+    return out
+
+
+def _compiled_info(k, name: str) -> dict:
+    handle = k.LAST_COMPILED.get(name)
+    return {key: getattr(handle, key, None) for key in ("n_regs", "n_spills")}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# inputs
+
+
+def _num_copies(bytes_per_copy: int, L: int, cuda: bool) -> int:
+    if not cuda:
+        return 1
+    n = 1
+    while n < L and n * bytes_per_copy < 2 * L2_BYTES and L % (2 * n) == 0:
+        n *= 2
+    return n
+
+
+def _tokens(batch, heads, head_dim, d_state, groups, device, gen):
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, device=device)
+
+    return dict(x=rnd(batch, heads, head_dim).bfloat16(), dt=rnd(batch, heads) - 1.0,
+                B=rnd(batch, groups, d_state).bfloat16(), C=rnd(batch, groups, d_state).bfloat16(),
+                out=torch.empty(batch, heads, head_dim, dtype=torch.bfloat16, device=device))
+
+
+def _params(heads, device, gen):
+    return dict(A=-torch.exp(torch.rand(heads, generator=gen, device=device)),
+                D=torch.randn(heads, generator=gen, device=device),
+                dt_bias=torch.randn(heads, generator=gen, device=device) * 0.5)
+
+
+def _state_bytes(batch, heads, head_dim, d_state):
+    return batch * heads * head_dim * d_state * 4
+
+
+def _byte_model(batch, heads, head_dim, d_state, groups, L):
+    S = _state_bytes(batch, heads, head_dim, d_state)
+    record = batch * (heads * head_dim * 2 + heads * 4 + groups * d_state * 2)
+    io = batch * (heads * head_dim * 2 + heads * 4 + 2 * groups * d_state * 2 + heads * head_dim * 2)
+    return dict(
+        state=S,
+        record=record,
+        io=io,
+        standard=2 * S + io,
+        replay=S * (1 + 1 / L) + record * ((L - 1) / 2 + (L - 1) / L) + io,
+    )
+
+
+class ReplayInputs:
+    def __init__(self, batch, heads, head_dim, d_state, groups, L, device, gen, phase, cuda):
+        R = max(L - 1, 1)
+        per_copy = _state_bytes(batch, heads, head_dim, d_state)
+        self.n = _num_copies(per_copy, L, cuda)
+        self.L = L
+        self.params = _params(heads, device, gen)
+        self.copies = []
+        rows = torch.arange(batch, device=device, dtype=torch.int32)
+        for c in range(self.n):
+            start = c * (L // self.n)
+            count = (rows + start) % L if phase == "mixed" else torch.full_like(rows, start % L)
+            self.copies.append(dict(
+                state=torch.randn(batch, heads, head_dim, d_state, generator=gen, device=device) * 0.1,
+                ring_x=torch.randn(batch, R, heads, head_dim, generator=gen, device=device).bfloat16(),
+                ring_dt=torch.rand(batch, R, heads, generator=gen, device=device) * 0.1,
+                ring_B=torch.randn(batch, R, groups, d_state, generator=gen, device=device).bfloat16(),
+                origin=(rows % R).to(torch.int32),
+                count=count.to(torch.int32).contiguous(),
+                **_tokens(batch, heads, head_dim, d_state, groups, device, gen),
+            ))
+
+    def fn(self, step, **launch):
+        def run():
+            for i in range(self.L):
+                c = self.copies[i % self.n]
+                step(c["state"], c["ring_x"], c["ring_dt"], c["ring_B"], c["origin"], c["count"], c["x"], c["dt"],
+                     c["B"], c["C"], self.params["A"], D=self.params["D"], dt_bias=self.params["dt_bias"],
+                     dt_softplus=True, buffer_len=self.L, out=c["out"], **launch)
+
+        return run
+
+
+class StepInputs:
+    def __init__(self, batch, heads, head_dim, d_state, groups, L, device, gen, cuda):
+        self.n = _num_copies(_state_bytes(batch, heads, head_dim, d_state), L, cuda)
+        self.L = L
+        self.params = _params(heads, device, gen)
+        self.copies = [dict(state=torch.randn(batch, heads, head_dim, d_state, generator=gen, device=device) * 0.1,
+                            **_tokens(batch, heads, head_dim, d_state, groups, device, gen)) for _ in range(self.n)]
+
+    def kernel_fn(self, step, **launch):
+        def run():
+            for i in range(self.L):
+                c = self.copies[i % self.n]
+                step(c["state"], c["x"], c["dt"], c["B"], c["C"], self.params["A"], D=self.params["D"],
+                     dt_bias=self.params["dt_bias"], dt_softplus=True, out=c["out"], **launch)
+
+        return run
+
+    def torch_fn(self, step):
+        def run():
+            for i in range(self.L):
+                c = self.copies[i % self.n]
+                step(c["state"], c["x"], c["dt"], c["B"], c["C"], self.params["A"], self.params["D"],
+                     self.params["dt_bias"])
+
+        return run
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# correctness check on the device
+
+
+def check(k, heads, head_dim, d_state, groups, L, device, batch=4) -> dict:
+    """Replay kernel vs standard kernel over 2L+3 in-phase steps (fp32 tokens), and one mixed-phase launch vs the
+    torch reference. Returns max errors relative to the output / state scale."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    R = max(L - 1, 1)
+    p = _params(heads, device, gen)
+    ckpt = torch.randn(batch, heads, head_dim, d_state, generator=gen, device=device)
+    std = ckpt.clone()
+    ring_x = torch.zeros(batch, R, heads, head_dim, device=device)
+    ring_dt = torch.zeros(batch, R, heads, device=device)
+    ring_B = torch.zeros(batch, R, groups, d_state, device=device)
+    origin = torch.arange(batch, dtype=torch.int32, device=device) % R
+    count = torch.zeros(batch, dtype=torch.int32, device=device)
+    err_y = err_s = 0.0
+    for t in range(2 * L + 3):
+        tok = {kk: v.float() for kk, v in _tokens(batch, heads, head_dim, d_state, groups, device, gen).items()
+               if kk != "out"}
+        y = k.mamba2_replay_step(ckpt, ring_x, ring_dt, ring_B, origin, count, **tok, **p, dt_softplus=True,
+                                 buffer_len=L)
+        y_std = k.mamba2_state_update(std, **tok, **p, dt_softplus=True)
+        err_y = max(err_y, ((y - y_std).abs().max() / y_std.abs().max().clamp_min(1)).item())
+        if (t + 1) % L == 0:
+            err_s = max(err_s, ((ckpt - std).abs().max() / std.abs().max().clamp_min(1)).item())
+    counts_ok = count.tolist() == [(2 * L + 3) % L] * batch
+    # one mixed-phase launch (counts 0..L-1 across rows) against the torch reference
+    batch = max(L, 2)
+    mix = ReplayInputs(batch, heads, head_dim, d_state, groups, L, device, gen, "mixed", cuda=False).copies[0]
+    ref = {kk: v.clone() for kk, v in mix.items()}
+    args = ["state", "ring_x", "ring_dt", "ring_B", "origin", "count", "x", "dt", "B", "C"]
+    y = k.mamba2_replay_step(*[mix[a] for a in args], **p, dt_softplus=True, buffer_len=L,
+                             out=torch.empty(mix["x"].shape, device=device))
+    y_ref = k.mamba2_replay_step_ref(*[ref[a] for a in args], **p, dt_softplus=True, buffer_len=L,
+                                     out=torch.empty(mix["x"].shape, device=device))
+    mixed_y = ((y - y_ref).abs().max() / y_ref.abs().max().clamp_min(1)).item()
+    mixed_state = ((mix["state"] - ref["state"]).abs().max() / ref["state"].abs().max()).item()
+    mixed_ok = torch.equal(mix["count"], ref["count"]) and torch.equal(mix["ring_x"], ref["ring_x"])
+    return dict(seq_y_rel_err=err_y, seq_checkpoint_rel_err=err_s, seq_counts_ok=counts_ok, mixed_y_rel_err=mixed_y,
+                mixed_state_rel_err=mixed_state, mixed_counts_and_records_ok=mixed_ok,
+                ok=bool(err_y < 1e-4 and err_s < 1e-5 and counts_ok and mixed_y < 1e-4 and mixed_state < 1e-5
+                        and mixed_ok))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# main
+
+
+def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
+    k = _load_mamba2()
+    torch_name, torch_step = _torch_step_fn()
+    cuda = device.type == "cuda"
+    shapes = {"smoke": (2, 16, 16, 1)} if args.smoke else MAMBA2_SHAPES
+    if args.shapes:
+        shapes = {name: shapes[name] for name in args.shapes.split(",")}
+    batches = [int(b) for b in args.batches.split(",")] if args.batches else ([2] if args.smoke else BATCHES)
+    L = args.buffer_len
+    replay_sweep = [(8, 4, 1)] if args.smoke else REPLAY_SWEEP
+    standard_sweep = [] if args.smoke else STANDARD_SWEEP
+    if args.no_sweep:
+        replay_sweep = standard_sweep = []
+    checks, rows = {}, []
+    for name, (heads, head_dim, d_state, groups) in shapes.items():
+        if not args.no_check:
+            checks[name] = check(k, heads, head_dim, d_state, groups, L, device, batch=2 if args.smoke else 4)
+            print(f"check {name}: {checks[name]}", flush=True)
+        for batch in batches:
+            gen = torch.Generator(device=device).manual_seed(batch)
+            nbytes = _byte_model(batch, heads, head_dim, d_state, groups, L)
+            row = dict(shape=name, heads=heads, head_dim=head_dim, d_state=d_state, groups=groups, batch=batch,
+                       buffer_len=L, bytes_per_step=nbytes)
+
+            def per_step_us(t):
+                return t["ms"] * 1e3 / L
+
+            # replay, mixed phases: default config and sweep
+            inputs = ReplayInputs(batch, heads, head_dim, d_state, groups, L, device, gen, "mixed", cuda)
+            default_cfg = tuple(k.replay_launch_config(batch, heads, head_dim, d_state)[key] for key in CONFIG_KEYS)
+            sweep, configs = {}, {}
+            for cfg in dict.fromkeys([default_cfg, *replay_sweep]):
+                t = timer(inputs.fn(k._replay_step, _config=_cfg_dict(cfg)))
+                sweep[_cfg_name(cfg)] = dict(us=per_step_us(t), **t, **_compiled_info(k, "replay"))
+                configs[_cfg_name(cfg)] = cfg
+            best_cfg = min(sweep, key=lambda c: sweep[c]["us"])
+            default_key = _cfg_name(default_cfg)
+            best = _cfg_dict(configs[best_cfg])
+            row.update(replay_copies=inputs.n, replay_default_config=default_key, replay_best_config=best_cfg,
+                       replay_sweep=sweep, replay_mixed_default_us=sweep[default_key]["us"],
+                       replay_mixed_us=sweep[best_cfg]["us"])
+            if args.diag:
+                row["diag_replay_mixed_no_ticket_us"] = per_step_us(timer(inputs.fn(
+                    k._replay_step, _config=best, _ticket=False)))
+                row["diag_replay_phase_us"] = _phase_times(k, inputs, timer, L, best)
+            del inputs
+            # replay, all rows in phase
+            inputs = ReplayInputs(batch, heads, head_dim, d_state, groups, L, device, gen, "in_phase", cuda)
+            row["replay_in_phase_us"] = per_step_us(timer(inputs.fn(k._replay_step, _config=best)))
+            row["replay_in_phase_default_us"] = (
+                per_step_us(timer(inputs.fn(k.mamba2_replay_step))) if best_cfg != default_key
+                else row["replay_in_phase_us"])
+            del inputs
+            # standard kernel
+            inputs = StepInputs(batch, heads, head_dim, d_state, groups, L, device, gen, cuda)
+            default_std = tuple(k.state_update_launch_config(batch, heads, head_dim, d_state)[key]
+                                for key in CONFIG_KEYS[:2])
+            sweep = {}
+            for cfg in dict.fromkeys([default_std, *standard_sweep]):
+                t = timer(inputs.kernel_fn(k._state_update, _config=_cfg_dict(cfg)))
+                sweep[_cfg_name(cfg)] = dict(us=per_step_us(t), **t, **_compiled_info(k, "state_update"))
+            best_std = min(sweep, key=lambda c: sweep[c]["us"])
+            row.update(standard_default_config=_cfg_name(default_std), standard_best_config=best_std,
+                       standard_sweep=sweep, standard_default_us=sweep[_cfg_name(default_std)]["us"],
+                       standard_us=sweep[best_std]["us"])
+            # transformers' torch path
+            row["torch_path"] = torch_name
+            row["torch_us"] = per_step_us(timer(inputs.torch_fn(torch_step)))
+            del inputs
+            if cuda:
+                torch.cuda.empty_cache()
+            for key, model in (("replay_mixed", "replay"), ("replay_in_phase", "replay"), ("standard", "standard"),
+                               ("torch", "standard")):
+                gbps = nbytes[model] / (row[f"{key}_us"] * 1e-6) / 1e9
+                row[f"{key}_GBps"] = gbps
+                row[f"{key}_frac_of_copy_bw"] = gbps / copy_bw
+            row["ideal_replay_us_at_copy_bw"] = nbytes["replay"] / (copy_bw * 1e9) * 1e6
+            row["ideal_standard_us_at_copy_bw"] = nbytes["standard"] / (copy_bw * 1e9) * 1e6
+            row["speedup_replay_vs_standard"] = row["standard_us"] / row["replay_mixed_us"]
+            row["speedup_replay_vs_standard_default"] = row["standard_default_us"] / row["replay_mixed_default_us"]
+            row["speedup_replay_in_phase_vs_standard"] = row["standard_us"] / row["replay_in_phase_us"]
+            row["speedup_replay_vs_torch"] = row["torch_us"] / row["replay_mixed_us"]
+            rows.append(row)
+            _print_row(row, header=len(rows) == 1)
+    return rows, checks
+
+
+def _print_row(r, header):
+    if header:
+        print(f"\n{'shape':<16}{'batch':>6} | {'replay step (mixed)':>22} {'in-phase':>9} | "
+              f"{'standard':>20} {'std dflt':>9} | {'torch':>9} | {'x std':>6} {'x std dflt':>10} {'x torch':>8}")
+        print(f"{'':<16}{'':>6} | {'us':>9} {'GB/s':>6} {'%cp':>5} {'us':>9} | {'us':>9} {'GB/s':>6} {'%cp':>4} "
+              f"{'us':>9} | {'us':>9} |")
+    print(f"{r['shape']:<16}{r['batch']:>6} | {r['replay_mixed_us']:>9.2f} {r['replay_mixed_GBps']:>6.0f} "
+          f"{100 * r['replay_mixed_frac_of_copy_bw']:>4.0f}% {r['replay_in_phase_us']:>9.2f} | "
+          f"{r['standard_us']:>9.2f} {r['standard_GBps']:>6.0f} {100 * r['standard_frac_of_copy_bw']:>3.0f}% "
+          f"{r['standard_default_us']:>9.2f} | {r['torch_us']:>9.1f} | {r['speedup_replay_vs_standard']:>6.2f} "
+          f"{r['speedup_replay_vs_standard_default']:>10.2f} {r['speedup_replay_vs_torch']:>8.2f}   "
+          f"[replay {r['replay_best_config']}, std {r['standard_best_config']}]", flush=True)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--family", choices=["mamba2"], default="mamba2")
+    parser.add_argument("--out", type=Path, default=None, help="write all numbers as JSON here")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes, one repetition (CPU / TRITON_INTERPRET)")
+    parser.add_argument("--shapes", default=None, help=f"comma-separated subset of {','.join(MAMBA2_SHAPES)}")
+    parser.add_argument("--batches", default=None, help=f"comma-separated batch sizes (default {BATCHES})")
+    parser.add_argument("--buffer-len", type=int, default=None, help="L (default 16; 4 with --smoke)")
+    parser.add_argument("--no-sweep", action="store_true", help="time only the default launch configurations")
+    parser.add_argument("--no-check", action="store_true", help="skip the on-device correctness check")
+    parser.add_argument("--diag", action="store_true", help="also time single phases and a no-ticket variant")
+    parser.add_argument("--budget-ms", type=float, default=150.0, help="GPU time per measurement")
+    args = parser.parse_args(argv)
+    if args.buffer_len is None:
+        args.buffer_len = 4 if args.smoke else 16
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit("no CUDA device: set TRITON_INTERPRET=1 (and use --smoke) to run the kernels on the CPU")
+    timer = Timer(device, reps=1 if args.smoke else None, budget_ms=args.budget_ms)
+    copy = copy_bandwidth(device, timer, 2**20 if args.smoke else 2**31)
+    copy_bw = copy["best"]
+    import triton
+
+    try:
+        import transformers
+
+        tf_version = transformers.__version__
+    except ImportError:
+        tf_version = None
+    info = dict(
+        device=torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor()})",
+        torch=torch.__version__, triton=triton.__version__, transformers=tf_version,
+        triton_interpret=os.environ.get("TRITON_INTERPRET") == "1", smoke=args.smoke, family=args.family,
+        copy_bandwidth_GBps=copy_bw, copy_bandwidth_variants_GBps=copy, buffer_len=args.buffer_len,
+        timing="CUDA graph of L steps, L2 flushed before each replay, CUDA events, median" if device.type == "cuda"
+        else "perf_counter (interpreter; not meaningful)",
+    )
+    print(f"{info['device']}  torch {info['torch']}  triton {info['triton']}  transformers {tf_version}")
+    print(f"device-to-device copy bandwidth: {copy_bw:.0f} GB/s (read + write)")
+    with torch.inference_mode() if device.type == "cpu" else contextlib.nullcontext():
+        rows, checks = bench_mamba2(args, device, timer, copy_bw)
+    result = dict(info, checks=checks, results=rows)
+    if rows:
+        best = max(rows, key=lambda r: r["speedup_replay_vs_standard"])
+        print(f"\nbest replay vs standard: {best['speedup_replay_vs_standard']:.2f}x ({best['shape']}, batch "
+              f"{best['batch']}); state-only ideal 2L/(L+1) = {2 * args.buffer_len / (args.buffer_len + 1):.2f}x")
+    if checks and not all(c["ok"] for c in checks.values()):
+        print("WARNING: the on-device correctness check failed:", checks)
+    if args.out is not None:
+        args.out.write_text(json.dumps(result, indent=1, default=_json_default))
+        print(f"wrote {args.out}")
+    return result
+
+
+def _json_default(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return str(obj)
+
+
+if __name__ == "__main__":
+    main()

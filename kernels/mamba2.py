@@ -1,0 +1,480 @@
+"""Triton decode-step kernels for Mamba-2 layers: the ReplaySSM replay-or-flush step and the standard step.
+
+Entry points (each with a torch reference of the same signature, re-exported here from
+``hf_replayssm.ops.mamba2_step``):
+
+* :func:`mamba2_replay_step` / :func:`mamba2_replay_step_ref`: one decode token per batch row. Rows whose ring is
+  not full compute ``y`` from the float32 checkpoint plus the buffered records and only append a record; rows that
+  reach ``buffer_len`` fold the records and the token into the checkpoint in place. One launch, decided per row on
+  the device.
+* :func:`mamba2_state_update` / :func:`mamba2_state_update_ref`: the standard step (read state, update, write in
+  place, output), i.e. mamba_ssm's ``selective_state_update`` for Mamba-2 (scalar ``A``/``dt``/``D`` per head).
+
+Shapes (B = batch, H = heads, P = head_dim, G = groups with H % G == 0, N = d_state, R = ring capacity):
+state [B, H, P, N]; ring_x [B, R, H, P]; ring_dt [B, R, H] float32; ring_B [B, R, G, N]; origin, count [B] int32;
+x, z [B, H, P]; dt [B, H]; B, C [B, G, N]; A, D, dt_bias [H]. Every stride is passed to the kernels, so views
+(e.g. slices of a larger pool, x/B/C split out of one projection) work without copies; only ``origin``/``count``
+must be int32.
+
+Design notes:
+
+* Grid ``(cdiv(P, BLOCK_P), B, H)``; each program keeps a ``[BLOCK_P, next_pow2(N)]`` float32 tile of one head's
+  state in registers. No autotuning (the kernels write state); the launch configuration comes from
+  :func:`replay_launch_config` / :func:`state_update_launch_config` (picked from an H200 sweep) and can be
+  overridden through the private ``_config`` argument of ``_replay_step`` / ``_state_update`` (the benchmark
+  sweeps it).
+* Replay math (per program, ``m`` = current token, records ``j < count``; ``la_i = A dt_i``):
+  ``seg_j = sum_{j<i<count} la_i + la_m`` is summed directly over the records in between (never the difference of
+  two long cumulative sums, see ``hf_replayssm/ops/decay.py``), ``lam = sum_{i<count} la_i + la_m``,
+  ``w_j = dt_j exp(seg_j)``; ``y = exp(lam) (S0 C) + sum_j w_j (B_j . C) x_j + dt_m (B_m . C) x_m + D x_m``.
+* Flush: the records and the token are folded by the sequential recurrence ``S = exp(A dt_j) S + dt_j x_j B_j^T``
+  (the standard step's exact arithmetic, so the checkpoint equals what stepping gives), then ``y = S C + D x_m``.
+  All math is fp32 on CUDA cores, no ``tl.dot`` and hence no tf32 question: an ieee ``tl.dot`` for
+  ``X^T diag(w) B`` was tried and needed ~250 registers per thread, which throttled every (non-flush) program of
+  the launch, since a kernel's register allocation is its worst branch's. bf16/fp16 inputs are upcast to fp32
+  right after loading (also required by ``TRITON_INTERPRET=1``).
+* Issue order: the state tile is loaded first, then the row's count/origin and the token, then the records (their
+  addresses wait for origin/count): GPUs issue in order, so a load placed after an instruction that waits on
+  another load (or a barrier) adds a full memory round trip to every program.
+* The per-row phase is read on the device; the count update needs no second launch. Each program reads the count
+  (low 16 bits of ``count[b]``) at its start and takes a ticket with ``atomic_add(count[b], 1 << 16)`` at its end;
+  the program that draws the row's last ticket (every program of the row has read the count by then) writes the
+  new count with an atomic exchange, which also clears the ticket bits. Relaxed atomics suffice (only ``count[b]``
+  is communicated, ordered by that address's coherence). Hence ``buffer_len < 2**16`` and fewer than ``2**15``
+  programs per row (asserted), and ``count`` must not be shared by two launches that run concurrently (e.g. several
+  layers on different streams; sequential launches sharing it would also see each other's updates).
+* ``origin`` is never modified: after a flush the ring restarts at slot ``origin[b]``.
+* Records are appended by the programs that own them: x by every P tile, dt by P tile 0, B by P tile 0 of the first
+  head of each group. The appended slot ``(origin + count) % R`` differs from every slot read in the same launch
+  because ``count + 1 < buffer_len <= R + 1``.
+* Measured on an H200 (``python -m hf_replayssm.kernels.bench``; cold L2, CUDA graphs, averaged over whole cycles
+  of L=16): the replay step is 1.10-1.13x faster than this module's standard step at batch >= 128 and slower at
+  batch <= 8; a non-flush step reads the checkpoint at ~2.9 TB/s (67 % of the copy bandwidth) and a flush launch
+  costs ~3 non-flush ones. See the benchmark's JSON for the numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+
+from hf_replayssm.ops.mamba2_step import mamba2_replay_step_ref, mamba2_state_update_ref
+
+__all__ = [
+    "mamba2_replay_step",
+    "mamba2_replay_step_ref",
+    "mamba2_state_update",
+    "mamba2_state_update_ref",
+    "replay_launch_config",
+    "state_update_launch_config",
+]
+
+_TICKET_SHIFT = 16
+LAST_COMPILED: dict = {}  # last compiled kernel per entry point (n_regs / n_spills for the benchmark)
+
+
+@triton.jit
+def _softplus(x):
+    # torch.nn.functional.softplus (threshold 20) as max(x, 0) + log1p(exp(-|x|)), with log1p(u) ~ u - u^2/2 for
+    # tiny u (plain log(1 + u) would round those to 0).
+    u = tl.exp(-tl.abs(x))
+    log1p_u = tl.where(u < 1e-4, u * (1.0 - 0.5 * u), tl.log(1.0 + u))
+    return tl.where(x > 20.0, x, tl.maximum(x, 0.0) + log1p_u)
+
+
+@triton.jit
+def _token_dt(dt_ptr, dt_bias_ptr, pid_b, h, stride_dt_b, stride_dt_h, stride_dt_bias,
+              HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr):
+    dt = tl.load(dt_ptr + pid_b * stride_dt_b + h * stride_dt_h).to(tl.float32)
+    if HAS_DT_BIAS:
+        dt += tl.load(dt_bias_ptr + h * stride_dt_bias).to(tl.float32)
+    if DT_SOFTPLUS:
+        dt = _softplus(dt)
+    return dt
+
+
+@triton.jit
+def _mamba2_replay_step_kernel(
+    # pointers
+    state_ptr, ring_x_ptr, ring_dt_ptr, ring_B_ptr, origin_ptr, count_ptr,
+    x_ptr, dt_ptr, B_ptr, C_ptr, A_ptr, D_ptr, z_ptr, dt_bias_ptr, y_ptr,
+    # sizes
+    P, N, ring_size, heads_per_group,
+    # strides
+    stride_s_b, stride_s_h, stride_s_p, stride_s_n,
+    stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
+    stride_rdt_b, stride_rdt_r, stride_rdt_h,
+    stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
+    stride_origin, stride_count,
+    stride_x_b, stride_x_h, stride_x_p,
+    stride_dt_b, stride_dt_h,
+    stride_B_b, stride_B_g, stride_B_n,
+    stride_C_b, stride_C_g, stride_C_n,
+    stride_A, stride_D, stride_dt_bias,
+    stride_z_b, stride_z_h, stride_z_p,
+    stride_y_b, stride_y_h, stride_y_p,
+    # meta
+    BUFFER_LEN: tl.constexpr,
+    HAS_D: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr,
+    TICKET: tl.constexpr,
+    FOLD_UNROLL: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    pid_p = tl.program_id(0)
+    pid_b = tl.program_id(1).to(tl.int64)
+    h = tl.program_id(2)
+    group = h // heads_per_group
+
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_r = tl.arange(0, BLOCK_R)
+    mask_p = offs_p < P
+    mask_n = offs_n < N
+    mask_pn = mask_p[:, None] & mask_n[None, :]
+
+    # Issue order matters (in-order issue: an instruction that waits for a load holds back everything after it):
+    # the checkpoint tile first, then the row's phase and the token, then the records (whose addresses wait for
+    # origin/count). The count update (ticket atomic) comes last: an atomic's result is broadcast through a barrier,
+    # which would stall the whole program for a round trip if it were issued here.
+    state_ptrs = (state_ptr + pid_b * stride_s_b + h * stride_s_h
+                  + offs_p[:, None] * stride_s_p + offs_n[None, :] * stride_s_n)
+    s0 = tl.load(state_ptrs, mask=mask_pn, other=0.0).to(tl.float32)
+    # Row phase. Low 16 bits of count[b]: the count (high bits: tickets of this row's programs that already
+    # finished). This program's own ticket is taken after this load (same address, and the value is consumed
+    # first), so the last ticket's update at the end can never be seen here.
+    count_raw = tl.load(count_ptr + pid_b * stride_count, volatile=True)
+    origin = tl.load(origin_ptr + pid_b * stride_origin)
+    # The token: every load before any arithmetic on a loaded value.
+    dt_raw = tl.load(dt_ptr + pid_b * stride_dt_b + h * stride_dt_h)
+    if HAS_DT_BIAS:
+        dt_bias = tl.load(dt_bias_ptr + h * stride_dt_bias)
+    A_h = tl.load(A_ptr + h * stride_A).to(tl.float32)
+    if HAS_D:
+        D_h = tl.load(D_ptr + h * stride_D).to(tl.float32)
+    x_m = tl.load(x_ptr + pid_b * stride_x_b + h * stride_x_h + offs_p * stride_x_p, mask=mask_p, other=0.0)
+    B_m = tl.load(B_ptr + pid_b * stride_B_b + group * stride_B_g + offs_n * stride_B_n, mask=mask_n, other=0.0)
+    C_m = tl.load(C_ptr + pid_b * stride_C_b + group * stride_C_g + offs_n * stride_C_n, mask=mask_n, other=0.0)
+    if HAS_Z:
+        z = tl.load(z_ptr + pid_b * stride_z_b + h * stride_z_h + offs_p * stride_z_p, mask=mask_p, other=0.0)
+
+    # The committed records j < count, slot (origin + j) % R (these addresses wait for origin/count).
+    count = count_raw & 0xFFFF
+    is_flush = count + 1 >= BUFFER_LEN
+    valid = offs_r < count
+    slots = (origin + offs_r) % ring_size
+    x_r = tl.load(ring_x_ptr + pid_b * stride_rx_b + slots[:, None] * stride_rx_r + h * stride_rx_h
+                  + offs_p[None, :] * stride_rx_p, mask=valid[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
+    dt_r = tl.load(ring_dt_ptr + pid_b * stride_rdt_b + slots * stride_rdt_r + h * stride_rdt_h,
+                   mask=valid, other=0.0).to(tl.float32)
+    B_r = tl.load(ring_B_ptr + pid_b * stride_rB_b + slots[:, None] * stride_rB_r + group * stride_rB_g
+                  + offs_n[None, :] * stride_rB_n, mask=valid[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
+
+    dt_m = dt_raw.to(tl.float32)
+    if HAS_DT_BIAS:
+        dt_m += dt_bias.to(tl.float32)
+    if DT_SOFTPLUS:
+        dt_m = _softplus(dt_m)
+    la_m = A_h * dt_m
+    x_f = x_m.to(tl.float32)
+    B_f = B_m.to(tl.float32)
+    C_f = C_m.to(tl.float32)
+
+    if is_flush:
+        # Fold = the sequential recurrence over the records, then the token: the standard step's arithmetic, so
+        # the checkpoint is what stepping would have produced. The record re-reads hit L1/L2 (just read above);
+        # FOLD_UNROLL of them per iteration are in flight together.
+        s = s0
+        for j0 in range(0, count, FOLD_UNROLL):
+            for jj in tl.static_range(FOLD_UNROLL):
+                j = j0 + jj
+                slot_j = (origin + j) % ring_size  # a valid slot even for j >= count (discarded below)
+                dt_j = tl.load(ring_dt_ptr + pid_b * stride_rdt_b + slot_j * stride_rdt_r + h * stride_rdt_h)
+                x_j = tl.load(ring_x_ptr + pid_b * stride_rx_b + slot_j * stride_rx_r + h * stride_rx_h
+                              + offs_p * stride_rx_p, mask=mask_p, other=0.0).to(tl.float32)
+                B_j = tl.load(ring_B_ptr + pid_b * stride_rB_b + slot_j * stride_rB_r + group * stride_rB_g
+                              + offs_n * stride_rB_n, mask=mask_n, other=0.0).to(tl.float32)
+                dt_j = dt_j.to(tl.float32)
+                s = tl.where(j < count, s * tl.exp(A_h * dt_j) + (dt_j * x_j)[:, None] * B_j[None, :], s)
+        s = s * tl.exp(la_m) + (dt_m * x_f)[:, None] * B_f[None, :]
+        tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask_pn)
+        y = tl.sum(s * C_f[None, :], axis=1)
+    else:
+        # Replay. Log decays as direct sums of the terms in between (invalid records contribute 0).
+        la_r = A_h * dt_r
+        after = offs_r[None, :] > offs_r[:, None]  # [j, i]: record i comes after record j
+        seg = tl.sum(tl.where(after, la_r[None, :], 0.0), axis=1) + la_m  # log decay record j -> token m
+        lam = tl.sum(la_r, axis=0) + la_m  # log decay checkpoint -> token m
+        w = tl.where(valid, dt_r * tl.exp(seg), 0.0)
+        bc = tl.sum(B_r * C_f[None, :], axis=1)  # [R]: B_j . C_m
+        bc_m = tl.sum(B_f * C_f, axis=0)
+        y = (tl.exp(lam) * tl.sum(s0 * C_f[None, :], axis=1) + tl.sum((w * bc)[:, None] * x_r, axis=0)
+             + (dt_m * bc_m) * x_f)
+        # Append the token's record: x by every P tile, dt by P tile 0, B by P tile 0 of the group's first head.
+        slot = (origin + count) % ring_size
+        tl.store(ring_x_ptr + pid_b * stride_rx_b + slot * stride_rx_r + h * stride_rx_h + offs_p * stride_rx_p,
+                 x_m.to(ring_x_ptr.dtype.element_ty), mask=mask_p)
+        if pid_p == 0:
+            tl.store(ring_dt_ptr + pid_b * stride_rdt_b + slot * stride_rdt_r + h * stride_rdt_h,
+                     dt_m.to(ring_dt_ptr.dtype.element_ty))
+            if h % heads_per_group == 0:
+                tl.store(ring_B_ptr + pid_b * stride_rB_b + slot * stride_rB_r + group * stride_rB_g
+                         + offs_n * stride_rB_n, B_m.to(ring_B_ptr.dtype.element_ty), mask=mask_n)
+
+    if HAS_D:
+        y += D_h * x_f
+    if HAS_Z:
+        z_f = z.to(tl.float32)
+        y *= z_f * tl.sigmoid(z_f)
+    tl.store(y_ptr + pid_b * stride_y_b + h * stride_y_h + offs_p * stride_y_p,
+             y.to(y_ptr.dtype.element_ty), mask=mask_p)
+
+    if TICKET:
+        # Take a ticket; the program that drew the row's last one (every program of the row has read the count by
+        # then) writes the new count, clearing the ticket bits. Relaxed atomics suffice: only count[b] itself is
+        # communicated, and the exchange is ordered after every ticket by the coherence of that one address.
+        ticket = tl.atomic_add(count_ptr + pid_b * stride_count, 1 << 16, sem="relaxed") >> 16
+        if ticket == tl.num_programs(0) * tl.num_programs(2) - 1:
+            tl.atomic_xchg(count_ptr + pid_b * stride_count, tl.where(is_flush, 0, count + 1), sem="relaxed")
+
+
+@triton.jit
+def _mamba2_state_update_kernel(
+    state_ptr, x_ptr, dt_ptr, B_ptr, C_ptr, A_ptr, D_ptr, z_ptr, dt_bias_ptr, y_ptr,
+    P, N, heads_per_group,
+    stride_s_b, stride_s_h, stride_s_p, stride_s_n,
+    stride_x_b, stride_x_h, stride_x_p,
+    stride_dt_b, stride_dt_h,
+    stride_B_b, stride_B_g, stride_B_n,
+    stride_C_b, stride_C_g, stride_C_n,
+    stride_A, stride_D, stride_dt_bias,
+    stride_z_b, stride_z_h, stride_z_p,
+    stride_y_b, stride_y_h, stride_y_p,
+    HAS_D: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    pid_p = tl.program_id(0)
+    pid_b = tl.program_id(1).to(tl.int64)
+    h = tl.program_id(2)
+    group = h // heads_per_group
+
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_p = offs_p < P
+    mask_n = offs_n < N
+    mask_pn = mask_p[:, None] & mask_n[None, :]
+
+    state_ptrs = (state_ptr + pid_b * stride_s_b + h * stride_s_h
+                  + offs_p[:, None] * stride_s_p + offs_n[None, :] * stride_s_n)
+    s = tl.load(state_ptrs, mask=mask_pn, other=0.0).to(tl.float32)
+    x_f = tl.load(x_ptr + pid_b * stride_x_b + h * stride_x_h + offs_p * stride_x_p,
+                  mask=mask_p, other=0.0).to(tl.float32)
+    B_f = tl.load(B_ptr + pid_b * stride_B_b + group * stride_B_g + offs_n * stride_B_n,
+                  mask=mask_n, other=0.0).to(tl.float32)
+    C_f = tl.load(C_ptr + pid_b * stride_C_b + group * stride_C_g + offs_n * stride_C_n,
+                  mask=mask_n, other=0.0).to(tl.float32)
+    dt = _token_dt(dt_ptr, dt_bias_ptr, pid_b, h, stride_dt_b, stride_dt_h, stride_dt_bias,
+                   HAS_DT_BIAS, DT_SOFTPLUS)
+    A_h = tl.load(A_ptr + h * stride_A).to(tl.float32)
+
+    s = s * tl.exp(A_h * dt) + (dt * x_f)[:, None] * B_f[None, :]
+    tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask_pn)
+    y = tl.sum(s * C_f[None, :], axis=1)
+    if HAS_D:
+        y += tl.load(D_ptr + h * stride_D).to(tl.float32) * x_f
+    if HAS_Z:
+        z = tl.load(z_ptr + pid_b * stride_z_b + h * stride_z_h + offs_p * stride_z_p,
+                    mask=mask_p, other=0.0).to(tl.float32)
+        y *= z * tl.sigmoid(z)
+    tl.store(y_ptr + pid_b * stride_y_b + h * stride_y_h + offs_p * stride_y_p,
+             y.to(y_ptr.dtype.element_ty), mask=mask_p)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# launch configuration
+
+
+def replay_launch_config(batch: int, heads: int, head_dim: int, d_state: int) -> dict:
+    """``block_p`` (P tile), ``num_warps`` and ``fold_unroll`` (records folded per loop iteration on a flush) of
+    the replay step. Measured on an H200 (benchmark sweep, Nemotron-H shapes, batch 1-512): few warps with many
+    state elements per thread were fastest, since each thread then has many independent 16-byte loads in flight
+    and the per-program reductions synchronise fewer warps: [32, 128] tiles on 2 warps from batch * heads >= 2048,
+    [16, 128] on 2 warps below; unrolling the fold did not pay."""
+    block_n = triton.next_power_of_2(d_state)
+    elements = 4096 if batch * heads >= 2048 else 2048
+    block_p = min(triton.next_power_of_2(head_dim), max(1, elements // block_n))
+    return dict(block_p=block_p, num_warps=2, fold_unroll=1)
+
+
+def state_update_launch_config(batch: int, heads: int, head_dim: int, d_state: int) -> dict:
+    """``block_p`` and ``num_warps`` of the standard step: a 4096-element tile on 8 warps (for d_state 128:
+    [32, 128]), the fastest of the benchmark's sweep on an H200 at batch 32 and 256 (92 % of the copy bandwidth;
+    mamba_ssm's table, [4, 128] on 4 warps, was up to 19 % slower)."""
+    block_n = triton.next_power_of_2(d_state)
+    block_p = min(triton.next_power_of_2(head_dim), max(1, 4096 // block_n))
+    return dict(block_p=block_p, num_warps=8 if block_p * block_n >= 2048 else 4)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# wrappers
+
+
+def _device_guard(t: torch.Tensor):
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+def _optional(t: torch.Tensor | None, ref: torch.Tensor) -> torch.Tensor:
+    return ref if t is None else t
+
+
+def _strides(t: torch.Tensor | None, ndim: int) -> tuple[int, ...]:
+    return (0,) * ndim if t is None else tuple(t.stride())
+
+
+def _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias):
+    batch, heads, head_dim, d_state = state.shape
+    assert x.shape == (batch, heads, head_dim), f"x {tuple(x.shape)} vs state {tuple(state.shape)}"
+    assert dt.shape == (batch, heads), f"dt must be [B, H], got {tuple(dt.shape)}"
+    assert B.dim() == 3 and B.shape[0] == batch and B.shape[2] == d_state, f"B must be [B, G, N], got {B.shape}"
+    assert C.shape == B.shape, f"C {tuple(C.shape)} vs B {tuple(B.shape)}"
+    assert heads % B.shape[1] == 0, "heads must be a multiple of groups"
+    assert A.shape == (heads,), f"A must be [H], got {tuple(A.shape)}"
+    assert D is None or D.shape == (heads,), "D must be [H]"
+    assert dt_bias is None or dt_bias.shape == (heads,), "dt_bias must be [H]"
+    assert z is None or z.shape == x.shape, "z must be [B, H, P]"
+    return batch, heads, head_dim, d_state, B.shape[1]
+
+
+def _replay_step(
+    state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=None, z=None, dt_bias=None,
+    dt_softplus=False, buffer_len=16, out=None, _config=None, _ticket=True,
+):
+    """:func:`mamba2_replay_step` with a launch-configuration override (``_config``: dict with ``block_p`` and/or
+    ``num_warps``) and, for diagnostics only, ``_ticket=False`` (count read plainly and left unchanged)."""
+    batch, heads, head_dim, d_state, groups = _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias)
+    ring_size = ring_x.shape[1]
+    assert ring_x.shape == (batch, ring_size, heads, head_dim), f"ring_x must be [B, R, H, P], got {ring_x.shape}"
+    assert ring_dt.shape == (batch, ring_size, heads), f"ring_dt must be [B, R, H], got {tuple(ring_dt.shape)}"
+    assert ring_B.shape == (batch, ring_size, groups, d_state), f"ring_B must be [B, R, G, N], got {ring_B.shape}"
+    assert origin.shape == (batch,) and count.shape == (batch,), "origin and count must be [B]"
+    assert origin.dtype == torch.int32 and count.dtype == torch.int32, "origin and count must be int32"
+    assert 1 <= buffer_len < (1 << _TICKET_SHIFT), "buffer_len out of range"
+    assert ring_size >= max(buffer_len - 1, 1), f"ring capacity {ring_size} < max(buffer_len - 1, 1)"
+    y = torch.empty_like(x) if out is None else out
+    assert y.shape == x.shape
+    cfg = dict(replay_launch_config(batch, heads, head_dim, d_state), **(_config or {}))
+    grid = (triton.cdiv(head_dim, cfg["block_p"]), batch, heads)
+    assert grid[0] * heads < (1 << (31 - _TICKET_SHIFT)), "too many programs per row for the count ticket"
+    with _device_guard(x):
+        LAST_COMPILED["replay"] = _mamba2_replay_step_kernel[grid](
+            state, ring_x, ring_dt, ring_B, origin, count,
+            x, dt, B, C, A, _optional(D, A), _optional(z, x), _optional(dt_bias, A), y,
+            head_dim, d_state, ring_size, heads // groups,
+            *state.stride(), *ring_x.stride(), *ring_dt.stride(), *ring_B.stride(),
+            origin.stride(0), count.stride(0),
+            *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
+            A.stride(0), _strides(D, 1)[0], _strides(dt_bias, 1)[0],
+            *_strides(z, 3), *y.stride(),
+            BUFFER_LEN=buffer_len,
+            HAS_D=D is not None,
+            HAS_Z=z is not None,
+            HAS_DT_BIAS=dt_bias is not None,
+            DT_SOFTPLUS=bool(dt_softplus),
+            TICKET=_ticket,
+            FOLD_UNROLL=cfg["fold_unroll"],
+            BLOCK_P=cfg["block_p"],
+            BLOCK_N=triton.next_power_of_2(d_state),
+            BLOCK_R=triton.next_power_of_2(max(buffer_len - 1, 1)),
+            num_warps=cfg["num_warps"],
+        )
+    return y
+
+
+def _state_update(state, x, dt, B, C, A, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, _config=None):
+    """:func:`mamba2_state_update` with a launch-configuration override (``_config``)."""
+    batch, heads, head_dim, d_state, groups = _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias)
+    y = torch.empty_like(x) if out is None else out
+    assert y.shape == x.shape
+    cfg = dict(state_update_launch_config(batch, heads, head_dim, d_state), **(_config or {}))
+    grid = (triton.cdiv(head_dim, cfg["block_p"]), batch, heads)
+    with _device_guard(x):
+        LAST_COMPILED["state_update"] = _mamba2_state_update_kernel[grid](
+            state, x, dt, B, C, A, _optional(D, A), _optional(z, x), _optional(dt_bias, A), y,
+            head_dim, d_state, heads // groups,
+            *state.stride(), *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
+            A.stride(0), _strides(D, 1)[0], _strides(dt_bias, 1)[0],
+            *_strides(z, 3), *y.stride(),
+            HAS_D=D is not None,
+            HAS_Z=z is not None,
+            HAS_DT_BIAS=dt_bias is not None,
+            DT_SOFTPLUS=bool(dt_softplus),
+            BLOCK_P=cfg["block_p"],
+            BLOCK_N=triton.next_power_of_2(d_state),
+            num_warps=cfg["num_warps"],
+        )
+    return y
+
+
+def mamba2_replay_step(
+    state: torch.Tensor,
+    ring_x: torch.Tensor,
+    ring_dt: torch.Tensor,
+    ring_B: torch.Tensor,
+    origin: torch.Tensor,
+    count: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    A: torch.Tensor,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    buffer_len: int = 16,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Fused ReplaySSM decode step (one launch, phase decided per row on the device).
+
+    state [B, H, P, N] checkpoint (float32 recommended; any float dtype is loaded/stored as such);
+    ring_x [B, R, H, P], ring_dt [B, R, H] float32 (post-softplus), ring_B [B, R, G, N]; origin, count [B] int32;
+    x [B, H, P]; dt [B, H] raw; B, C [B, G, N]; A [H]; D [H]; z [B, H, P]; dt_bias [H]. R >= buffer_len - 1 and
+    0 <= count[b] < buffer_len.
+
+    Row b replays when ``count[b] + 1 < buffer_len`` (output from checkpoint + records, record appended at slot
+    ``(origin[b] + count[b]) % R``, ``count[b] += 1``, state untouched) and flushes otherwise (records + token folded
+    into ``state[b]`` in place, ``count[b] = 0``, ``origin[b]`` unchanged). Returns y [B, H, P] in x's dtype (or
+    ``out``). Same semantics as :func:`mamba2_replay_step_ref`.
+    """
+    return _replay_step(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, dt_softplus,
+                        buffer_len, out)
+
+
+def mamba2_state_update(
+    state: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    A: torch.Tensor,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Standard Mamba-2 decode step: ``S = exp(A dt) S + dt x B^T`` in place, returns ``y = (S C + D x) silu(z)``
+    [B, H, P] in x's dtype (or ``out``). Shapes as :func:`mamba2_replay_step`. Same semantics as
+    :func:`mamba2_state_update_ref`."""
+    return _state_update(state, x, dt, B, C, A, D, z, dt_bias, dt_softplus, out)

@@ -1,0 +1,353 @@
+"""Triton Mamba-2 decode-step kernels (``hf_replayssm.kernels.mamba2``) against their torch references.
+
+Runs without a GPU: every check runs in a subprocess (this file executed as a script) with ``TRITON_INTERPRET=1``
+set before triton is imported, on CPU tensors, so an out-of-bounds access (which segfaults the interpreter) fails
+one test instead of killing pytest. On a CUDA machine the same checks run on the GPU with
+``REPLAYSSM_KERNEL_TEST_DEVICE=cuda`` (same tolerances: the kernels use no tf32). Skipped when triton is not
+installed. Shapes are tiny (the interpreter runs each program in numpy).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+CASES = ["replay_mixed_bf16", "replay_fp32_plain", "state_update", "sequence", "buffer_len_one"]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    if env.get("REPLAYSSM_KERNEL_TEST_DEVICE", "cpu") == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize("case", CASES)
+def test_kernel_matches_reference(case):
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), case], cwd=ROOT, env=_env(),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
+    assert f"OK {case}" in out.stdout, out.stdout[-4000:]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_bench_smoke(tmp_path):
+    result = tmp_path / "bench.json"
+    code = (
+        "import sys; from tests.test_kernels_mamba2 import load_kernel_module; "
+        "bench = load_kernel_module('bench'); "
+        f"bench.main(['--family', 'mamba2', '--smoke', '--out', {str(result)!r}])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
+    data = json.loads(result.read_text())
+    assert data["results"], data
+    row = data["results"][0]
+    for key in ("replay_mixed_us", "replay_in_phase_us", "standard_us", "torch_us", "speedup_replay_vs_standard"):
+        assert row[key] > 0, (key, row)
+    assert "replay step" in out.stdout  # the printed table
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# worker side (runs in the subprocess)
+
+
+def load_kernel_module(name: str):
+    """``hf_replayssm.kernels.<name>`` when the package is installed (kernels/ maps there), else the file itself."""
+    try:
+        return importlib.import_module(f"hf_replayssm.kernels.{name}")
+    except ImportError:
+        spec = importlib.util.spec_from_file_location(f"_replayssm_kernels_{name}", ROOT / "kernels" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        return module
+
+
+def _close(name, got, want, rel):
+    import torch
+
+    got, want = got.double(), want.double()
+    err = (got - want).abs().max().item() if got.numel() else 0.0
+    scale = max(want.abs().max().item() if want.numel() else 0.0, 1.0)
+    print(f"  {name}: max err {err:.3e} (scale {scale:.3g})")
+    assert err <= rel * scale, f"{name}: max err {err:.3e} > {rel:g} * {scale:.3g}"
+    assert torch.isfinite(got).all(), name
+
+
+def _make(device, dtype, batch, heads, groups, head_dim, d_state, ring, *, seed=0, options=True):
+    """Random step inputs; ``options`` adds D, z and dt_bias (dt raw, softplus on)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g) * scale).to(device)
+
+    p = dict(
+        state=rnd(batch, heads, head_dim, d_state),
+        ring_x=rnd(batch, ring, heads, head_dim).to(dtype),
+        ring_dt=(torch.rand(batch, ring, heads, generator=g) * 0.9 + 0.05).to(device),
+        ring_B=rnd(batch, ring, groups, d_state).to(dtype),
+        x=rnd(batch, heads, head_dim).to(dtype),
+        B=rnd(batch, groups, d_state).to(dtype),
+        C=rnd(batch, groups, d_state).to(dtype),
+        A=-(torch.rand(heads, generator=g) * 2 + 0.2).to(device),
+    )
+    if options:
+        p.update(dt=rnd(batch, heads), D=rnd(heads), z=rnd(batch, heads, head_dim).to(dtype),
+                 dt_bias=rnd(heads, scale=0.5), dt_softplus=True)
+    else:
+        p.update(dt=(torch.rand(batch, heads, generator=g) * 0.9 + 0.05).to(device))
+    return p
+
+
+def _cfg(block_p, num_warps=4, fold_unroll=None):
+    """Launch configuration override for ``_replay_step`` / ``_state_update``."""
+    cfg = dict(block_p=block_p, num_warps=num_warps)
+    return cfg if fold_unroll is None else dict(cfg, fold_unroll=fold_unroll)
+
+
+def _clone(p):
+    return {k: (v.clone() if hasattr(v, "clone") else v) for k, v in p.items()}
+
+
+def _replay_args(p, origin, count):
+    keys = ["state", "ring_x", "ring_dt", "ring_B"]
+    rest = {k: v for k, v in p.items() if k not in keys}
+    return [p[k] for k in keys] + [origin, count], rest
+
+
+def _check_replay(k, device, dtype, buffer_len, ring, origins, counts, configs, options, rel, poison=False):
+    import torch
+
+    batch = len(counts)
+    for config in configs:
+        p = _make(device, dtype, batch, heads=4, groups=2, head_dim=24, d_state=20, ring=ring, options=options)
+        origin = torch.tensor(origins, dtype=torch.int32, device=device)
+        count = torch.tensor(counts, dtype=torch.int32, device=device)
+        if poison:  # slots outside the committed window hold NaN: they must never reach the output
+            for b in range(batch):
+                committed = {(origins[b] + j) % ring for j in range(counts[b])}
+                for slot in set(range(ring)) - committed:
+                    for name in ("ring_x", "ring_dt", "ring_B"):
+                        p[name][b, slot] = float("nan")
+        q, origin_ref, count_ref = _clone(p), origin.clone(), count.clone()
+        args, kw = _replay_args(p, origin, count)
+        out = torch.empty(p["x"].shape, dtype=torch.float32, device=device)  # fp32 output: compare before rounding
+        y = k._replay_step(*args, **kw, buffer_len=buffer_len, out=out, _config=config)
+        args_ref, kw_ref = _replay_args(q, origin_ref, count_ref)
+        y_ref = k.mamba2_replay_step_ref(*args_ref, **kw_ref, buffer_len=buffer_len, out=torch.empty_like(out))
+        print(f" config={config} counts={counts} origins={origins}")
+        assert y is out
+        _close("y", y, y_ref, rel)
+        _close("state", p["state"], q["state"], 1e-6)
+        for name in ("ring_x", "ring_B"):  # records are copied as is
+            torch.testing.assert_close(p[name], q[name], rtol=0, atol=0, equal_nan=True)
+        _close("ring_dt", p["ring_dt"].nan_to_num(), q["ring_dt"].nan_to_num(), 1e-6)  # softplus: within an ulp
+        assert torch.equal(count, count_ref) and torch.equal(origin, origin_ref), (count, count_ref)
+        if config != configs[0]:
+            continue
+        # default output dtype = x's dtype
+        p2 = _make(device, dtype, batch, 4, 2, 24, 20, ring, options=options)
+        args2, kw2 = _replay_args(p2, origin.clone().fill_(0), torch.tensor(counts, dtype=torch.int32, device=device))
+        assert k._replay_step(*args2, **kw2, buffer_len=buffer_len, _config=config).dtype == dtype
+
+
+def case_replay_mixed_bf16(k, device):
+    """bf16 inputs, D/z/dt_bias, counts 0..L-1 in one launch (rows flush and replay together), minimal ring
+    R = L - 1 with origins near R - 1 (wrap-around); P=24, N=20 (non powers of two), H=4 > G=2; dot and non-dot
+    BLOCK_P 16 / 8; uncommitted ring slots hold NaN."""
+    import torch
+
+    L = 6
+    _check_replay(k, device, torch.bfloat16, L, ring=L - 1, origins=[4, 3, 4, 2, 4, 1], counts=[0, 1, 2, 3, 4, 5],
+                  configs=[_cfg(16), _cfg(8, 2, fold_unroll=1)], options=True, rel=2e-6, poison=True)
+
+
+def case_replay_fp32_plain(k, device):
+    """fp32 inputs, no D/z/dt_bias/softplus, ring larger than needed (R=7 for L=5), strided (non-contiguous) state,
+    and a count that is not in order."""
+    import torch
+
+    L, R = 5, 7
+    _check_replay(k, device, torch.float32, L, ring=R, origins=[6, 5, 0, 6, 3], counts=[4, 3, 0, 2, 1],
+                  configs=[_cfg(32, fold_unroll=3), _cfg(16, 2)], options=False, rel=2e-6)
+    # strided views: state as a permuted slice of a pool, x/B/C/dt as slices of one projection
+    batch, H, G, P, N = 3, 4, 2, 24, 20
+    p = _make(device, torch.float32, batch, H, G, P, N, R, options=True)
+    pool = torch.randn(batch + 2, H, N, P, device=device)
+    state = pool[1 : batch + 1].transpose(-1, -2)
+    state.copy_(p["state"])
+    proj = torch.randn(batch, H * P + 2 * G * N + H + 5, device=device)
+    x = proj[:, : H * P].view(batch, H, P)
+    Bv = proj[:, H * P : H * P + G * N].view(batch, G, N)
+    Cv = proj[:, H * P + G * N : H * P + 2 * G * N].view(batch, G, N)
+    dtv = proj[:, H * P + 2 * G * N : H * P + 2 * G * N + H]
+    p.update(x=x, B=Bv, C=Cv, dt=dtv)
+    assert not state.is_contiguous()
+    origin = torch.tensor([6, 2, 5], dtype=torch.int32, device=device)
+    count = torch.tensor([4, 1, 3], dtype=torch.int32, device=device)
+    q = _clone(p)
+    q["state"] = state.clone()
+    oref, cref = origin.clone(), count.clone()
+    p["state"] = state
+    args, kw = _replay_args(p, origin, count)
+    y = k._replay_step(*args, **kw, buffer_len=L, _config=_cfg(16))
+    args, kw = _replay_args(q, oref, cref)
+    y_ref = k.mamba2_replay_step_ref(*args, **kw, buffer_len=L)
+    print(" strided views")
+    _close("y", y, y_ref, 2e-6)
+    _close("state", pool[1 : batch + 1].transpose(-1, -2), q["state"], 1e-6)
+    assert torch.equal(count, cref)
+
+
+def case_state_update(k, device):
+    """Standard step: bf16 and fp32 inputs, options present/absent, several BLOCK_P, strided state and out."""
+    import torch
+
+    for dtype, options, block_p in [(torch.bfloat16, True, 4), (torch.float32, False, 16), (torch.float32, True, 32)]:
+        p = _make(device, dtype, 2, 4, 2, 24, 20, 1, options=options)
+        for key in ("ring_x", "ring_dt", "ring_B"):
+            p.pop(key)
+        q = _clone(p)
+        state = p.pop("state")
+        out = torch.empty(p["x"].shape, dtype=torch.float32, device=device)
+        y = k._state_update(state, **p, out=out, _config=_cfg(block_p))
+        ref_state = q.pop("state")
+        y_ref = k.mamba2_state_update_ref(ref_state, **q, out=torch.empty_like(out))
+        print(f" dtype={dtype} options={options} block_p={block_p}")
+        _close("y", y, y_ref, 2e-6)
+        _close("state", state, ref_state, 1e-6)
+    # strided state (permuted pool slice) through the public entry point, bf16 output
+    p = _make(device, torch.bfloat16, 2, 4, 2, 24, 20, 1, options=True)
+    pool = torch.zeros(4, 4, 20, 24, device=device)
+    state = pool[1:3].transpose(-1, -2)
+    state.copy_(p["state"])
+    ref_state = p["state"].clone()
+    rest = {kk: v for kk, v in p.items() if kk not in ("state", "ring_x", "ring_dt", "ring_B")}
+    y = k.mamba2_state_update(state, **rest)
+    y_ref = k.mamba2_state_update_ref(ref_state, **rest)
+    assert y.dtype == torch.bfloat16
+    _close("y strided (bf16)", y.float(), y_ref.float(), 8e-3)
+    _close("state strided", state, ref_state, 1e-6)
+    assert pool[0].abs().max() == 0 and pool[3].abs().max() == 0
+
+
+def case_sequence(k, device):
+    """2L+3 consecutive steps of the replay kernel == the same steps of the standard kernel and of the sequential
+    recurrence (fp32): outputs within 1e-4 relative, checkpoint after the last flush within 1e-5. Row 0 starts with
+    an empty ring, row 1 with one record already buffered (so the rows flush on different steps), ring of the
+    minimal capacity L - 1 starting at its last slot (wrap-around)."""
+    import torch
+
+    from hf_replayssm.ops.mamba2 import ssd_step_reference
+    from hf_replayssm.ops.mamba2_step import mamba2_dt
+
+    L, H, G, P, N = 4, 4, 2, 24, 20
+    steps, R, batch = 2 * L + 3, L - 1, 2
+    g = torch.Generator().manual_seed(1)
+    A = -(torch.rand(H, generator=g) * 1.5 + 0.1)
+    D, dt_bias = torch.randn(H, generator=g), torch.randn(H, generator=g) * 0.5
+    S0 = torch.randn(batch, H, P, N, generator=g)
+    # tokens 0..steps; row 1 has token 0 already in its ring, row 0 starts at token 1
+    xs = torch.randn(batch, steps + 1, H, P, generator=g)
+    dts = torch.randn(batch, steps + 1, H, generator=g)
+    Bs = torch.randn(batch, steps + 1, G, N, generator=g)
+    Cs = torch.randn(batch, steps + 1, G, N, generator=g)
+    zs = torch.randn(batch, steps + 1, H, P, generator=g)
+    dev = {n: t.to(device) for n, t in dict(A=A, D=D, dt_bias=dt_bias).items()}
+
+    ckpt = S0.clone().to(device)
+    ring_x = torch.zeros(batch, R, H, P, device=device)
+    ring_dt = torch.zeros(batch, R, H, device=device)
+    ring_B = torch.zeros(batch, R, G, N, device=device)
+    origin = torch.full((batch,), R - 1, dtype=torch.int32, device=device)
+    count = torch.tensor([0, 1], dtype=torch.int32, device=device)
+    ring_x[1, R - 1], ring_B[1, R - 1] = xs[1, 0].to(device), Bs[1, 0].to(device)
+    ring_dt[1, R - 1] = mamba2_dt(dts[1, 0], dt_bias, True).to(device)
+    # row 1's reference and standard-kernel state start one token earlier
+    std_state = S0.clone()
+    _, s1 = ssd_step_reference(S0[1:2], xs[1:2, :1], mamba2_dt(dts[1:2, :1], dt_bias, True), Bs[1:2, :1],
+                               Cs[1:2, :1], A)
+    std_state[1] = s1[0]
+    std_state = std_state.to(device)
+    ref_state = std_state.clone().cpu()
+
+    last_flush_state = [None, None]
+    for t in range(1, steps + 1):
+        tok = dict(x=xs[:, t], dt=dts[:, t], B=Bs[:, t], C=Cs[:, t], z=zs[:, t])
+        tok_dev = {n: v.to(device) for n, v in tok.items()}
+        flushing = (count + 1 >= L).cpu().tolist()
+        y = k.mamba2_replay_step(ckpt, ring_x, ring_dt, ring_B, origin, count, **tok_dev, **dev, dt_softplus=True,
+                                 buffer_len=L)
+        y_std = k.mamba2_state_update(std_state, **tok_dev, **dev, dt_softplus=True)
+        dtp = mamba2_dt(tok["dt"], dt_bias, True)
+        y_seq, ref_state = ssd_step_reference(ref_state, tok["x"][:, None], dtp[:, None], tok["B"][:, None],
+                                              tok["C"][:, None], A, D)
+        y_seq = y_seq[:, 0] * torch.nn.functional.silu(tok["z"])
+        print(f" step {t}: flush rows {[b for b in range(batch) if flushing[b]]}, count -> {count.tolist()}")
+        _close("y vs sequential", y.cpu(), y_seq, 1e-4)
+        _close("y vs standard kernel", y.cpu(), y_std.cpu(), 1e-4)
+        _close("standard state vs sequential", std_state.cpu(), ref_state, 1e-5)
+        for b in range(batch):
+            if flushing[b]:
+                last_flush_state[b] = ref_state[b].clone()
+    assert all(s is not None for s in last_flush_state)
+    for b in range(batch):
+        _close(f"row {b} checkpoint after its last flush", ckpt[b].cpu(), last_flush_state[b], 1e-5)
+    assert count.tolist() == [(steps) % L, (steps + 1) % L]
+    assert origin.tolist() == [R - 1, R - 1]
+
+
+def case_buffer_len_one(k, device):
+    """buffer_len=1: every step flushes (count stays 0), writes no record and equals the standard kernel."""
+    import torch
+
+    for block_p in (16, 8):
+        p = _make(device, torch.bfloat16, 2, 4, 2, 24, 20, 1, options=True)
+        origin = torch.zeros(2, dtype=torch.int32, device=device)
+        count = torch.zeros(2, dtype=torch.int32, device=device)
+        state_std = p["state"].clone()
+        rest = {kk: v for kk, v in p.items() if kk not in ("state", "ring_x", "ring_dt", "ring_B")}
+        ring_before = [p[name].clone() for name in ("ring_x", "ring_dt", "ring_B")]
+        for _ in range(2):
+            out = torch.empty(p["x"].shape, dtype=torch.float32, device=device)
+            y = k._replay_step(p["state"], p["ring_x"], p["ring_dt"], p["ring_B"], origin, count, **rest,
+                               buffer_len=1, out=out, _config=_cfg(block_p))
+            y_std = k._state_update(state_std, **rest, out=torch.empty_like(out), _config=_cfg(block_p))
+            print(f" block_p={block_p}")
+            _close("y", y, y_std, 1e-6)
+            _close("state", p["state"], state_std, 1e-6)
+            assert count.tolist() == [0, 0]
+        for before, name in zip(ring_before, ("ring_x", "ring_dt", "ring_B"), strict=True):
+            assert torch.equal(before, p[name]), f"{name} written although every step flushes"
+
+
+def _main(case: str) -> None:
+    import time
+
+    import torch
+
+    device = os.environ.get("REPLAYSSM_KERNEL_TEST_DEVICE", "cpu")
+    torch.manual_seed(0)
+    k = load_kernel_module("mamba2")
+    start = time.perf_counter()
+    globals()[f"case_{case}"](k, device)
+    print(f"OK {case} ({time.perf_counter() - start:.1f}s)")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    _main(sys.argv[1])

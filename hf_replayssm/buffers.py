@@ -100,6 +100,10 @@ class RecordRing:
     def clear(self) -> None:
         self.origin = self.num_committed = self.num_pending = 0
 
+    def restart(self) -> None:
+        """Empty, keeping the origin slot (what a kernel that flushed on the device leaves)."""
+        self.num_committed = self.num_pending = 0
+
     def grow(self, capacity: int) -> None:
         """Reallocate to a larger capacity, keeping the records (outside the hot path: only when a larger
         speculative window is requested)."""

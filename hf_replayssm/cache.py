@@ -8,6 +8,7 @@ that receives it, so it needs no config argument.
 from __future__ import annotations
 
 import inspect
+import os
 import weakref
 from collections import Counter
 
@@ -20,7 +21,7 @@ from .adapters.base import active_call
 from .layers import ReplayHybridLayer, ReplayLayer, RollbackError
 from .precision import PrecisionPolicy, resolve_policy
 
-BACKENDS = ("auto", "torch")
+BACKENDS = ("auto", "torch", "triton")
 STAT_KEYS = ("decode_steps", "flushes", "checkpoint_writes", "rolled_back_tokens", "prefills", "tokens",
              "staged_checkpoints")
 
@@ -41,11 +42,33 @@ def _check_count(name: str, value, minimum: int) -> None:
         raise ValueError(f"{name} must be an int >= {minimum}, got {value!r}")
 
 
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 def resolve_backend(backend: str, device: torch.device | None) -> str:
-    """The implementation a bound cache runs: ``"torch"`` (the pure-torch reference) until kernels exist."""
+    """The implementation a bound cache runs, decided once at bind: ``"triton"`` (the fused kernels, where a family
+    has them; other steps stay on the reference) or ``"torch"`` (the pure-torch reference). ``"auto"`` picks Triton
+    on CUDA when triton imports."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    return "torch"
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"
+    on_cuda = device is not None and device.type == "cuda"
+    if backend == "auto":
+        return "triton" if on_cuda and _triton_available() else "torch"
+    if backend == "triton":
+        if not _triton_available():
+            raise ValueError("backend='triton' needs the triton package (pip install triton), or use backend='auto'")
+        if not (on_cuda or interpreted):
+            raise ValueError(
+                f"backend='triton' runs on CUDA devices (the model is on {device}); use backend='auto', or set "
+                "TRITON_INTERPRET=1 to run the kernels on CPU for testing"
+            )
+    return backend
 
 
 class ReplayCache(DynamicCache):
@@ -56,8 +79,10 @@ class ReplayCache(DynamicCache):
             decoding.
         precision: a preset name (see ``hf_replayssm.precision.PRESETS``) or a ``PrecisionPolicy``; or a list of
             them, one per batch row (to compare policies on the same sequence in one batch).
-        backend: ``"auto"`` or ``"torch"`` (the pure-torch reference; Triton kernels come later). Resolved once,
-            when the cache binds to a model (``cache.resolved_backend``).
+        backend: ``"auto"`` (Triton kernels on CUDA when triton imports, else torch), ``"triton"`` or ``"torch"``
+            (the pure-torch reference). Resolved once, when the cache binds to a model (``cache.resolved_backend``).
+            Today the Mamba-2 family's plain decode steps with an fp32 checkpoint run the fused kernel; everything
+            else runs the reference.
         window: record slots reserved for speculative windows (draft tokens per verify) beyond ``buffer_len``.
             A larger window grows the rings when it happens, so this only preallocates; ``generate()`` sets it from
             what transformers will draft. Plain decoding needs none.
@@ -138,6 +163,8 @@ class ReplayCache(DynamicCache):
         self._bound = weakref.ref(model)
         self._bound_ids = {id(m) for m in model.modules() if hasattr(m, "config")}
         self.resolved_backend = resolve_backend(self.backend, next(model.parameters()).device)
+        for layer in self.replay_layers.values():
+            layer.schedule.backend = self.resolved_backend
         if self._recording:
             self.activate_past_recording()
         self.expect_prompt(self._prompt_tokens)
@@ -150,6 +177,7 @@ class ReplayCache(DynamicCache):
             layer_cls = ReplayHybridLayer if isinstance(stock, CacheLayerMixin) else ReplayLayer
             layer = layer_cls(self.buffer_len, self.window, self.policy, layer_idx, recurrence=adapter.recurrence())
             layer.family = adapter.name
+            layer.schedule.backend = self.resolved_backend or "torch"
             layers[layer_idx] = layer
             self._attach(layer, mixer, adapter)
         return layers

@@ -218,6 +218,7 @@ class ReplayLayer(LinearAttentionLayer):
         old = self.schedule
         self.schedule = ReplaySchedule(old.recurrence, old.buffer_len, old.window, old.store.policies,
                                        self.layer_idx)
+        self.schedule.backend = old.backend
         self.has_previous_state[0] = False
         self.is_conv_states_initialized[0] = self.is_recurrent_states_initialized[0] = False
 

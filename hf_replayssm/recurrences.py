@@ -54,6 +54,17 @@ class Mamba2Recurrence:
         # Records do not depend on the state, so folding is exact from any checkpoint.
         return ssd_fold(state, records["x"], records["dt"], records["B"], params["A"])
 
+    @staticmethod
+    def kernel_step(state, ring: Records, origin, count, tokens: Records, params: Records, buffer_len: int):
+        """One decode token through the fused Triton replay-or-flush kernel (``hf_replayssm.kernels.mamba2``)."""
+        from .kernels.mamba2 import mamba2_replay_step
+
+        y = mamba2_replay_step(
+            state, ring["x"], ring["dt"], ring["B"], origin, count, tokens["x"][:, 0], tokens["dt"][:, 0],
+            tokens["B"][:, 0], tokens["C"][:, 0], params["A"], params.get("D"), buffer_len=buffer_len,
+        )
+        return y[:, None].float()
+
     def slice(self, tokens: Records, start: int, stop: int) -> dict:
         return _slice(tokens, self.per_token, start, stop)
 

@@ -161,6 +161,16 @@ class CheckpointStore:
         """State the recurrence continues from at a flush (float32, decoded now)."""
         return self._assemble_from([slot.decode_checkpoint() for slot in self.slots])
 
+    def kernel_state(self) -> torch.Tensor | None:
+        """The float32 checkpoint tensor itself, when a fused kernel may read and update it in place: one policy for
+        every row, an fp32 checkpoint and no read copy. None otherwise (those policies run the torch path)."""
+        if len(self.slots) != 1:
+            return None
+        slot = self.slots[0]
+        if slot.policy.checkpoint_format != "fp32" or slot.read_codec is not None:
+            return None
+        return slot.checkpoint["values"]
+
     def write(self, state: torch.Tensor, position: int) -> None:
         """Store ``state`` as the checkpoint at token ``position``."""
         self.load(self.stage(state, position))

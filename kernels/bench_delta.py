@@ -1,0 +1,629 @@
+"""Decode-step kernel benchmark for gated delta rule layers (Gated DeltaNet, Kimi Delta Attention): ReplaySSM replay
+step vs our standard step vs flash-linear-attention's fused recurrent kernels vs transformers' torch path.
+
+    python -m hf_replayssm.kernels.bench_delta --family gdn --out gdn.json          # installed package, GPU
+    python -m hf_replayssm.kernels.bench_delta --family kda --out kda.json
+    PYTHONPATH=. python kernels/bench_delta.py --family gdn --out gdn.json           # from a checkout
+    TRITON_INTERPRET=1 python -m hf_replayssm.kernels.bench_delta --family gdn --smoke --out /tmp/s.json   # CPU
+
+What is timed (per model shape and batch size; float32 state/checkpoint, bf16 q/k/v and ring keys, float32 beta,
+gates and ring d/g, in-kernel l2 norm of q and k as the models use it):
+
+* ``replay``: :func:`delta_replay_step` averaged over whole cycles of ``L`` (= buffer_len, default 16) launches,
+  i.e. ``((L-1) replay + 1 flush) / L`` per row. Two phase layouts: ``mixed`` (row b's count starts at b mod L, so
+  every launch has rows in every phase, ~1/L of them flushing) and ``in_phase`` (all rows share one count, so one
+  launch in L is a full flush).
+* ``standard``: :func:`delta_state_update` (read state, update, write back, output), default launch configuration
+  and the best of a sweep.
+* ``fla``: flash-linear-attention (when ``import fla`` works): GDN ``fused_recurrent_gated_delta_rule`` (T=1,
+  initial state in, a new final state out: the public API has no in-place state), KDA ``fused_recurrent_kda_fwd``
+  with ``inplace_final_state=True`` (the serving path; the public ``fused_recurrent_kda`` forces out-of-place).
+* ``torch``: transformers' torch recurrence (``torch_recurrent_gated_delta_rule`` of qwen3_next,
+  ``recurrent_kimi_delta_attention`` of kimi_linear, unwrapped from the hub/FLA dispatch), its final state copied
+  back into the cache tensor, or :func:`hf_replayssm.ops.delta_rule.delta_step_reference` when transformers lacks
+  them.
+
+Timing (GPU): one CUDA graph holds ``L`` consecutive steps; before each graph replay the L2 cache is flushed by
+writing a 256 MB buffer, and the replay is timed with CUDA events (median of the repetitions, 20th/80th percentiles
+also stored). Inputs rotate among enough copies (1, 2, 4, 8 or 16, dividing L) that together they exceed twice the
+50 MB L2, so consecutive steps never find their state in L2 either. Device-to-device copy bandwidth (1 GiB
+``copy_``, read + write counted) is measured in the same run.
+
+Bytes counted per step (per batch row): standard = 2|S| + io; replay = |S| (checkpoint read) + |S|/L (flush write,
+amortised) + (L-1)/2 records read on average + (L-1)/L record appends + io, with |S| = Hv*K*V*4, a record =
+Hk*K*2 (raw k) + Hv*V*4 (d) + Hv*4 (GDN g) or Hv*K*4 (KDA g), and io = q, k, v, beta, g reads + o write.
+``GB/s`` = these bytes / time (1 GB = 1e9 B); ``%cp`` = that over the measured copy bandwidth.
+
+A correctness check on the device runs first (replay vs standard kernel over 2L+3 steps, one mixed-phase launch vs
+the torch reference, and the standard kernel vs fla on one step when fla is there); its errors go into the JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import importlib.util
+import json
+import math
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+L2_BYTES = 50 * 2**20
+SHAPES = {  # family: {name: (value heads, key heads, key dim, value dim)}
+    "gdn": {"qwen3-next": (32, 16, 128, 128), "qwen3.5-large": (64, 16, 128, 128)},
+    "kda": {"kimi-linear": (32, 32, 128, 128)},
+}
+SMOKE_SHAPES = {"gdn": {"smoke": (4, 2, 16, 16)}, "kda": {"smoke": (2, 2, 16, 16)}}
+BATCHES = [1, 8, 32, 64, 128, 256, 512]
+REPLAY_SWEEP = [(16, 2), (16, 4), (32, 2), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8)]
+STANDARD_SWEEP = [(8, 1), (8, 2), (16, 1), (16, 2), (16, 4), (32, 1), (32, 2), (32, 4), (64, 4), (64, 8)]
+
+
+def _load(name: str):
+    """A kernels module, from the installed package or, in a plain checkout, from the file next to this one."""
+    try:
+        return importlib.import_module(f"hf_replayssm.kernels.{name}")
+    except ImportError:
+        root = Path(__file__).resolve().parents[1]
+        if str(root) not in sys.path:
+            sys.path.insert(0, str(root))
+        path = Path(__file__).with_name(f"{name}.py")
+        spec = importlib.util.spec_from_file_location(f"_replayssm_kernels_{name}", path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        return module
+
+
+def _fla_step_fn(family: str):
+    """(name, version, fn(state, q, k, v, beta, g, out)) for flash-linear-attention's decode kernel, or None."""
+    try:
+        import fla
+
+        version = getattr(fla, "__version__", "?")
+        if family == "gdn":
+            from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+
+            def step(state, q, k, v, beta, g, out):
+                o, _ = fused_recurrent_gated_delta_rule(q[:, None], k[:, None], v[:, None], g=g[:, None],
+                                                        beta=beta[:, None], initial_state=state,
+                                                        output_final_state=True, use_qk_l2norm_in_kernel=True)
+                return o
+
+            return "fla.ops.gated_delta_rule.fused_recurrent_gated_delta_rule (out-of-place state)", version, step
+        from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+
+        def step(state, q, k, v, beta, g, out):
+            o, _ = fused_recurrent_kda_fwd(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
+                                           initial_state=state, inplace_final_state=True,
+                                           use_qk_l2norm_in_kernel=True, out=out[:, None])
+            return o
+
+        return "fla.ops.kda.fused_recurrent.fused_recurrent_kda_fwd (inplace_final_state)", version, step
+    except Exception as error:  # any import or attribute failure means: no fla arm
+        print(f"  (no fla arm: {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})")
+        return None
+
+
+def _torch_step_fn(family: str):
+    """(name, fn(state, q, k, v, beta, g)) for transformers' torch decode recurrence (state updated in place)."""
+    try:
+        if family == "gdn":
+            from transformers.models.qwen3_next import modeling_qwen3_next as mod
+
+            fn, name = mod.torch_recurrent_gated_delta_rule, "transformers.qwen3_next.torch_recurrent_gated_delta_rule"
+        else:
+            from transformers.models.kimi_linear import modeling_kimi_linear as mod
+
+            fn, name = mod.recurrent_kimi_delta_attention, "transformers.kimi_linear.recurrent_kimi_delta_attention"
+        fn = getattr(fn, "__wrapped__", fn)
+
+        def step(state, q, k, v, beta, g):
+            o, new_state = fn(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], initial_state=state,
+                              output_final_state=True, use_qk_l2norm_in_kernel=True)
+            state.copy_(new_state)
+            return o
+
+        return name + " (torch)", step
+    except (ImportError, AttributeError):
+        from hf_replayssm.ops.delta_step import delta_state_update_ref
+
+        return "hf_replayssm.ops.delta_step.delta_state_update_ref", delta_state_update_ref
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# timing
+
+
+class Timer:
+    def __init__(self, device: torch.device, reps: int | None, budget_ms: float):
+        self.device, self.reps, self.budget_ms = device, reps, budget_ms
+        self.cuda = device.type == "cuda"
+        if self.cuda:
+            self.flush_buf = torch.empty(256 * 2**20, dtype=torch.int8, device=device)
+
+    def __call__(self, fn) -> dict:
+        """Time ``fn`` (cold L2 on GPU); returns milliseconds per call: median, p20, p80, reps."""
+        if not self.cuda:
+            fn()  # compile / warm up
+            times = []
+            for _ in range(self.reps or 1):
+                start = time.perf_counter()
+                fn()
+                times.append((time.perf_counter() - start) * 1e3)
+            return _summary(times)
+        stream = torch.cuda.Stream(self.device)
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream(self.device).wait_stream(stream)
+        torch.cuda.synchronize(self.device)
+        graph = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(graph):
+                fn()
+            replay = graph.replay
+        except RuntimeError as error:  # not capturable: time eagerly (CPU launch overhead included)
+            print(f"  (CUDA graph capture failed, timing eagerly: {str(error).splitlines()[0]})")
+            torch.cuda.synchronize(self.device)
+            graph, replay = None, fn
+        replay()
+        torch.cuda.synchronize(self.device)
+        reps = self.reps
+        if reps is None:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(3):
+                self.flush_buf.zero_()
+                replay()
+            end.record()
+            end.synchronize()
+            reps = int(min(max(self.budget_ms / (start.elapsed_time(end) / 3), 10), 200))
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        for start, end in events:
+            self.flush_buf.zero_()
+            start.record()
+            replay()
+            end.record()
+        torch.cuda.synchronize(self.device)
+        times = [start.elapsed_time(end) for start, end in events]
+        del graph, replay
+        return _summary(times)
+
+
+def _summary(times: list[float]) -> dict:
+    ordered = sorted(times)
+
+    def pct(q):
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return dict(ms=pct(0.5), p20_ms=pct(0.2), p80_ms=pct(0.8), reps=len(times))
+
+
+def copy_bandwidth(device: torch.device, timer: Timer, nbytes: int) -> dict:
+    """Device-to-device copy bandwidth in GB/s (bytes read + written): ``copy_`` (a memcpy) and an elementwise
+    kernel (``mul(src, 1, out=dst)``), each timed eagerly (median of 20, buffers far larger than L2) and through
+    ``timer``. ``best`` is the largest."""
+    src = torch.rand(nbytes // 4, device=device)
+    dst = torch.empty_like(src)
+    variants = {"copy_": lambda: dst.copy_(src), "mul": lambda: torch.mul(src, 1.0, out=dst)}
+    out = {}
+    for name, fn in variants.items():
+        out[f"{name}_timer"] = 2 * nbytes / (timer(fn)["ms"] * 1e-3) / 1e9
+        if device.type == "cuda":
+            fn()
+            times = []
+            for _ in range(20):
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end))
+            out[f"{name}_eager"] = 2 * nbytes / (_summary(times)["ms"] * 1e-3) / 1e9
+    out["best"] = max(out.values())
+    return out
+
+
+def _compiled_info(k, name: str) -> dict:
+    handle = k.LAST_COMPILED.get(name)
+    return {key: getattr(handle, key, None) for key in ("n_regs", "n_spills")}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# inputs
+
+
+def _num_copies(bytes_per_copy: int, L: int, cuda: bool) -> int:
+    if not cuda:
+        return 1
+    n = 1
+    while n < L and n * bytes_per_copy < 2 * L2_BYTES and L % (2 * n) == 0:
+        n *= 2
+    return n
+
+
+def _gate_shape(value_heads: int, key_dim: int, per_key: bool) -> tuple[int, ...]:
+    return (value_heads, key_dim) if per_key else (value_heads,)
+
+
+def _tokens(batch, Hv, Hk, K, V, per_key, device, gen, dtype=torch.bfloat16):
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen, device=device)
+
+    return dict(q=rnd(batch, Hk, K).to(dtype), k=rnd(batch, Hk, K).to(dtype), v=rnd(batch, Hv, V).to(dtype),
+                beta=torch.rand(batch, Hv, generator=gen, device=device) * 0.9 + 0.05,
+                g=-(torch.rand(batch, *_gate_shape(Hv, K, per_key), generator=gen, device=device) * 0.3 + 0.01),
+                out=torch.empty(batch, Hv, V, dtype=dtype, device=device))
+
+
+TOKEN = ("q", "k", "v", "beta", "g")
+RING = ("state", "ring_k", "ring_d", "ring_g", "origin", "count")
+
+
+def _state_bytes(batch, Hv, K, V):
+    return batch * Hv * K * V * 4
+
+
+def _byte_model(batch, Hv, Hk, K, V, per_key, L):
+    S = _state_bytes(batch, Hv, K, V)
+    gate = Hv * K * 4 if per_key else Hv * 4
+    record = batch * (Hk * K * 2 + Hv * V * 4 + gate)
+    io = batch * (2 * Hk * K * 2 + Hv * V * 2 + Hv * 4 + gate + Hv * V * 2)
+    return dict(state=S, record=record, io=io, standard=2 * S + io,
+                replay=S * (1 + 1 / L) + record * ((L - 1) / 2 + (L - 1) / L) + io)
+
+
+class ReplayInputs:
+    def __init__(self, batch, shape, per_key, L, device, gen, phase, cuda):
+        Hv, Hk, K, V = shape
+        R = max(L - 1, 1)
+        self.n = _num_copies(_state_bytes(batch, Hv, K, V), L, cuda)
+        self.L = L
+        self.copies = []
+        rows = torch.arange(batch, device=device, dtype=torch.int32)
+        for c in range(self.n):
+            start = c * (L // self.n)
+            count = (rows + start) % L if phase == "mixed" else torch.full_like(rows, start % L)
+            self.copies.append(dict(
+                state=torch.randn(batch, Hv, K, V, generator=gen, device=device) * 0.1,
+                ring_k=torch.randn(batch, R, Hk, K, generator=gen, device=device).bfloat16(),
+                ring_d=torch.randn(batch, R, Hv, V, generator=gen, device=device) * 0.1,
+                ring_g=-(torch.rand(batch, R, *_gate_shape(Hv, K, per_key), generator=gen, device=device) * 0.3
+                         + 0.01),
+                origin=(rows % R).to(torch.int32),
+                count=count.to(torch.int32).contiguous(),
+                **_tokens(batch, Hv, Hk, K, V, per_key, device, gen),
+            ))
+
+    def fn(self, step, **launch):
+        def run():
+            for i in range(self.L):
+                c = self.copies[i % self.n]
+                step(*[c[n] for n in RING], *[c[n] for n in TOKEN], buffer_len=self.L, out=c["out"], **launch)
+
+        return run
+
+
+class StepInputs:
+    def __init__(self, batch, shape, per_key, L, device, gen, cuda):
+        Hv, Hk, K, V = shape
+        self.n = _num_copies(_state_bytes(batch, Hv, K, V), L, cuda)
+        self.L = L
+        self.copies = [dict(state=torch.randn(batch, Hv, K, V, generator=gen, device=device) * 0.1,
+                            **_tokens(batch, Hv, Hk, K, V, per_key, device, gen)) for _ in range(self.n)]
+
+    def kernel_fn(self, step, **launch):
+        def run():
+            for i in range(self.L):
+                c = self.copies[i % self.n]
+                step(c["state"], *[c[n] for n in TOKEN], out=c["out"], **launch)
+
+        return run
+
+    def fla_fn(self, step):
+        def run():
+            for i in range(self.L):
+                c = self.copies[i % self.n]
+                step(c["state"], *[c[n] for n in TOKEN], c["out"])
+
+        return run
+
+    def torch_fn(self, step):
+        def run():
+            for i in range(self.L):
+                c = self.copies[i % self.n]
+                step(c["state"], *[c[n] for n in TOKEN])
+
+        return run
+
+
+def _phase_times(k, inputs: ReplayInputs, timer: Timer, L: int, cfg) -> dict:
+    """Single-launch replay time with every row at one count (0, L/2, L-2: replay; L-1: flush), in us. Each timed
+    graph resets ``count`` first (a tiny copy, timed alone and subtracted)."""
+    c = inputs.copies[0]
+    saved = c["count"].clone()
+    target = torch.empty_like(c["count"])
+    reset_only = timer(lambda: c["count"].copy_(target))["ms"]
+    out = {}
+    for count in sorted({0, L // 2, max(L - 2, 0), L - 1}):
+        target.fill_(count)
+
+        def run():
+            c["count"].copy_(target)
+            k._replay_step(*[c[n] for n in RING], *[c[n] for n in TOKEN], buffer_len=L, out=c["out"],
+                           _block_v=cfg[0], _num_warps=cfg[1])
+
+        out[f"count{count}{'_flush' if count == L - 1 else ''}"] = (timer(run)["ms"] - reset_only) * 1e3
+    c["count"].copy_(saved)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# correctness check on the device
+
+
+def _rel(got, want) -> float:
+    return ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1)).item()
+
+
+def check(k, shape, per_key, L, device, fla_step=None, batch=4) -> dict:
+    """Replay kernel vs standard kernel over 2L+3 in-phase steps (fp32 tokens), one mixed-phase launch vs the torch
+    reference, and (when given) the standard kernel vs fla on one step. Returns max errors relative to the output /
+    state scale."""
+    Hv, Hk, K, V = shape
+    gen = torch.Generator(device=device).manual_seed(0)
+    R = max(L - 1, 1)
+    ckpt = torch.randn(batch, Hv, K, V, generator=gen, device=device) * 0.1
+    std = ckpt.clone()
+    ring_k = torch.zeros(batch, R, Hk, K, device=device)
+    ring_d = torch.zeros(batch, R, Hv, V, device=device)
+    ring_g = torch.zeros(batch, R, *_gate_shape(Hv, K, per_key), device=device)
+    origin = torch.arange(batch, dtype=torch.int32, device=device) % R
+    count = torch.zeros(batch, dtype=torch.int32, device=device)
+    err_o = err_s = 0.0
+    for t in range(2 * L + 3):
+        tok = _tokens(batch, Hv, Hk, K, V, per_key, device, gen, dtype=torch.float32)
+        del tok["out"]
+        o = k.delta_replay_step(ckpt, ring_k, ring_d, ring_g, origin, count, **tok, buffer_len=L)
+        o_std = k.delta_state_update(std, **tok)
+        err_o = max(err_o, _rel(o, o_std))
+        if (t + 1) % L == 0:
+            err_s = max(err_s, _rel(ckpt, std))
+    counts_ok = count.tolist() == [(2 * L + 3) % L] * batch
+    # one mixed-phase launch (counts 0..L-1 across rows) against the torch reference
+    mix_batch = max(L, 2)
+    mix = ReplayInputs(mix_batch, shape, per_key, L, device, gen, "mixed", cuda=False).copies[0]
+    ref = {name: t.clone() for name, t in mix.items()}
+    o = k.delta_replay_step(*[mix[n] for n in RING], *[mix[n] for n in TOKEN], buffer_len=L,
+                            out=torch.empty(mix["v"].shape, device=device))
+    o_ref = k.delta_replay_step_ref(*[ref[n] for n in RING], *[ref[n] for n in TOKEN], buffer_len=L,
+                                    out=torch.empty(mix["v"].shape, device=device))
+    result = dict(seq_o_rel_err=err_o, seq_checkpoint_rel_err=err_s, seq_counts_ok=counts_ok,
+                  mixed_o_rel_err=_rel(o, o_ref), mixed_state_rel_err=_rel(mix["state"], ref["state"]),
+                  mixed_ring_d_rel_err=_rel(mix["ring_d"], ref["ring_d"]),
+                  mixed_counts_and_keys_ok=bool(torch.equal(mix["count"], ref["count"])
+                                                and torch.equal(mix["ring_k"], ref["ring_k"])
+                                                and torch.equal(mix["ring_g"], ref["ring_g"])))
+    ok = (err_o < 1e-4 and err_s < 1e-5 and counts_ok and result["mixed_o_rel_err"] < 1e-4
+          and result["mixed_state_rel_err"] < 1e-5 and result["mixed_ring_d_rel_err"] < 1e-4
+          and result["mixed_counts_and_keys_ok"])
+    if fla_step is not None:
+        tok = _tokens(batch, Hv, Hk, K, V, per_key, device, gen)
+        state = torch.randn(batch, Hv, K, V, generator=gen, device=device) * 0.1
+        state_fla = state.clone()
+        out = torch.empty(tok["v"].shape, device=device)
+        o = k.delta_state_update(state, *[tok[n] for n in TOKEN], out=out)
+        if per_key:  # in place
+            o_fla = fla_step(state_fla, *[tok[n] for n in TOKEN], torch.empty_like(tok["out"]))
+        else:  # new final state: rerun through fla's own API to get it
+            from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+
+            o_fla, state_fla = fused_recurrent_gated_delta_rule(
+                *[tok[n][:, None] for n in ("q", "k", "v")], g=tok["g"][:, None], beta=tok["beta"][:, None],
+                initial_state=state_fla, output_final_state=True, use_qk_l2norm_in_kernel=True)
+        result.update(fla_o_rel_err=_rel(o, o_fla.reshape(o.shape)), fla_state_rel_err=_rel(state, state_fla))
+        ok = ok and result["fla_o_rel_err"] < 2e-2 and result["fla_state_rel_err"] < 1e-4  # fla's o is bf16
+    result["ok"] = bool(ok)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# main
+
+
+def _key(cfg) -> str:
+    return f"{cfg[0]}x{cfg[1]}"
+
+
+def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
+    k = _load("delta_rule")
+    torch_name, torch_step = _torch_step_fn(args.family)
+    fla = None if args.no_fla else _fla_step_fn(args.family)
+    per_key = args.family == "kda"
+    cuda = device.type == "cuda"
+    shapes = SMOKE_SHAPES[args.family] if args.smoke else SHAPES[args.family]
+    if args.shapes:
+        shapes = {name: shapes[name] for name in args.shapes.split(",")}
+    batches = [int(b) for b in args.batches.split(",")] if args.batches else ([2] if args.smoke else BATCHES)
+    L = args.buffer_len
+    replay_sweep = [] if (args.smoke or args.no_sweep) else REPLAY_SWEEP
+    standard_sweep = [] if (args.smoke or args.no_sweep) else STANDARD_SWEEP
+    checks, rows = {}, []
+    arms = dict(torch=torch_name, fla=fla[0] if fla else None, fla_version=fla[1] if fla else None)
+    for name, shape in shapes.items():
+        Hv, Hk, K, V = shape
+        if not args.no_check:
+            checks[name] = check(k, shape, per_key, L, device, fla[2] if fla else None, batch=2 if args.smoke else 4)
+            print(f"check {name}: {checks[name]}", flush=True)
+        for batch in batches:
+            gen = torch.Generator(device=device).manual_seed(batch)
+            nbytes = _byte_model(batch, Hv, Hk, K, V, per_key, L)
+            row = dict(shape=name, value_heads=Hv, key_heads=Hk, key_dim=K, value_dim=V, gate="per-key" if per_key
+                       else "scalar", batch=batch, buffer_len=L, bytes_per_step=nbytes)
+
+            def per_step_us(t):
+                return t["ms"] * 1e3 / L
+
+            # replay, mixed phases: default config and sweep
+            inputs = ReplayInputs(batch, shape, per_key, L, device, gen, "mixed", cuda)
+            default_cfg = k.replay_launch_config(batch, Hv, K, V, per_key)
+            sweep = {}
+            for cfg in dict.fromkeys([default_cfg, *[c for c in replay_sweep if c[0] <= max(16, V)]]):
+                t = timer(inputs.fn(k._replay_step, _block_v=cfg[0], _num_warps=cfg[1]))
+                sweep[_key(cfg)] = dict(us=per_step_us(t), **t, **_compiled_info(k, "replay"))
+            best_cfg = min(sweep, key=lambda c: sweep[c]["us"])
+            bv, nw = (int(x) for x in best_cfg.split("x"))
+            row.update(replay_copies=inputs.n, replay_default_config=_key(default_cfg), replay_best_config=best_cfg,
+                       replay_sweep=sweep, replay_mixed_default_us=sweep[_key(default_cfg)]["us"],
+                       replay_mixed_us=sweep[best_cfg]["us"])
+            if args.diag:
+                row["diag_replay_mixed_no_ticket_us"] = per_step_us(timer(inputs.fn(
+                    k._replay_step, _block_v=bv, _num_warps=nw, _ticket=False)))
+                row["diag_replay_phase_us"] = _phase_times(k, inputs, timer, L, (bv, nw))
+                other = not k.flush_uses_dot(per_key)
+                row[f"diag_replay_mixed_flush_{'dot' if other else 'loop'}_us"] = per_step_us(timer(inputs.fn(
+                    k._replay_step, _block_v=bv, _num_warps=nw, _flush_dot=other)))
+            del inputs
+            # replay, all rows in phase
+            inputs = ReplayInputs(batch, shape, per_key, L, device, gen, "in_phase", cuda)
+            row["replay_in_phase_us"] = per_step_us(timer(inputs.fn(k._replay_step, _block_v=bv, _num_warps=nw)))
+            del inputs
+            # standard kernel, fla, torch
+            inputs = StepInputs(batch, shape, per_key, L, device, gen, cuda)
+            default_std = k.state_update_launch_config(batch, Hv, K, V, per_key)
+            sweep = {}
+            for cfg in dict.fromkeys([default_std, *[c for c in standard_sweep if c[0] <= max(8, V)]]):
+                t = timer(inputs.kernel_fn(k._state_update, _block_v=cfg[0], _num_warps=cfg[1]))
+                sweep[_key(cfg)] = dict(us=per_step_us(t), **t, **_compiled_info(k, "state_update"))
+            best_std = min(sweep, key=lambda c: sweep[c]["us"])
+            row.update(standard_default_config=_key(default_std), standard_best_config=best_std,
+                       standard_sweep=sweep, standard_default_us=sweep[_key(default_std)]["us"],
+                       standard_us=sweep[best_std]["us"])
+            row["fla_us"] = per_step_us(timer(inputs.fla_fn(fla[2]))) if fla else None
+            if not args.no_torch:
+                row["torch_us"] = per_step_us(timer(inputs.torch_fn(torch_step)))
+            del inputs
+            if cuda:
+                torch.cuda.empty_cache()
+            for key, model in (("replay_mixed", "replay"), ("replay_in_phase", "replay"), ("standard", "standard"),
+                               ("fla", "standard"), ("torch", "standard")):
+                if row.get(f"{key}_us"):
+                    gbps = nbytes[model] / (row[f"{key}_us"] * 1e-6) / 1e9
+                    row[f"{key}_GBps"] = gbps
+                    row[f"{key}_frac_of_copy_bw"] = gbps / copy_bw
+            row["ideal_replay_us_at_copy_bw"] = nbytes["replay"] / (copy_bw * 1e9) * 1e6
+            row["ideal_standard_us_at_copy_bw"] = nbytes["standard"] / (copy_bw * 1e9) * 1e6
+            row["ideal_speedup_bytes"] = nbytes["standard"] / nbytes["replay"]
+            row["speedup_replay_vs_standard"] = row["standard_us"] / row["replay_mixed_us"]
+            row["speedup_replay_vs_standard_default"] = row["standard_default_us"] / row["replay_mixed_default_us"]
+            row["speedup_replay_in_phase_vs_standard"] = row["standard_us"] / row["replay_in_phase_us"]
+            row["speedup_standard_vs_fla"] = row["fla_us"] / row["standard_us"] if row["fla_us"] else None
+            row["speedup_replay_vs_fla"] = row["fla_us"] / row["replay_mixed_us"] if row["fla_us"] else None
+            if row.get("torch_us"):
+                row["speedup_replay_vs_torch"] = row["torch_us"] / row["replay_mixed_us"]
+            rows.append(row)
+            _print_row(row, header=len(rows) == 1)
+    return rows, checks, arms
+
+
+def _fmt(x, width, prec=2):
+    return f"{x:>{width}.{prec}f}" if x else f"{'-':>{width}}"
+
+
+def _print_row(r, header):
+    if header:
+        print(f"\n{'shape':<14}{'batch':>6} | {'replay step (mixed)':>21} {'in-phase':>9} | {'standard':>20} "
+              f"{'std dflt':>9} | {'fla':>15} | {'torch':>9} | {'x std':>6} {'x fla':>6} {'x torch':>7} "
+              f"{'ideal':>6}")
+        print(f"{'':<14}{'':>6} | {'us':>9} {'GB/s':>6} {'%cp':>4} {'us':>9} | {'us':>9} {'GB/s':>6} {'%cp':>4} "
+              f"{'us':>9} | {'us':>9} {'%cp':>4} | {'us':>9} |")
+    fla_pct = 100 * r["fla_frac_of_copy_bw"] if r.get("fla_us") else None
+    print(f"{r['shape']:<14}{r['batch']:>6} | {r['replay_mixed_us']:>9.2f} {r['replay_mixed_GBps']:>6.0f} "
+          f"{100 * r['replay_mixed_frac_of_copy_bw']:>3.0f}% {r['replay_in_phase_us']:>9.2f} | "
+          f"{r['standard_us']:>9.2f} {r['standard_GBps']:>6.0f} {100 * r['standard_frac_of_copy_bw']:>3.0f}% "
+          f"{r['standard_default_us']:>9.2f} | {_fmt(r['fla_us'], 9)} {_fmt(fla_pct, 3, 0)}% | "
+          f"{_fmt(r.get('torch_us'), 9, 1)} | {r['speedup_replay_vs_standard']:>6.2f} "
+          f"{_fmt(r['speedup_replay_vs_fla'], 6)} {_fmt(r.get('speedup_replay_vs_torch'), 7)} "
+          f"{r['ideal_speedup_bytes']:>6.2f}   [replay {r['replay_best_config']}, std {r['standard_best_config']}]",
+          flush=True)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--family", choices=sorted(SHAPES), default="gdn")
+    parser.add_argument("--out", type=Path, default=None, help="write all numbers as JSON here")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes, one repetition (CPU / TRITON_INTERPRET)")
+    parser.add_argument("--shapes", default=None, help="comma-separated subset of "
+                        + "; ".join(f"{f}: {','.join(s)}" for f, s in SHAPES.items()))
+    parser.add_argument("--batches", default=None, help=f"comma-separated batch sizes (default {BATCHES})")
+    parser.add_argument("--buffer-len", type=int, default=None, help="L (default 16; 4 with --smoke)")
+    parser.add_argument("--no-sweep", action="store_true", help="time only the default launch configurations")
+    parser.add_argument("--no-check", action="store_true", help="skip the on-device correctness check")
+    parser.add_argument("--no-fla", action="store_true", help="skip the flash-linear-attention arm")
+    parser.add_argument("--no-torch", action="store_true", help="skip the transformers torch arm")
+    parser.add_argument("--diag", action="store_true", help="also time single phases and a no-ticket variant")
+    parser.add_argument("--budget-ms", type=float, default=150.0, help="GPU time per measurement")
+    args = parser.parse_args(argv)
+    if args.buffer_len is None:
+        args.buffer_len = 4 if args.smoke else 16
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit("no CUDA device: set TRITON_INTERPRET=1 (and use --smoke) to run the kernels on the CPU")
+    timer = Timer(device, reps=1 if args.smoke else None, budget_ms=args.budget_ms)
+    copy = copy_bandwidth(device, timer, 2**20 if args.smoke else 2**30)
+    copy_bw = copy["best"]
+    import triton
+
+    try:
+        import transformers
+
+        tf_version = transformers.__version__
+    except ImportError:
+        tf_version = None
+    info = dict(
+        device=torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor()})",
+        torch=torch.__version__, triton=triton.__version__, transformers=tf_version, python=platform.python_version(),
+        triton_interpret=os.environ.get("TRITON_INTERPRET") == "1", smoke=args.smoke, family=args.family,
+        copy_bandwidth_GBps=copy_bw, copy_bandwidth_variants_GBps=copy, buffer_len=args.buffer_len,
+        timing="CUDA graph of L steps, L2 flushed before each replay, CUDA events, median" if device.type == "cuda"
+        else "perf_counter (interpreter; not meaningful)",
+    )
+    print(f"{info['device']}  torch {info['torch']}  triton {info['triton']}  transformers {tf_version}")
+    print(f"device-to-device copy bandwidth: {copy_bw:.0f} GB/s (read + write)")
+    with torch.inference_mode() if device.type == "cpu" else contextlib.nullcontext():
+        rows, checks, arms = bench_family(args, device, timer, copy_bw)
+    info.update(arms=arms, fla=arms["fla_version"])
+    result = dict(info, checks=checks, results=rows)
+    if rows:
+        best = max(rows, key=lambda r: r["speedup_replay_vs_standard"])
+        print(f"\nbest replay vs standard: {best['speedup_replay_vs_standard']:.2f}x ({best['shape']}, batch "
+              f"{best['batch']}); byte-model ideal {best['ideal_speedup_bytes']:.2f}x")
+        fla_rows = [r for r in rows if r["speedup_replay_vs_fla"]]
+        if fla_rows:
+            best = max(fla_rows, key=lambda r: r["speedup_replay_vs_fla"])
+            print(f"best replay vs fla: {best['speedup_replay_vs_fla']:.2f}x ({best['shape']}, batch {best['batch']})")
+    if checks and not all(c["ok"] for c in checks.values()):
+        print("WARNING: the on-device correctness check failed:", checks)
+    if args.out is not None:
+        args.out.write_text(json.dumps(result, indent=1, default=_json_default))
+        print(f"wrote {args.out}")
+    return result
+
+
+def _json_default(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    return str(obj)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,523 @@
+"""Triton decode-step kernels for gated delta rule layers (Gated DeltaNet and Kimi Delta Attention): the ReplaySSM
+replay-or-flush step and the standard step.
+
+Entry points (each with a torch reference of the same signature, re-exported here from
+``hf_replayssm.ops.delta_step``):
+
+* :func:`delta_replay_step` / :func:`delta_replay_step_ref`: one decode token per batch row. Rows whose ring is not
+  full compute the output and the token's corrected value from the float32 checkpoint plus the buffered records and
+  only append a record; rows that reach ``buffer_len`` fold the records and the token into the checkpoint in place.
+  One launch, decided per row on the device.
+* :func:`delta_state_update` / :func:`delta_state_update_ref`: the standard step (read state, update, write in
+  place, output), i.e. flash-linear-attention's ``fused_recurrent_gated_delta_rule`` / ``fused_recurrent_kda`` for
+  one token with an in-place state.
+
+Shapes (B = batch, Hk = key heads, Hv = value heads, Hv % Hk == 0 and value head h reads key head h // (Hv / Hk),
+K = key dim <= 256, V = value dim, R = ring capacity; FLA writes the same tensors as [B, T, H, K] with T = 1):
+state [B, Hv, K, V] (key-major, transformers' layout); ring_k [B, R, Hk, K] raw keys; ring_d [B, R, Hv, V] float32;
+ring_g [B, R, Hv] (GDN) or [B, R, Hv, K] (KDA) float32; origin, count [B] int32; q, k [B, Hk, K] raw (before l2
+normalisation); v [B, Hv, V]; beta [B, Hv]; g [B, Hv] (GDN) or [B, Hv, K] (KDA), log decays. Every stride is passed
+to the kernels, so views (slices of a pool, q/k/v split out of one projection) work without copies; only
+``origin``/``count`` must be int32. The gate kind is ``g.dim()`` (a constexpr of the kernels).
+
+Math (per value head; keys and queries l2-normalised in float32 on read, queries scaled; c = log decay since the
+checkpoint): ``P_t = diag(exp(g_t)) S_{t-1}``, ``d_t = beta_t (v_t - P_t^T k_t)``, ``S_t = P_t + k_t d_t^T``,
+``o_t = S_t^T q_t = P_t^T q_t + (k_t . q_t) d_t``, and with records j < count
+
+    P_t^T u = S0^T (exp(c_t) * u) + sum_j ((exp(s_j) * k_j) . u) d_j,   s_j = sum_{j<i<count} g_i + g_t
+
+(``*`` per key channel for KDA, a scalar for GDN). The decays ``s_j`` are direct sums of the terms in between (a
+reverse cumulative sum over the records read in logical order, shifted by one record), never differences of two
+cumulative sums (see ``hf_replayssm/ops/decay.py``); ``c_t = g_0 + s_0``.
+
+Design notes:
+
+* Grid ``(cdiv(V, BLOCK_V), B, Hv)``: a program owns a ``[next_pow2(K), BLOCK_V]`` float32 tile of one (row, value
+  head)'s state in registers; the V tiles of one head are neighbours in launch order, so the records they all read
+  (keys, gates) come from L2. No autotuning (the kernels write state); launch configurations come from
+  :func:`replay_launch_config` / :func:`state_update_launch_config` and can be overridden through the private
+  ``_block_v`` / ``_num_warps`` (and ``_flush_dot``) arguments of ``_replay_step`` / ``_state_update`` (the
+  benchmark sweeps them).
+* ``K``, ``V`` and every stride except the batch strides are compile-time constants (as FLA does for K and V): the
+  masks of full tiles fold away and tile addresses become immediate offsets, which cut the registers per program by
+  a quarter to a third (e.g. replay [128, 64] x 4 warps: 231 -> 168, so 3 instead of 2 programs per SM). Views
+  still work; each distinct stride set compiles once. Record counts are never specialised on.
+* Replay program: reads its S0 tile once and forms ``S0^T (exp(c) u)`` for u in {q, k_t}; the records (``count``
+  of them, read in logical order: keys [R, K] normalised on the fly, d [R, BLOCK_V], gates) add
+  ``sum_j w_j(u) d_j``. Flush program: also builds ``S = diag(exp(c)) S0 + (exp(s) * K_rec)^T D_rec + k_t d_t^T``
+  and stores it in place; the record sum is either one ``tl.dot`` (``FLUSH_PRECISION`` "tf32x3": float32 accuracy
+  on tensor cores; the default for GDN) or a loop over the records re-read from L1, newest first (fewer registers;
+  the default for KDA, whose per-key tiles would spill with the dot), see :func:`flush_uses_dot`. bf16/fp16 inputs
+  are upcast to fp32 right after loading (also required by ``TRITON_INTERPRET=1``).
+* The per-row phase is read on the device with a variant of the ticket scheme of ``kernels/mamba2.py``: every
+  program reads ``count[b]`` with a plain load (low 16 bits) and then takes one ``atomic_add(count[b], 1 << 16)``
+  ticket, whose value it only needs at its end; the program that drew the row's last ticket writes the new count
+  (an atomic exchange, which also clears the ticket bits). Each read precedes its own ticket (same address) and
+  every ticket precedes the exchange, so all programs of the row see the old count, without waiting for an atomic
+  before the record loads (a plain L2 read is on that path instead; the atomic on it cost ~13 % at batch 256).
+  Hence ``buffer_len < 2**16`` and fewer than ``2**15`` programs per row (asserted), and ``count`` must not be
+  shared by two launches that run concurrently.
+* Only the committed records are read (loads masked by ``position < count``, so uncommitted slots, whatever they
+  hold, never reach the arithmetic and cost no bandwidth). ``origin`` is never modified: after a flush the ring
+  restarts at slot ``origin[b]``.
+* Records are appended by the programs that own them: d by every V tile, g by V tile 0, the raw key by V tile 0 of
+  the first value head of each key group (one writer per key head). The appended slot ``(origin + count) % R``
+  differs from every slot read in the same launch because ``count + 1 < buffer_len <= R + 1``.
+
+Measured on an H200 (triton 3.6, qwen3-next GDN shape 32/16 heads of 128, batch 256, L = 16, before K/V became
+constexpr): standard step 280 us (91-93 % of copy bandwidth; FLA's fused_recurrent 365 us), replay cycle 332 us
+(44 %: the replay program is latency/occupancy-bound, not bandwidth-bound; with no records at all it still takes
+279 us). KDA (kimi-linear): standard 280 us, replay 518 us. See the benchmark ``kernels/bench_delta.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+import triton
+import triton.language as tl
+
+from hf_replayssm.ops.delta_step import delta_replay_step_ref, delta_state_update_ref
+
+__all__ = [
+    "delta_replay_step",
+    "delta_replay_step_ref",
+    "delta_state_update",
+    "delta_state_update_ref",
+    "flush_uses_dot",
+    "replay_launch_config",
+    "state_update_launch_config",
+]
+
+_TICKET_SHIFT = 16
+FLUSH_PRECISION = "tf32x3"  # input precision of the flush's tl.dot ("ieee": exact fp32 FMA, more registers)
+MAX_KEY_DIM = 256
+LAST_COMPILED: dict = {}  # last compiled kernel per entry point (n_regs / n_spills for the benchmark)
+
+
+@triton.jit
+def _l2norm_rows(x, USE_QK_L2NORM: tl.constexpr):
+    """x [R, K] float32 -> rows scaled by rsqrt(sum(x^2) + 1e-6) (zero rows stay zero)."""
+    if USE_QK_L2NORM:
+        x = x * tl.rsqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
+    return x
+
+
+@triton.jit
+def _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, pid_b, pid_h, hk, offs_k, mask_k, offs_v, mask_v, scale,
+                stride_q_b, stride_q_h, stride_q_k, stride_k_b, stride_k_h, stride_k_k,
+                stride_v_b, stride_v_h, stride_v_v, stride_beta_b, stride_beta_h, stride_g_b, stride_g_h, stride_g_k,
+                GATE_PER_KEY: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
+    """The token's raw k (storage dtype), q (normalised, scaled) and k (normalised) [K], v [BLOCK_V], beta and g
+    (scalar, or [K] per key channel), all float32 but the raw k."""
+    k_raw = tl.load(k_ptr + pid_b * stride_k_b + hk * stride_k_h + offs_k * stride_k_k, mask=mask_k, other=0.0)
+    k_t = k_raw.to(tl.float32)
+    q_t = tl.load(q_ptr + pid_b * stride_q_b + hk * stride_q_h + offs_k * stride_q_k,
+                  mask=mask_k, other=0.0).to(tl.float32)
+    if USE_QK_L2NORM:
+        q_t = q_t * tl.rsqrt(tl.sum(q_t * q_t, axis=0) + 1e-6)
+        k_t = k_t * tl.rsqrt(tl.sum(k_t * k_t, axis=0) + 1e-6)
+    q_t = q_t * scale
+    v_t = tl.load(v_ptr + pid_b * stride_v_b + pid_h * stride_v_h + offs_v * stride_v_v,
+                  mask=mask_v, other=0.0).to(tl.float32)
+    beta_t = tl.load(beta_ptr + pid_b * stride_beta_b + pid_h * stride_beta_h).to(tl.float32)
+    if GATE_PER_KEY:
+        g_t = tl.load(g_ptr + pid_b * stride_g_b + pid_h * stride_g_h + offs_k * stride_g_k,
+                      mask=mask_k, other=0.0).to(tl.float32)
+    else:
+        g_t = tl.load(g_ptr + pid_b * stride_g_b + pid_h * stride_g_h).to(tl.float32)
+    return k_raw, q_t, k_t, v_t, beta_t, g_t
+
+
+@triton.jit
+def _delta_replay_step_kernel(
+    # pointers
+    state_ptr, ring_k_ptr, ring_d_ptr, ring_g_ptr, origin_ptr, count_ptr,
+    q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, o_ptr,
+    # sizes
+    K: tl.constexpr, V: tl.constexpr, ring_size, kv_ratio, scale,
+    # strides (all but the batch strides are compile-time constants: tile addresses become immediate offsets)
+    stride_s_b, stride_s_h: tl.constexpr, stride_s_k: tl.constexpr, stride_s_v: tl.constexpr,
+    stride_rk_b, stride_rk_r: tl.constexpr, stride_rk_h: tl.constexpr, stride_rk_k: tl.constexpr,
+    stride_rd_b, stride_rd_r: tl.constexpr, stride_rd_h: tl.constexpr, stride_rd_v: tl.constexpr,
+    stride_rg_b, stride_rg_r: tl.constexpr, stride_rg_h: tl.constexpr, stride_rg_k: tl.constexpr,
+    stride_origin, stride_count,
+    stride_q_b, stride_q_h: tl.constexpr, stride_q_k: tl.constexpr,
+    stride_k_b, stride_k_h: tl.constexpr, stride_k_k: tl.constexpr,
+    stride_v_b, stride_v_h: tl.constexpr, stride_v_v: tl.constexpr,
+    stride_beta_b, stride_beta_h: tl.constexpr,
+    stride_g_b, stride_g_h: tl.constexpr, stride_g_k: tl.constexpr,
+    stride_o_b, stride_o_h: tl.constexpr, stride_o_v: tl.constexpr,
+    # meta
+    BUFFER_LEN: tl.constexpr,
+    GATE_PER_KEY: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+    TICKET: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    FLUSH_DOT: tl.constexpr,
+    FLUSH_PRECISION: tl.constexpr,
+):
+    pid_v = tl.program_id(0)
+    pid_b = tl.program_id(1).to(tl.int64)
+    pid_h = tl.program_id(2)
+    hk = pid_h // kv_ratio
+
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    mask_k = offs_k < K
+    mask_v = offs_v < V
+    mask_kv = mask_k[:, None] & mask_v[None, :]
+
+    # Row phase (see the module docstring): a plain read of count[b] (low 16 bits; the high bits count the tickets
+    # already taken), then this program's ticket. The ticket's value is only needed at the end, so neither read
+    # waits for the other; the read is ordered before the ticket (same address), which is ordered before the
+    # final exchange, so every program of the row sees the old count.
+    origin = tl.load(origin_ptr + pid_b * stride_origin)
+    count = tl.load(count_ptr + pid_b * stride_count, cache_modifier=".cg") & 0xFFFF
+    if TICKET:  # relaxed: nothing but count[b] itself is communicated between the programs of a launch
+        ticket = tl.atomic_add(count_ptr + pid_b * stride_count, 1 << 16, sem="relaxed") >> 16
+    is_flush = count + 1 >= BUFFER_LEN
+
+    # The one large read: the checkpoint tile.
+    state_ptrs = (state_ptr + pid_b * stride_s_b + pid_h * stride_s_h
+                  + offs_k[:, None] * stride_s_k + offs_v[None, :] * stride_s_v)
+    s0 = tl.load(state_ptrs, mask=mask_kv, other=0.0).to(tl.float32)
+
+    k_raw, q_t, k_t, v_t, beta_t, g_t = _load_token(
+        q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, pid_b, pid_h, hk, offs_k, mask_k, offs_v, mask_v, scale,
+        stride_q_b, stride_q_h, stride_q_k, stride_k_b, stride_k_h, stride_k_k,
+        stride_v_b, stride_v_h, stride_v_v, stride_beta_b, stride_beta_h, stride_g_b, stride_g_h, stride_g_k,
+        GATE_PER_KEY, USE_QK_L2NORM)
+
+    # Committed records in logical order (position r < count at slot (origin + r) % R); nothing else is read.
+    offs_r = tl.arange(0, BLOCK_R)
+    valid = offs_r < count
+    slots = (origin + offs_r) % ring_size
+    rk_base = ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h
+    rd_base = ring_d_ptr + pid_b * stride_rd_b + pid_h * stride_rd_h
+    rg_base = ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h
+    k_r = tl.load(rk_base + slots[:, None] * stride_rk_r + offs_k[None, :] * stride_rk_k,
+                  mask=valid[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+    k_r = _l2norm_rows(k_r, USE_QK_L2NORM)
+    d_r = tl.load(rd_base + slots[:, None] * stride_rd_r + offs_v[None, :] * stride_rd_v,
+                  mask=valid[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    # Gates one record later (position r + 1 < count): s_r = sum_{r<i<count} g_i + g_t as a reverse cumsum, and
+    # the decay since the checkpoint c = g_0 + s_0.
+    slots_next = (origin + offs_r + 1) % ring_size
+    valid_next = offs_r + 1 < count
+    if GATE_PER_KEY:
+        g_next = tl.load(rg_base + slots_next[:, None] * stride_rg_r + offs_k[None, :] * stride_rg_k,
+                         mask=valid_next[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+        g_first = tl.load(rg_base + origin * stride_rg_r + offs_k * stride_rg_k,
+                          mask=offs_k < tl.where(count > 0, K, 0), other=0.0).to(tl.float32)
+        seg = tl.cumsum(g_next, axis=0, reverse=True) + g_t[None, :]  # [R, K]
+        decay = tl.exp(g_first + tl.sum(tl.where(offs_r[:, None] == 0, seg, 0.0), axis=0))  # [K]
+        kw_r = tl.where(valid[:, None], k_r * tl.exp(seg), 0.0)  # decayed record keys exp(s_j) * k_j
+        wq = tl.sum(kw_r * q_t[None, :], axis=1)  # [R]: (exp(s_j) * k_j) . q
+        wk = tl.sum(kw_r * k_t[None, :], axis=1)
+        pq = tl.sum(s0 * (decay * q_t)[:, None], axis=0)  # [BLOCK_V]: S0^T (exp(c) * q)
+        pk = tl.sum(s0 * (decay * k_t)[:, None], axis=0)
+    else:
+        g_next = tl.load(rg_base + slots_next * stride_rg_r, mask=valid_next, other=0.0).to(tl.float32)
+        g_first = tl.load(rg_base + origin * stride_rg_r, mask=count > 0, other=0.0).to(tl.float32)
+        seg = tl.cumsum(g_next, axis=0, reverse=True) + g_t  # [R]
+        decay = tl.exp(g_first + tl.sum(tl.where(offs_r == 0, seg, 0.0), axis=0))
+        w_r = tl.where(valid, tl.exp(seg), 0.0)
+        wq = w_r * tl.sum(k_r * q_t[None, :], axis=1)
+        wk = w_r * tl.sum(k_r * k_t[None, :], axis=1)
+        pq = decay * tl.sum(s0 * q_t[:, None], axis=0)
+        pk = decay * tl.sum(s0 * k_t[:, None], axis=0)
+    pq += tl.sum(wq[:, None] * d_r, axis=0)
+    pk += tl.sum(wk[:, None] * d_r, axis=0)
+    d_t = beta_t * (v_t - pk)
+    o = pq + tl.sum(k_t * q_t, axis=0) * d_t
+    tl.store(o_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_v * stride_o_v,
+             o.to(o_ptr.dtype.element_ty), mask=mask_v)
+
+    if is_flush:
+        # S = diag(exp(c)) S0 + sum_j (exp(s_j) * k_j) d_j^T + k_t d_t^T, stored in place.
+        if GATE_PER_KEY:
+            s = s0 * decay[:, None] + k_t[:, None] * d_t[None, :]
+        else:
+            s = s0 * decay + k_t[:, None] * d_t[None, :]
+        if FLUSH_DOT:
+            # The record sum as one [K, R] x [R, BLOCK_V] product (FLUSH_PRECISION "tf32x3": three tensor-core
+            # passes, float32 accuracy; "ieee": exact fp32 FMA, many more registers).
+            if not GATE_PER_KEY:
+                kw_r = k_r * w_r[:, None]
+            s += tl.dot(tl.trans(kw_r), d_r, input_precision=FLUSH_PRECISION)
+        else:
+            # The records read again one at a time (L1 hits: this program just loaded them), newest first, so that
+            # s_j accumulates as a direct sum; no [R, K] tile stays live in registers.
+            seg_j = g_t
+            for i in range(0, count):
+                slot_j = (origin + count - 1 - i) % ring_size
+                k_j = tl.load(rk_base + slot_j * stride_rk_r + offs_k * stride_rk_k, mask=mask_k, other=0.0)
+                k_j = k_j.to(tl.float32)
+                if USE_QK_L2NORM:
+                    k_j = k_j * tl.rsqrt(tl.sum(k_j * k_j, axis=0) + 1e-6)
+                d_j = tl.load(rd_base + slot_j * stride_rd_r + offs_v * stride_rd_v, mask=mask_v, other=0.0)
+                if GATE_PER_KEY:
+                    g_j = tl.load(rg_base + slot_j * stride_rg_r + offs_k * stride_rg_k, mask=mask_k, other=0.0)
+                else:
+                    g_j = tl.load(rg_base + slot_j * stride_rg_r)
+                s += (tl.exp(seg_j) * k_j)[:, None] * d_j.to(tl.float32)[None, :]
+                seg_j += g_j.to(tl.float32)
+        tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask_kv)
+    else:
+        # Append the token's record at logical position count: d by every V tile, g by V tile 0, the raw key by
+        # V tile 0 of the first value head of its key group.
+        slot = (origin + count) % ring_size
+        tl.store(rd_base + slot * stride_rd_r + offs_v * stride_rd_v, d_t.to(ring_d_ptr.dtype.element_ty),
+                 mask=mask_v)
+        if pid_v == 0:
+            if GATE_PER_KEY:
+                tl.store(rg_base + slot * stride_rg_r + offs_k * stride_rg_k, g_t.to(ring_g_ptr.dtype.element_ty),
+                         mask=mask_k)
+            else:
+                tl.store(rg_base + slot * stride_rg_r, g_t.to(ring_g_ptr.dtype.element_ty))
+            if pid_h % kv_ratio == 0:
+                tl.store(rk_base + slot * stride_rk_r + offs_k * stride_rk_k, k_raw.to(ring_k_ptr.dtype.element_ty),
+                         mask=mask_k)
+
+    if TICKET:  # noqa: SIM102 (a constexpr test and a runtime test: not one `if`)
+        # The program that drew the row's last ticket writes the new count, clearing the ticket bits. An atomic
+        # exchange, so that it is ordered after every ticket by coherence of count[b] alone.
+        if ticket == tl.num_programs(0) * tl.num_programs(2) - 1:
+            tl.atomic_xchg(count_ptr + pid_b * stride_count, tl.where(is_flush, 0, count + 1), sem="relaxed")
+
+
+@triton.jit
+def _delta_state_update_kernel(
+    state_ptr, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, o_ptr,
+    K: tl.constexpr, V: tl.constexpr, kv_ratio, scale,
+    stride_s_b, stride_s_h: tl.constexpr, stride_s_k: tl.constexpr, stride_s_v: tl.constexpr,
+    stride_q_b, stride_q_h: tl.constexpr, stride_q_k: tl.constexpr,
+    stride_k_b, stride_k_h: tl.constexpr, stride_k_k: tl.constexpr,
+    stride_v_b, stride_v_h: tl.constexpr, stride_v_v: tl.constexpr,
+    stride_beta_b, stride_beta_h: tl.constexpr,
+    stride_g_b, stride_g_h: tl.constexpr, stride_g_k: tl.constexpr,
+    stride_o_b, stride_o_h: tl.constexpr, stride_o_v: tl.constexpr,
+    GATE_PER_KEY: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    pid_v = tl.program_id(0)
+    pid_b = tl.program_id(1).to(tl.int64)
+    pid_h = tl.program_id(2)
+    hk = pid_h // kv_ratio
+
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    mask_k = offs_k < K
+    mask_v = offs_v < V
+    mask_kv = mask_k[:, None] & mask_v[None, :]
+
+    state_ptrs = (state_ptr + pid_b * stride_s_b + pid_h * stride_s_h
+                  + offs_k[:, None] * stride_s_k + offs_v[None, :] * stride_s_v)
+    s = tl.load(state_ptrs, mask=mask_kv, other=0.0).to(tl.float32)
+    _, q_t, k_t, v_t, beta_t, g_t = _load_token(
+        q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, pid_b, pid_h, hk, offs_k, mask_k, offs_v, mask_v, scale,
+        stride_q_b, stride_q_h, stride_q_k, stride_k_b, stride_k_h, stride_k_k,
+        stride_v_b, stride_v_h, stride_v_v, stride_beta_b, stride_beta_h, stride_g_b, stride_g_h, stride_g_k,
+        GATE_PER_KEY, USE_QK_L2NORM)
+
+    decay = tl.exp(g_t)
+    if GATE_PER_KEY:
+        decay = decay[:, None]
+    s = s * decay
+    d_t = beta_t * (v_t - tl.sum(s * k_t[:, None], axis=0))
+    s += k_t[:, None] * d_t[None, :]
+    tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask_kv)
+    o = tl.sum(s * q_t[:, None], axis=0)
+    tl.store(o_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_v * stride_o_v,
+             o.to(o_ptr.dtype.element_ty), mask=mask_v)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# launch configuration
+
+
+def replay_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: int,
+                         per_key_gate: bool = False) -> tuple[int, int]:
+    """(BLOCK_V, num_warps) for the replay step. Wide V tiles amortise the per-program record work (the keys and
+    gates of the ring are normalised / decayed by every V tile of a head); 64 x 4 warps measured best on an H200
+    for K = V = 128 at batch 256 (GDN and KDA). The tile is halved (down to 16) while the grid would have fewer than
+    ~8 programs per H200 SM."""
+    block_k = triton.next_power_of_2(key_dim)
+    block_v = min(triton.next_power_of_2(value_dim), max(16, 8192 // block_k))
+    while block_v > 16 and batch * value_heads * triton.cdiv(value_dim, block_v) < 1024:
+        block_v //= 2
+    return max(block_v, 16), 4
+
+
+def flush_uses_dot(per_key_gate: bool) -> bool:
+    """Whether the replay step's flush sums the records with one tl.dot (fast, more registers) or a loop over the
+    records (fewer registers; per-key gates would spill with the dot)."""
+    return not per_key_gate
+
+
+def state_update_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: int,
+                               per_key_gate: bool = False) -> tuple[int, int]:
+    """(BLOCK_V, num_warps) for the standard step: a [K, 64] tile with 4 warps measured best on an H200 for
+    K = V = 128 (93 % of copy bandwidth at batch 256); halved while the grid would have fewer than ~8 programs per
+    SM."""
+    block_k = triton.next_power_of_2(key_dim)
+    block_v = min(triton.next_power_of_2(value_dim), max(8, 8192 // block_k))
+    while block_v > 8 and batch * value_heads * triton.cdiv(value_dim, block_v) < 1024:
+        block_v //= 2
+    return block_v, 4
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# wrappers
+
+
+def _device_guard(t: torch.Tensor):
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+def _check_step_inputs(state, q, k, v, beta, g):
+    batch, value_heads, key_dim, value_dim = state.shape
+    key_heads = k.shape[1]
+    assert k.dim() == 3 and k.shape[0] == batch and k.shape[2] == key_dim, f"k must be [B, Hk, K], got {k.shape}"
+    assert q.shape == k.shape, f"q {tuple(q.shape)} vs k {tuple(k.shape)}"
+    assert v.shape == (batch, value_heads, value_dim), f"v {tuple(v.shape)} vs state {tuple(state.shape)}"
+    assert value_heads % key_heads == 0, "value heads must be a multiple of key heads"
+    assert beta.shape == (batch, value_heads), f"beta must be [B, Hv], got {tuple(beta.shape)}"
+    assert g.shape in ((batch, value_heads), (batch, value_heads, key_dim)), (
+        f"g must be [B, Hv] (GDN) or [B, Hv, K] (KDA), got {tuple(g.shape)}")
+    assert key_dim <= MAX_KEY_DIM, f"key dim {key_dim} > {MAX_KEY_DIM} (one K tile per program)"
+    return batch, value_heads, key_heads, key_dim, value_dim, g.dim() == 3
+
+
+def _gate_strides(g: torch.Tensor) -> tuple[int, ...]:
+    """(b, h, k) strides of g [B, H] / [B, H, K] (k stride 0 for a scalar gate)."""
+    return (*g.stride(), 0) if g.dim() == 2 else tuple(g.stride())
+
+
+def _ring_gate_strides(ring_g: torch.Tensor) -> tuple[int, ...]:
+    return (*ring_g.stride(), 0) if ring_g.dim() == 3 else tuple(ring_g.stride())
+
+
+def _replay_step(
+    state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len=16, use_qk_l2norm=True, scale=None,
+    out=None, _block_v=None, _num_warps=None, _flush_dot=None, _ticket=True,
+):
+    batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
+    ring_size = ring_k.shape[1]
+    assert ring_k.shape == (batch, ring_size, key_heads, key_dim), f"ring_k must be [B, R, Hk, K], got {ring_k.shape}"
+    assert ring_d.shape == (batch, ring_size, value_heads, value_dim), (
+        f"ring_d must be [B, R, Hv, V], got {ring_d.shape}")
+    assert ring_g.shape == (batch, ring_size, *g.shape[1:]), (
+        f"ring_g must be [B, R, {'Hv, K' if per_key else 'Hv'}] like g, got {tuple(ring_g.shape)}")
+    assert origin.shape == (batch,) and count.shape == (batch,), "origin and count must be [B]"
+    assert origin.dtype == torch.int32 and count.dtype == torch.int32, "origin and count must be int32"
+    assert 1 <= buffer_len < (1 << _TICKET_SHIFT), "buffer_len out of range"
+    assert ring_size >= max(buffer_len - 1, 1), f"ring capacity {ring_size} < max(buffer_len - 1, 1)"
+    o = torch.empty_like(v) if out is None else out
+    assert o.shape == v.shape
+    scale = key_dim ** -0.5 if scale is None else float(scale)
+
+    block_v, num_warps = replay_launch_config(batch, value_heads, key_dim, value_dim, per_key)
+    block_v, num_warps = _block_v or block_v, _num_warps or num_warps
+    flush_dot = flush_uses_dot(per_key) if _flush_dot is None else bool(_flush_dot)
+    grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
+    assert grid[0] * value_heads < (1 << (31 - _TICKET_SHIFT)), "too many programs per row for the count ticket"
+    with _device_guard(v):
+        LAST_COMPILED["replay"] = _delta_replay_step_kernel[grid](
+            state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, o,
+            key_dim, value_dim, ring_size, value_heads // key_heads, scale,
+            *state.stride(), *ring_k.stride(), *ring_d.stride(), *_ring_gate_strides(ring_g),
+            origin.stride(0), count.stride(0),
+            *q.stride(), *k.stride(), *v.stride(), *beta.stride(), *_gate_strides(g), *o.stride(),
+            BUFFER_LEN=buffer_len,
+            GATE_PER_KEY=per_key,
+            USE_QK_L2NORM=bool(use_qk_l2norm),
+            TICKET=_ticket,
+            BLOCK_K=max(16, triton.next_power_of_2(key_dim)),
+            BLOCK_V=block_v,
+            BLOCK_R=max(16, triton.next_power_of_2(ring_size)),  # >= 16: the flush's tl.dot needs it on the GPU
+            FLUSH_DOT=flush_dot,
+            FLUSH_PRECISION=FLUSH_PRECISION,
+            num_warps=num_warps,
+        )
+    return o
+
+
+def _state_update(state, q, k, v, beta, g, use_qk_l2norm=True, scale=None, out=None, _block_v=None,
+                  _num_warps=None):
+    batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
+    o = torch.empty_like(v) if out is None else out
+    assert o.shape == v.shape
+    scale = key_dim ** -0.5 if scale is None else float(scale)
+    block_v, num_warps = state_update_launch_config(batch, value_heads, key_dim, value_dim, per_key)
+    block_v, num_warps = _block_v or block_v, _num_warps or num_warps
+    grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
+    with _device_guard(v):
+        LAST_COMPILED["state_update"] = _delta_state_update_kernel[grid](
+            state, q, k, v, beta, g, o,
+            key_dim, value_dim, value_heads // key_heads, scale,
+            *state.stride(), *q.stride(), *k.stride(), *v.stride(), *beta.stride(), *_gate_strides(g), *o.stride(),
+            GATE_PER_KEY=per_key,
+            USE_QK_L2NORM=bool(use_qk_l2norm),
+            BLOCK_K=triton.next_power_of_2(key_dim),
+            BLOCK_V=block_v,
+            num_warps=num_warps,
+        )
+    return o
+
+
+def delta_replay_step(
+    state: torch.Tensor,
+    ring_k: torch.Tensor,
+    ring_d: torch.Tensor,
+    ring_g: torch.Tensor,
+    origin: torch.Tensor,
+    count: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor,
+    buffer_len: int = 16,
+    use_qk_l2norm: bool = True,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Fused ReplaySSM decode step for a gated delta rule layer (one launch, phase decided per row on the device).
+
+    state [B, Hv, K, V] checkpoint (float32 recommended; any float dtype is loaded/stored as such);
+    ring_k [B, R, Hk, K] raw keys, ring_d [B, R, Hv, V] float32, ring_g [B, R, Hv] (GDN) or [B, R, Hv, K] (KDA)
+    float32; origin, count [B] int32; q, k [B, Hk, K] raw; v [B, Hv, V]; beta [B, Hv]; g [B, Hv] or [B, Hv, K]
+    (log decay). R >= buffer_len - 1 and 0 <= count[b] < buffer_len.
+
+    Row b replays when ``count[b] + 1 < buffer_len`` (output from checkpoint + records, record (raw k, d, g)
+    appended at slot ``(origin[b] + count[b]) % R``, ``count[b] += 1``, state untouched) and flushes otherwise
+    (records + token folded into ``state[b]`` in place, ``count[b] = 0``, ``origin[b]`` unchanged). Keys and queries
+    are l2-normalised in-kernel when ``use_qk_l2norm``; queries are scaled by ``scale`` (default K ** -0.5).
+    Returns o [B, Hv, V] in v's dtype (or ``out``). Same semantics as :func:`delta_replay_step_ref`.
+    """
+    return _replay_step(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len, use_qk_l2norm,
+                        scale, out)
+
+
+def delta_state_update(
+    state: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor,
+    use_qk_l2norm: bool = True,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Standard gated delta rule decode step: ``P = diag(exp(g)) S``, ``d = beta (v - P^T k)``, ``S = P + k d^T``
+    in place; returns ``o = S^T q`` [B, Hv, V] in v's dtype (or ``out``). Shapes as :func:`delta_replay_step`.
+    Same semantics as :func:`delta_state_update_ref`."""
+    return _state_update(state, q, k, v, beta, g, use_qk_l2norm, scale, out)

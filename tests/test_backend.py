@@ -1,0 +1,79 @@
+"""Backend selection, and the fused Triton decode step inside ReplayCache (run on CPU under TRITON_INTERPRET=1, in a
+subprocess: the interpreter must be switched on before triton is imported, and a bad load can crash the process)."""
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import get_model
+
+from hf_replayssm import ReplayCache
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_backend_resolution_on_cpu():
+    model = get_model("nemotron_h")
+    assert ReplayCache.for_model(model).resolved_backend == "torch"  # auto: Triton only on CUDA
+    assert ReplayCache.for_model(model, backend="torch").resolved_backend == "torch"
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.importorskip("triton")
+        with pytest.raises(ValueError, match="runs on CUDA devices"):
+            ReplayCache.for_model(model, backend="triton")
+
+
+SCRIPT = textwrap.dedent('''
+    import sys, torch
+    sys.path.insert(0, "tests")
+    from conftest import GREEDY_KW, decode, max_logit_diff
+    from transformers import DynamicCache
+    from hf_replayssm import ReplayCache
+    from hf_replayssm.tiny import tiny_model
+
+    torch.manual_seed(0)
+    model = tiny_model("nemotron_h")
+    tokens = torch.randint(3, 120, (3, 26))
+    stock = decode(model, tokens, 6, DynamicCache(config=model.config))
+    for buffer_len in (1, 4):
+        fused, reference = ReplayCache(buffer_len, backend="triton"), ReplayCache(buffer_len, backend="torch")
+        got = decode(model, tokens, 6, fused)
+        decode(model, tokens, 6, reference)
+        assert fused.resolved_backend == "triton"
+        assert max_logit_diff(got, stock) < 1e-4, buffer_len
+        assert fused.stats() == reference.stats(), (fused.stats(), reference.stats())
+        for idx, layer in fused.replay_layers.items():  # the kernel's in-place flushes give the reference's state
+            torch.testing.assert_close(layer.current_state(), reference.replay_layers[idx].current_state(),
+                                       atol=1e-5, rtol=1e-5)
+
+    # batch_select_indices between fused steps (device positions re-derived for the new batch)
+    cache = ReplayCache(4, backend="triton")
+    decode(model, tokens[:, :13], 6, cache)
+    cache.batch_select_indices(torch.tensor([2, 0]))
+    with torch.no_grad():
+        got = [model(tokens[[2, 0], p : p + 1], past_key_values=cache, use_cache=True).logits[:, -1]
+               for p in range(13, 26)]
+    assert max_logit_diff(torch.stack(got, 1), stock[[2, 0], 8:]) < 1e-4
+
+    # speculation (reference path while recording) then plain decoding through the kernel, with one cache
+    prompt = torch.cat([tokens[:1, :5]] * 3, dim=1)
+    stock_cache = DynamicCache(config=model.config)
+    greedy = model.generate(prompt, past_key_values=stock_cache, **GREEDY_KW)
+    cache = ReplayCache(4, backend="triton")
+    out = model.generate(prompt, past_key_values=cache, prompt_lookup_num_tokens=3, **GREEDY_KW)
+    assert torch.equal(out.sequences, greedy.sequences) and max_logit_diff(out.logits, greedy.logits) < 1e-4
+    more = model.generate(out.sequences, past_key_values=cache, **GREEDY_KW)
+    again = model.generate(greedy.sequences, past_key_values=stock_cache, **GREEDY_KW)
+    assert torch.equal(more.sequences, again.sequences) and max_logit_diff(more.logits, again.logits) < 1e-4
+    print("ok")
+''')
+
+
+def test_fused_triton_step_inside_replaycache():
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, cwd=ROOT, env=env,
+                         timeout=900)
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-3000:]

@@ -1,0 +1,369 @@
+"""Triton gated delta rule decode-step kernels (``hf_replayssm.kernels.delta_rule``) against their torch references.
+
+Runs without a GPU: every check runs in a subprocess (this file executed as a script) with ``TRITON_INTERPRET=1``
+set before triton is imported, on CPU tensors, so an out-of-bounds access (which segfaults the interpreter) fails
+one test instead of killing pytest. On a CUDA machine the same checks can be run on the GPU with
+``REPLAYSSM_KERNEL_TEST_DEVICE=cuda``. Skipped when triton is not installed. Shapes are tiny (the interpreter runs
+each program in numpy): batch <= 6, 4 value heads, dims 16-32.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+CASES = ["replay_mixed_gdn_bf16", "replay_mixed_kda", "replay_options", "state_update", "sequence_gdn",
+         "sequence_kda", "buffer_len_one"]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    if env.get("REPLAYSSM_KERNEL_TEST_DEVICE", "cpu") == "cpu":
+        env["TRITON_INTERPRET"] = "1"
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize("case", CASES)
+def test_kernel_matches_reference(case):
+    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), case], cwd=ROOT, env=_env(),
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
+    assert f"OK {case}" in out.stdout, out.stdout[-4000:]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_bench_smoke(tmp_path, family):
+    result = tmp_path / "bench.json"
+    code = (
+        "import sys; from tests.test_kernels_delta import load_kernel_module; "
+        "bench = load_kernel_module('bench_delta'); "
+        f"bench.main(['--family', {family!r}, '--smoke', '--out', {str(result)!r}])"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
+    data = json.loads(result.read_text())
+    assert data["results"], data
+    row = data["results"][0]
+    for key in ("replay_mixed_us", "replay_in_phase_us", "standard_us", "torch_us", "speedup_replay_vs_standard"):
+        assert row[key] > 0, (key, row)
+    assert all(check["ok"] for check in data["checks"].values()), data["checks"]
+    assert "replay step" in out.stdout  # the printed table
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# worker side (runs in the subprocess)
+
+
+def load_kernel_module(name: str):
+    """``hf_replayssm.kernels.<name>`` when the package is installed (kernels/ maps there), else the file itself."""
+    try:
+        return importlib.import_module(f"hf_replayssm.kernels.{name}")
+    except ImportError:
+        spec = importlib.util.spec_from_file_location(f"_replayssm_kernels_{name}", ROOT / "kernels" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module
+        spec.loader.exec_module(module)
+        return module
+
+
+def _close(name, got, want, rel):
+    import torch
+
+    got, want = got.double(), want.double()
+    err = (got - want).abs().max().item() if got.numel() else 0.0
+    scale = max(want.abs().max().item() if want.numel() else 0.0, 1.0)
+    print(f"  {name}: max err {err:.3e} (scale {scale:.3g})")
+    assert err <= rel * scale, f"{name}: max err {err:.3e} > {rel:g} * {scale:.3g}"
+    assert torch.isfinite(got).all(), name
+
+
+def _make(device, dtype, batch, key_heads, value_heads, key_dim, value_dim, ring, *, per_key, seed=0):
+    """Random step inputs and a random ring (keys raw, gates log decays in [-0.6, -0.02])."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=1.0):
+        return torch.randn(*shape, generator=gen) * scale
+
+    def gate(*shape):
+        return -(torch.rand(*shape, generator=gen) * 0.58 + 0.02)
+
+    gshape = (value_heads, key_dim) if per_key else (value_heads,)
+    p = dict(
+        state=rnd(batch, value_heads, key_dim, value_dim) * 0.5,
+        ring_k=rnd(batch, ring, key_heads, key_dim).to(dtype),
+        ring_d=rnd(batch, ring, value_heads, value_dim) * 0.3,
+        ring_g=gate(batch, ring, *gshape),
+        q=rnd(batch, key_heads, key_dim).to(dtype),
+        k=rnd(batch, key_heads, key_dim).to(dtype),
+        v=rnd(batch, value_heads, value_dim).to(dtype),
+        beta=torch.rand(batch, value_heads, generator=gen) * 0.9 + 0.05,
+        g=gate(batch, *gshape),
+    )
+    return {name: t.to(device) for name, t in p.items()}
+
+
+def _clone(p):
+    return {k: (v.clone() if hasattr(v, "clone") else v) for k, v in p.items()}
+
+
+RING = ("state", "ring_k", "ring_d", "ring_g")
+TOKEN = ("q", "k", "v", "beta", "g")
+
+
+def _run_replay(fn, p, origin, count, **kw):
+    return fn(*[p[n] for n in RING], origin, count, *[p[n] for n in TOKEN], **kw)
+
+
+def _check_replay(k, device, dtype, *, key_heads, value_heads, key_dim, value_dim, per_key, buffer_len, ring,
+                  origins, counts, block_vs, rel, poison=False, flush_dots=(None,), **options):
+    import torch
+
+    batch = len(counts)
+    for block_v, flush_dot in [(bv, fd) for bv in block_vs for fd in flush_dots]:
+        p = _make(device, dtype, batch, key_heads, value_heads, key_dim, value_dim, ring, per_key=per_key)
+        origin = torch.tensor(origins, dtype=torch.int32, device=device)
+        count = torch.tensor(counts, dtype=torch.int32, device=device)
+        if poison:  # slots outside the committed window hold NaN: they must never reach the output
+            for b in range(batch):
+                committed = {(origins[b] + j) % ring for j in range(counts[b])}
+                for slot in set(range(ring)) - committed:
+                    for name in ("ring_k", "ring_d", "ring_g"):
+                        p[name][b, slot] = float("nan")
+        q, origin_ref, count_ref = _clone(p), origin.clone(), count.clone()
+        out = torch.empty(p["v"].shape, dtype=torch.float32, device=device)  # fp32 output: compare before rounding
+        o = _run_replay(k._replay_step, p, origin, count, buffer_len=buffer_len, out=out, _block_v=block_v,
+                        _flush_dot=flush_dot, **options)
+        o_ref = _run_replay(k.delta_replay_step_ref, q, origin_ref, count_ref, buffer_len=buffer_len,
+                            out=torch.empty_like(out), **options)
+        print(f" block_v={block_v} flush_dot={flush_dot} per_key={per_key} counts={counts} origins={origins} {options}")
+        assert o is out
+        _close("o", o, o_ref, rel)
+        _close("state", p["state"], q["state"], 1e-6)
+        torch.testing.assert_close(p["ring_k"], q["ring_k"], rtol=0, atol=0, equal_nan=True)  # raw keys, as is
+        torch.testing.assert_close(p["ring_g"], q["ring_g"], rtol=0, atol=0, equal_nan=True)
+        _close("ring_d", p["ring_d"].nan_to_num(), q["ring_d"].nan_to_num(), rel)
+        assert torch.equal(count, count_ref) and torch.equal(origin, origin_ref), (count, count_ref)
+    # default output dtype = v's dtype
+    p = _make(device, dtype, batch, key_heads, value_heads, key_dim, value_dim, ring, per_key=per_key)
+    origin = torch.zeros(batch, dtype=torch.int32, device=device)
+    count = torch.tensor(counts, dtype=torch.int32, device=device)
+    assert _run_replay(k.delta_replay_step, p, origin, count, buffer_len=buffer_len, **options).dtype == dtype
+
+
+def case_replay_mixed_gdn_bf16(k, device):
+    """GDN gate, bf16 q/k/v and ring keys, GVA (Hv=4, Hk=2), V=24 (not a power of two: one full and one partial V
+    tile at BLOCK_V=16), counts 0..L-1 in one launch (rows flush and replay together), minimal ring R = L - 1 with
+    origins near R - 1 (wrap-around); uncommitted ring slots hold NaN; both flush forms (tl.dot and record loop)."""
+    import torch
+
+    L = 6
+    _check_replay(k, device, torch.bfloat16, key_heads=2, value_heads=4, key_dim=32, value_dim=24, per_key=False,
+                  buffer_len=L, ring=L - 1, origins=[4, 3, 4, 2, 4, 1], counts=[0, 1, 2, 3, 4, 5], block_vs=[16, 32],
+                  rel=1e-5, poison=True, flush_dots=(True, False))
+
+
+def case_replay_mixed_kda(k, device):
+    """KDA (per-key-channel) gate, fp32 inputs, K=24 (not a power of two), GVA ratio 2, ring larger than needed
+    (R=7 for L=5), counts out of order, wrap-around; uncommitted slots hold NaN; both flush forms."""
+    import torch
+
+    L, R = 5, 7
+    _check_replay(k, device, torch.float32, key_heads=2, value_heads=4, key_dim=24, value_dim=32, per_key=True,
+                  buffer_len=L, ring=R, origins=[6, 5, 0, 6, 3], counts=[4, 3, 0, 2, 1], block_vs=[16], rel=1e-5,
+                  poison=True, flush_dots=(False, True))
+
+
+def case_replay_options(k, device):
+    """use_qk_l2norm=False with an explicit scale (KDA and GDN), and strided views: the checkpoint a permuted slice
+    of a pool, q/k/v split out of one projection, the ring a slice of a larger pool."""
+    import torch
+
+    for per_key in (True, False):
+        _check_replay(k, device, torch.float32, key_heads=1, value_heads=2, key_dim=16, value_dim=16,
+                      per_key=per_key, buffer_len=4, ring=3, origins=[2, 0, 1, 2], counts=[3, 2, 1, 0], block_vs=[16],
+                      rel=1e-5, use_qk_l2norm=False, scale=0.3)
+    batch, Hk, Hv, K, V, R, L = 3, 2, 4, 16, 24, 5, 6
+    p = _make(device, torch.float32, batch, Hk, Hv, K, V, R, per_key=False)
+    pool = torch.randn(batch + 2, Hv, V, K, device=device)
+    state = pool[1 : batch + 1].transpose(-1, -2)
+    state.copy_(p["state"])
+    proj = torch.randn(batch, 2 * Hk * K + Hv * V + 3, device=device)
+    q = proj[:, : Hk * K].view(batch, Hk, K)
+    kk = proj[:, Hk * K : 2 * Hk * K].view(batch, Hk, K)
+    v = proj[:, 2 * Hk * K : 2 * Hk * K + Hv * V].view(batch, Hv, V)
+    ring_pool = torch.randn(batch, R + 2, Hk + 1, K, device=device)
+    ring_k = ring_pool[:, 1 : R + 1, 1:]
+    ring_k.copy_(p["ring_k"])
+    p.update(q=q, k=kk, v=v)
+    assert not state.is_contiguous() and not q.is_contiguous() and not ring_k.is_contiguous()
+    origin = torch.tensor([4, 2, 0], dtype=torch.int32, device=device)
+    count = torch.tensor([5, 1, 3], dtype=torch.int32, device=device)
+    ref = _clone(p)
+    ref["state"] = state.clone()
+    oref, cref = origin.clone(), count.clone()
+    p["state"], p["ring_k"] = state, ring_k
+    o = _run_replay(k._replay_step, p, origin, count, buffer_len=L, _block_v=16)
+    o_ref = _run_replay(k.delta_replay_step_ref, ref, oref, cref, buffer_len=L)
+    print(" strided views")
+    _close("o", o, o_ref, 1e-5)
+    _close("state", pool[1 : batch + 1].transpose(-1, -2), ref["state"], 1e-6)
+    torch.testing.assert_close(ring_k, ref["ring_k"], rtol=0, atol=0)
+    _close("ring_d", p["ring_d"], ref["ring_d"], 1e-5)
+    assert torch.equal(count, cref)
+    assert pool[0].abs().max() > 0 and ring_pool[:, 0].abs().max() > 0  # neighbours untouched (still random)
+
+
+def case_state_update(k, device):
+    """Standard step: GDN and KDA, bf16 and fp32 inputs, GVA, non-power-of-two K and V, several BLOCK_V, l2norm
+    off, strided state through the public entry point (bf16 output)."""
+    import torch
+
+    for dtype, per_key, block_v, K, V, options in [
+        (torch.bfloat16, False, 8, 32, 24, {}),
+        (torch.float32, True, 16, 24, 32, {}),
+        (torch.float32, False, 32, 16, 16, dict(use_qk_l2norm=False, scale=0.7)),
+    ]:
+        p = _make(device, dtype, 2, 2, 4, K, V, 1, per_key=per_key)
+        q = _clone(p)
+        out = torch.empty(p["v"].shape, dtype=torch.float32, device=device)
+        o = k._state_update(p["state"], *[p[n] for n in TOKEN], out=out, _block_v=block_v, **options)
+        o_ref = k.delta_state_update_ref(q["state"], *[q[n] for n in TOKEN], out=torch.empty_like(out), **options)
+        print(f" dtype={dtype} per_key={per_key} block_v={block_v} K={K} V={V} {options}")
+        _close("o", o, o_ref, 1e-5)
+        _close("state", p["state"], q["state"], 1e-6)
+    p = _make(device, torch.bfloat16, 2, 2, 4, 32, 24, 1, per_key=True)
+    pool = torch.zeros(4, 4, 24, 32, device=device)
+    state = pool[1:3].transpose(-1, -2)
+    state.copy_(p["state"])
+    ref_state = p["state"].clone()
+    o = k.delta_state_update(state, *[p[n] for n in TOKEN])
+    o_ref = k.delta_state_update_ref(ref_state, *[p[n] for n in TOKEN])
+    assert o.dtype == torch.bfloat16
+    _close("o strided (bf16)", o.float(), o_ref.float(), 1e-2)
+    _close("state strided", state, ref_state, 1e-6)
+    assert pool[0].abs().max() == 0 and pool[3].abs().max() == 0
+
+
+def _sequence(k, device, per_key):
+    """2L+3 consecutive steps of the replay kernel == the same steps of the standard kernel and of the sequential
+    recurrence ``delta_step_reference`` (fp32): outputs within 1e-4 relative, checkpoint after the last flush
+    within 1e-5. Row 0 starts with an empty ring, row 1 with one record already buffered (so the rows flush on
+    different steps); ring of the minimal capacity L - 1 starting at its last slot (wrap-around); GVA ratio 2."""
+    import torch
+
+    from hf_replayssm.ops.delta_rule import delta_step_reference
+    from hf_replayssm.ops.delta_step import delta_keys
+
+    L, Hk, Hv, K, V = 4, 1, 2, 16, 24
+    steps, R, batch = 2 * L + 3, L - 1, 2
+    gen = torch.Generator().manual_seed(1)
+    gshape = (Hv, K) if per_key else (Hv,)
+    S0 = torch.randn(batch, Hv, K, V, generator=gen) * 0.5
+    qs = torch.randn(batch, steps + 1, Hk, K, generator=gen)
+    ks = torch.randn(batch, steps + 1, Hk, K, generator=gen)
+    vs = torch.randn(batch, steps + 1, Hv, V, generator=gen)
+    betas = torch.rand(batch, steps + 1, Hv, generator=gen) * 0.9 + 0.05
+    gs = -(torch.rand(batch, steps + 1, *gshape, generator=gen) * 0.5 + 0.02)
+
+    def step_ref(state, t, rows=slice(None)):
+        qn = delta_keys(qs[rows, t], Hv, True) * K ** -0.5
+        kn = delta_keys(ks[rows, t], Hv, True)
+        o, new = delta_step_reference(state, qn[:, None], kn[:, None], vs[rows, t, None], betas[rows, t, None],
+                                      gs[rows, t, None])
+        return o[:, 0], new
+
+    ckpt = S0.clone().to(device)
+    ring_k = torch.zeros(batch, R, Hk, K, device=device)
+    ring_d = torch.zeros(batch, R, Hv, V, device=device)
+    ring_g = torch.zeros(batch, R, *gshape, device=device)
+    origin = torch.full((batch,), R - 1, dtype=torch.int32, device=device)
+    count = torch.tensor([0, 1], dtype=torch.int32, device=device)
+    # row 1's token 0 is already buffered: its record, and the reference / standard states one token later
+    _, s1 = step_ref(S0[1:2], 0, slice(1, 2))
+    ring_k[1, R - 1] = ks[1, 0].to(device)
+    ring_g[1, R - 1] = gs[1, 0].to(device)
+    decayed = S0[1] * torch.exp(gs[1, 0]).reshape(Hv, -1, 1)  # P_0 = diag(exp(g_0)) S0
+    kn0 = delta_keys(ks[1, 0], Hv, True)
+    ring_d[1, R - 1] = (betas[1, 0, :, None] * (vs[1, 0] - torch.einsum("hkv,hk->hv", decayed, kn0))).to(device)
+    ref_state = S0.clone()
+    ref_state[1] = s1[0]
+    std_state = ref_state.clone().to(device)
+
+    last_flush_state = [None, None]
+    for t in range(1, steps + 1):
+        tok = dict(q=qs[:, t], k=ks[:, t], v=vs[:, t], beta=betas[:, t], g=gs[:, t])
+        tok_dev = {n: x.to(device) for n, x in tok.items()}
+        flushing = (count + 1 >= L).cpu().tolist()
+        o = k.delta_replay_step(ckpt, ring_k, ring_d, ring_g, origin, count, **tok_dev, buffer_len=L)
+        o_std = k.delta_state_update(std_state, **tok_dev)
+        o_seq, ref_state = step_ref(ref_state, t)
+        print(f" step {t}: flush rows {[b for b in range(batch) if flushing[b]]}, count -> {count.tolist()}")
+        _close("o vs sequential", o.cpu(), o_seq, 1e-4)
+        _close("o vs standard kernel", o.cpu(), o_std.cpu(), 1e-4)
+        _close("standard state vs sequential", std_state.cpu(), ref_state, 1e-5)
+        for b in range(batch):
+            if flushing[b]:
+                last_flush_state[b] = ref_state[b].clone()
+    assert all(s is not None for s in last_flush_state)
+    for b in range(batch):
+        _close(f"row {b} checkpoint after its last flush", ckpt[b].cpu(), last_flush_state[b], 1e-5)
+    assert count.tolist() == [steps % L, (steps + 1) % L]
+    assert origin.tolist() == [R - 1, R - 1]
+
+
+def case_sequence_gdn(k, device):
+    _sequence(k, device, per_key=False)
+
+
+def case_sequence_kda(k, device):
+    _sequence(k, device, per_key=True)
+
+
+def case_buffer_len_one(k, device):
+    """buffer_len=1: every step flushes (no records) and equals the standard kernel."""
+    import torch
+
+    for per_key in (False, True):
+        p = _make(device, torch.bfloat16, 2, 2, 4, 16, 16, 1, per_key=per_key)
+        origin = torch.zeros(2, dtype=torch.int32, device=device)
+        count = torch.zeros(2, dtype=torch.int32, device=device)
+        state_std = p["state"].clone()
+        for _ in range(2):
+            out = torch.empty(p["v"].shape, dtype=torch.float32, device=device)
+            o = _run_replay(k._replay_step, p, origin, count, buffer_len=1, out=out, _block_v=16)
+            o_std = k._state_update(state_std, *[p[n] for n in TOKEN], out=torch.empty_like(out), _block_v=16)
+            _close("o", o, o_std, 1e-6)
+            _close("state", p["state"], state_std, 1e-6)
+            assert count.tolist() == [0, 0]
+
+
+def _main(case: str) -> None:
+    import time
+
+    import torch
+
+    device = os.environ.get("REPLAYSSM_KERNEL_TEST_DEVICE", "cpu")
+    torch.manual_seed(0)
+    k = load_kernel_module("delta_rule")
+    start = time.perf_counter()
+    globals()[f"case_{case}"](k, device)
+    print(f"OK {case} ({time.perf_counter() - start:.1f}s)")
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    _main(sys.argv[1])

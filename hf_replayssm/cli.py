@@ -36,14 +36,21 @@ def _precision_check(args: argparse.Namespace) -> int:
 
 BENCHES = {
     "memory": "hf_replayssm.bench.memory",  # cache memory and prefill peak vs the stock cache
-    "kernels": "hf_replayssm.kernels.bench",  # replay vs standard step kernels (needs triton and a GPU)
+    "kernels": "hf_replayssm.kernels.bench",  # replay vs standard step kernels, Mamba-2 (needs triton and a GPU)
 }
+DELTA_FAMILIES = ("gdn", "kda")  # `bench kernels --family gdn|kda` runs the delta-rule benchmark
 
 
 def _bench(args: argparse.Namespace) -> int:
     import importlib
 
-    return importlib.import_module(BENCHES[args.bench]).main(args.bench_args)
+    module = BENCHES[args.bench]
+    rest = list(args.bench_args)
+    if args.bench == "kernels" and any(f"--family={f}" in rest or (rest[i:i + 2] == ["--family", f])
+                                       for f in DELTA_FAMILIES for i in range(len(rest))):
+        module = "hf_replayssm.kernels.bench_delta"
+    result = importlib.import_module(module).main(rest)
+    return result if isinstance(result, int) else 0
 
 
 def build_parser() -> argparse.ArgumentParser:

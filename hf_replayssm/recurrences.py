@@ -122,5 +122,17 @@ class DeltaRuleRecurrence:
             _, d = delta_replay(state, empty_k, empty_d, empty_g, None, k, records["v"], records["beta"], records["g"])
         return delta_fold(state, k, d, records["g"])
 
+    @staticmethod
+    def kernel_step(state, ring: Records, origin, count, tokens: Records, params: Records, buffer_len: int):
+        """One decode token through the fused Triton replay-or-flush kernel (``hf_replayssm.kernels.delta_rule``)."""
+        from .kernels.delta_rule import delta_replay_step
+
+        o = delta_replay_step(
+            state, ring["k"], ring["d"], ring["g"], origin, count, tokens["q"][:, 0], tokens["k"][:, 0],
+            tokens["v"][:, 0], tokens["beta"][:, 0], tokens["g"][:, 0], buffer_len=buffer_len,
+            use_qk_l2norm=params.get("normalize") is not None,
+        )
+        return o[:, None].float()
+
     def slice(self, tokens: Records, start: int, stop: int) -> dict:
         return _slice(tokens, self.per_token, start, stop)

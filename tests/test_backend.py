@@ -1,5 +1,6 @@
-"""Backend selection, and the fused Triton decode step inside ReplayCache (run on CPU under TRITON_INTERPRET=1, in a
-subprocess: the interpreter must be switched on before triton is imported, and a bad load can crash the process)."""
+"""Backend selection, and the fused Triton decode steps (Mamba-2, GDN, KDA) inside ReplayCache, run on CPU under
+TRITON_INTERPRET=1 in a subprocess (the interpreter must be on before triton is imported, and a bad load can crash
+the process)."""
 
 import os
 import subprocess
@@ -47,6 +48,16 @@ SCRIPT = textwrap.dedent('''
         for idx, layer in fused.replay_layers.items():  # the kernel's in-place flushes give the reference's state
             torch.testing.assert_close(layer.current_state(), reference.replay_layers[idx].current_state(),
                                        atol=1e-5, rtol=1e-5)
+
+    # the delta-rule families (GVA Gated DeltaNet, per-channel-gate KDA)
+    for model_type in ("qwen3_5_text", "kimi_linear"):
+        other = tiny_model(model_type)
+        sample = torch.randint(3, 120, (2, 16))
+        fused, reference = ReplayCache(4, backend="triton"), ReplayCache(4, backend="torch")
+        got = decode(other, sample, 6, fused)
+        assert max_logit_diff(got, decode(other, sample, 6, DynamicCache(config=other.config))) < 1e-4, model_type
+        decode(other, sample, 6, reference)
+        assert fused.stats() == reference.stats()
 
     # batch_select_indices between fused steps (device positions re-derived for the new batch)
     cache = ReplayCache(4, backend="triton")

@@ -53,6 +53,18 @@ def _bench(args: argparse.Namespace) -> int:
     return result if isinstance(result, int) else 0
 
 
+EVALS = {
+    "kl": "hf_replayssm.eval.kl",  # long-run KL of precision policies against fp32, teacher-forced
+}
+
+
+def _eval(args: argparse.Namespace) -> int:
+    import importlib
+
+    result = importlib.import_module(EVALS[args.eval]).main(list(args.eval_args))
+    return result if isinstance(result, int) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-replayssm", description="ReplaySSM for Hugging Face Transformers")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -85,6 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("bench", choices=sorted(BENCHES))
     bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="the benchmark's own arguments")
     bench.set_defaults(run=_bench)
+
+    evaluate = commands.add_parser("eval", help="evaluation: kl (--help after the name)")
+    evaluate.add_argument("eval", choices=sorted(EVALS))
+    evaluate.add_argument("eval_args", nargs=argparse.REMAINDER, help="the evaluation's own arguments")
+    evaluate.set_defaults(run=_eval)
     return parser
 
 

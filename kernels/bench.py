@@ -42,19 +42,24 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
-import importlib.util
 import json
-import math
 import os
 import platform
-import sys
-import time
 from pathlib import Path
 
 import torch
 
-L2_BYTES = 50 * 2**20
+if __package__:
+    from .bench_common import Timer, copy_bandwidth, load_kernels
+    from .bench_common import compiled_info as _compiled_info
+    from .bench_common import json_default as _json_default
+    from .bench_common import num_copies as _num_copies
+else:  # run as a script from a checkout: python kernels/bench.py
+    from bench_common import Timer, copy_bandwidth, load_kernels
+    from bench_common import compiled_info as _compiled_info
+    from bench_common import json_default as _json_default
+    from bench_common import num_copies as _num_copies
+
 MAMBA2_SHAPES = {  # name: (heads, head_dim, d_state, groups)
     "nemotron-h-8b": (128, 64, 128, 8),
     "nemotron-3-nano": (64, 64, 128, 8),
@@ -73,22 +78,6 @@ def _cfg_dict(cfg) -> dict:
 def _cfg_name(cfg) -> str:
     c = _cfg_dict(cfg)
     return f"p{c['block_p']}w{c['num_warps']}" + (f"u{c['fold_unroll']}" if "fold_unroll" in c else "")
-
-
-def _load_mamba2():
-    """The kernels module, from the installed package or, in a plain checkout, from the file next to this one."""
-    try:
-        return importlib.import_module("hf_replayssm.kernels.mamba2")
-    except ImportError:
-        root = Path(__file__).resolve().parents[1]
-        if str(root) not in sys.path:
-            sys.path.insert(0, str(root))
-        path = Path(__file__).with_name("mamba2.py")
-        spec = importlib.util.spec_from_file_location("_replayssm_kernels_mamba2", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        return module
 
 
 def _torch_step_fn():
@@ -122,97 +111,6 @@ def _torch_step_fn():
 # timing
 
 
-class Timer:
-    def __init__(self, device: torch.device, reps: int | None, budget_ms: float):
-        self.device, self.reps, self.budget_ms = device, reps, budget_ms
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            self.flush_buf = torch.empty(256 * 2**20, dtype=torch.int8, device=device)
-
-    def __call__(self, fn) -> dict:
-        """Time ``fn`` (cold L2 on GPU); returns milliseconds per call: median, p20, p80, reps."""
-        if not self.cuda:
-            fn()  # compile / warm up
-            reps = self.reps or 1
-            times = []
-            for _ in range(reps):
-                start = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - start) * 1e3)
-            return _summary(times)
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph):
-                fn()
-            replay = graph.replay
-        except RuntimeError as error:  # not capturable: time eagerly (CPU launch overhead included)
-            print(f"  (CUDA graph capture failed, timing eagerly: {str(error).splitlines()[0]})")
-            graph, replay = None, fn
-        replay()
-        torch.cuda.synchronize(self.device)
-        reps = self.reps
-        if reps is None:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(3):
-                self.flush_buf.zero_()
-                replay()
-            end.record()
-            end.synchronize()
-            reps = int(min(max(self.budget_ms / (start.elapsed_time(end) / 3), 10), 200))
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-        for start, end in events:
-            self.flush_buf.zero_()
-            start.record()
-            replay()
-            end.record()
-        torch.cuda.synchronize(self.device)
-        times = [start.elapsed_time(end) for start, end in events]
-        del graph, replay
-        return _summary(times)
-
-
-def _summary(times: list[float]) -> dict:
-    ordered = sorted(times)
-
-    def pct(q):
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-    return dict(ms=pct(0.5), p20_ms=pct(0.2), p80_ms=pct(0.8), reps=len(times))
-
-
-def copy_bandwidth(device: torch.device, timer: Timer, nbytes: int) -> dict:
-    """Device-to-device copy bandwidth in GB/s (bytes read + written): ``copy_`` (a memcpy) and an elementwise
-    kernel (``mul(src, 1, out=dst)``), each timed eagerly (median of 20, buffers far larger than L2) and through
-    ``timer``. ``best`` is the largest."""
-    src = torch.rand(nbytes // 4, device=device)
-    dst = torch.empty_like(src)
-    variants = {"copy_": lambda: dst.copy_(src), "mul": lambda: torch.mul(src, 1.0, out=dst)}
-    out = {}
-    for name, fn in variants.items():
-        out[f"{name}_timer"] = 2 * nbytes / (timer(fn)["ms"] * 1e-3) / 1e9
-        if device.type == "cuda":
-            fn()
-            times = []
-            for _ in range(20):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end))
-            out[f"{name}_eager"] = 2 * nbytes / (_summary(times)["ms"] * 1e-3) / 1e9
-    out["best"] = max(out.values())
-    return out
-
-
 def _phase_times(k, inputs: ReplayInputs, timer: Timer, L: int, cfg) -> dict:
     """Single-launch replay time with every row at one count (0, L/2, L-2: replay; L-1: flush), in us. Each timed
     graph resets ``count`` first (a tiny copy, timed alone and subtracted)."""
@@ -236,22 +134,8 @@ def _phase_times(k, inputs: ReplayInputs, timer: Timer, L: int, cfg) -> dict:
     return out
 
 
-def _compiled_info(k, name: str) -> dict:
-    handle = k.LAST_COMPILED.get(name)
-    return {key: getattr(handle, key, None) for key in ("n_regs", "n_spills")}
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # inputs
-
-
-def _num_copies(bytes_per_copy: int, L: int, cuda: bool) -> int:
-    if not cuda:
-        return 1
-    n = 1
-    while n < L and n * bytes_per_copy < 2 * L2_BYTES and L % (2 * n) == 0:
-        n *= 2
-    return n
 
 
 def _tokens(batch, heads, head_dim, d_state, groups, device, gen):
@@ -397,7 +281,7 @@ def check(k, heads, head_dim, d_state, groups, L, device, batch=4) -> dict:
 
 
 def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
-    k = _load_mamba2()
+    k = load_kernels("mamba2")
     torch_name, torch_step = _torch_step_fn()
     cuda = device.type == "cuda"
     shapes = {"smoke": (2, 16, 16, 1)} if args.smoke else MAMBA2_SHAPES
@@ -550,12 +434,6 @@ def main(argv: list[str] | None = None) -> dict:
         args.out.write_text(json.dumps(result, indent=1, default=_json_default))
         print(f"wrote {args.out}")
     return result
-
-
-def _json_default(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return str(obj)
 
 
 if __name__ == "__main__":

@@ -42,19 +42,24 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
-import importlib.util
 import json
-import math
 import os
 import platform
-import sys
-import time
 from pathlib import Path
 
 import torch
 
-L2_BYTES = 50 * 2**20
+if __package__:
+    from .bench_common import Timer, copy_bandwidth, load_kernels
+    from .bench_common import compiled_info as _compiled_info
+    from .bench_common import json_default as _json_default
+    from .bench_common import num_copies as _num_copies
+else:  # run as a script from a checkout: python kernels/bench.py
+    from bench_common import Timer, copy_bandwidth, load_kernels
+    from bench_common import compiled_info as _compiled_info
+    from bench_common import json_default as _json_default
+    from bench_common import num_copies as _num_copies
+
 SHAPES = {  # family: {name: (value heads, key heads, key dim, value dim)}
     "gdn": {"qwen3-next": (32, 16, 128, 128), "qwen3.5-large": (64, 16, 128, 128)},
     "kda": {"kimi-linear": (32, 32, 128, 128)},
@@ -63,22 +68,6 @@ SMOKE_SHAPES = {"gdn": {"smoke": (4, 2, 16, 16)}, "kda": {"smoke": (2, 2, 16, 16
 BATCHES = [1, 8, 32, 64, 128, 256, 512]
 REPLAY_SWEEP = [(16, 2), (16, 4), (32, 2), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8)]
 STANDARD_SWEEP = [(8, 1), (8, 2), (16, 1), (16, 2), (16, 4), (32, 1), (32, 2), (32, 4), (64, 4), (64, 8)]
-
-
-def _load(name: str):
-    """A kernels module, from the installed package or, in a plain checkout, from the file next to this one."""
-    try:
-        return importlib.import_module(f"hf_replayssm.kernels.{name}")
-    except ImportError:
-        root = Path(__file__).resolve().parents[1]
-        if str(root) not in sys.path:
-            sys.path.insert(0, str(root))
-        path = Path(__file__).with_name(f"{name}.py")
-        spec = importlib.util.spec_from_file_location(f"_replayssm_kernels_{name}", path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        return module
 
 
 def _fla_step_fn(family: str):
@@ -141,113 +130,8 @@ def _torch_step_fn(family: str):
 # timing
 
 
-class Timer:
-    def __init__(self, device: torch.device, reps: int | None, budget_ms: float):
-        self.device, self.reps, self.budget_ms = device, reps, budget_ms
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            self.flush_buf = torch.empty(256 * 2**20, dtype=torch.int8, device=device)
-
-    def __call__(self, fn) -> dict:
-        """Time ``fn`` (cold L2 on GPU); returns milliseconds per call: median, p20, p80, reps."""
-        if not self.cuda:
-            fn()  # compile / warm up
-            times = []
-            for _ in range(self.reps or 1):
-                start = time.perf_counter()
-                fn()
-                times.append((time.perf_counter() - start) * 1e3)
-            return _summary(times)
-        stream = torch.cuda.Stream(self.device)
-        stream.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(stream):
-            for _ in range(3):
-                fn()
-        torch.cuda.current_stream(self.device).wait_stream(stream)
-        torch.cuda.synchronize(self.device)
-        graph = torch.cuda.CUDAGraph()
-        try:
-            with torch.cuda.graph(graph):
-                fn()
-            replay = graph.replay
-        except RuntimeError as error:  # not capturable: time eagerly (CPU launch overhead included)
-            print(f"  (CUDA graph capture failed, timing eagerly: {str(error).splitlines()[0]})")
-            torch.cuda.synchronize(self.device)
-            graph, replay = None, fn
-        replay()
-        torch.cuda.synchronize(self.device)
-        reps = self.reps
-        if reps is None:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(3):
-                self.flush_buf.zero_()
-                replay()
-            end.record()
-            end.synchronize()
-            reps = int(min(max(self.budget_ms / (start.elapsed_time(end) / 3), 10), 200))
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-        for start, end in events:
-            self.flush_buf.zero_()
-            start.record()
-            replay()
-            end.record()
-        torch.cuda.synchronize(self.device)
-        times = [start.elapsed_time(end) for start, end in events]
-        del graph, replay
-        return _summary(times)
-
-
-def _summary(times: list[float]) -> dict:
-    ordered = sorted(times)
-
-    def pct(q):
-        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-    return dict(ms=pct(0.5), p20_ms=pct(0.2), p80_ms=pct(0.8), reps=len(times))
-
-
-def copy_bandwidth(device: torch.device, timer: Timer, nbytes: int) -> dict:
-    """Device-to-device copy bandwidth in GB/s (bytes read + written): ``copy_`` (a memcpy) and an elementwise
-    kernel (``mul(src, 1, out=dst)``), each timed eagerly (median of 20, buffers far larger than L2) and through
-    ``timer``. ``best`` is the largest."""
-    src = torch.rand(nbytes // 4, device=device)
-    dst = torch.empty_like(src)
-    variants = {"copy_": lambda: dst.copy_(src), "mul": lambda: torch.mul(src, 1.0, out=dst)}
-    out = {}
-    for name, fn in variants.items():
-        out[f"{name}_timer"] = 2 * nbytes / (timer(fn)["ms"] * 1e-3) / 1e9
-        if device.type == "cuda":
-            fn()
-            times = []
-            for _ in range(20):
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times.append(start.elapsed_time(end))
-            out[f"{name}_eager"] = 2 * nbytes / (_summary(times)["ms"] * 1e-3) / 1e9
-    out["best"] = max(out.values())
-    return out
-
-
-def _compiled_info(k, name: str) -> dict:
-    handle = k.LAST_COMPILED.get(name)
-    return {key: getattr(handle, key, None) for key in ("n_regs", "n_spills")}
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # inputs
-
-
-def _num_copies(bytes_per_copy: int, L: int, cuda: bool) -> int:
-    if not cuda:
-        return 1
-    n = 1
-    while n < L and n * bytes_per_copy < 2 * L2_BYTES and L % (2 * n) == 0:
-        n *= 2
-    return n
 
 
 def _gate_shape(value_heads: int, key_dim: int, per_key: bool) -> tuple[int, ...]:
@@ -444,7 +328,7 @@ def _key(cfg) -> str:
 
 
 def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
-    k = _load("delta_rule")
+    k = load_kernels("delta_rule")
     torch_name, torch_step = _torch_step_fn(args.family)
     fla = None if args.no_fla else _fla_step_fn(args.family)
     per_key = args.family == "kda"
@@ -617,12 +501,6 @@ def main(argv: list[str] | None = None) -> dict:
         args.out.write_text(json.dumps(result, indent=1, default=_json_default))
         print(f"wrote {args.out}")
     return result
-
-
-def _json_default(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    return str(obj)
 
 
 if __name__ == "__main__":

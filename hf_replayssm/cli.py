@@ -65,6 +65,13 @@ def _eval(args: argparse.Namespace) -> int:
     return result if isinstance(result, int) else 0
 
 
+def _lm_eval(args: argparse.Namespace) -> int:
+    from .eval.lm_eval_plugin import main as lm_eval_main  # imports lm_eval (the `eval` extra)
+
+    result = lm_eval_main(list(args.lm_eval_args))
+    return result if isinstance(result, int) else 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-replayssm", description="ReplaySSM for Hugging Face Transformers")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -102,6 +109,13 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("eval", choices=sorted(EVALS))
     evaluate.add_argument("eval_args", nargs=argparse.REMAINDER, help="the evaluation's own arguments")
     evaluate.set_defaults(run=_eval)
+
+    harness = commands.add_parser(
+        "lm-eval", help="lm-evaluation-harness with the hf-replayssm model and this package's tasks registered",
+        add_help=False,
+    )
+    harness.add_argument("lm_eval_args", nargs=argparse.REMAINDER, help="lm-eval's own command line")
+    harness.set_defaults(run=_lm_eval)
     return parser
 
 

@@ -9,81 +9,34 @@ installed. Shapes are tiny (the interpreter runs each program in numpy).
 
 from __future__ import annotations
 
-import importlib.util
-import json
 import os
-import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from kernel_harness import HAS_TRITON, ROOT, load_kernel_module, run_bench_smoke, run_case
+from kernel_harness import assert_close as _close
 
-ROOT = Path(__file__).resolve().parents[1]
-HAS_TRITON = importlib.util.find_spec("triton") is not None
 CASES = ["replay_mixed_bf16", "replay_fp32_plain", "state_update", "sequence", "buffer_len_one"]
-
-
-def _env() -> dict[str, str]:
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    if env.get("REPLAYSSM_KERNEL_TEST_DEVICE", "cpu") == "cpu":
-        env["TRITON_INTERPRET"] = "1"
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return env
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 @pytest.mark.parametrize("case", CASES)
 def test_kernel_matches_reference(case):
-    out = subprocess.run([sys.executable, str(Path(__file__).resolve()), case], cwd=ROOT, env=_env(),
-                         capture_output=True, text=True, timeout=600)
-    assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
-    assert f"OK {case}" in out.stdout, out.stdout[-4000:]
+    run_case(__file__, case)
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_bench_smoke(tmp_path):
-    result = tmp_path / "bench.json"
-    code = (
-        "import sys; from tests.test_kernels_mamba2 import load_kernel_module; "
-        "bench = load_kernel_module('bench'); "
-        f"bench.main(['--family', 'mamba2', '--smoke', '--out', {str(result)!r}])"
-    )
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), capture_output=True, text=True,
-                         timeout=600)
-    assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
-    data = json.loads(result.read_text())
+    data, stdout = run_bench_smoke("bench", ["--family", "mamba2"], tmp_path / "bench.json")
     assert data["results"], data
     row = data["results"][0]
     for key in ("replay_mixed_us", "replay_in_phase_us", "standard_us", "torch_us", "speedup_replay_vs_standard"):
         assert row[key] > 0, (key, row)
-    assert "replay step" in out.stdout  # the printed table
+    assert "replay step" in stdout  # the printed table
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # worker side (runs in the subprocess)
-
-
-def load_kernel_module(name: str):
-    """``hf_replayssm.kernels.<name>`` when the package is installed (kernels/ maps there), else the file itself."""
-    try:
-        return importlib.import_module(f"hf_replayssm.kernels.{name}")
-    except ImportError:
-        spec = importlib.util.spec_from_file_location(f"_replayssm_kernels_{name}", ROOT / "kernels" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[spec.name] = module
-        spec.loader.exec_module(module)
-        return module
-
-
-def _close(name, got, want, rel):
-    import torch
-
-    got, want = got.double(), want.double()
-    err = (got - want).abs().max().item() if got.numel() else 0.0
-    scale = max(want.abs().max().item() if want.numel() else 0.0, 1.0)
-    print(f"  {name}: max err {err:.3e} (scale {scale:.3g})")
-    assert err <= rel * scale, f"{name}: max err {err:.3e} > {rel:g} * {scale:.3g}"
-    assert torch.isfinite(got).all(), name
 
 
 def _make(device, dtype, batch, heads, groups, head_dim, d_state, ring, *, seed=0, options=True):

@@ -36,7 +36,7 @@ $(COMPAT_VENV)/bin/python:
 	$(COMPAT_VENV)/bin/pip install $(PIP_FLAGS) "$(TORCH_SPEC)"
 
 test-compat: $(COMPAT_VENV)/bin/python
-	$(COMPAT_VENV)/bin/pip install $(PIP_FLAGS) -e ".[dev]" "transformers==5.17.0"
+	$(COMPAT_VENV)/bin/pip install $(PIP_FLAGS) -e ".[test]" "transformers==5.17.0"
 	$(PYTEST_ENV) $(COMPAT_VENV)/bin/python -m pytest $(PYTEST_FLAGS) -m equivalence
 
 clean:

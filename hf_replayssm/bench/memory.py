@@ -107,14 +107,14 @@ def table(results: dict, title: str = "") -> str:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from .shapes import SHAPES, shaped_model
+    from .shapes import PREFILL_PIECE, SHAPES, shaped_model
 
     parser = argparse.ArgumentParser(prog="hf-replayssm bench memory", description=__doc__)
     parser.add_argument("--models", default="qwen3_5,nemotron_h", help=f"comma-separated, from {sorted(SHAPES)}")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--new-tokens", type=int, default=20)
-    parser.add_argument("--piece", type=int, default=128, help="prefill forwards of this many tokens")
+    parser.add_argument("--piece", type=int, help="prefill forwards of this many tokens (default: per model)")
     parser.add_argument("--policies", default="fp32,separated-fp8,separated-nvfp4,bf16")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", help="write the results as JSON here")
@@ -123,8 +123,8 @@ def main(argv: list[str] | None = None) -> int:
                   "torch": torch.__version__}
     for name in args.models.split(","):
         model = shaped_model(name, device=args.device)
-        result = measure_memory(model, args.batch, args.prompt, args.new_tokens, args.piece,
-                                args.policies.split(","))
+        piece = args.piece or PREFILL_PIECE.get(name, 64)
+        result = measure_memory(model, args.batch, args.prompt, args.new_tokens, piece, args.policies.split(","))
         everything[name] = result
         print(table(result, f"== {name}-like ({type(model).__name__}) on {everything['device']}"), flush=True)
         del model

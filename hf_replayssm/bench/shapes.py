@@ -8,6 +8,10 @@ from __future__ import annotations
 
 import torch
 
+# Prefill forward length that keeps transformers' torch prefill within an H200 at batch 256 (its Mamba-2 chunk scan
+# materialises [B, T, chunk, H, N]-sized products: 160 GiB at 128-token forwards).
+PREFILL_PIECE = {"qwen3_5": 128, "nemotron_h": 16, "kimi_linear": 64}
+
 SHAPES = {
     # Qwen3.5-4B-like: Gated DeltaNet with 32 value / 16 key heads of 128, attention 16 q / 4 kv heads of 256
     "qwen3_5": dict(

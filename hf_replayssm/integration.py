@@ -67,9 +67,14 @@ def _speculative_window(model, kwargs: dict) -> int | None:
     return int(drafts or 20)
 
 
+def _prompt_ids(args: tuple, kwargs: dict):
+    """The prompt a generate() call was given (positionally or by keyword), if any."""
+    return kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
+
+
 def _max_length(model, args: tuple, kwargs: dict) -> int | None:
     config = kwargs.get("generation_config") or model.generation_config
-    prompt = kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
+    prompt = _prompt_ids(args, kwargs)
     new = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None))
     if isinstance(prompt, torch.Tensor) and new is not None:
         return prompt.shape[-1] + int(new)
@@ -158,7 +163,7 @@ def _wrap_generate(original):
             return original(self, *args, **kwargs)
         _check_assisted(self, cache, args, kwargs)
         cache.reserve_window(drafts + 1)
-        prompt = kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
+        prompt = _prompt_ids(args, kwargs)
         if isinstance(prompt, torch.Tensor):
             cache.expect_prompt(prompt.shape[-1])
         _scope_stateful_flag(self)

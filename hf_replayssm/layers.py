@@ -228,9 +228,6 @@ class ReplayLayer(LinearAttentionLayer):
     def prefetch(self) -> None:
         pass
 
-    def tensors(self):
-        yield from self.schedule.tensors()
-
     def nbytes(self, exclude: set[int] = frozenset()) -> dict[str, int]:
         return self.schedule.nbytes(exclude)
 
@@ -276,8 +273,3 @@ class ReplayHybridLayer(ReplayLayer, DynamicLayer):
         self.is_initialized = False
         if hasattr(self, "cumulative_length"):
             self.cumulative_length = 0
-
-    def tensors(self):
-        yield from ReplayLayer.tensors(self)
-        if self.is_initialized:
-            yield from (self.keys, self.values)

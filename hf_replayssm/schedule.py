@@ -396,18 +396,6 @@ class ReplaySchedule:
         self._device_positions = None
 
     # ------------------------------------------------------------------ memory
-    def tensors(self) -> Iterator[torch.Tensor]:
-        """Every tensor this schedule keeps alive (for memory accounting)."""
-        yield from self.store.tensors()
-        yield from self.ring.fields.values()
-        if self.conv.buffer is not None:
-            yield self.conv.buffer
-        for staged in self._staged.values():
-            yield from _staged_tensors(staged)
-        for value in self._params.values():
-            if isinstance(value, torch.Tensor):
-                yield value
-
     def nbytes(self, exclude: set[int] = frozenset()) -> dict[str, int]:
         """Bytes per component; ``params`` counts the per-layer constants held, except storages in ``exclude``
         (e.g. the model's own parameters, which the cache does not keep alive)."""

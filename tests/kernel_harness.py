@@ -66,3 +66,18 @@ def assert_close(name, got, want, rel):
     print(f"  {name}: max err {err:.3e} (scale {scale:.3g})")
     assert err <= rel * scale, f"{name}: max err {err:.3e} > {rel:g} * {scale:.3g}"
     assert torch.isfinite(got).all(), name
+
+
+def worker_main(kernels: str, namespace: dict, case: str) -> None:
+    """Subprocess side: run ``namespace["case_<case>"](kernels module, device)`` and print ``OK <case>``."""
+    import time
+
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    device = os.environ.get("REPLAYSSM_KERNEL_TEST_DEVICE", "cpu")
+    torch.manual_seed(0)
+    module = load_kernel_module(kernels)
+    start = time.perf_counter()
+    namespace[f"case_{case}"](module, device)
+    print(f"OK {case} ({time.perf_counter() - start:.1f}s)")

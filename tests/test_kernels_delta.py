@@ -9,11 +9,10 @@ each program in numpy): batch <= 6, 4 value heads, dims 16-32.
 
 from __future__ import annotations
 
-import os
 import sys
 
 import pytest
-from kernel_harness import HAS_TRITON, ROOT, load_kernel_module, run_bench_smoke, run_case
+from kernel_harness import HAS_TRITON, run_bench_smoke, run_case, worker_main
 from kernel_harness import assert_close as _close
 
 CASES = ["replay_mixed_gdn_bf16", "replay_mixed_kda", "replay_options", "state_update", "sequence_gdn",
@@ -304,19 +303,5 @@ def case_buffer_len_one(k, device):
             assert count.tolist() == [0, 0]
 
 
-def _main(case: str) -> None:
-    import time
-
-    import torch
-
-    device = os.environ.get("REPLAYSSM_KERNEL_TEST_DEVICE", "cpu")
-    torch.manual_seed(0)
-    k = load_kernel_module("delta_rule")
-    start = time.perf_counter()
-    globals()[f"case_{case}"](k, device)
-    print(f"OK {case} ({time.perf_counter() - start:.1f}s)")
-
-
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
-    _main(sys.argv[1])
+    worker_main("delta_rule", globals(), sys.argv[1])

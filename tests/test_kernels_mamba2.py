@@ -9,11 +9,10 @@ installed. Shapes are tiny (the interpreter runs each program in numpy).
 
 from __future__ import annotations
 
-import os
 import sys
 
 import pytest
-from kernel_harness import HAS_TRITON, ROOT, load_kernel_module, run_bench_smoke, run_case
+from kernel_harness import HAS_TRITON, run_bench_smoke, run_case, worker_main
 from kernel_harness import assert_close as _close
 
 CASES = ["replay_mixed_bf16", "replay_fp32_plain", "state_update", "sequence", "buffer_len_one"]
@@ -288,19 +287,5 @@ def case_buffer_len_one(k, device):
             assert torch.equal(before, p[name]), f"{name} written although every step flushes"
 
 
-def _main(case: str) -> None:
-    import time
-
-    import torch
-
-    device = os.environ.get("REPLAYSSM_KERNEL_TEST_DEVICE", "cpu")
-    torch.manual_seed(0)
-    k = load_kernel_module("mamba2")
-    start = time.perf_counter()
-    globals()[f"case_{case}"](k, device)
-    print(f"OK {case} ({time.perf_counter() - start:.1f}s)")
-
-
 if __name__ == "__main__":
-    sys.path.insert(0, str(ROOT))
-    _main(sys.argv[1])
+    worker_main("mamba2", globals(), sys.argv[1])

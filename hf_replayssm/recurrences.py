@@ -56,7 +56,7 @@ class Mamba2Recurrence:
 
     @staticmethod
     def kernel_step(state, ring: Records, origin, count, tokens: Records, params: Records, buffer_len: int):
-        """One decode token through the fused Triton replay-or-flush kernel (``hf_replayssm.kernels.mamba2``)."""
+        """One decode token through the Triton replay-or-flush kernel (``hf_replayssm.kernels.mamba2``)."""
         from .kernels.mamba2 import mamba2_replay_step
 
         y = mamba2_replay_step(
@@ -124,7 +124,7 @@ class DeltaRuleRecurrence:
 
     @staticmethod
     def kernel_step(state, ring: Records, origin, count, tokens: Records, params: Records, buffer_len: int):
-        """One decode token through the fused Triton replay-or-flush kernel (``hf_replayssm.kernels.delta_rule``)."""
+        """One decode token through the Triton replay-or-flush kernel (``hf_replayssm.kernels.delta_rule``)."""
         from .kernels.delta_rule import delta_replay_step
 
         o = delta_replay_step(

@@ -79,8 +79,6 @@ class ReplaySchedule:
         self._staged: dict = {}  # boundary position -> StagedCheckpoint inside pending speculative records
         self._params: dict[str, object] = {}  # per-layer constants of the last call (e.g. Mamba-2's A)
         self.backend = "torch"  # "triton": plain decode steps run the family's fused kernel where it applies
-        self._device_positions: tuple[torch.Tensor, torch.Tensor] | None = None  # kernel's origin, count [B] int32
-        self._positions_on_device: tuple[int, int] | None = None  # the host (origin, count) they hold
         self.device: torch.device | None = None
         self.batch_size: int | None = None
         self.state_shape: tuple[int, ...] | None = None
@@ -225,19 +223,11 @@ class ReplaySchedule:
                 and self.store.kernel_state() is not None)
 
     def _kernel_step(self, tokens) -> torch.Tensor:
-        """One plain decode token through the family's fused replay-or-flush kernel: the kernel decides the phase
-        per row on the device and advances the device positions; the host mirrors them by the same rule."""
+        """One plain decode token through the family's replay-or-flush kernel. Every row is at the host's position
+        (plain decoding keeps the rows in step), so the launch is the kernel specialised to this step's phase."""
         ring = self.ring
-        host = (ring.origin, ring.num_committed)
-        if self._device_positions is None or self._positions_on_device != host:
-            batch = self.batch_size
-            self._device_positions = (
-                torch.full((batch,), ring.origin, dtype=torch.int32, device=self.device),
-                torch.full((batch,), ring.num_committed, dtype=torch.int32, device=self.device),
-            )
-        origin, count = self._device_positions
-        y = self.recurrence.kernel_step(self.store.kernel_state(), ring.fields, origin, count, tokens, self._params,
-                                        self.buffer_len)
+        y = self.recurrence.kernel_step(self.store.kernel_state(), ring.fields, ring.origin, ring.num_committed,
+                                        tokens, self._params, self.buffer_len)
         if ring.num_committed + 1 < self.buffer_len:
             ring.num_committed += 1
         else:  # the kernel flushed: records and token folded into the checkpoint in place
@@ -245,7 +235,6 @@ class ReplaySchedule:
             self.checkpoint_position += self.buffer_len
             self.counters["flushes"] += 1
             self.counters["checkpoint_writes"] += 1
-        self._positions_on_device = (ring.origin, ring.num_committed)
         return y
 
     def _absorb(self, tokens, chunk_fn, history) -> torch.Tensor:
@@ -393,7 +382,6 @@ class ReplaySchedule:
         self.ring.index_batch(index)
         self.conv.index_batch(index)
         self.batch_size = int(index.numel())
-        self._device_positions = None
 
     # ------------------------------------------------------------------ memory
     def nbytes(self, exclude: set[int] = frozenset()) -> dict[str, int]:

@@ -202,6 +202,18 @@ class ReplayInputs:
 
         return run
 
+    def host_fn(self, step, **launch):
+        """A cycle with every row at one position known on the host (plain batched decoding): L - 1 replay-only
+        launches and one flush-only launch (the phase-specialised kernels)."""
+        def run():
+            for i in range(self.L):
+                c = self.copies[i % self.n]
+                step(c["state"], c["ring_x"], c["ring_dt"], c["ring_B"], 0, i, c["x"], c["dt"],
+                     c["B"], c["C"], self.params["A"], D=self.params["D"], dt_bias=self.params["dt_bias"],
+                     dt_softplus=True, buffer_len=self.L, out=c["out"], **launch)
+
+        return run
+
 
 class StepInputs:
     def __init__(self, batch, heads, head_dim, d_state, groups, L, device, gen, cuda):
@@ -332,6 +344,14 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
             row["replay_in_phase_default_us"] = (
                 per_step_us(timer(inputs.fn(k.mamba2_replay_step))) if best_cfg != default_key
                 else row["replay_in_phase_us"])
+            # replay with the positions on the host (phase-specialised launches): default config and sweep
+            sweep = {}
+            for cfg in dict.fromkeys([default_cfg, *replay_sweep]):
+                t = timer(inputs.host_fn(k._replay_step, _config=_cfg_dict(cfg)))
+                sweep[_cfg_name(cfg)] = dict(us=per_step_us(t), **t, **_compiled_info(k, "replay"))
+            best_host = min(sweep, key=lambda c: sweep[c]["us"])
+            row.update(replay_host_sweep=sweep, replay_host_best_config=best_host,
+                       replay_host_us=sweep[best_host]["us"], replay_host_default_us=sweep[default_key]["us"])
             del inputs
             # standard kernel
             inputs = StepInputs(batch, heads, head_dim, d_state, groups, L, device, gen, cuda)
@@ -351,8 +371,8 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
             del inputs
             if cuda:
                 torch.cuda.empty_cache()
-            for key, model in (("replay_mixed", "replay"), ("replay_in_phase", "replay"), ("standard", "standard"),
-                               ("torch", "standard")):
+            for key, model in (("replay_mixed", "replay"), ("replay_in_phase", "replay"), ("replay_host", "replay"),
+                               ("standard", "standard"), ("torch", "standard")):
                 gbps = nbytes[model] / (row[f"{key}_us"] * 1e-6) / 1e9
                 row[f"{key}_GBps"] = gbps
                 row[f"{key}_frac_of_copy_bw"] = gbps / copy_bw
@@ -362,6 +382,7 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
             row["speedup_replay_vs_standard_default"] = row["standard_default_us"] / row["replay_mixed_default_us"]
             row["speedup_replay_in_phase_vs_standard"] = row["standard_us"] / row["replay_in_phase_us"]
             row["speedup_replay_vs_torch"] = row["torch_us"] / row["replay_mixed_us"]
+            row["speedup_replay_host_vs_standard"] = row["standard_us"] / row["replay_host_us"]
             rows.append(row)
             _print_row(row, header=len(rows) == 1)
     return rows, checks
@@ -379,6 +400,10 @@ def _print_row(r, header):
           f"{r['standard_default_us']:>9.2f} | {r['torch_us']:>9.1f} | {r['speedup_replay_vs_standard']:>6.2f} "
           f"{r['speedup_replay_vs_standard_default']:>10.2f} {r['speedup_replay_vs_torch']:>8.2f}   "
           f"[replay {r['replay_best_config']}, std {r['standard_best_config']}]", flush=True)
+    print(f"{'':<16}{'':>6} | host-phase replay {r['replay_host_us']:>9.2f} us "
+          f"{100 * r['replay_host_frac_of_copy_bw']:>4.0f}% of copy BW, "
+          f"x std {r['speedup_replay_host_vs_standard']:.2f} "
+          f"[{r['replay_host_best_config']}]", flush=True)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -195,6 +195,17 @@ class ReplayInputs:
 
         return run
 
+    def host_fn(self, step, **launch):
+        """A cycle with every row at one position known on the host (plain batched decoding): L - 1 replay-only
+        launches and one flush-only launch (the phase-specialised kernels)."""
+        def run():
+            for i in range(self.L):
+                c = self.copies[i % self.n]
+                step(*[c[n] for n in RING[:4]], 0, i, *[c[n] for n in TOKEN], buffer_len=self.L, out=c["out"],
+                     **launch)
+
+        return run
+
 
 class StepInputs:
     def __init__(self, batch, shape, per_key, L, device, gen, cuda):
@@ -379,6 +390,14 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
             # replay, all rows in phase
             inputs = ReplayInputs(batch, shape, per_key, L, device, gen, "in_phase", cuda)
             row["replay_in_phase_us"] = per_step_us(timer(inputs.fn(k._replay_step, _block_v=bv, _num_warps=nw)))
+            # replay with the positions on the host (phase-specialised launches): default config and sweep
+            sweep = {}
+            for cfg in dict.fromkeys([default_cfg, *[c for c in replay_sweep if c[0] <= max(16, V)]]):
+                t = timer(inputs.host_fn(k._replay_step, _block_v=cfg[0], _num_warps=cfg[1]))
+                sweep[_key(cfg)] = dict(us=per_step_us(t), **t, **_compiled_info(k, "replay"))
+            best_host = min(sweep, key=lambda c: sweep[c]["us"])
+            row.update(replay_host_sweep=sweep, replay_host_best_config=best_host,
+                       replay_host_us=sweep[best_host]["us"], replay_host_default_us=sweep[_key(default_cfg)]["us"])
             del inputs
             # standard kernel, fla, torch
             inputs = StepInputs(batch, shape, per_key, L, device, gen, cuda)
@@ -397,8 +416,8 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
             del inputs
             if cuda:
                 torch.cuda.empty_cache()
-            for key, model in (("replay_mixed", "replay"), ("replay_in_phase", "replay"), ("standard", "standard"),
-                               ("fla", "standard"), ("torch", "standard")):
+            for key, model in (("replay_mixed", "replay"), ("replay_in_phase", "replay"), ("replay_host", "replay"),
+                               ("standard", "standard"), ("fla", "standard"), ("torch", "standard")):
                 if row.get(f"{key}_us"):
                     gbps = nbytes[model] / (row[f"{key}_us"] * 1e-6) / 1e9
                     row[f"{key}_GBps"] = gbps
@@ -409,6 +428,8 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
             row["speedup_replay_vs_standard"] = row["standard_us"] / row["replay_mixed_us"]
             row["speedup_replay_vs_standard_default"] = row["standard_default_us"] / row["replay_mixed_default_us"]
             row["speedup_replay_in_phase_vs_standard"] = row["standard_us"] / row["replay_in_phase_us"]
+            row["speedup_replay_host_vs_standard"] = row["standard_us"] / row["replay_host_us"]
+            row["speedup_replay_host_vs_fla"] = row["fla_us"] / row["replay_host_us"] if row["fla_us"] else None
             row["speedup_standard_vs_fla"] = row["fla_us"] / row["standard_us"] if row["fla_us"] else None
             row["speedup_replay_vs_fla"] = row["fla_us"] / row["replay_mixed_us"] if row["fla_us"] else None
             if row.get("torch_us"):
@@ -438,6 +459,10 @@ def _print_row(r, header):
           f"{_fmt(r['speedup_replay_vs_fla'], 6)} {_fmt(r.get('speedup_replay_vs_torch'), 7)} "
           f"{r['ideal_speedup_bytes']:>6.2f}   [replay {r['replay_best_config']}, std {r['standard_best_config']}]",
           flush=True)
+    print(f"{'':<14}{'':>6} | host-phase replay {r['replay_host_us']:>9.2f} us "
+          f"{100 * r['replay_host_frac_of_copy_bw']:>4.0f}% of copy BW, "
+          f"x std {r['speedup_replay_host_vs_standard']:.2f}, x fla {_fmt(r['speedup_replay_host_vs_fla'], 5)} "
+          f"[{r['replay_host_best_config']}]", flush=True)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -79,6 +79,7 @@ import triton
 import triton.language as tl
 
 from hf_replayssm.ops.delta_step import delta_replay_step_ref, delta_state_update_ref
+from hf_replayssm.ops.positions import host_phase
 
 __all__ = [
     "delta_replay_step",
@@ -135,8 +136,8 @@ def _delta_replay_step_kernel(
     # pointers
     state_ptr, ring_k_ptr, ring_d_ptr, ring_g_ptr, origin_ptr, count_ptr,
     q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, o_ptr,
-    # sizes
-    K: tl.constexpr, V: tl.constexpr, ring_size, kv_ratio, scale,
+    # sizes; the host's positions (PHASE 1/2: every row at origin_host / count_host)
+    K: tl.constexpr, V: tl.constexpr, ring_size, kv_ratio, scale, origin_host, count_host,
     # strides (all but the batch strides are compile-time constants: tile addresses become immediate offsets)
     stride_s_b, stride_s_h: tl.constexpr, stride_s_k: tl.constexpr, stride_s_v: tl.constexpr,
     stride_rk_b, stride_rk_r: tl.constexpr, stride_rk_h: tl.constexpr, stride_rk_k: tl.constexpr,
@@ -151,9 +152,11 @@ def _delta_replay_step_kernel(
     stride_o_b, stride_o_h: tl.constexpr, stride_o_v: tl.constexpr,
     # meta
     BUFFER_LEN: tl.constexpr,
+    PHASE: tl.constexpr,  # 0: per row, read on the device; 1: every row replays; 2: every row flushes
     GATE_PER_KEY: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
     TICKET: tl.constexpr,
+    RING_PHYSICAL: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -175,11 +178,16 @@ def _delta_replay_step_kernel(
     # already taken), then this program's ticket. The ticket's value is only needed at the end, so neither read
     # waits for the other; the read is ordered before the ticket (same address), which is ordered before the
     # final exchange, so every program of the row sees the old count.
-    origin = tl.load(origin_ptr + pid_b * stride_origin)
-    count = tl.load(count_ptr + pid_b * stride_count, cache_modifier=".cg") & 0xFFFF
-    if TICKET:  # relaxed: nothing but count[b] itself is communicated between the programs of a launch
-        ticket = tl.atomic_add(count_ptr + pid_b * stride_count, 1 << 16, sem="relaxed") >> 16
-    is_flush = count + 1 >= BUFFER_LEN
+    if PHASE == 0:
+        origin = tl.load(origin_ptr + pid_b * stride_origin)
+        count = tl.load(count_ptr + pid_b * stride_count, cache_modifier=".cg") & 0xFFFF
+        if TICKET:  # relaxed: nothing but count[b] itself is communicated between the programs of a launch
+            ticket = tl.atomic_add(count_ptr + pid_b * stride_count, 1 << 16, sem="relaxed") >> 16
+        is_flush = count + 1 >= BUFFER_LEN
+    else:
+        origin = origin_host
+        count = count_host
+        is_flush = PHASE == 2
 
     # The one large read: the checkpoint tile.
     state_ptrs = (state_ptr + pid_b * stride_s_b + pid_h * stride_s_h
@@ -192,10 +200,17 @@ def _delta_replay_step_kernel(
         stride_v_b, stride_v_h, stride_v_v, stride_beta_b, stride_beta_h, stride_g_b, stride_g_h, stride_g_k,
         GATE_PER_KEY, USE_QK_L2NORM)
 
-    # Committed records in logical order (position r < count at slot (origin + r) % R); nothing else is read.
+    # Committed records: in logical order (position r < count at slot (origin + r) % R), or, for scalar gates read
+    # on the device, by physical slot (addresses that need not wait for origin/count; position (slot - origin) % R).
+    # Masked loads: nothing but the committed records is read.
     offs_r = tl.arange(0, BLOCK_R)
-    valid = offs_r < count
-    slots = (origin + offs_r) % ring_size
+    if RING_PHYSICAL:
+        slots = offs_r
+        pos = (offs_r - origin + ring_size) % ring_size
+        valid = (offs_r < ring_size) & (pos < count)
+    else:
+        valid = offs_r < count
+        slots = (origin + offs_r) % ring_size
     rk_base = ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h
     rd_base = ring_d_ptr + pid_b * stride_rd_b + pid_h * stride_rd_h
     rg_base = ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h
@@ -220,6 +235,16 @@ def _delta_replay_step_kernel(
         wk = tl.sum(kw_r * k_t[None, :], axis=1)
         pq = tl.sum(s0 * (decay * q_t)[:, None], axis=0)  # [BLOCK_V]: S0^T (exp(c) * q)
         pk = tl.sum(s0 * (decay * k_t)[:, None], axis=0)
+    elif RING_PHYSICAL:
+        g_r = tl.load(rg_base + slots * stride_rg_r, mask=valid, other=0.0).to(tl.float32)
+        after = pos[None, :] > pos[:, None]  # [j, i]: record i comes after record j (invalid g_i are 0)
+        seg = tl.sum(tl.where(after, g_r[None, :], 0.0), axis=1) + g_t  # [R], direct sums
+        decay = tl.exp(tl.sum(g_r, axis=0) + g_t)
+        w_r = tl.where(valid, tl.exp(seg), 0.0)
+        wq = w_r * tl.sum(k_r * q_t[None, :], axis=1)
+        wk = w_r * tl.sum(k_r * k_t[None, :], axis=1)
+        pq = decay * tl.sum(s0 * q_t[:, None], axis=0)
+        pk = decay * tl.sum(s0 * k_t[:, None], axis=0)
     else:
         g_next = tl.load(rg_base + slots_next * stride_rg_r, mask=valid_next, other=0.0).to(tl.float32)
         g_first = tl.load(rg_base + origin * stride_rg_r, mask=count > 0, other=0.0).to(tl.float32)
@@ -283,7 +308,7 @@ def _delta_replay_step_kernel(
                 tl.store(rk_base + slot * stride_rk_r + offs_k * stride_rk_k, k_raw.to(ring_k_ptr.dtype.element_ty),
                          mask=mask_k)
 
-    if TICKET:  # noqa: SIM102 (a constexpr test and a runtime test: not one `if`)
+    if PHASE == 0 and TICKET:  # noqa: SIM102 (a constexpr test and a runtime test: not one `if`)
         # The program that drew the row's last ticket writes the new count, clearing the ticket bits. An atomic
         # exchange, so that it is ordered after every ticket by coherence of count[b] alone.
         if ticket == tl.num_programs(0) * tl.num_programs(2) - 1:
@@ -406,17 +431,19 @@ def _ring_gate_strides(ring_g: torch.Tensor) -> tuple[int, ...]:
 
 def _replay_step(
     state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len=16, use_qk_l2norm=True, scale=None,
-    out=None, _block_v=None, _num_warps=None, _flush_dot=None, _ticket=True,
+    out=None, _block_v=None, _num_warps=None, _flush_dot=None, _ticket=True, _ring_physical=None,
 ):
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
+    phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
     assert ring_k.shape == (batch, ring_size, key_heads, key_dim), f"ring_k must be [B, R, Hk, K], got {ring_k.shape}"
     assert ring_d.shape == (batch, ring_size, value_heads, value_dim), (
         f"ring_d must be [B, R, Hv, V], got {ring_d.shape}")
     assert ring_g.shape == (batch, ring_size, *g.shape[1:]), (
         f"ring_g must be [B, R, {'Hv, K' if per_key else 'Hv'}] like g, got {tuple(ring_g.shape)}")
-    assert origin.shape == (batch,) and count.shape == (batch,), "origin and count must be [B]"
-    assert origin.dtype == torch.int32 and count.dtype == torch.int32, "origin and count must be int32"
+    if phase == 0:
+        assert origin.shape == (batch,) and count.shape == (batch,), "origin and count must be [B]"
+        assert origin.dtype == torch.int32 and count.dtype == torch.int32, "origin and count must be int32"
     assert 1 <= buffer_len < (1 << _TICKET_SHIFT), "buffer_len out of range"
     assert ring_size >= max(buffer_len - 1, 1), f"ring capacity {ring_size} < max(buffer_len - 1, 1)"
     o = torch.empty_like(v) if out is None else out
@@ -428,17 +455,23 @@ def _replay_step(
     flush_dot = flush_uses_dot(per_key) if _flush_dot is None else bool(_flush_dot)
     grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
     assert grid[0] * value_heads < (1 << (31 - _TICKET_SHIFT)), "too many programs per row for the count ticket"
+    # Scalar gates read on the device: the records by physical slot (their addresses do not wait for origin/count).
+    ring_physical = phase == 0 and not per_key if _ring_physical is None else _ring_physical
+    positions, strides, host = ((origin, count), (origin.stride(0), count.stride(0)), (0, 0)) if phase == 0 else (
+        (state, state), (0, 0), (origin, count))  # host phase: the pointers are unused
     with _device_guard(v):
         LAST_COMPILED["replay"] = _delta_replay_step_kernel[grid](
-            state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, o,
-            key_dim, value_dim, ring_size, value_heads // key_heads, scale,
+            state, ring_k, ring_d, ring_g, *positions, q, k, v, beta, g, o,
+            key_dim, value_dim, ring_size, value_heads // key_heads, scale, *host,
             *state.stride(), *ring_k.stride(), *ring_d.stride(), *_ring_gate_strides(ring_g),
-            origin.stride(0), count.stride(0),
+            *strides,
             *q.stride(), *k.stride(), *v.stride(), *beta.stride(), *_gate_strides(g), *o.stride(),
             BUFFER_LEN=buffer_len,
+            PHASE=phase,
             GATE_PER_KEY=per_key,
             USE_QK_L2NORM=bool(use_qk_l2norm),
             TICKET=_ticket,
+            RING_PHYSICAL=bool(ring_physical),
             BLOCK_K=max(16, triton.next_power_of_2(key_dim)),
             BLOCK_V=block_v,
             BLOCK_R=max(16, triton.next_power_of_2(ring_size)),  # >= 16: the flush's tl.dot needs it on the GPU
@@ -477,8 +510,8 @@ def delta_replay_step(
     ring_k: torch.Tensor,
     ring_d: torch.Tensor,
     ring_g: torch.Tensor,
-    origin: torch.Tensor,
-    count: torch.Tensor,
+    origin: torch.Tensor | int,
+    count: torch.Tensor | int,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -501,6 +534,11 @@ def delta_replay_step(
     (records + token folded into ``state[b]`` in place, ``count[b] = 0``, ``origin[b]`` unchanged). Keys and queries
     are l2-normalised in-kernel when ``use_qk_l2norm``; queries are scaled by ``scale`` (default K ** -0.5).
     Returns o [B, Hv, V] in v's dtype (or ``out``). Same semantics as :func:`delta_replay_step_ref`.
+
+    ``origin`` and ``count`` may instead be host ints (every row at the same position, e.g. plain batched decoding
+    with the positions mirrored on the host): the launch is then a kernel specialised to that phase (a replay-only
+    or flush-only program: fewer registers, no position load, no count update) and the caller advances its own
+    count.
     """
     return _replay_step(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len, use_qk_l2norm,
                         scale, out)

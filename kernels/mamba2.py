@@ -62,6 +62,7 @@ import triton
 import triton.language as tl
 
 from hf_replayssm.ops.mamba2_step import mamba2_replay_step_ref, mamba2_state_update_ref
+from hf_replayssm.ops.positions import host_phase
 
 __all__ = [
     "mamba2_replay_step",
@@ -97,12 +98,85 @@ def _token_dt(dt_ptr, dt_bias_ptr, pid_b, h, stride_dt_b, stride_dt_h, stride_dt
 
 
 @triton.jit
+def _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count, ring_size,
+                        heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m, x_f, B_f, C_f, dt_m, la_m, A_h,
+                        stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
+                        stride_rdt_b, stride_rdt_r, stride_rdt_h,
+                        stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
+                        BLOCK_R: tl.constexpr, RING_PHYSICAL: tl.constexpr):
+    """Replay: y from the checkpoint tile and the ``count`` committed records, then append the token's record."""
+    offs_r = tl.arange(0, BLOCK_R)
+    if RING_PHYSICAL:
+        # Every physical slot, whose addresses do not wait for origin/count; a slot's logical position decides.
+        slots = offs_r
+        pos = (offs_r - origin + ring_size) % ring_size
+        valid = (offs_r < ring_size) & (pos < count)
+    else:
+        pos = offs_r
+        valid = offs_r < count
+        slots = (origin + offs_r) % ring_size
+    x_r = tl.load(ring_x_ptr + pid_b * stride_rx_b + slots[:, None] * stride_rx_r + h * stride_rx_h
+                  + offs_p[None, :] * stride_rx_p, mask=valid[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
+    dt_r = tl.load(ring_dt_ptr + pid_b * stride_rdt_b + slots * stride_rdt_r + h * stride_rdt_h,
+                   mask=valid, other=0.0).to(tl.float32)
+    B_r = tl.load(ring_B_ptr + pid_b * stride_rB_b + slots[:, None] * stride_rB_r + group * stride_rB_g
+                  + offs_n[None, :] * stride_rB_n, mask=valid[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
+    # Log decays as direct sums of the terms in between (invalid records contribute 0).
+    la_r = A_h * dt_r
+    after = pos[None, :] > pos[:, None]  # [j, i]: record i comes after record j
+    seg = tl.sum(tl.where(after, la_r[None, :], 0.0), axis=1) + la_m  # log decay record j -> token m
+    lam = tl.sum(la_r, axis=0) + la_m  # log decay checkpoint -> token m
+    w = tl.where(valid, dt_r * tl.exp(seg), 0.0)
+    bc = tl.sum(B_r * C_f[None, :], axis=1)  # [R]: B_j . C_m
+    bc_m = tl.sum(B_f * C_f, axis=0)
+    y = (tl.exp(lam) * tl.sum(s0 * C_f[None, :], axis=1) + tl.sum((w * bc)[:, None] * x_r, axis=0)
+         + (dt_m * bc_m) * x_f)
+    # Append the token's record: x by every P tile, dt by P tile 0, B by P tile 0 of the group's first head.
+    slot = (origin + count) % ring_size
+    tl.store(ring_x_ptr + pid_b * stride_rx_b + slot * stride_rx_r + h * stride_rx_h + offs_p * stride_rx_p,
+             x_m.to(ring_x_ptr.dtype.element_ty), mask=mask_p)
+    if pid_p == 0:
+        tl.store(ring_dt_ptr + pid_b * stride_rdt_b + slot * stride_rdt_r + h * stride_rdt_h,
+                 dt_m.to(ring_dt_ptr.dtype.element_ty))
+        if h % heads_per_group == 0:
+            tl.store(ring_B_ptr + pid_b * stride_rB_b + slot * stride_rB_r + group * stride_rB_g
+                     + offs_n * stride_rB_n, B_m.to(ring_B_ptr.dtype.element_ty), mask=mask_n)
+    return y
+
+
+@triton.jit
+def _mamba2_flush_math(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin, count,
+                       ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m, la_m, A_h,
+                       stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
+                       stride_rdt_b, stride_rdt_r, stride_rdt_h,
+                       stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
+                       FOLD_UNROLL: tl.constexpr):
+    """Flush: fold the records and the token into the checkpoint in place by the sequential recurrence (the
+    standard step's arithmetic, so the checkpoint is what stepping would have produced); y from the new state."""
+    s = s0
+    for j0 in range(0, count, FOLD_UNROLL):
+        for jj in tl.static_range(FOLD_UNROLL):
+            j = j0 + jj
+            slot_j = (origin + j) % ring_size  # a valid slot even for j >= count (discarded below)
+            dt_j = tl.load(ring_dt_ptr + pid_b * stride_rdt_b + slot_j * stride_rdt_r + h * stride_rdt_h)
+            x_j = tl.load(ring_x_ptr + pid_b * stride_rx_b + slot_j * stride_rx_r + h * stride_rx_h
+                          + offs_p * stride_rx_p, mask=mask_p, other=0.0).to(tl.float32)
+            B_j = tl.load(ring_B_ptr + pid_b * stride_rB_b + slot_j * stride_rB_r + group * stride_rB_g
+                          + offs_n * stride_rB_n, mask=mask_n, other=0.0).to(tl.float32)
+            dt_j = dt_j.to(tl.float32)
+            s = tl.where(j < count, s * tl.exp(A_h * dt_j) + (dt_j * x_j)[:, None] * B_j[None, :], s)
+    s = s * tl.exp(la_m) + (dt_m * x_f)[:, None] * B_f[None, :]
+    tl.store(state_ptrs, s.to(state_ptrs.dtype.element_ty), mask=mask_pn)
+    return tl.sum(s * C_f[None, :], axis=1)
+
+
+@triton.jit
 def _mamba2_replay_step_kernel(
     # pointers
     state_ptr, ring_x_ptr, ring_dt_ptr, ring_B_ptr, origin_ptr, count_ptr,
     x_ptr, dt_ptr, B_ptr, C_ptr, A_ptr, D_ptr, z_ptr, dt_bias_ptr, y_ptr,
-    # sizes
-    P, N, ring_size, heads_per_group,
+    # sizes; the host's positions (PHASE 1/2: every row at origin_host / count_host)
+    P, N, ring_size, heads_per_group, origin_host, count_host,
     # strides
     stride_s_b, stride_s_h, stride_s_p, stride_s_n,
     stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
@@ -118,11 +192,13 @@ def _mamba2_replay_step_kernel(
     stride_y_b, stride_y_h, stride_y_p,
     # meta
     BUFFER_LEN: tl.constexpr,
+    PHASE: tl.constexpr,  # 0: per row, read on the device; 1: every row replays; 2: every row flushes
     HAS_D: tl.constexpr,
     HAS_Z: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr,
     TICKET: tl.constexpr,
+    RING_PHYSICAL: tl.constexpr,
     FOLD_UNROLL: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -135,23 +211,26 @@ def _mamba2_replay_step_kernel(
 
     offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
     offs_n = tl.arange(0, BLOCK_N)
-    offs_r = tl.arange(0, BLOCK_R)
     mask_p = offs_p < P
     mask_n = offs_n < N
     mask_pn = mask_p[:, None] & mask_n[None, :]
 
     # Issue order matters (in-order issue: an instruction that waits for a load holds back everything after it):
-    # the checkpoint tile first, then the row's phase and the token, then the records (whose addresses wait for
-    # origin/count). The count update (ticket atomic) comes last: an atomic's result is broadcast through a barrier,
-    # which would stall the whole program for a round trip if it were issued here.
+    # the checkpoint tile first, then the row's phase and the token, then the records. The count update (ticket
+    # atomic) comes last: an atomic's result is broadcast through a barrier, which would stall the whole program
+    # for a round trip if it were issued here.
     state_ptrs = (state_ptr + pid_b * stride_s_b + h * stride_s_h
                   + offs_p[:, None] * stride_s_p + offs_n[None, :] * stride_s_n)
     s0 = tl.load(state_ptrs, mask=mask_pn, other=0.0).to(tl.float32)
-    # Row phase. Low 16 bits of count[b]: the count (high bits: tickets of this row's programs that already
-    # finished). This program's own ticket is taken after this load (same address, and the value is consumed
-    # first), so the last ticket's update at the end can never be seen here.
-    count_raw = tl.load(count_ptr + pid_b * stride_count, volatile=True)
-    origin = tl.load(origin_ptr + pid_b * stride_origin)
+    if PHASE == 0:
+        # Low 16 bits of count[b]: the count (high bits: tickets of this row's programs that already finished).
+        # This program's own ticket is taken after this load (same address, and the value is consumed first), so
+        # the last ticket's update at the end can never be seen here.
+        count_raw = tl.load(count_ptr + pid_b * stride_count, volatile=True)
+        origin = tl.load(origin_ptr + pid_b * stride_origin)
+    else:
+        count_raw = count_host
+        origin = origin_host
     # The token: every load before any arithmetic on a loaded value.
     dt_raw = tl.load(dt_ptr + pid_b * stride_dt_b + h * stride_dt_h)
     if HAS_DT_BIAS:
@@ -165,18 +244,7 @@ def _mamba2_replay_step_kernel(
     if HAS_Z:
         z = tl.load(z_ptr + pid_b * stride_z_b + h * stride_z_h + offs_p * stride_z_p, mask=mask_p, other=0.0)
 
-    # The committed records j < count, slot (origin + j) % R (these addresses wait for origin/count).
     count = count_raw & 0xFFFF
-    is_flush = count + 1 >= BUFFER_LEN
-    valid = offs_r < count
-    slots = (origin + offs_r) % ring_size
-    x_r = tl.load(ring_x_ptr + pid_b * stride_rx_b + slots[:, None] * stride_rx_r + h * stride_rx_h
-                  + offs_p[None, :] * stride_rx_p, mask=valid[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
-    dt_r = tl.load(ring_dt_ptr + pid_b * stride_rdt_b + slots * stride_rdt_r + h * stride_rdt_h,
-                   mask=valid, other=0.0).to(tl.float32)
-    B_r = tl.load(ring_B_ptr + pid_b * stride_rB_b + slots[:, None] * stride_rB_r + group * stride_rB_g
-                  + offs_n[None, :] * stride_rB_n, mask=valid[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
-
     dt_m = dt_raw.to(tl.float32)
     if HAS_DT_BIAS:
         dt_m += dt_bias.to(tl.float32)
@@ -187,46 +255,31 @@ def _mamba2_replay_step_kernel(
     B_f = B_m.to(tl.float32)
     C_f = C_m.to(tl.float32)
 
-    if is_flush:
-        # Fold = the sequential recurrence over the records, then the token: the standard step's arithmetic, so
-        # the checkpoint is what stepping would have produced. The record re-reads hit L1/L2 (just read above);
-        # FOLD_UNROLL of them per iteration are in flight together.
-        s = s0
-        for j0 in range(0, count, FOLD_UNROLL):
-            for jj in tl.static_range(FOLD_UNROLL):
-                j = j0 + jj
-                slot_j = (origin + j) % ring_size  # a valid slot even for j >= count (discarded below)
-                dt_j = tl.load(ring_dt_ptr + pid_b * stride_rdt_b + slot_j * stride_rdt_r + h * stride_rdt_h)
-                x_j = tl.load(ring_x_ptr + pid_b * stride_rx_b + slot_j * stride_rx_r + h * stride_rx_h
-                              + offs_p * stride_rx_p, mask=mask_p, other=0.0).to(tl.float32)
-                B_j = tl.load(ring_B_ptr + pid_b * stride_rB_b + slot_j * stride_rB_r + group * stride_rB_g
-                              + offs_n * stride_rB_n, mask=mask_n, other=0.0).to(tl.float32)
-                dt_j = dt_j.to(tl.float32)
-                s = tl.where(j < count, s * tl.exp(A_h * dt_j) + (dt_j * x_j)[:, None] * B_j[None, :], s)
-        s = s * tl.exp(la_m) + (dt_m * x_f)[:, None] * B_f[None, :]
-        tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask_pn)
-        y = tl.sum(s * C_f[None, :], axis=1)
+    if PHASE == 1:
+        y = _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count,
+                                ring_size, heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m, x_f, B_f, C_f,
+                                dt_m, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
+                                stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g,
+                                stride_rB_n, BLOCK_R, False)
+    elif PHASE == 2:
+        y = _mamba2_flush_math(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin,
+                               count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m, la_m, A_h,
+                               stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b, stride_rdt_r,
+                               stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n, FOLD_UNROLL)
     else:
-        # Replay. Log decays as direct sums of the terms in between (invalid records contribute 0).
-        la_r = A_h * dt_r
-        after = offs_r[None, :] > offs_r[:, None]  # [j, i]: record i comes after record j
-        seg = tl.sum(tl.where(after, la_r[None, :], 0.0), axis=1) + la_m  # log decay record j -> token m
-        lam = tl.sum(la_r, axis=0) + la_m  # log decay checkpoint -> token m
-        w = tl.where(valid, dt_r * tl.exp(seg), 0.0)
-        bc = tl.sum(B_r * C_f[None, :], axis=1)  # [R]: B_j . C_m
-        bc_m = tl.sum(B_f * C_f, axis=0)
-        y = (tl.exp(lam) * tl.sum(s0 * C_f[None, :], axis=1) + tl.sum((w * bc)[:, None] * x_r, axis=0)
-             + (dt_m * bc_m) * x_f)
-        # Append the token's record: x by every P tile, dt by P tile 0, B by P tile 0 of the group's first head.
-        slot = (origin + count) % ring_size
-        tl.store(ring_x_ptr + pid_b * stride_rx_b + slot * stride_rx_r + h * stride_rx_h + offs_p * stride_rx_p,
-                 x_m.to(ring_x_ptr.dtype.element_ty), mask=mask_p)
-        if pid_p == 0:
-            tl.store(ring_dt_ptr + pid_b * stride_rdt_b + slot * stride_rdt_r + h * stride_rdt_h,
-                     dt_m.to(ring_dt_ptr.dtype.element_ty))
-            if h % heads_per_group == 0:
-                tl.store(ring_B_ptr + pid_b * stride_rB_b + slot * stride_rB_r + group * stride_rB_g
-                         + offs_n * stride_rB_n, B_m.to(ring_B_ptr.dtype.element_ty), mask=mask_n)
+        is_flush = count + 1 >= BUFFER_LEN
+        if is_flush:
+            y = _mamba2_flush_math(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group,
+                                   origin, count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m,
+                                   la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b,
+                                   stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
+                                   FOLD_UNROLL)
+        else:
+            y = _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count,
+                                    ring_size, heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m, x_f, B_f,
+                                    C_f, dt_m, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
+                                    stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g,
+                                    stride_rB_n, BLOCK_R, RING_PHYSICAL)
 
     if HAS_D:
         y += D_h * x_f
@@ -236,13 +289,14 @@ def _mamba2_replay_step_kernel(
     tl.store(y_ptr + pid_b * stride_y_b + h * stride_y_h + offs_p * stride_y_p,
              y.to(y_ptr.dtype.element_ty), mask=mask_p)
 
-    if TICKET:
+    if PHASE == 0 and TICKET:
         # Take a ticket; the program that drew the row's last one (every program of the row has read the count by
         # then) writes the new count, clearing the ticket bits. Relaxed atomics suffice: only count[b] itself is
         # communicated, and the exchange is ordered after every ticket by the coherence of that one address.
         ticket = tl.atomic_add(count_ptr + pid_b * stride_count, 1 << 16, sem="relaxed") >> 16
         if ticket == tl.num_programs(0) * tl.num_programs(2) - 1:
-            tl.atomic_xchg(count_ptr + pid_b * stride_count, tl.where(is_flush, 0, count + 1), sem="relaxed")
+            tl.atomic_xchg(count_ptr + pid_b * stride_count, tl.where(count + 1 >= BUFFER_LEN, 0, count + 1),
+                           sem="relaxed")
 
 
 @triton.jit
@@ -358,17 +412,20 @@ def _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias):
 
 def _replay_step(
     state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=None, z=None, dt_bias=None,
-    dt_softplus=False, buffer_len=16, out=None, _config=None, _ticket=True,
+    dt_softplus=False, buffer_len=16, out=None, _config=None, _ticket=True, _ring_physical=None,
 ):
     """:func:`mamba2_replay_step` with a launch-configuration override (``_config``: dict with ``block_p`` and/or
-    ``num_warps``) and, for diagnostics only, ``_ticket=False`` (count read plainly and left unchanged)."""
+    ``num_warps``) and, for diagnostics only, ``_ticket=False`` (count read plainly and left unchanged) and
+    ``_ring_physical`` (force the ring read order of the device-phase kernel)."""
     batch, heads, head_dim, d_state, groups = _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias)
     ring_size = ring_x.shape[1]
     assert ring_x.shape == (batch, ring_size, heads, head_dim), f"ring_x must be [B, R, H, P], got {ring_x.shape}"
     assert ring_dt.shape == (batch, ring_size, heads), f"ring_dt must be [B, R, H], got {tuple(ring_dt.shape)}"
     assert ring_B.shape == (batch, ring_size, groups, d_state), f"ring_B must be [B, R, G, N], got {ring_B.shape}"
-    assert origin.shape == (batch,) and count.shape == (batch,), "origin and count must be [B]"
-    assert origin.dtype == torch.int32 and count.dtype == torch.int32, "origin and count must be int32"
+    phase = host_phase(origin, count, buffer_len)
+    if phase == 0:
+        assert origin.shape == (batch,) and count.shape == (batch,), "origin and count must be [B]"
+        assert origin.dtype == torch.int32 and count.dtype == torch.int32, "origin and count must be int32"
     assert 1 <= buffer_len < (1 << _TICKET_SHIFT), "buffer_len out of range"
     assert ring_size >= max(buffer_len - 1, 1), f"ring capacity {ring_size} < max(buffer_len - 1, 1)"
     y = torch.empty_like(x) if out is None else out
@@ -376,26 +433,36 @@ def _replay_step(
     cfg = dict(replay_launch_config(batch, heads, head_dim, d_state), **(_config or {}))
     grid = (triton.cdiv(head_dim, cfg["block_p"]), batch, heads)
     assert grid[0] * heads < (1 << (31 - _TICKET_SHIFT)), "too many programs per row for the count ticket"
+    # The device-phase kernel reads every physical ring slot (addresses that need not wait for origin/count) when
+    # the ring is no larger than the record tile anyway.
+    block_r = triton.next_power_of_2(max(buffer_len - 1, 1))
+    ring_physical = triton.next_power_of_2(ring_size) == block_r if _ring_physical is None else _ring_physical
+    if ring_physical:
+        block_r = triton.next_power_of_2(ring_size)
+    positions = (origin, count) if phase == 0 else (A, A)  # unused pointers in the host-phase kernels
+    host = (0, 0) if phase == 0 else (origin, count)
     with _device_guard(x):
         LAST_COMPILED["replay"] = _mamba2_replay_step_kernel[grid](
-            state, ring_x, ring_dt, ring_B, origin, count,
+            state, ring_x, ring_dt, ring_B, *positions,
             x, dt, B, C, A, _optional(D, A), _optional(z, x), _optional(dt_bias, A), y,
-            head_dim, d_state, ring_size, heads // groups,
+            head_dim, d_state, ring_size, heads // groups, *host,
             *state.stride(), *ring_x.stride(), *ring_dt.stride(), *ring_B.stride(),
-            origin.stride(0), count.stride(0),
+            *((origin.stride(0), count.stride(0)) if phase == 0 else (0, 0)),
             *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
             A.stride(0), _strides(D, 1)[0], _strides(dt_bias, 1)[0],
             *_strides(z, 3), *y.stride(),
             BUFFER_LEN=buffer_len,
+            PHASE=phase,
             HAS_D=D is not None,
             HAS_Z=z is not None,
             HAS_DT_BIAS=dt_bias is not None,
             DT_SOFTPLUS=bool(dt_softplus),
             TICKET=_ticket,
+            RING_PHYSICAL=bool(ring_physical),
             FOLD_UNROLL=cfg["fold_unroll"],
             BLOCK_P=cfg["block_p"],
             BLOCK_N=triton.next_power_of_2(d_state),
-            BLOCK_R=triton.next_power_of_2(max(buffer_len - 1, 1)),
+            BLOCK_R=block_r,
             num_warps=cfg["num_warps"],
         )
     return y
@@ -431,8 +498,8 @@ def mamba2_replay_step(
     ring_x: torch.Tensor,
     ring_dt: torch.Tensor,
     ring_B: torch.Tensor,
-    origin: torch.Tensor,
-    count: torch.Tensor,
+    origin: torch.Tensor | int,
+    count: torch.Tensor | int,
     x: torch.Tensor,
     dt: torch.Tensor,
     B: torch.Tensor,
@@ -456,6 +523,11 @@ def mamba2_replay_step(
     ``(origin[b] + count[b]) % R``, ``count[b] += 1``, state untouched) and flushes otherwise (records + token folded
     into ``state[b]`` in place, ``count[b] = 0``, ``origin[b]`` unchanged). Returns y [B, H, P] in x's dtype (or
     ``out``). Same semantics as :func:`mamba2_replay_step_ref`.
+
+    ``origin`` and ``count`` may instead be host ints (every row at the same position, e.g. plain batched decoding
+    with the positions mirrored on the host): the launch is then a kernel specialised to that phase (a replay-only
+    or flush-only program: fewer registers, no position load, no count update) and the caller advances its own
+    count.
     """
     return _replay_step(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, dt_softplus,
                         buffer_len, out)

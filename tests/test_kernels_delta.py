@@ -16,7 +16,7 @@ from kernel_harness import HAS_TRITON, run_bench_smoke, run_case, worker_main
 from kernel_harness import assert_close as _close
 
 CASES = ["replay_mixed_gdn_bf16", "replay_mixed_kda", "replay_options", "state_update", "sequence_gdn",
-         "sequence_kda", "buffer_len_one"]
+         "sequence_kda", "buffer_len_one", "host_phase"]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -301,6 +301,41 @@ def case_buffer_len_one(k, device):
             _close("o", o, o_std, 1e-6)
             _close("state", p["state"], state_std, 1e-6)
             assert count.tolist() == [0, 0]
+
+
+def case_host_phase(k, device):
+    """Host-int positions (every row at one position: the phase-specialised kernels) == the reference with those
+    positions as per-row tensors, for every count 0..L-1 (replay-only and flush-only programs), GDN and KDA, GVA,
+    ring wrap-around, bf16 inputs. And the device-phase GDN kernel reads the ring in physical and in logical order
+    with the same result."""
+    import torch
+
+    L, R, batch = 5, 4, 2
+    for per_key in (False, True):
+        for count in range(L):
+            origin = (3 * count + 1) % R
+            p = _make(device, torch.bfloat16, batch, 2, 4, 24, 20, R, per_key=per_key, seed=count)
+            q = _clone(p)
+            out = torch.empty(p["v"].shape, dtype=torch.float32, device=device)
+            o = _run_replay(k._replay_step, p, origin, count, buffer_len=L, out=out)
+            full = [torch.full((batch,), x, dtype=torch.int32, device=device) for x in (origin, count)]
+            o_ref = _run_replay(k.delta_replay_step_ref, q, *full, buffer_len=L, out=torch.empty_like(out))
+            print(f" host phase: per_key={per_key} origin={origin} count={count}")
+            _close("o", o, o_ref, 2e-5)
+            _close("state", p["state"], q["state"], 2e-6)
+            assert torch.equal(p["ring_k"], q["ring_k"]) and torch.equal(p["ring_g"], q["ring_g"])
+            _close("ring_d", p["ring_d"], q["ring_d"], 2e-5)
+    results = []
+    for physical in (True, False):
+        p = _make(device, torch.float32, 3, 2, 4, 24, 20, R, per_key=False, seed=7)
+        origin = torch.tensor([3, 0, 2], dtype=torch.int32, device=device)
+        count = torch.tensor([2, 0, 3], dtype=torch.int32, device=device)
+        results.append((_run_replay(k._replay_step, p, origin, count, buffer_len=L, _ring_physical=physical),
+                        p["ring_d"], count))
+    print(" ring read order")
+    _close("o physical vs logical", results[0][0], results[1][0], 2e-6)
+    _close("ring_d physical vs logical", results[0][1], results[1][1], 2e-6)
+    assert torch.equal(results[0][2], results[1][2])
 
 
 if __name__ == "__main__":

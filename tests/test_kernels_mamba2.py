@@ -15,7 +15,7 @@ import pytest
 from kernel_harness import HAS_TRITON, run_bench_smoke, run_case, worker_main
 from kernel_harness import assert_close as _close
 
-CASES = ["replay_mixed_bf16", "replay_fp32_plain", "state_update", "sequence", "buffer_len_one"]
+CASES = ["replay_mixed_bf16", "replay_fp32_plain", "state_update", "sequence", "buffer_len_one", "host_phase"]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -285,6 +285,43 @@ def case_buffer_len_one(k, device):
             assert count.tolist() == [0, 0]
         for before, name in zip(ring_before, ("ring_x", "ring_dt", "ring_B"), strict=True):
             assert torch.equal(before, p[name]), f"{name} written although every step flushes"
+
+
+def case_host_phase(k, device):
+    """Host-int positions (every row at one position: the phase-specialised kernels) == the reference with those
+    positions as per-row tensors, for every count 0..L-1 (replay-only and flush-only programs), ring wrap-around,
+    bf16 inputs with D/z/dt_bias; nothing is advanced on the host side. Also the device-phase kernel reads the ring
+    in physical and in logical order with the same result."""
+    import torch
+
+    L, R, batch = 6, 5, 3
+    for count in range(L):
+        origin = (3 * count + 2) % R
+        p = _make(device, torch.bfloat16, batch, 4, 2, 24, 20, R, seed=count, options=True)
+        q = _clone(p)
+        args, kw = _replay_args(p, origin, count)
+        out = torch.empty(p["x"].shape, dtype=torch.float32, device=device)
+        y = k._replay_step(*args, **kw, buffer_len=L, out=out)
+        args_ref, kw_ref = _replay_args(q, torch.full((batch,), origin, dtype=torch.int32, device=device),
+                                        torch.full((batch,), count, dtype=torch.int32, device=device))
+        y_ref = k.mamba2_replay_step_ref(*args_ref, **kw_ref, buffer_len=L, out=torch.empty_like(out))
+        print(f" host phase: origin={origin} count={count}")
+        _close("y", y, y_ref, 2e-6)
+        _close("state", p["state"], q["state"], 1e-6)
+        for name in ("ring_x", "ring_B"):
+            assert torch.equal(p[name], q[name]), name
+        _close("ring_dt", p["ring_dt"], q["ring_dt"], 1e-6)
+    origins, counts = [4, 0, 2], [3, 0, 4]
+    results = []
+    for physical in (True, False):
+        p = _make(device, torch.float32, batch, 4, 2, 24, 20, R, seed=9, options=True)
+        origin = torch.tensor(origins, dtype=torch.int32, device=device)
+        count = torch.tensor(counts, dtype=torch.int32, device=device)
+        args, kw = _replay_args(p, origin, count)
+        results.append((k._replay_step(*args, **kw, buffer_len=L, _ring_physical=physical), p["ring_x"], count))
+    print(" ring read order")
+    _close("y physical vs logical", results[0][0], results[1][0], 1e-6)
+    assert torch.equal(results[0][1], results[1][1]) and torch.equal(results[0][2], results[1][2])
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from .delta_rule import delta_fold, delta_replay, delta_step_reference
+from .positions import row_position, set_row_count
 
 L2NORM_EPS = 1e-6
 
@@ -84,8 +85,8 @@ def delta_replay_step_ref(
     ring_k: torch.Tensor,
     ring_d: torch.Tensor,
     ring_g: torch.Tensor,
-    origin: torch.Tensor,
-    count: torch.Tensor,
+    origin: torch.Tensor | int,
+    count: torch.Tensor | int,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -104,7 +105,8 @@ def delta_replay_step_ref(
     * ``count[b] + 1 >= buffer_len`` (flush): the records and the token are folded into ``state[b]`` in place,
       ``o = S^T q``, ``count[b] = 0``; ``origin[b]`` is left unchanged (the next record goes to slot ``origin[b]``).
 
-    Returns o [B, Hv, V] in v's dtype, or writes it into ``out``.
+    ``origin``/``count`` may be host ints (every row at that position; nothing is updated: the caller advances its
+    own count). Returns o [B, Hv, V] in v's dtype, or writes it into ``out``.
     """
     batch, ring_size = ring_k.shape[:2]
     value_heads, key_dim = v.shape[1], k.shape[-1]
@@ -116,7 +118,7 @@ def delta_replay_step_ref(
     g32, beta32 = g.float(), beta.float()
     outs = []
     for b in range(batch):
-        start, num = int(origin[b]), int(count[b])
+        start, num = row_position(origin, b), row_position(count, b)
         slots = (start + torch.arange(num, device=k.device)) % ring_size
         hist_k = delta_keys(ring_k[b, slots], value_heads, use_qk_l2norm)[None]  # [1, n, Hv, K]
         hist_d, hist_g = ring_d[b, slots][None].float(), ring_g[b, slots][None].float()
@@ -129,12 +131,12 @@ def delta_replay_step_ref(
                                    torch.cat([hist_g, tok_g], dim=1))[0]
             state[b].copy_(new_state)
             outs.append(torch.einsum("hkv,hk->hv", new_state, qn[b]))
-            count[b] = 0
+            set_row_count(count, b, 0)
         else:
             outs.append(o[0, 0])
             slot = (start + num) % ring_size
             ring_k[b, slot] = k[b].to(ring_k.dtype)
             ring_d[b, slot] = d[0, 0].to(ring_d.dtype)
             ring_g[b, slot] = g[b].to(ring_g.dtype)
-            count[b] = num + 1
+            set_row_count(count, b, num + 1)
     return _finish(torch.stack(outs), v, out)

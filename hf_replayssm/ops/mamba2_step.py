@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from .mamba2 import _heads, ssd_fold, ssd_replay, ssd_step_reference
+from .positions import row_position, set_row_count
 
 
 def mamba2_dt(dt: torch.Tensor, dt_bias: torch.Tensor | None, dt_softplus: bool) -> torch.Tensor:
@@ -69,8 +70,8 @@ def mamba2_replay_step_ref(
     ring_x: torch.Tensor,
     ring_dt: torch.Tensor,
     ring_B: torch.Tensor,
-    origin: torch.Tensor,
-    count: torch.Tensor,
+    origin: torch.Tensor | int,
+    count: torch.Tensor | int,
     x: torch.Tensor,
     dt: torch.Tensor,
     B: torch.Tensor,
@@ -92,14 +93,15 @@ def mamba2_replay_step_ref(
       ``y = S C + D x``, ``count[b] = 0``; ``origin[b]`` is left unchanged (the next record goes to slot
       ``origin[b]``).
 
-    Returns y [B, H, P] (``*= silu(z)`` when z is given) in x's dtype, or writes it into ``out``.
+    ``origin``/``count`` may be host ints (every row at that position; nothing is updated: the caller advances its
+    own count). Returns y [B, H, P] (``*= silu(z)`` when z is given) in x's dtype, or writes it into ``out``.
     """
     batch, ring_size = ring_x.shape[:2]
     num_heads = x.shape[1]
     dtp = mamba2_dt(dt, dt_bias, dt_softplus)  # [B, H]
     ys = []
     for b in range(batch):
-        start, num = int(origin[b]), int(count[b])
+        start, num = row_position(origin, b), row_position(count, b)
         slots = (start + torch.arange(num, device=x.device)) % ring_size
         hist_x, hist_dt, hist_B = ring_x[b, slots][None], ring_dt[b, slots][None], ring_B[b, slots][None]
         tok_x, tok_dt, tok_B = x[b, None, None], dtp[b, None, None], B[b, None, None]
@@ -115,7 +117,7 @@ def mamba2_replay_step_ref(
             y = torch.einsum("hpn,hn->hp", new_state, _heads(C[b].float(), num_heads))
             if D is not None:
                 y = y + D.float()[:, None] * x[b].float()
-            count[b] = 0
+            set_row_count(count, b, 0)
         else:
             y = ssd_replay(state[b : b + 1], hist_x, hist_dt, hist_B, tok_x, tok_dt, tok_B, C[b, None, None], A, D)
             y = y[0, 0]
@@ -123,6 +125,6 @@ def mamba2_replay_step_ref(
             ring_x[b, slot] = x[b].to(ring_x.dtype)
             ring_dt[b, slot] = dtp[b].to(ring_dt.dtype)
             ring_B[b, slot] = B[b].to(ring_B.dtype)
-            count[b] = num + 1
+            set_row_count(count, b, num + 1)
         ys.append(y)
     return _finish(torch.stack(ys), z, x, out)

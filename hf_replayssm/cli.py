@@ -36,6 +36,7 @@ def _precision_check(args: argparse.Namespace) -> int:
 
 BENCHES = {
     "memory": "hf_replayssm.bench.memory",  # cache memory and prefill peak vs the stock cache
+    "step": "hf_replayssm.bench.step",  # model-level decode step time: stock vs ReplayCache backends
     "kernels": "hf_replayssm.kernels.bench",  # replay vs standard step kernels, Mamba-2 (needs triton and a GPU)
 }
 DELTA_FAMILIES = ("gdn", "kda")  # `bench kernels --family gdn|kda` runs the delta-rule benchmark

@@ -202,12 +202,13 @@ class ReplayInputs:
 
         return run
 
-    def host_fn(self, step, **launch):
+    def host_fn(self, step, only: int | None = None, **launch):
         """A cycle with every row at one position known on the host (plain batched decoding): L - 1 replay-only
-        launches and one flush-only launch (the phase-specialised kernels)."""
+        launches and one flush-only launch (the phase-specialised kernels); ``only``: L launches at that count."""
         def run():
-            for i in range(self.L):
-                c = self.copies[i % self.n]
+            for j in range(self.L):
+                i = j if only is None else only
+                c = self.copies[j % self.n]
                 step(c["state"], c["ring_x"], c["ring_dt"], c["ring_B"], 0, i, c["x"], c["dt"],
                      c["B"], c["C"], self.params["A"], D=self.params["D"], dt_bias=self.params["dt_bias"],
                      dt_softplus=True, buffer_len=self.L, out=c["out"], **launch)
@@ -352,6 +353,11 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
             best_host = min(sweep, key=lambda c: sweep[c]["us"])
             row.update(replay_host_sweep=sweep, replay_host_best_config=best_host,
                        replay_host_us=sweep[best_host]["us"], replay_host_default_us=sweep[default_key]["us"])
+            if args.diag:  # single launches of the host-phase kernels: replay-only at count L/2, flush-only
+                cfg = _cfg_dict(configs.get(best_host, default_cfg))
+                row["diag_host_phase_us"] = {
+                    f"count{c}{'_flush' if c == L - 1 else ''}": per_step_us(timer(inputs.host_fn(
+                        k._replay_step, only=c, _config=cfg))) for c in (L // 2, L - 1)}
             del inputs
             # standard kernel
             inputs = StepInputs(batch, heads, head_dim, d_state, groups, L, device, gen, cuda)

@@ -114,6 +114,8 @@ def _torch_step_fn(family: str):
         fn = getattr(fn, "__wrapped__", fn)
 
         def step(state, q, k, v, beta, g):
+            ratio = v.shape[1] // q.shape[1]  # transformers repeats the key heads up to the value heads first
+            q, k = q.repeat_interleave(ratio, dim=1), k.repeat_interleave(ratio, dim=1)
             o, new_state = fn(q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], initial_state=state,
                               output_final_state=True, use_qk_l2norm_in_kernel=True)
             state.copy_(new_state)
@@ -195,12 +197,13 @@ class ReplayInputs:
 
         return run
 
-    def host_fn(self, step, **launch):
+    def host_fn(self, step, only: int | None = None, **launch):
         """A cycle with every row at one position known on the host (plain batched decoding): L - 1 replay-only
-        launches and one flush-only launch (the phase-specialised kernels)."""
+        launches and one flush-only launch (the phase-specialised kernels); ``only``: L launches at that count."""
         def run():
-            for i in range(self.L):
-                c = self.copies[i % self.n]
+            for j in range(self.L):
+                i = j if only is None else only
+                c = self.copies[j % self.n]
                 step(*[c[n] for n in RING[:4]], 0, i, *[c[n] for n in TOKEN], buffer_len=self.L, out=c["out"],
                      **launch)
 
@@ -398,6 +401,11 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
             best_host = min(sweep, key=lambda c: sweep[c]["us"])
             row.update(replay_host_sweep=sweep, replay_host_best_config=best_host,
                        replay_host_us=sweep[best_host]["us"], replay_host_default_us=sweep[_key(default_cfg)]["us"])
+            if args.diag:  # single launches of the host-phase kernels: replay-only at count L/2, flush-only
+                hbv, hnw = (int(x) for x in best_host.split("x"))
+                row["diag_host_phase_us"] = {
+                    f"count{c}{'_flush' if c == L - 1 else ''}": per_step_us(timer(inputs.host_fn(
+                        k._replay_step, only=c, _block_v=hbv, _num_warps=hnw))) for c in (L // 2, L - 1)}
             del inputs
             # standard kernel, fla, torch
             inputs = StepInputs(batch, shape, per_key, L, device, gen, cuda)

@@ -452,7 +452,8 @@ def _replay_step(
 
     block_v, num_warps = replay_launch_config(batch, value_heads, key_dim, value_dim, per_key)
     block_v, num_warps = _block_v or block_v, _num_warps or num_warps
-    flush_dot = flush_uses_dot(per_key) if _flush_dot is None else bool(_flush_dot)
+    # The flush-only kernel (host phase 2) always folds with the dot: its registers do not throttle replay launches.
+    flush_dot = (flush_uses_dot(per_key) or phase == 2) if _flush_dot is None else bool(_flush_dot)
     grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
     assert grid[0] * value_heads < (1 << (31 - _TICKET_SHIFT)), "too many programs per row for the count ticket"
     # Scalar gates read on the device: the records by physical slot (their addresses do not wait for origin/count).
@@ -460,7 +461,7 @@ def _replay_step(
     positions, strides, host = ((origin, count), (origin.stride(0), count.stride(0)), (0, 0)) if phase == 0 else (
         (state, state), (0, 0), (origin, count))  # host phase: the pointers are unused
     with _device_guard(v):
-        LAST_COMPILED["replay"] = _delta_replay_step_kernel[grid](
+        LAST_COMPILED["replay"] = LAST_COMPILED[f"replay_phase{phase}"] = _delta_replay_step_kernel[grid](
             state, ring_k, ring_d, ring_g, *positions, q, k, v, beta, g, o,
             key_dim, value_dim, ring_size, value_heads // key_heads, scale, *host,
             *state.stride(), *ring_k.stride(), *ring_d.stride(), *_ring_gate_strides(ring_g),

@@ -74,6 +74,7 @@ __all__ = [
 ]
 
 _TICKET_SHIFT = 16
+FLUSH_PRECISION = "tf32x3"  # input precision of the flush-only kernel's tl.dot (float32 accuracy on tensor cores)
 LAST_COMPILED: dict = {}  # last compiled kernel per entry point (n_regs / n_spills for the benchmark)
 
 
@@ -98,13 +99,14 @@ def _token_dt(dt_ptr, dt_bias_ptr, pid_b, h, stride_dt_b, stride_dt_h, stride_dt
 
 
 @triton.jit
-def _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count, ring_size,
-                        heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m, x_f, B_f, C_f, dt_m, la_m, A_h,
-                        stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
-                        stride_rdt_b, stride_rdt_r, stride_rdt_h,
-                        stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
-                        BLOCK_R: tl.constexpr, RING_PHYSICAL: tl.constexpr):
-    """Replay: y from the checkpoint tile and the ``count`` committed records, then append the token's record."""
+def _mamba2_records(ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin, count, ring_size, offs_p, offs_n,
+                    mask_p, mask_n, la_m, A_h,
+                    stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
+                    stride_rdt_b, stride_rdt_r, stride_rdt_h,
+                    stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
+                    BLOCK_R: tl.constexpr, RING_PHYSICAL: tl.constexpr):
+    """The ``count`` committed records as tiles x_r [R, BLOCK_P], B_r [R, N] with their weights
+    ``w_j = dt_j exp(seg_j)`` (0 for empty slots) and the log decay ``lam`` from the checkpoint to the token."""
     offs_r = tl.arange(0, BLOCK_R)
     if RING_PHYSICAL:
         # Every physical slot, whose addresses do not wait for origin/count; a slot's logical position decides.
@@ -127,6 +129,21 @@ def _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group
     seg = tl.sum(tl.where(after, la_r[None, :], 0.0), axis=1) + la_m  # log decay record j -> token m
     lam = tl.sum(la_r, axis=0) + la_m  # log decay checkpoint -> token m
     w = tl.where(valid, dt_r * tl.exp(seg), 0.0)
+    return x_r, B_r, w, lam
+
+
+@triton.jit
+def _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count, ring_size,
+                        heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m, x_f, B_f, C_f, dt_m, la_m, A_h,
+                        stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
+                        stride_rdt_b, stride_rdt_r, stride_rdt_h,
+                        stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
+                        BLOCK_R: tl.constexpr, RING_PHYSICAL: tl.constexpr):
+    """Replay: y from the checkpoint tile and the ``count`` committed records, then append the token's record."""
+    x_r, B_r, w, lam = _mamba2_records(
+        ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin, count, ring_size, offs_p, offs_n, mask_p,
+        mask_n, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b, stride_rdt_r,
+        stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n, BLOCK_R, RING_PHYSICAL)
     bc = tl.sum(B_r * C_f[None, :], axis=1)  # [R]: B_j . C_m
     bc_m = tl.sum(B_f * C_f, axis=0)
     y = (tl.exp(lam) * tl.sum(s0 * C_f[None, :], axis=1) + tl.sum((w * bc)[:, None] * x_r, axis=0)
@@ -150,9 +167,20 @@ def _mamba2_flush_math(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_
                        stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
                        stride_rdt_b, stride_rdt_r, stride_rdt_h,
                        stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
-                       FOLD_UNROLL: tl.constexpr):
-    """Flush: fold the records and the token into the checkpoint in place by the sequential recurrence (the
-    standard step's arithmetic, so the checkpoint is what stepping would have produced); y from the new state."""
+                       FOLD_UNROLL: tl.constexpr, FLUSH_DOT: tl.constexpr, BLOCK_R: tl.constexpr):
+    """Flush: fold the records and the token into the checkpoint in place; y from the new state. FLUSH_DOT: the
+    closed form ``exp(lam) S0 + X^T diag(w) B + token`` with all records loaded at once (one tl.dot, tf32x3 =
+    float32 accuracy); otherwise the sequential recurrence (the standard step's arithmetic) over records re-read
+    one at a time, which needs fewer registers but is a chain of dependent loads."""
+    if FLUSH_DOT:
+        x_r, B_r, w, lam = _mamba2_records(
+            ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin, count, ring_size, offs_p, offs_n, mask_p,
+            mask_n, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b, stride_rdt_r,
+            stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n, BLOCK_R, False)
+        s = (s0 * tl.exp(lam) + tl.dot(tl.trans(x_r * w[:, None]), B_r, input_precision=FLUSH_PRECISION)
+             + (dt_m * x_f)[:, None] * B_f[None, :])
+        tl.store(state_ptrs, s.to(state_ptrs.dtype.element_ty), mask=mask_pn)
+        return tl.sum(s * C_f[None, :], axis=1)
     s = s0
     for j0 in range(0, count, FOLD_UNROLL):
         for jj in tl.static_range(FOLD_UNROLL):
@@ -200,6 +228,7 @@ def _mamba2_replay_step_kernel(
     TICKET: tl.constexpr,
     RING_PHYSICAL: tl.constexpr,
     FOLD_UNROLL: tl.constexpr,
+    FLUSH_DOT: tl.constexpr,  # PHASE 2 only: the closed-form fold (see _mamba2_flush_math)
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -265,7 +294,8 @@ def _mamba2_replay_step_kernel(
         y = _mamba2_flush_math(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin,
                                count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m, la_m, A_h,
                                stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b, stride_rdt_r,
-                               stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n, FOLD_UNROLL)
+                               stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n, FOLD_UNROLL,
+                               FLUSH_DOT, BLOCK_R)
     else:
         is_flush = count + 1 >= BUFFER_LEN
         if is_flush:
@@ -273,7 +303,7 @@ def _mamba2_replay_step_kernel(
                                    origin, count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m,
                                    la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b,
                                    stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
-                                   FOLD_UNROLL)
+                                   FOLD_UNROLL, False, BLOCK_R)
         else:
             y = _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count,
                                     ring_size, heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m, x_f, B_f,
@@ -439,10 +469,15 @@ def _replay_step(
     ring_physical = triton.next_power_of_2(ring_size) == block_r if _ring_physical is None else _ring_physical
     if ring_physical:
         block_r = triton.next_power_of_2(ring_size)
+    # The flush-only kernel folds with one tl.dot (its register count no longer throttles the replay launches);
+    # tl.dot needs every tile dimension >= 16.
+    flush_dot = phase == 2 and cfg["block_p"] >= 16 and not (_config or {}).get("flush_loop", False)
+    if flush_dot:
+        block_r = max(16, triton.next_power_of_2(ring_size))
     positions = (origin, count) if phase == 0 else (A, A)  # unused pointers in the host-phase kernels
     host = (0, 0) if phase == 0 else (origin, count)
     with _device_guard(x):
-        LAST_COMPILED["replay"] = _mamba2_replay_step_kernel[grid](
+        LAST_COMPILED["replay"] = LAST_COMPILED[f"replay_phase{phase}"] = _mamba2_replay_step_kernel[grid](
             state, ring_x, ring_dt, ring_B, *positions,
             x, dt, B, C, A, _optional(D, A), _optional(z, x), _optional(dt_bias, A), y,
             head_dim, d_state, ring_size, heads // groups, *host,
@@ -460,6 +495,7 @@ def _replay_step(
             TICKET=_ticket,
             RING_PHYSICAL=bool(ring_physical),
             FOLD_UNROLL=cfg["fold_unroll"],
+            FLUSH_DOT=flush_dot,
             BLOCK_P=cfg["block_p"],
             BLOCK_N=triton.next_power_of_2(d_state),
             BLOCK_R=block_r,

@@ -167,7 +167,8 @@ def _mamba2_flush_math(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_
                        stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
                        stride_rdt_b, stride_rdt_r, stride_rdt_h,
                        stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
-                       FOLD_UNROLL: tl.constexpr, FLUSH_DOT: tl.constexpr, BLOCK_R: tl.constexpr):
+                       FOLD_UNROLL: tl.constexpr, FLUSH_DOT: tl.constexpr, FLUSH_PRECISION: tl.constexpr,
+                       BLOCK_R: tl.constexpr):
     """Flush: fold the records and the token into the checkpoint in place; y from the new state. FLUSH_DOT: the
     closed form ``exp(lam) S0 + X^T diag(w) B + token`` with all records loaded at once (one tl.dot, tf32x3 =
     float32 accuracy); otherwise the sequential recurrence (the standard step's arithmetic) over records re-read
@@ -229,6 +230,7 @@ def _mamba2_replay_step_kernel(
     RING_PHYSICAL: tl.constexpr,
     FOLD_UNROLL: tl.constexpr,
     FLUSH_DOT: tl.constexpr,  # PHASE 2 only: the closed-form fold (see _mamba2_flush_math)
+    FLUSH_PRECISION: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -295,7 +297,7 @@ def _mamba2_replay_step_kernel(
                                count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m, la_m, A_h,
                                stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b, stride_rdt_r,
                                stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n, FOLD_UNROLL,
-                               FLUSH_DOT, BLOCK_R)
+                               FLUSH_DOT, FLUSH_PRECISION, BLOCK_R)
     else:
         is_flush = count + 1 >= BUFFER_LEN
         if is_flush:
@@ -303,7 +305,7 @@ def _mamba2_replay_step_kernel(
                                    origin, count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m,
                                    la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b,
                                    stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
-                                   FOLD_UNROLL, False, BLOCK_R)
+                                   FOLD_UNROLL, False, FLUSH_PRECISION, BLOCK_R)
         else:
             y = _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count,
                                     ring_size, heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m, x_f, B_f,
@@ -496,6 +498,7 @@ def _replay_step(
             RING_PHYSICAL=bool(ring_physical),
             FOLD_UNROLL=cfg["fold_unroll"],
             FLUSH_DOT=flush_dot,
+            FLUSH_PRECISION=FLUSH_PRECISION,
             BLOCK_P=cfg["block_p"],
             BLOCK_N=triton.next_power_of_2(d_state),
             BLOCK_R=block_r,

@@ -57,6 +57,12 @@ class _StockView(dict):
         return (dict, ({},))
 
 
+def _new_schedule(recurrence, buffer_len: int, window: int, policy, layer_idx: int) -> ReplaySchedule:
+    """The schedule class a recurrence names (``schedule_class``: a conv-only layer's), else ReplaySSM's own."""
+    schedule_cls = getattr(recurrence, "schedule_class", ReplaySchedule)
+    return schedule_cls(recurrence, buffer_len, window, policy, layer_idx)
+
+
 class ReplayLayer(LinearAttentionLayer):
     """ReplaySSM state of one SSM layer (also exposes the ``LinearAttentionLayer`` attributes transformers reads)."""
 
@@ -64,7 +70,7 @@ class ReplayLayer(LinearAttentionLayer):
                  layer_idx: int = 0, recurrence=None, number_of_states: int = 1, **kwargs):
         super().__init__(number_of_states=number_of_states)
         self.layer_idx = layer_idx
-        self.schedule = ReplaySchedule(recurrence, buffer_len, window, policy, layer_idx)
+        self.schedule = _new_schedule(recurrence, buffer_len, window, policy, layer_idx)
         self.mixer_ref: weakref.ref | None = None
         self.family: str | None = None
         self._install_views()
@@ -216,8 +222,8 @@ class ReplayLayer(LinearAttentionLayer):
     def reset(self) -> None:
         """Drop every token and the storage (the next forward may use any batch size)."""
         old = self.schedule
-        self.schedule = ReplaySchedule(old.recurrence, old.buffer_len, old.window, old.store.policies,
-                                       self.layer_idx)
+        self.schedule = _new_schedule(old.recurrence, old.buffer_len, old.window, old.store.policies,
+                                      self.layer_idx)
         self.schedule.backend = old.backend
         self.has_previous_state[0] = False
         self.is_conv_states_initialized[0] = self.is_recurrent_states_initialized[0] = False

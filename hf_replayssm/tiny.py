@@ -16,6 +16,7 @@ COMMON = dict(
 )
 _ATTN = dict(num_attention_heads=4, num_key_value_heads=2, intermediate_size=128)
 _LA3_FA = ["linear_attention", "linear_attention", "full_attention", "linear_attention"]
+_CONV2_FA_CONV = ["conv", "conv", "full_attention", "conv"]
 # rms_norm_eps=1e-3: random-init GDN heads emit outputs with norms down to ~1e-4, which the gated RMSNorm (eps
 # 1e-6) scales up a thousandfold, so fp32 rounding alone moves stock decoding's own logits by ~1e-4.
 _GDN = dict(head_dim=16, linear_key_head_dim=16, linear_value_head_dim=16, linear_num_key_heads=2,
@@ -54,6 +55,10 @@ TINY_CONFIGS: dict[str, dict] = {
         image_token_id=120, video_token_id=121, image_start_token_id=122, image_end_token_id=123,
         video_start_token_id=124, video_end_token_id=125,
     ),
+    # short-conv hybrids: conv_L_cache (3 taps) as in the released models
+    "lfm2": dict(**_ATTN, layer_types=_CONV2_FA_CONV, block_auto_adjust_ff_dim=False),
+    "lfm2_moe": dict(**_ATTN, layer_types=_CONV2_FA_CONV, num_dense_layers=1, num_experts=4, num_experts_per_tok=2,
+                     moe_intermediate_size=32),
     # refused or stock, for tests of the error paths
     "mamba": dict(state_size=8, expand=2, conv_kernel=4),
     "jamba": dict(**_ATTN, num_experts=4, attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2,

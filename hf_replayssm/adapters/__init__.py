@@ -7,19 +7,18 @@ from .base import FamilyAdapter, repoint_accelerate_hook
 __all__ = ["ADAPTERS", "find_mixers", "repoint_accelerate_hook", "supported_model_types"]
 from .delta_rule import GATED_DELTANET, KIMI_DELTA
 from .mamba2 import ADAPTER as MAMBA2
+from .short_conv import ADAPTER as SHORT_CONV
 
-ADAPTERS: tuple[FamilyAdapter, ...] = (MAMBA2, GATED_DELTANET, KIMI_DELTA)
+ADAPTERS: tuple[FamilyAdapter, ...] = (MAMBA2, GATED_DELTANET, KIMI_DELTA, SHORT_CONV)
 _BY_MIXER = {mixer: adapter for adapter in ADAPTERS for mixer in adapter.mixers}
 
-# Recurrent mixers ReplayCache does not replay yet (Mamba-1 selective scan, lightning attention, short conv).
+# Recurrent mixers ReplayCache does not replay yet (Mamba-1 selective scan, lightning attention).
 UNSUPPORTED_MIXERS = {
     "MambaMixer": "Mamba-1 (mamba)",
     "FalconMambaMixer": "Mamba-1 (falcon_mamba)",
     "JambaMambaMixer": "Mamba-1 (jamba)",
     "ZambaMambaMixer": "Mamba-1 (zamba)",
     "MiniMaxLightningAttention": "lightning attention (minimax)",
-    "Lfm2ShortConv": "short convolution (lfm2)",
-    "Lfm2MoeShortConv": "short convolution (lfm2_moe)",
 }
 _LINEAR_LAYER_TYPES = {"linear_attention", "conv", "hybrid", "hybrid_sliding", "mamba"}
 

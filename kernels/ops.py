@@ -1,0 +1,283 @@
+"""The decode-step kernels as torch custom ops (shipped as ``hf_replayssm.kernels.ops``), so that ``torch.compile``
+traces a decode step with ``fullgraph=True`` and CUDA graphs capture it.
+
+Ops (namespace ``hf_replayssm``; signatures of the Triton wrappers without ``out``; shapes as in
+``kernels/mamba2.py`` and ``kernels/delta_rule.py``):
+
+* ``torch.ops.hf_replayssm.mamba2_replay_step(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=None,
+  z=None, dt_bias=None, dt_softplus=False, buffer_len=16) -> y [B, H, P]``; writes state, ring_x, ring_dt, ring_B,
+  count.
+* ``torch.ops.hf_replayssm.mamba2_state_update(state, x, dt, B, C, A, D=None, z=None, dt_bias=None,
+  dt_softplus=False) -> y [B, H, P]``; writes state.
+* ``torch.ops.hf_replayssm.delta_replay_step(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g,
+  buffer_len=16, use_qk_l2norm=True, scale=None) -> o [B, Hv, V]``; writes state, ring_k, ring_d, ring_g, count.
+* ``torch.ops.hf_replayssm.delta_state_update(state, q, k, v, beta, g, use_qk_l2norm=True, scale=None)
+  -> o [B, Hv, V]``; writes state.
+
+Each op returns a fresh contiguous tensor in the dtype of x (Mamba-2) or v (delta rule). ``origin`` is only read.
+
+Implementations: CUDA tensors run the Triton kernel; every other device runs the torch reference of
+``hf_replayssm.ops`` (bit-identical to calling it directly). The replay references read ``origin``/``count`` on the
+host, a sync that is harmless on CPU and invisible to Dynamo, which only sees the op. ``custom_op`` rather than
+``triton_op``: the Triton wrappers launch their kernels directly (not through ``wrap_triton``), so Inductor treats
+the op as opaque, which is all that fullgraph tracing and CUDA-graph capture need (no host sync on the CUDA path).
+Triton is imported on the first CUDA call only, so importing this module needs neither CUDA nor triton.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hf_replayssm.ops.delta_step import delta_replay_step_ref, delta_state_update_ref
+from hf_replayssm.ops.mamba2_step import mamba2_replay_step_ref, mamba2_state_update_ref
+
+__all__ = ["TRITON_IMPLS", "delta_replay_step", "delta_state_update", "mamba2_replay_step", "mamba2_state_update"]
+
+NAMESPACE = "hf_replayssm"
+
+# Explicit schemas (checked by torch.library against mutates_args), so they do not depend on how a torch version
+# infers types from `X | None` annotations. `(a!)`: written in place.
+_MAMBA2_TOKEN = "Tensor x, Tensor dt, Tensor B, Tensor C, Tensor A, Tensor? D=None, Tensor? z=None, " \
+                "Tensor? dt_bias=None, bool dt_softplus=False"
+_DELTA_TOKEN = "Tensor q, Tensor k, Tensor v, Tensor beta, Tensor g"
+_DELTA_OPTIONS = "bool use_qk_l2norm=True, float? scale=None"
+SCHEMAS = {
+    "mamba2_replay_step": "(Tensor(a!) state, Tensor(b!) ring_x, Tensor(c!) ring_dt, Tensor(d!) ring_B, "
+                          f"Tensor origin, Tensor(e!) count, {_MAMBA2_TOKEN}, int buffer_len=16) -> Tensor",
+    "mamba2_state_update": f"(Tensor(a!) state, {_MAMBA2_TOKEN}) -> Tensor",
+    "delta_replay_step": "(Tensor(a!) state, Tensor(b!) ring_k, Tensor(c!) ring_d, Tensor(d!) ring_g, "
+                         f"Tensor origin, Tensor(e!) count, {_DELTA_TOKEN}, int buffer_len=16, {_DELTA_OPTIONS}) "
+                         "-> Tensor",
+    "delta_state_update": f"(Tensor(a!) state, {_DELTA_TOKEN}, {_DELTA_OPTIONS}) -> Tensor",
+}
+MUTATES = {
+    "mamba2_replay_step": ("state", "ring_x", "ring_dt", "ring_B", "count"),
+    "mamba2_state_update": ("state",),
+    "delta_replay_step": ("state", "ring_k", "ring_d", "ring_g", "count"),
+    "delta_state_update": ("state",),
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# input checks: shared by the real and the fake implementations, so a bad call fails the same way eagerly and
+# while tracing (host-side shape/dtype reads only, no sync)
+
+
+def _expect(name: str, t: torch.Tensor | None, shape: tuple, layout: str, device: torch.device) -> None:
+    if t is None:
+        return
+    if tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name} must be {layout} = {tuple(shape)}, got {tuple(t.shape)}")
+    if t.device != device:
+        raise ValueError(f"{name} is on {t.device}, state on {device}")
+
+
+def _check_positions(origin, count, batch, ring_size, buffer_len, device) -> None:
+    for name, t in (("origin", origin), ("count", count)):
+        _expect(name, t, (batch,), "[B]", device)
+        if t.dtype != torch.int32:
+            raise ValueError(f"{name} must be int32, got {t.dtype}")
+    if not 1 <= buffer_len < 1 << 16:
+        raise ValueError(f"buffer_len must be in [1, 65535], got {buffer_len}")
+    if ring_size < max(buffer_len - 1, 1):
+        raise ValueError(f"ring capacity R = {ring_size} < max(buffer_len - 1, 1) = {max(buffer_len - 1, 1)}")
+
+
+def _check_mamba2(state, x, dt, B, C, A, D, z, dt_bias) -> int:
+    """Token inputs against state [B, H, P, N]; returns the number of groups G."""
+    if state.dim() != 4:
+        raise ValueError(f"state must be [B, H, P, N], got {tuple(state.shape)}")
+    batch, heads, head_dim, d_state = state.shape
+    if B.dim() != 3 or B.shape[1] == 0 or heads % B.shape[1] != 0:
+        raise ValueError(f"B must be [B, G, N] with H = {heads} a multiple of G, got {tuple(B.shape)}")
+    groups = B.shape[1]
+    dev = state.device
+    for name, t, shape, layout in (
+        ("x", x, (batch, heads, head_dim), "[B, H, P]"), ("dt", dt, (batch, heads), "[B, H]"),
+        ("B", B, (batch, groups, d_state), "[B, G, N]"), ("C", C, (batch, groups, d_state), "[B, G, N]"),
+        ("A", A, (heads,), "[H]"), ("D", D, (heads,), "[H]"), ("z", z, (batch, heads, head_dim), "[B, H, P]"),
+        ("dt_bias", dt_bias, (heads,), "[H]"),
+    ):
+        _expect(name, t, shape, layout, dev)
+    return groups
+
+
+def _check_mamba2_replay(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias,
+                         buffer_len) -> None:
+    groups = _check_mamba2(state, x, dt, B, C, A, D, z, dt_bias)
+    batch, heads, head_dim, d_state = state.shape
+    ring_size = ring_x.shape[1] if ring_x.dim() == 4 else -1
+    _expect("ring_x", ring_x, (batch, ring_size, heads, head_dim), "[B, R, H, P]", state.device)
+    _expect("ring_dt", ring_dt, (batch, ring_size, heads), "[B, R, H]", state.device)
+    _expect("ring_B", ring_B, (batch, ring_size, groups, d_state), "[B, R, G, N]", state.device)
+    _check_positions(origin, count, batch, ring_size, buffer_len, state.device)
+
+
+def _check_delta(state, q, k, v, beta, g) -> None:
+    if state.dim() != 4:
+        raise ValueError(f"state must be [B, Hv, K, V], got {tuple(state.shape)}")
+    batch, value_heads, key_dim, value_dim = state.shape
+    if k.dim() != 3 or k.shape[1] == 0 or value_heads % k.shape[1] != 0:
+        raise ValueError(f"k must be [B, Hk, K] with Hv = {value_heads} a multiple of Hk, got {tuple(k.shape)}")
+    if g.dim() not in (2, 3):
+        raise ValueError(f"g must be [B, Hv] (GDN) or [B, Hv, K] (KDA), got {tuple(g.shape)}")
+    dev = state.device
+    for name, t, shape, layout in (
+        ("q", q, (batch, k.shape[1], key_dim), "[B, Hk, K]"), ("k", k, (batch, k.shape[1], key_dim), "[B, Hk, K]"),
+        ("v", v, (batch, value_heads, value_dim), "[B, Hv, V]"), ("beta", beta, (batch, value_heads), "[B, Hv]"),
+        ("g", g, (batch, value_heads, key_dim)[: g.dim()], "[B, Hv] or [B, Hv, K]"),
+    ):
+        _expect(name, t, shape, layout, dev)
+
+
+def _check_delta_replay(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len) -> None:
+    _check_delta(state, q, k, v, beta, g)
+    batch, value_heads, key_dim, value_dim = state.shape
+    ring_size = ring_k.shape[1] if ring_k.dim() == 4 else -1
+    _expect("ring_k", ring_k, (batch, ring_size, k.shape[1], key_dim), "[B, R, Hk, K]", state.device)
+    _expect("ring_d", ring_d, (batch, ring_size, value_heads, value_dim), "[B, R, Hv, V]", state.device)
+    _expect("ring_g", ring_g, (batch, ring_size, *g.shape[1:]), "[B, R, *g.shape[1:]] (same gate kind as g)",
+            state.device)
+    _check_positions(origin, count, batch, ring_size, buffer_len, state.device)
+
+
+def _fresh(like: torch.Tensor) -> torch.Tensor:
+    """The op's output buffer: contiguous, like's dtype and device (a custom op may not return an input's alias;
+    real and fake implementations must agree on strides)."""
+    return like.new_empty(like.shape)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# ops: the decorated function is the implementation for every device without a specific kernel (the reference)
+
+
+@torch.library.custom_op(f"{NAMESPACE}::mamba2_replay_step", mutates_args=MUTATES["mamba2_replay_step"],
+                         schema=SCHEMAS["mamba2_replay_step"])
+def mamba2_replay_step(
+    state: torch.Tensor, ring_x: torch.Tensor, ring_dt: torch.Tensor, ring_B: torch.Tensor, origin: torch.Tensor,
+    count: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, B: torch.Tensor, C: torch.Tensor, A: torch.Tensor,
+    D: torch.Tensor | None = None, z: torch.Tensor | None = None, dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = False, buffer_len: int = 16,
+) -> torch.Tensor:
+    """ReplaySSM Mamba-2 decode step (replay or flush per row); semantics of ``kernels.mamba2.mamba2_replay_step``.
+    Returns y [B, H, P] in x's dtype."""
+    _check_mamba2_replay(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, buffer_len)
+    return mamba2_replay_step_ref(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias,
+                                  dt_softplus, buffer_len, out=_fresh(x))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::mamba2_state_update", mutates_args=MUTATES["mamba2_state_update"],
+                         schema=SCHEMAS["mamba2_state_update"])
+def mamba2_state_update(
+    state: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, B: torch.Tensor, C: torch.Tensor, A: torch.Tensor,
+    D: torch.Tensor | None = None, z: torch.Tensor | None = None, dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+) -> torch.Tensor:
+    """Standard Mamba-2 decode step (state updated in place); semantics of ``kernels.mamba2.mamba2_state_update``.
+    Returns y [B, H, P] in x's dtype."""
+    _check_mamba2(state, x, dt, B, C, A, D, z, dt_bias)
+    return mamba2_state_update_ref(state, x, dt, B, C, A, D, z, dt_bias, dt_softplus, out=_fresh(x))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::delta_replay_step", mutates_args=MUTATES["delta_replay_step"],
+                         schema=SCHEMAS["delta_replay_step"])
+def delta_replay_step(
+    state: torch.Tensor, ring_k: torch.Tensor, ring_d: torch.Tensor, ring_g: torch.Tensor, origin: torch.Tensor,
+    count: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor,
+    buffer_len: int = 16, use_qk_l2norm: bool = True, scale: float | None = None,
+) -> torch.Tensor:
+    """ReplaySSM gated delta rule decode step (GDN: g [B, Hv]; KDA: g [B, Hv, K]); semantics of
+    ``kernels.delta_rule.delta_replay_step``. Returns o [B, Hv, V] in v's dtype."""
+    _check_delta_replay(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len)
+    return delta_replay_step_ref(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len,
+                                 use_qk_l2norm, scale, out=_fresh(v))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::delta_state_update", mutates_args=MUTATES["delta_state_update"],
+                         schema=SCHEMAS["delta_state_update"])
+def delta_state_update(
+    state: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor,
+    use_qk_l2norm: bool = True, scale: float | None = None,
+) -> torch.Tensor:
+    """Standard gated delta rule decode step (state updated in place); semantics of
+    ``kernels.delta_rule.delta_state_update``. Returns o [B, Hv, V] in v's dtype."""
+    _check_delta(state, q, k, v, beta, g)
+    return delta_state_update_ref(state, q, k, v, beta, g, use_qk_l2norm, scale, out=_fresh(v))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# CUDA: the Triton kernels (imported lazily: triton is optional on CPU installs)
+
+
+def _mamba2_replay_step_triton(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=None, z=None,
+                               dt_bias=None, dt_softplus=False, buffer_len=16):
+    from .mamba2 import mamba2_replay_step as kernel
+
+    _check_mamba2_replay(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, buffer_len)
+    return kernel(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, dt_softplus,
+                  buffer_len, out=_fresh(x))
+
+
+def _mamba2_state_update_triton(state, x, dt, B, C, A, D=None, z=None, dt_bias=None, dt_softplus=False):
+    from .mamba2 import mamba2_state_update as kernel
+
+    _check_mamba2(state, x, dt, B, C, A, D, z, dt_bias)
+    return kernel(state, x, dt, B, C, A, D, z, dt_bias, dt_softplus, out=_fresh(x))
+
+
+def _delta_replay_step_triton(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len=16,
+                              use_qk_l2norm=True, scale=None):
+    from .delta_rule import delta_replay_step as kernel
+
+    _check_delta_replay(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len)
+    return kernel(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len, use_qk_l2norm, scale,
+                  out=_fresh(v))
+
+
+def _delta_state_update_triton(state, q, k, v, beta, g, use_qk_l2norm=True, scale=None):
+    from .delta_rule import delta_state_update as kernel
+
+    _check_delta(state, q, k, v, beta, g)
+    return kernel(state, q, k, v, beta, g, use_qk_l2norm, scale, out=_fresh(v))
+
+
+# op -> its Triton implementation, registered for "cuda" below. Tests register them for "cpu" too (in a subprocess
+# with TRITON_INTERPRET=1) to run the Triton path through the op without a GPU.
+TRITON_IMPLS = {
+    mamba2_replay_step: _mamba2_replay_step_triton,
+    mamba2_state_update: _mamba2_state_update_triton,
+    delta_replay_step: _delta_replay_step_triton,
+    delta_state_update: _delta_state_update_triton,
+}
+for _op, _impl in TRITON_IMPLS.items():
+    _op.register_kernel("cuda")(_impl)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# fake (meta) implementations: output shape/dtype only, for tracing
+
+
+@mamba2_replay_step.register_fake
+def _(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=None, z=None, dt_bias=None,
+      dt_softplus=False, buffer_len=16):
+    _check_mamba2_replay(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, buffer_len)
+    return _fresh(x)
+
+
+@mamba2_state_update.register_fake
+def _(state, x, dt, B, C, A, D=None, z=None, dt_bias=None, dt_softplus=False):
+    _check_mamba2(state, x, dt, B, C, A, D, z, dt_bias)
+    return _fresh(x)
+
+
+@delta_replay_step.register_fake
+def _(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len=16, use_qk_l2norm=True,
+      scale=None):
+    _check_delta_replay(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len)
+    return _fresh(v)
+
+
+@delta_state_update.register_fake
+def _(state, q, k, v, beta, g, use_qk_l2norm=True, scale=None):
+    _check_delta(state, q, k, v, beta, g)
+    return _fresh(v)

@@ -1,0 +1,610 @@
+"""Speculative verify / commit kernels (``hf_replayssm.kernels.mamba2_verify`` and ``.delta_verify``) against their
+torch references, and the property exact speculation rests on: verifying a window, committing an accepted prefix and
+stepping on gives the outputs and checkpoints of one-token-at-a-time decoding.
+
+Kernel checks run in subprocesses (this file executed as a script) with ``TRITON_INTERPRET=1`` on CPU tensors, as in
+``tests/test_kernels_mamba2.py``; ``REPLAYSSM_KERNEL_TEST_DEVICE=cuda`` runs them on a GPU (bitwise checkpoint
+comparisons then also assume the compiler contracts the same expression the same way in both kernels). The
+references' own sequence checks run in-process. Shapes are tiny; the default set takes about 75 s of CPU, the ``slow``
+variants (8-token windows, buffer length 8, and the benchmark's smoke run) about two minutes more.
+
+Tolerances: outputs of replayed tokens are compared with 1e-4 x max(|ref|, 1) like the replay-step tests (the
+replay sums the same terms in a different order than stepping); kernel vs reference within 2e-6 (outputs), 1e-5
+(delta d's) and one ulp-level 1e-6 (ring dt, checkpoints: numpy's and torch's exp/softplus differ in the last
+bit). Mamba-2 checkpoints after a commit are compared bitwise with the standard step kernel (same sequential
+expression); gated delta rule checkpoints within 1e-5, because the d's of the two paths are computed from different
+checkpoint/ring splits (and the one-token replay step's flush uses the unrolled sum); their commit is checked to be
+split-invariant bitwise instead.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from kernel_harness import HAS_TRITON, ROOT, run_bench_smoke, run_case, subprocess_env, worker_main
+from kernel_harness import assert_close as _close
+
+CASES = ["mamba2_verify_bf16", "mamba2_verify_fp32_and_commit", "mamba2_speculation", "delta_verify_gdn_bf16",
+         "delta_verify_kda_and_commit", "delta_speculation_gdn", "delta_speculation_kda"]
+SLOW_CASES = ["mamba2_speculation_long", "delta_speculation_gdn_long", "delta_speculation_kda_long"]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize("case", CASES)
+def test_kernel(case):
+    run_case(__file__, case)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize("case", SLOW_CASES)
+def test_kernel_slow(case):
+    run_case(__file__, case)
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_bench_imports_and_parses_arguments():
+    code = "from kernel_harness import load_kernel_module; load_kernel_module('bench_verify').main(['--help'])"
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-4000:]
+    assert "--windows" in out.stdout and "--batches" in out.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_bench_smoke(tmp_path):
+    data, stdout = run_bench_smoke("bench_verify", ["--family", "mamba2,gdn,kda"], tmp_path / "bench.json")
+    assert [r["family"] for r in data["results"]] == ["mamba2", "gdn", "kda"]
+    for row in data["results"]:
+        for key in ("replay_all_us", "replay_mixed_us", "snapshot_us", "steps_only_us", "speedup_all_vs_snapshot"):
+            assert row[key] > 0, (key, row)
+    assert all(check["ok"] for check in data["checks"].values()), data["checks"]
+    assert "snapshot us" in stdout  # the printed table
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# in-process checks of the references
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
+def test_reference_speculation(family):
+    """verify_ref + commit_ref + replay_step_ref give the outputs and checkpoints of the sequential recurrence
+    (within 1e-5, not bitwise: the replay step reference's flush folds in unrolled form, and torch's CPU exp /
+    softplus round vectorised and tail lanes differently, so reference results depend on tensor shapes in the last
+    bit)."""
+    _speculation(_family(family, "cpu", refs=True), "cpu", L=4, windows=[4, 2, 1, 4, 3, 4], steps=5,
+                 bitwise=False)
+
+
+def test_reference_rejects_overfull_window():
+    from hf_replayssm.ops.delta_verify import delta_commit_ref, delta_verify_ref
+    from hf_replayssm.ops.mamba2_verify import mamba2_commit_ref, mamba2_verify_ref
+
+    fam = _family("mamba2", "cpu", refs=True)
+    st = fam["init"](2, R=5)
+    st["count"][1] = 3
+    with pytest.raises(ValueError, match="exceeds the ring capacity"):
+        mamba2_verify_ref(*fam["rings"](st), **fam["window"](2, 3, None, None))
+    with pytest.raises(ValueError, match="accepted"):
+        mamba2_commit_ref(*fam["rings"](st), torch.tensor([0, 3], dtype=torch.int32), 4, fam["params"]["A"])
+    fam = _family("kda", "cpu", refs=True)
+    st = fam["init"](2, R=5)
+    st["count"][0] = 4
+    with pytest.raises(ValueError, match="exceeds the ring capacity"):
+        delta_verify_ref(*fam["rings"](st), **fam["window"](2, 2, None, None))
+    with pytest.raises(ValueError, match="accepted"):
+        delta_commit_ref(*fam["rings"](st), torch.tensor([-1, 0], dtype=torch.int32), 4)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the speculation property, shared by the kernel (worker) and reference (in-process) checks
+
+
+def _family(name, device, refs=False, k=None, dtype=torch.float32, seed=0):
+    """Token stream, ring state and step / verify / commit functions of one layer family, as a dict.
+
+    ``stream(batch, n)``: per-token tensors [batch, n, ...]; ``init(batch, R)``: checkpoint + empty rings;
+    ``fused`` / ``standard`` / ``verify`` / ``commit``: the kernels (``k`` is the verify module) or the refs."""
+    from hf_replayssm.ops import delta_step, delta_verify, mamba2_step, mamba2_verify
+
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=1.0):
+        return torch.randn(*shape, generator=gen) * scale
+
+    if name == "mamba2":
+        H, G, P, N = 2, 1, 24, 20
+        if refs:
+            fused, standard = mamba2_step.mamba2_replay_step_ref, mamba2_step.mamba2_state_update_ref
+            verify, commit = mamba2_verify.mamba2_verify_ref, mamba2_verify.mamba2_commit_ref
+        else:
+            from kernel_harness import load_kernel_module
+
+            step = load_kernel_module("mamba2")
+            fused, standard, verify, commit = (step.mamba2_replay_step, step.mamba2_state_update, k.mamba2_verify,
+                                               k.mamba2_commit)
+        params = dict(A=-(torch.rand(H, generator=gen) * 1.5 + 0.1), D=rnd(H), dt_bias=rnd(H, scale=0.5))
+        params = {n: t.to(device) for n, t in params.items()}
+        shapes = dict(x=(H, P), dt=(H,), B=(G, N), C=(G, N), z=(H, P))
+        low = {"x", "B", "C", "z"}  # stored / passed in `dtype`
+        ring_names = ("state", "ring_x", "ring_dt", "ring_B")
+
+        def init(batch, R):
+            return dict(state=rnd(batch, H, P, N).to(device),
+                        ring_x=torch.zeros(batch, R, H, P, dtype=dtype, device=device),
+                        ring_dt=torch.zeros(batch, R, H, device=device),
+                        ring_B=torch.zeros(batch, R, G, N, dtype=dtype, device=device),
+                        origin=torch.zeros(batch, dtype=torch.int32, device=device),
+                        count=torch.zeros(batch, dtype=torch.int32, device=device))
+
+        extra = dict(dt_softplus=True)
+        commit_extra = (params["A"],)
+    else:
+        per_key = name == "kda"
+        Hk, Hv, K, V = 1, 2, 24 if per_key else 16, 16  # one V tile per head (the interpreter runs per program)
+        if refs:
+            fused, standard = delta_step.delta_replay_step_ref, delta_step.delta_state_update_ref
+            verify, commit = delta_verify.delta_verify_ref, delta_verify.delta_commit_ref
+        else:
+            from kernel_harness import load_kernel_module
+
+            step = load_kernel_module("delta_rule")
+            fused, standard, verify, commit = (step.delta_replay_step, step.delta_state_update, k.delta_verify,
+                                               k.delta_commit)
+        params = {}
+        gshape = (Hv, K) if per_key else (Hv,)
+        shapes = dict(q=(Hk, K), k=(Hk, K), v=(Hv, V), beta=(Hv,), g=gshape)
+        low = {"q", "k", "v"}
+        ring_names = ("state", "ring_k", "ring_d", "ring_g")
+
+        def init(batch, R):
+            return dict(state=(rnd(batch, Hv, K, V) * 0.5).to(device),
+                        ring_k=torch.zeros(batch, R, Hk, K, dtype=dtype, device=device),
+                        ring_d=torch.zeros(batch, R, Hv, V, device=device),
+                        ring_g=torch.zeros(batch, R, *gshape, device=device),
+                        origin=torch.zeros(batch, dtype=torch.int32, device=device),
+                        count=torch.zeros(batch, dtype=torch.int32, device=device))
+
+        extra = {}
+        commit_extra = ()
+
+    def token_values(*lead):
+        out = {}
+        for n, shape in shapes.items():
+            if n == "beta":
+                t = torch.rand(*lead, *shape, generator=gen) * 0.9 + 0.05
+            elif n == "g":
+                t = -(torch.rand(*lead, *shape, generator=gen) * 0.5 + 0.02)
+            else:
+                t = rnd(*lead, *shape)
+            out[n] = t.to(dtype if n in low else torch.float32).to(device)
+        return out
+
+    def window(batch, T, stream, pos, accepted=None):
+        """Window tokens [batch, T, ...]: row b's first accepted[b] tokens follow its stream from pos[b], the rest
+        are fresh random drafts (to be rejected)."""
+        drafts = token_values(batch, T)
+        if stream is None:
+            return {**drafts, **params, **extra}
+        rows = torch.arange(batch)[:, None]
+        length = next(iter(stream.values())).shape[1]
+        idx = (torch.tensor(pos)[:, None] + torch.arange(T)[None, :]).clamp(max=length - 1)
+        keep = (torch.arange(T)[None, :] < torch.tensor(accepted)[:, None]).to(device)
+        out = {}
+        for n, d in drafts.items():
+            true = stream[n][rows, idx]
+            out[n] = torch.where(keep.view(batch, T, *([1] * (d.dim() - 2))), true, d)
+        return {**out, **params, **extra}
+
+    def token(stream, pos):
+        rows = torch.arange(len(pos))
+        return {**{n: s[rows, torch.tensor(pos)] for n, s in stream.items()}, **params, **extra}
+
+    def rings(st):
+        return [st[n] for n in ring_names] + [st["origin"], st["count"]]
+
+    return dict(name=name, stream=lambda batch, n: token_values(batch, n), init=init, window=window, token=token,
+                rings=rings, params=params, extra=extra,
+                fused=lambda st, tok, L: fused(*rings(st), **tok, buffer_len=L, out=_out(tok, name)),
+                standard=lambda state, tok: standard(state, **tok, out=_out(tok, name)),
+                verify=lambda st, win: verify(*rings(st), **win, out=_out(win, name)),
+                commit=lambda st, acc, L: commit(*rings(st), acc, L, *commit_extra))
+
+
+def _out(tokens, name):
+    ref = tokens["x"] if name == "mamba2" else tokens["v"]
+    return torch.empty(ref.shape, dtype=torch.float32, device=ref.device)
+
+
+def _speculation(fam, device, L, windows, steps, batch=3, seed=5, bitwise=True):
+    """One-token decoding (``fused`` replay steps, and ``standard`` steps for the states at every position) vs
+    speculative decoding (``verify`` a window, ``commit`` a per-row accepted prefix, windows of the sizes in
+    ``windows``), then ``steps`` more fused steps on the speculative cache. Checks the accepted outputs, that verify
+    writes no state and keeps ``count``, the counts after each commit, and the checkpoint after every flush (bitwise
+    for Mamba-2 where ``bitwise``, else within 1e-5)."""
+    gen = torch.Generator().manual_seed(seed)
+    bitwise = bitwise and fam["name"] == "mamba2"
+    R = L - 1 + max(windows)
+    n = sum(windows) + steps + 1
+    stream = fam["stream"](batch, n)
+
+    # one token at a time: fused replay steps (ring of the minimal capacity L - 1) and standard steps
+    one = fam["init"](batch, max(L - 1, 1))
+    one["origin"].copy_(torch.arange(batch, dtype=torch.int32) % max(L - 1, 1))
+    start = one["state"].clone()
+    std = start.clone()
+    y_one, std_states = [], []
+    for p in range(n):
+        tok = fam["token"](stream, [p] * batch)
+        flushing = (one["count"] + 1 >= L).tolist()
+        y_one.append(fam["fused"](one, tok, L).cpu())
+        y_std = fam["standard"](std, tok)
+        std_states.append(std.cpu().clone())
+        _close(f"one-token: fused vs standard step at {p}", y_one[-1], y_std.cpu(), 1e-4)
+        for b in range(batch):
+            if flushing[b]:  # the replay step's flush vs the standard step
+                _check_ckpt(f"one-token flush row {b} at {p}", one["state"][b], std_states[p][b], bitwise)
+
+    # speculative: verify + commit rounds, then plain steps
+    spec = fam["init"](batch, R)
+    spec["state"].copy_(start)
+    spec["origin"].copy_(torch.tensor([R - 1, R // 2, 0][:batch], dtype=torch.int32))
+    pos = [0] * batch
+    flushes = [0] * batch
+    for T in windows:
+        accepted = [int(a) for a in torch.randint(0, T + 1, (batch,), generator=gen)]
+        accepted[0] = T  # row 0 always accepts all (fills the ring fastest)
+        win = fam["window"](batch, T, stream, pos, accepted)
+        before_state, before_count = spec["state"].clone(), spec["count"].clone()
+        y = fam["verify"](spec, win).cpu()
+        assert torch.equal(spec["state"], before_state), "verify wrote the state"
+        assert torch.equal(spec["count"], before_count), "verify changed count"
+        for b in range(batch):
+            for t in range(accepted[b]):
+                _close(f"window T={T} row {b} token {t} (position {pos[b] + t})", y[b, t], y_one[pos[b] + t][b],
+                       1e-4)
+        fam["commit"](spec, torch.tensor(accepted, dtype=torch.int32, device=device), L)
+        print(f" T={T} accepted {accepted} count {before_count.tolist()} -> {spec['count'].tolist()}")
+        for b in range(batch):
+            expect = int(before_count[b]) + accepted[b]
+            pos[b] += accepted[b]
+            if expect >= L:
+                flushes[b] += 1
+                expect = 0
+                _check_ckpt(f"commit flush row {b} at {pos[b]}", spec["state"][b], std_states[pos[b] - 1][b],
+                            bitwise)
+            else:
+                assert torch.equal(spec["state"][b], before_state[b]), f"row {b} state written without a flush"
+            assert int(spec["count"][b]) == expect, (b, spec["count"].tolist(), expect)
+    assert flushes[0] > 0, "row 0 never flushed during speculation"
+    for _ in range(steps):
+        flushing = (spec["count"] + 1 >= L).tolist()
+        y = fam["fused"](spec, fam["token"](stream, pos), L).cpu()
+        for b in range(batch):
+            _close(f"step after speculation row {b} (position {pos[b]})", y[b], y_one[pos[b]][b], 1e-4)
+            if flushing[b]:
+                flushes[b] += 1
+                _check_ckpt(f"step flush row {b} at {pos[b]}", spec["state"][b], std_states[pos[b]][b],
+                            bitwise)
+            pos[b] += 1
+    print(f" flushes per row {flushes}, positions {pos}")
+
+
+def _check_ckpt(name, got, want, bitwise):
+    got = got.cpu()
+    if bitwise:
+        assert torch.equal(got, want), f"{name}: checkpoint differs, max {(got - want).abs().max().item():.3e}"
+    else:
+        _close(name, got, want, 1e-5)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# worker side (runs in the subprocess)
+
+
+def _poison(p, names, origins, counts, ring):
+    """Ring slots outside the committed window hold NaN: they must never reach an output."""
+    for b in range(len(counts)):
+        committed = {(origins[b] + j) % ring for j in range(counts[b])}
+        for slot in set(range(ring)) - committed:
+            for name in names:
+                p[name][b, slot] = float("nan")
+
+
+def _clone(p):
+    return {n: (v.clone() if hasattr(v, "clone") else v) for n, v in p.items()}
+
+
+def _mamba2_inputs(device, dtype, batch, T, ring, *, options=True, H=4, G=2, P=24, N=20, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=gen) * scale).to(device)
+
+    p = dict(state=rnd(batch, H, P, N), ring_x=rnd(batch, ring, H, P).to(dtype),
+             ring_dt=(torch.rand(batch, ring, H, generator=gen) * 0.9 + 0.05).to(device),
+             ring_B=rnd(batch, ring, G, N).to(dtype), x=rnd(batch, T, H, P).to(dtype),
+             B=rnd(batch, T, G, N).to(dtype), C=rnd(batch, T, G, N).to(dtype),
+             A=-(torch.rand(H, generator=gen) * 2 + 0.2).to(device))
+    if options:
+        p.update(dt=rnd(batch, T, H), D=rnd(H), z=rnd(batch, T, H, P).to(dtype), dt_bias=rnd(H, scale=0.5),
+                 dt_softplus=True)
+    else:
+        p.update(dt=(torch.rand(batch, T, H, generator=gen) * 0.9 + 0.05).to(device))
+    return p
+
+
+M_RING = ("ring_x", "ring_dt", "ring_B")
+
+
+def _check_mamba2_verify(k, device, dtype, T, ring, origins, counts, config, options=True, poison=True):
+    batch = len(counts)
+    p = _mamba2_inputs(device, dtype, batch, T, ring, options=options)
+    if poison:
+        _poison(p, M_RING, origins, counts, ring)
+    p["origin"] = torch.tensor(origins, dtype=torch.int32, device=device)
+    p["count"] = torch.tensor(counts, dtype=torch.int32, device=device)
+    q = _clone(p)
+    out = torch.empty(p["x"].shape, dtype=torch.float32, device=device)
+    y = k._verify(**p, out=out, _config=config)
+    y_ref = k.mamba2_verify_ref(**q, out=torch.empty_like(out))
+    print(f" T={T} R={ring} counts={counts} origins={origins} config={config} options={options}")
+    assert y is out
+    _close("y", y, y_ref, 2e-6)
+    assert torch.equal(p["state"], q["state"]) and torch.equal(p["count"], q["count"])
+    for name in ("ring_x", "ring_B"):  # records are copied as is
+        torch.testing.assert_close(p[name], q[name], rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(p["ring_dt"], q["ring_dt"], rtol=1e-6, atol=1e-6, equal_nan=True)  # softplus ulp
+    return p
+
+
+def case_mamba2_verify_bf16(k, device):
+    """bf16 x/B/C/z with D, z, dt_bias and softplus; P=24, N=20 (not powers of two), H=4 > G=2; T=4 with counts
+    0..R-T in one launch and T=2 with counts 0..R-T (origins near R-1: wrap-around); uncommitted slots NaN; a row
+    that does not fit (count + T > R) gets NaN outputs and no records, the other rows are unaffected."""
+    R = 7
+    _check_mamba2_verify(k, device, torch.bfloat16, 4, R, [6, 5, 4, 6], [0, 1, 2, 3], dict(block_p=16, num_warps=2))
+    _check_mamba2_verify(k, device, torch.bfloat16, 2, R, [6, 5, 3, 6, 0, 2], [0, 1, 2, 3, 4, 5],
+                         dict(block_p=8, num_warps=2))
+    p = _mamba2_inputs(device, torch.bfloat16, 2, 4, R)
+    p["origin"] = torch.tensor([3, 5], dtype=torch.int32, device=device)
+    p["count"] = torch.tensor([2, 4], dtype=torch.int32, device=device)  # row 1: 4 + 4 > 7
+    before = _clone(p)
+    y = k.mamba2_verify(**p)
+    assert torch.isnan(y[1]).all() and torch.isfinite(y[0].float()).all()
+    for name in M_RING:
+        assert torch.equal(p[name][1], before[name][1]), f"{name} written for a row that does not fit"
+    q = _clone(before)
+    q["origin"], q["count"] = q["origin"][:1], q["count"][:1]
+    q = {n: (v[:1] if hasattr(v, "dim") and v.dim() > 1 else v) for n, v in q.items()}
+    _close("fitting row unaffected", y[:1].float(), k.mamba2_verify_ref(**q).float(), 1e-2)  # bf16 outputs
+
+
+def case_mamba2_verify_fp32(k, device):
+    """fp32, no D/z/dt_bias/softplus, T=1 (counts 0..R-1) and T=2 with a larger ring; strided views: the
+    checkpoint a permuted slice of a pool, x/B/C/dt slices of one projection, through the public entry point."""
+    _check_mamba2_verify(k, device, torch.float32, 1, 5, [4, 3, 2, 0, 4], [0, 1, 2, 3, 4],
+                         dict(block_p=32, num_warps=4), options=False)
+    _check_mamba2_verify(k, device, torch.float32, 2, 9, [8, 1, 7], [7, 0, 5], dict(block_p=16, num_warps=2),
+                         options=False, poison=False)
+    batch, T, H, G, P, N, R = 2, 3, 4, 2, 24, 20, 6
+    p = _mamba2_inputs(device, torch.float32, batch, T, R)
+    pool = torch.randn(batch + 2, H, N, P, device=device)
+    state = pool[1 : batch + 1].transpose(-1, -2)
+    state.copy_(p["state"])
+    proj = torch.randn(batch, T, H * P + 2 * G * N + H + 3, device=device)
+    p.update(x=proj[..., : H * P].unflatten(-1, (H, P)), B=proj[..., H * P : H * P + G * N].unflatten(-1, (G, N)),
+             C=proj[..., H * P + G * N : H * P + 2 * G * N].unflatten(-1, (G, N)),
+             dt=proj[..., H * P + 2 * G * N : H * P + 2 * G * N + H])
+    p["origin"] = torch.tensor([5, 2], dtype=torch.int32, device=device)
+    p["count"] = torch.tensor([3, 1], dtype=torch.int32, device=device)
+    q = _clone(p)
+    p["state"] = state
+    assert not state.is_contiguous() and not p["x"].is_contiguous()
+    y = k.mamba2_verify(**p)
+    y_ref = k.mamba2_verify_ref(**q)
+    print(" strided views")
+    _close("y strided", y, y_ref, 2e-6)
+    assert torch.equal(state, q["state"])
+    for name in M_RING:
+        torch.testing.assert_close(p[name], q[name], rtol=1e-6, atol=1e-6)
+
+
+def _split_invariance(commit, rings, total, first, R):
+    """Folding ``total`` records in one commit == folding the first ``first`` of them, then (origin moved on) the
+    rest, bitwise. ``rings`` = [state, ring..., origin, count]; ``commit(*rings, accepted, buffer_len)``."""
+    one = [t.clone() for t in rings]
+    one[-1].zero_()
+    commit(*one, torch.full_like(one[-1], total), total)
+    two = [t.clone() for t in rings]
+    two[-1].zero_()
+    commit(*two, torch.full_like(two[-1], first), first)
+    assert two[-1].tolist() == [0] * len(two[-1])
+    two[-2].copy_((two[-2] + first) % R)
+    commit(*two, torch.full_like(two[-1], total - first), total - first)
+    assert one[-1].tolist() == two[-1].tolist() == [0] * len(one[-1])
+    assert not torch.equal(one[0], rings[0]), "nothing was folded"
+    assert torch.equal(one[0], two[0]), "commit is not split-invariant"
+
+
+def case_mamba2_verify_fp32_and_commit(k, device):
+    case_mamba2_verify_fp32(k, device)
+    _mamba2_commit(k, device)
+
+
+def _mamba2_commit(k, device):
+    """Per-row accepted (0..T) with counts such that some rows flush (new count >= L, including overshoot past L)
+    and some do not; checkpoint vs the reference, untouched rows bitwise, counts and origin; the fold is
+    split-invariant bitwise. bf16 ring."""
+    L, R = 4, 7
+    counts, accepted, origins = [0, 3, 2, 3, 1, 0], [4, 1, 0, 4, 2, 0], [6, 5, 0, 4, 2, 3]
+    for config in (dict(block_p=16, num_warps=2), dict(block_p=8, num_warps=4)):
+        p = _mamba2_inputs(device, torch.bfloat16, len(counts), 1, R)
+        rings = dict(state=p["state"], ring_x=p["ring_x"], ring_dt=p["ring_dt"], ring_B=p["ring_B"],
+                     origin=torch.tensor(origins, dtype=torch.int32, device=device),
+                     count=torch.tensor(counts, dtype=torch.int32, device=device))
+        q = _clone(rings)
+        before = rings["state"].clone()
+        acc = torch.tensor(accepted, dtype=torch.int32, device=device)
+        k._commit(*rings.values(), acc, L, p["A"], _config=config)
+        k.mamba2_commit_ref(*q.values(), acc, L, p["A"])
+        print(f" config={config} counts {counts} + accepted {accepted} -> {rings['count'].tolist()}")
+        assert rings["count"].tolist() == [0 if c + a >= L else c + a for c, a in zip(counts, accepted, strict=True)]
+        assert torch.equal(rings["count"], q["count"]) and rings["origin"].tolist() == origins
+        _close("state", rings["state"], q["state"], 1e-6)
+        for b, (c, a) in enumerate(zip(counts, accepted, strict=True)):
+            if c + a < L:
+                assert torch.equal(rings["state"][b], before[b]), f"row {b} written without a flush"
+    p = _mamba2_inputs(device, torch.bfloat16, 2, 1, R)
+    rings = [p["state"], p["ring_x"], p["ring_dt"], p["ring_B"],
+             torch.tensor([5, 1], dtype=torch.int32, device=device), torch.zeros(2, dtype=torch.int32, device=device)]
+    _split_invariance(lambda *args: k.mamba2_commit(*args, p["A"]), rings, 6, 2, R)
+
+
+def case_mamba2_speculation(k, device):
+    """The key property on bf16 tokens (ring dtypes = token dtypes): windows of 4, 2, 1, 4, 3 tokens, per-row
+    accepted prefixes (row 0 all), then plain steps; outputs vs one-token fused replay steps, every checkpoint
+    bitwise equal to the standard step kernel's state at the same position (and the one-token path's flushes
+    too)."""
+    _speculation(_family("mamba2", device, k=k, dtype=torch.bfloat16), device, L=4, windows=[4, 2, 1, 4, 3],
+                 steps=4)
+
+
+def case_mamba2_speculation_long(k, device):
+    _speculation(_family("mamba2", device, k=k, dtype=torch.bfloat16, seed=1), device, L=8,
+                 windows=[8, 4, 8, 2, 8, 1, 8], steps=9, seed=6)
+
+
+# -- gated delta rule ---------------------------------------------------------------------------------------------
+
+
+def _delta_inputs(device, dtype, batch, T, ring, *, per_key, Hk=2, Hv=4, K=32, V=24, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+
+    def rnd(*shape):
+        return torch.randn(*shape, generator=gen)
+
+    def gate(*shape):
+        return -(torch.rand(*shape, generator=gen) * 0.58 + 0.02)
+
+    gshape = (Hv, K) if per_key else (Hv,)
+    p = dict(state=rnd(batch, Hv, K, V) * 0.5, ring_k=rnd(batch, ring, Hk, K).to(dtype),
+             ring_d=rnd(batch, ring, Hv, V) * 0.3, ring_g=gate(batch, ring, *gshape),
+             q=rnd(batch, T, Hk, K).to(dtype), k=rnd(batch, T, Hk, K).to(dtype), v=rnd(batch, T, Hv, V).to(dtype),
+             beta=torch.rand(batch, T, Hv, generator=gen) * 0.9 + 0.05, g=gate(batch, T, *gshape))
+    return {n: t.to(device) for n, t in p.items()}
+
+
+D_RING = ("ring_k", "ring_d", "ring_g")
+
+
+def _check_delta_verify(k, device, dtype, T, ring, origins, counts, block_v, *, per_key, shape=None, **options):
+    batch = len(counts)
+    p = _delta_inputs(device, dtype, batch, T, ring, per_key=per_key, **(shape or {}))
+    _poison(p, D_RING, origins, counts, ring)
+    p["origin"] = torch.tensor(origins, dtype=torch.int32, device=device)
+    p["count"] = torch.tensor(counts, dtype=torch.int32, device=device)
+    q = _clone(p)
+    out = torch.empty(p["v"].shape, dtype=torch.float32, device=device)
+    o = k._verify(**p, **options, out=out, _block_v=block_v)
+    o_ref = k.delta_verify_ref(**q, **options, out=torch.empty_like(out))
+    print(f" T={T} R={ring} per_key={per_key} counts={counts} origins={origins} block_v={block_v} {options}")
+    assert o is out
+    _close("o", o, o_ref, 2e-6)
+    assert torch.equal(p["state"], q["state"]) and torch.equal(p["count"], q["count"])
+    for name in ("ring_k", "ring_g"):
+        torch.testing.assert_close(p[name], q[name], rtol=0, atol=0, equal_nan=True)
+    _close("ring_d", p["ring_d"].nan_to_num(), q["ring_d"].nan_to_num(), 1e-5)
+    assert torch.isnan(p["ring_d"]).sum() == torch.isnan(q["ring_d"]).sum()
+
+
+def case_delta_verify_gdn_bf16(k, device):
+    """GDN gate, bf16 q/k/v and ring keys, GVA (Hv=4, Hk=2), V=24 (a full and a partial V tile at BLOCK_V=16);
+    T=4 with counts 0..R-T and T=2 with counts 0..R-T, wrap-around, NaN in uncommitted slots; a row that does not
+    fit gets NaN outputs and no records."""
+    R = 7
+    _check_delta_verify(k, device, torch.bfloat16, 4, R, [6, 5, 4, 6], [0, 1, 2, 3], 16, per_key=False)
+    _check_delta_verify(k, device, torch.bfloat16, 2, R, [6, 5, 3, 6, 0, 2], [0, 1, 2, 3, 4, 5], 32,
+                        per_key=False)
+    p = _delta_inputs(device, torch.bfloat16, 2, 3, R, per_key=False)
+    p["origin"] = torch.tensor([3, 5], dtype=torch.int32, device=device)
+    p["count"] = torch.tensor([4, 5], dtype=torch.int32, device=device)  # row 1: 5 + 3 > 7
+    before = _clone(p)
+    o = k.delta_verify(**p)
+    assert torch.isnan(o[1]).all() and torch.isfinite(o[0].float()).all()
+    for name in D_RING:
+        assert torch.equal(p[name][1], before[name][1]), f"{name} written for a row that does not fit"
+
+
+def case_delta_verify_kda(k, device):
+    """KDA (per-key-channel) gate, fp32, K=24 (not a power of two), GVA ratio 2; T=1 with counts 0..R-1 and T=2;
+    use_qk_l2norm=False with an explicit scale (GDN and KDA)."""
+    shape = dict(K=24, V=32)
+    _check_delta_verify(k, device, torch.float32, 1, 5, [4, 3, 2, 0, 4], [0, 1, 2, 3, 4], 16, per_key=True,
+                        shape=shape)
+    _check_delta_verify(k, device, torch.float32, 2, 6, [5, 1, 4], [4, 0, 3], 32, per_key=True, shape=shape)
+    for per_key in (True, False):
+        _check_delta_verify(k, device, torch.float32, 3, 5, [4, 0], [2, 1], 16, per_key=per_key,
+                            shape=dict(Hk=1, Hv=2, K=16, V=16), use_qk_l2norm=False, scale=0.3)
+
+
+def case_delta_verify_kda_and_commit(k, device):
+    case_delta_verify_kda(k, device)
+    _delta_commit(k, device)
+
+
+def _delta_commit(k, device):
+    """GDN and KDA: per-row accepted with flushing (incl. overshoot) and non-flushing rows vs the reference, counts,
+    untouched rows bitwise; bitwise split invariance of the fold."""
+    L, R = 4, 7
+    counts, accepted, origins = [0, 3, 2, 3, 1], [4, 1, 0, 4, 2], [6, 5, 0, 4, 2]
+    for per_key, dtype in ((False, torch.bfloat16), (True, torch.float32)):
+        p = _delta_inputs(device, dtype, len(counts), 1, R, per_key=per_key)
+        rings = dict(state=p["state"], ring_k=p["ring_k"], ring_d=p["ring_d"], ring_g=p["ring_g"],
+                     origin=torch.tensor(origins, dtype=torch.int32, device=device),
+                     count=torch.tensor(counts, dtype=torch.int32, device=device))
+        q = _clone(rings)
+        before = rings["state"].clone()
+        acc = torch.tensor(accepted, dtype=torch.int32, device=device)
+        k._commit(*rings.values(), acc, L, _block_v=16)
+        k.delta_commit_ref(*q.values(), acc, L)
+        print(f" per_key={per_key} counts {counts} + accepted {accepted} -> {rings['count'].tolist()}")
+        assert torch.equal(rings["count"], q["count"]) and rings["origin"].tolist() == origins
+        assert rings["count"].tolist() == [0 if c + a >= L else c + a for c, a in zip(counts, accepted, strict=True)]
+        _close("state", rings["state"], q["state"], 1e-6)
+        for b, (c, a) in enumerate(zip(counts, accepted, strict=True)):
+            if c + a < L:
+                assert torch.equal(rings["state"][b], before[b]), f"row {b} written without a flush"
+        p = _delta_inputs(device, dtype, 2, 1, R, per_key=per_key)
+        ring_list = [p["state"], p["ring_k"], p["ring_d"], p["ring_g"],
+                     torch.tensor([5, 1], dtype=torch.int32, device=device),
+                     torch.zeros(2, dtype=torch.int32, device=device)]
+        _split_invariance(k.delta_commit, ring_list, 6, 2, R)
+
+
+def case_delta_speculation_gdn(k, device):
+    """The key property for GDN (fp32 tokens): windows of 4, 2, 1, 4, 3 tokens, per-row accepted prefixes, then
+    plain steps; outputs vs one-token fused replay steps, checkpoints within 1e-5 of the standard step kernel's
+    states."""
+    _speculation(_family("gdn", device, k=k), device, L=4, windows=[4, 2, 1, 4, 3], steps=4)
+
+
+def case_delta_speculation_kda(k, device):
+    _speculation(_family("kda", device, k=k), device, L=4, windows=[4, 1, 2, 4, 3], steps=4)
+
+
+def case_delta_speculation_gdn_long(k, device):
+    _speculation(_family("gdn", device, k=k, dtype=torch.bfloat16, seed=1), device, L=8,
+                 windows=[8, 4, 8, 2, 8, 1, 8], steps=9, seed=6)
+
+
+def case_delta_speculation_kda_long(k, device):
+    _speculation(_family("kda", device, k=k, seed=2), device, L=8, windows=[8, 8, 3, 8, 8], steps=9, seed=7)
+
+
+if __name__ == "__main__":
+    worker_main("mamba2_verify" if sys.argv[1].startswith("mamba2") else "delta_verify", globals(), sys.argv[1])

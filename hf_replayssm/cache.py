@@ -51,16 +51,16 @@ def _triton_available() -> bool:
 
 
 def resolve_backend(backend: str, device: torch.device | None) -> str:
-    """The implementation a bound cache runs, decided once at bind: ``"triton"`` (the fused kernels, where a family
-    has them; other steps stay on the reference) or ``"torch"`` (the pure-torch reference). ``"auto"`` is the
-    reference for now: the kernels are checked on the H200 one by one, but the integrated decode path has run only
-    under the Triton interpreter so far, so it stays opt-in (``backend="triton"``) until it has run on a GPU."""
+    """The implementation a bound cache runs, decided once at bind: ``"triton"`` (the decode-step kernels, where a
+    family has them; other steps stay on the reference) or ``"torch"`` (the pure-torch reference). ``"auto"`` is
+    Triton on CUDA devices when triton imports, the reference elsewhere (on CPU the kernels only run under the
+    Triton interpreter, for tests)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"
     on_cuda = device is not None and device.type == "cuda"
     if backend == "auto":
-        return "torch"
+        return "triton" if on_cuda and _triton_available() else "torch"
     if backend == "triton":
         if not _triton_available():
             raise ValueError("backend='triton' needs the triton package (pip install triton), or use backend='auto'")
@@ -80,11 +80,11 @@ class ReplayCache(DynamicCache):
             decoding.
         precision: a preset name (see ``hf_replayssm.precision.PRESETS``) or a ``PrecisionPolicy``; or a list of
             them, one per batch row (to compare policies on the same sequence in one batch).
-        backend: ``"triton"`` (the fused kernels), ``"torch"`` (the pure-torch reference) or ``"auto"`` (the
-            reference until the kernel path has run on a GPU; see ``resolve_backend``). Resolved once, when the
-            cache binds to a model (``cache.resolved_backend``). With ``"triton"``, plain single-token decode steps
-            with an fp32 checkpoint run the family's fused replay-or-flush kernel (Mamba-2, Gated DeltaNet, KDA);
-            prefills, speculative windows and other policies run the reference.
+        backend: ``"triton"`` (the decode-step kernels), ``"torch"`` (the pure-torch reference) or ``"auto"``
+            (Triton on CUDA when triton imports, else the reference; see ``resolve_backend``). Resolved once, when
+            the cache binds to a model (``cache.resolved_backend``). With ``"triton"``, plain single-token decode
+            steps with an fp32 checkpoint run the family's replay-only / flush-only kernel (Mamba-2, Gated DeltaNet,
+            KDA: one launch per step and layer); prefills, speculative windows and other policies run the reference.
         window: record slots reserved for speculative windows (draft tokens per verify) beyond ``buffer_len``.
             A larger window grows the rings when it happens, so this only preallocates; ``generate()`` sets it from
             what transformers will draft. Plain decoding needs none.

@@ -26,6 +26,21 @@ def test_backend_resolution_on_cpu():
             ReplayCache.for_model(model, backend="triton")
 
 
+def test_auto_resolves_to_triton_on_cuda_devices():
+    """auto = the kernels on CUDA when triton imports (resolution only: no device is touched), the reference on CPU,
+    and a clear error for an unknown name."""
+    import torch
+
+    from hf_replayssm.cache import _triton_available, resolve_backend
+
+    expected = "triton" if _triton_available() else "torch"
+    assert resolve_backend("auto", torch.device("cuda", 0)) == expected
+    assert resolve_backend("auto", torch.device("cpu")) == "torch"
+    assert resolve_backend("auto", None) == "torch"
+    with pytest.raises(ValueError, match="backend must be one of"):
+        resolve_backend("cuda", torch.device("cpu"))
+
+
 SCRIPT = textwrap.dedent('''
     import sys, torch
     sys.path.insert(0, "tests")

@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 
 # Prefill forward length that keeps transformers' torch prefill within an H200 at batch 256 (its Mamba-2 chunk scan
-# materialises [B, T, chunk, H, N]-sized products: 160 GiB at 128-token forwards).
+# materialises [B, chunks, chunk, chunk, H, N] products, padded to whole chunks: 160 GiB at batch 256 with 128-token
+# chunks, so the Nemotron-H-like model also scans in 16-token chunks; chunking changes prefill rounding only).
 PREFILL_PIECE = {"qwen3_5": 128, "nemotron_h": 16, "kimi_linear": 64}
 
 SHAPES = {
@@ -26,7 +27,7 @@ SHAPES = {
         model_type="nemotron_h", hidden_size=2560, intermediate_size=10240, vocab_size=32000,
         layers_block_type=["mamba", "mlp", "mamba", "attention", "mamba", "mlp", "mamba", "mlp"],
         num_attention_heads=20, num_key_value_heads=4, head_dim=128, mamba_num_heads=80, mamba_head_dim=64,
-        ssm_state_size=128, n_groups=8, conv_kernel=4, chunk_size=128,
+        ssm_state_size=128, n_groups=8, conv_kernel=4, chunk_size=16,
     ),
     # Kimi-Linear-like: Kimi Delta Attention with 32 heads of 128
     "kimi_linear": dict(

@@ -133,31 +133,52 @@ class ConvRing:
     ``window(kernel)`` returns the ``kernel`` inputs before the current position (zeros before the sequence
     start), which is what the model's own conv needs in front of the new tokens. Rewinding ``r`` tokens is exact
     while ``r <= capacity - kernel``.
+
+    Storage is linear, not circular, so that a decode step costs two kernel launches (the window is a view; a write
+    is one slice copy) instead of an index computation, a gather and a scatter: position ``q`` lives in column
+    ``q - base`` of a ``[B, C, 2 * capacity]`` buffer, and when the writes reach its end the last ``capacity``
+    columns move to the front (one copy every ``capacity`` tokens). Columns of positions before the start are zeros.
     """
 
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self.buffer: torch.Tensor | None = None  # [B, C, capacity]
+        self.buffer: torch.Tensor | None = None  # [B, C, 2 * capacity]
         self.position = 0  # tokens written so far
         self.oldest = 0  # oldest position whose input is still held
+        self.base = -capacity  # position held in column 0 (columns of negative positions are zeros)
 
     def allocate(self, like: torch.Tensor) -> None:
-        self.buffer = torch.zeros((like.shape[0], like.shape[1], self.capacity), dtype=like.dtype, device=like.device)
+        self.buffer = torch.zeros((like.shape[0], like.shape[1], 2 * self.capacity), dtype=like.dtype,
+                                  device=like.device)
 
     def window(self, kernel: int) -> torch.Tensor:
-        """[B, C, kernel]: inputs at positions position-kernel .. position-1 (zeros before the start)."""
+        """[B, C, kernel]: inputs at positions position-kernel .. position-1 (zeros before the start); a view of the
+        buffer, valid until the next write."""
         assert self.buffer is not None
-        positions = torch.arange(self.position - kernel, self.position, device=self.buffer.device)
-        out = self.buffer.index_select(2, positions.clamp(min=0) % self.capacity)
-        return out.masked_fill((positions < 0)[None, None, :], 0)
+        start = self.position - kernel - self.base
+        assert start >= 0, "conv window reaches before the held inputs"
+        return self.buffer[..., start : start + kernel]
+
+    def _shift(self) -> None:
+        """Move the last ``capacity`` positions (zeros before the start) to the front."""
+        new_base = self.position - self.capacity
+        offset = new_base - self.base
+        if offset > 0:
+            self.buffer[..., : self.capacity] = self.buffer[..., offset : offset + self.capacity].clone()
+            self.base = new_base
 
     def write(self, inputs: torch.Tensor) -> None:
         """Append inputs [B, C, T] (only the last ``capacity`` columns are kept)."""
         assert self.buffer is not None
         count = inputs.shape[-1]
-        keep = min(count, self.capacity)
-        positions = torch.arange(self.position + count - keep, self.position + count, device=self.buffer.device)
-        self.buffer.index_copy_(2, positions % self.capacity, inputs[..., -keep:].to(self.buffer.dtype))
+        if count >= self.capacity:  # only the last `capacity` inputs survive: start a fresh layout
+            self.base = self.position + count - self.capacity
+            self.buffer[..., : self.capacity] = inputs[..., -self.capacity :]
+        else:
+            if self.position + count - self.base > self.buffer.shape[-1]:
+                self._shift()
+            col = self.position - self.base
+            self.buffer[..., col : col + count] = inputs
         self.position += count
         self.oldest = max(self.oldest, self.position - self.capacity)
 
@@ -174,12 +195,16 @@ class ConvRing:
         if capacity <= self.capacity:
             return
         if self.buffer is not None:
-            held = min(self.position - self.oldest, self.capacity)
-            positions = torch.arange(self.position - held, self.position, device=self.buffer.device)
-            kept = self.buffer.index_select(2, positions % self.capacity)
-            new = torch.zeros((*self.buffer.shape[:2], capacity), dtype=self.buffer.dtype, device=self.buffer.device)
-            new.index_copy_(2, positions % capacity, kept)
-            self.buffer = new
+            # keep every column from `oldest` (or the zeros before the start) up to the position
+            first = max(self.base, self.position - self.capacity)
+            held = self.buffer[..., first - self.base : self.position - self.base]
+            new = torch.zeros((*self.buffer.shape[:2], 2 * capacity), dtype=self.buffer.dtype,
+                              device=self.buffer.device)
+            new_base = self.position - capacity
+            new[..., first - new_base : self.position - new_base] = held
+            self.buffer, self.base = new, new_base
+        else:
+            self.base = -capacity
         self.capacity = capacity
 
     def index_batch(self, index: torch.Tensor) -> None:

@@ -55,15 +55,21 @@ class Mamba2Recurrence:
         return ssd_fold(state, records["x"], records["dt"], records["B"], params["A"])
 
     @staticmethod
-    def kernel_step(state, ring: Records, origin, count, tokens: Records, params: Records, buffer_len: int):
-        """One decode token through the Triton replay-or-flush kernel (``hf_replayssm.kernels.mamba2``)."""
+    def kernel_step(state, ring: Records, origin, count, tokens: Records, params: Records, buffer_len: int,
+                    out_dtype: torch.dtype = torch.float32):
+        """One decode token through the Triton replay-or-flush kernel (``hf_replayssm.kernels.mamba2``), written
+        straight in ``out_dtype`` (no cast launch)."""
         from .kernels.mamba2 import mamba2_replay_step
 
+        x = tokens["x"][:, 0]
+        # A raw dt comes with dt_bias / dt_softplus (and the z gate) for the kernel to apply (see the adapter).
         y = mamba2_replay_step(
-            state, ring["x"], ring["dt"], ring["B"], origin, count, tokens["x"][:, 0], tokens["dt"][:, 0],
-            tokens["B"][:, 0], tokens["C"][:, 0], params["A"], params.get("D"), buffer_len=buffer_len,
+            state, ring["x"], ring["dt"], ring["B"], origin, count, x, tokens["dt"][:, 0],
+            tokens["B"][:, 0], tokens["C"][:, 0], params["A"], params.get("D"), z=params.get("z"),
+            dt_bias=params.get("dt_bias"), dt_softplus=bool(params.get("dt_softplus", False)), buffer_len=buffer_len,
+            out=torch.empty(x.shape, dtype=out_dtype, device=x.device),
         )
-        return y[:, None].float()
+        return y[:, None]
 
     def slice(self, tokens: Records, start: int, stop: int) -> dict:
         return _slice(tokens, self.per_token, start, stop)
@@ -123,16 +129,20 @@ class DeltaRuleRecurrence:
         return delta_fold(state, k, d, records["g"])
 
     @staticmethod
-    def kernel_step(state, ring: Records, origin, count, tokens: Records, params: Records, buffer_len: int):
-        """One decode token through the Triton replay-or-flush kernel (``hf_replayssm.kernels.delta_rule``)."""
+    def kernel_step(state, ring: Records, origin, count, tokens: Records, params: Records, buffer_len: int,
+                    out_dtype: torch.dtype = torch.float32):
+        """One decode token through the Triton replay-or-flush kernel (``hf_replayssm.kernels.delta_rule``), written
+        straight in ``out_dtype`` (no cast launch)."""
         from .kernels.delta_rule import delta_replay_step
 
+        v = tokens["v"][:, 0]
         o = delta_replay_step(
             state, ring["k"], ring["d"], ring["g"], origin, count, tokens["q"][:, 0], tokens["k"][:, 0],
-            tokens["v"][:, 0], tokens["beta"][:, 0], tokens["g"][:, 0], buffer_len=buffer_len,
+            v, tokens["beta"][:, 0], tokens["g"][:, 0], buffer_len=buffer_len,
             use_qk_l2norm=params.get("normalize") is not None,
+            out=torch.empty(v.shape, dtype=out_dtype, device=v.device),
         )
-        return o[:, None].float()
+        return o[:, None]
 
     def slice(self, tokens: Records, start: int, stop: int) -> dict:
         return _slice(tokens, self.per_token, start, stop)

@@ -109,7 +109,7 @@ class ReplaySchedule:
 
     def conv_window(self) -> torch.Tensor | None:
         """The last ``conv_kernel`` conv inputs [B, C, K], the stock layout of a conv state."""
-        return None if self.conv.buffer is None else self.conv.window(self.conv_kernel)
+        return None if self.conv.buffer is None else self.conv.window(self.conv_kernel).clone()
 
     def max_rollback(self) -> int:
         """The deepest ``crop`` this layer can undo exactly now."""
@@ -183,7 +183,7 @@ class ReplaySchedule:
             pieces = self._forward_recording(tokens, chunk_fn)
         else:
             self.ring.commit()
-            pieces = self._forward_plain(tokens, chunk_fn)
+            pieces = self._forward_plain(tokens, chunk_fn, out_dtype or torch.float32)
         dtype = out_dtype or torch.float32
         if len(pieces) == 1:
             return pieces[0].to(dtype)
@@ -196,13 +196,15 @@ class ReplaySchedule:
         """The flush boundary a token at ``position`` reads from: the anchor (last prefill) plus a multiple of L."""
         return self.anchor + (position - self.anchor) // self.buffer_len * self.buffer_len
 
-    def _forward_plain(self, tokens, chunk_fn) -> list[torch.Tensor]:
+    def _forward_plain(self, tokens, chunk_fn, out_dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
         ring, rec = self.ring, self.recurrence
         count = self._num_tokens(tokens)
         while ring.size >= self.buffer_len:  # complete periods left by speculative decoding
             self._commit_staged_or_fold(self.checkpoint_position + self.buffer_len)
         if count == 1 and self.tokens_seen and self._kernel_applies():
-            return [self._kernel_step(tokens)]
+            return [self._kernel_step(tokens, out_dtype)]
+        if "dt_softplus" in self._params:
+            raise RuntimeError("raw kernel inputs reached a non-kernel step (next_step_uses_kernel was wrong)")
         if count == 1 and self.tokens_seen and ring.size + 1 < self.buffer_len:
             y, records = rec.outputs(self.store.read(), ring.read(), tokens, self._params)
             ring.append(records, pending=False)
@@ -218,16 +220,21 @@ class ReplaySchedule:
         return [y]
 
     # ------------------------------------------------------------------ the fused kernel step
+    def next_step_uses_kernel(self, count: int) -> bool:
+        """Whether a forward of ``count`` tokens now would be one decode step through the family's kernel (an
+        adapter may then hand the kernel raw inputs it processes itself, e.g. Mamba-2's dt before softplus)."""
+        return count == 1 and not self.recording and self.tokens_seen > 0 and self._kernel_applies()
+
     def _kernel_applies(self) -> bool:
         return (self.backend == "triton" and getattr(self.recurrence, "kernel_step", None) is not None
                 and self.store.kernel_state() is not None)
 
-    def _kernel_step(self, tokens) -> torch.Tensor:
+    def _kernel_step(self, tokens, out_dtype: torch.dtype) -> torch.Tensor:
         """One plain decode token through the family's replay-or-flush kernel. Every row is at the host's position
         (plain decoding keeps the rows in step), so the launch is the kernel specialised to this step's phase."""
         ring = self.ring
         y = self.recurrence.kernel_step(self.store.kernel_state(), ring.fields, ring.origin, ring.num_committed,
-                                        tokens, self._params, self.buffer_len)
+                                        tokens, self._params, self.buffer_len, out_dtype)
         if ring.num_committed + 1 < self.buffer_len:
             ring.num_committed += 1
         else:  # the kernel flushed: records and token folded into the checkpoint in place

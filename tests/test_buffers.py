@@ -62,3 +62,32 @@ def test_conv_ring_window_and_rewind():
         conv.rewind(2, kernel=3)  # would need the input of token 0, already overwritten
     conv.grow(10)
     assert conv.window(3).tolist() == [[[3, 4, 5]]]
+
+
+def test_conv_ring_random_writes_rewinds_and_growth_match_the_full_history():
+    """Random writes (1 token to several capacities), rewinds up to what the ring allows, and growth: the window is
+    always the last `kernel` inputs of the full history (zeros before the start), and a single-token step's window
+    is a view (no copy)."""
+    gen = torch.Generator().manual_seed(3)
+    for capacity, kernel in ((4, 4), (6, 3), (9, 4)):
+        conv = ConvRing(capacity)
+        history: list[torch.Tensor] = []
+        conv.allocate(torch.zeros(2, 3, 1))
+        for _ in range(200):
+            action = int(torch.randint(0, 10, (1,), generator=gen))
+            if action < 6:
+                count = 1 if action < 4 else int(torch.randint(1, 3 * conv.capacity, (1,), generator=gen))
+                inputs = torch.randn(2, 3, count, generator=gen)
+                conv.write(inputs)
+                history.extend(inputs.unbind(-1))
+            elif action < 9:
+                depth = int(torch.randint(0, conv.rewindable(kernel) + 1, (1,), generator=gen))
+                conv.rewind(depth, kernel)
+                del history[len(history) - depth :]
+            else:
+                conv.grow(conv.capacity + int(torch.randint(0, 3, (1,), generator=gen)))
+            padded = [torch.zeros(2, 3)] * kernel + history
+            expected = torch.stack(padded[len(padded) - kernel :], dim=-1)
+            window = conv.window(kernel)
+            assert torch.equal(window, expected), (capacity, kernel, conv.position)
+            assert window.untyped_storage().data_ptr() == conv.buffer.untyped_storage().data_ptr()

@@ -249,8 +249,8 @@ def _with_task_dir(task_dir: Path):
 
 def main(argv: list[str] | None = None) -> int:
     """lm-eval's command line (``lm-eval run|ls|validate ...``; ``run`` may be left out) with the ``hf-replayssm``
-    model registered and this package's tasks (``gpqa_diamond_zeroshot_local``, ``gpqa_diamond_cot_zeroshot_local``)
-    on the include path."""
+    model registered and this package's tasks (``gpqa_diamond_zeroshot_local``, ``gpqa_diamond_cot_zeroshot_local``,
+    the synthetic ``recall`` group) on the include path."""
     from lm_eval.__main__ import cli_evaluate
 
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -56,6 +56,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 EVALS = {
     "kl": "hf_replayssm.eval.kl",  # long-run KL of precision policies against fp32, teacher-forced
+    "recall": "hf_replayssm.eval.recall",  # recall-task documents and accuracy-vs-distance tables
     "compare": "hf_replayssm.eval.compare",  # accuracy per arm of lm-eval runs, agreement, paired McNemar test
 }
 
@@ -107,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="the benchmark's own arguments")
     bench.set_defaults(run=_bench)
 
-    evaluate = commands.add_parser("eval", help="evaluation: kl, compare (--help after the name)")
+    evaluate = commands.add_parser("eval", help="evaluation: kl, compare, recall (--help after the name)")
     evaluate.add_argument("eval", choices=sorted(EVALS))
     evaluate.add_argument("eval_args", nargs=argparse.REMAINDER, help="the evaluation's own arguments")
     evaluate.set_defaults(run=_eval)

@@ -47,10 +47,16 @@ Design notes:
 * Records are appended by the programs that own them: x by every P tile, dt by P tile 0, B by P tile 0 of the first
   head of each group. The appended slot ``(origin + count) % R`` differs from every slot read in the same launch
   because ``count + 1 < buffer_len <= R + 1``.
+* Host positions (``origin``/``count`` as ints: every row at one position, plain batched decoding) select a
+  kernel specialised to the phase (constexpr ``PHASE`` 1 / 2): the replay-only program carries no flush code and
+  needs no position load or count update, and the flush-only program folds the records in closed form
+  (``exp(lam) S0 + X^T diag(w) B``, one ``tl.dot`` in tf32x3, i.e. float32 accuracy) with all records loaded at once
+  instead of a chain of dependent per-record loads. The fused device-phase kernel (``PHASE`` 0) keeps the
+  sequential fold (fewer registers for every program of the launch).
 * Measured on an H200 (``python -m hf_replayssm.kernels.bench``; cold L2, CUDA graphs, averaged over whole cycles
-  of L=16): the replay step is 1.10-1.13x faster than this module's standard step at batch >= 128 and slower at
-  batch <= 8; a non-flush step reads the checkpoint at ~2.9 TB/s (67 % of the copy bandwidth) and a flush launch
-  costs ~3 non-flush ones. See the benchmark's JSON for the numbers.
+  of L=16), Nemotron-H-8B shape, batch 256: host-phase cycle 345 us vs 553 us for this module's standard step
+  (1.60x, 82 % of copy bandwidth; replay-only launch 334 us, flush-only 750 us); the fused device-phase kernel
+  484 us (1.15x). See ``BENCHMARKS.md``.
 """
 
 from __future__ import annotations
@@ -396,11 +402,13 @@ def replay_launch_config(batch: int, heads: int, head_dim: int, d_state: int) ->
     the replay step. Measured on an H200 (benchmark sweep, Nemotron-H shapes, batch 1-512): few warps with many
     state elements per thread were fastest, since each thread then has many independent 16-byte loads in flight
     and the per-program reductions synchronise fewer warps: [32, 128] tiles on 2 warps from batch * heads >= 2048,
-    [16, 128] on 2 warps below; unrolling the fold did not pay."""
+    [16, 128] on 2 warps below. ``fold_unroll`` only matters to the fused device-phase kernel (the flush-only kernel
+    folds with a tl.dot): 4 compiles the fused kernel to 168 registers instead of 252 and was 1.26x faster at
+    batch 256 (484 vs 613 us per step)."""
     block_n = triton.next_power_of_2(d_state)
     elements = 4096 if batch * heads >= 2048 else 2048
     block_p = min(triton.next_power_of_2(head_dim), max(1, elements // block_n))
-    return dict(block_p=block_p, num_warps=2, fold_unroll=1)
+    return dict(block_p=block_p, num_warps=2, fold_unroll=4)
 
 
 def state_update_launch_config(batch: int, heads: int, head_dim: int, d_state: int) -> dict:

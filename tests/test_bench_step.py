@@ -19,3 +19,15 @@ def test_measure_steps_on_a_tiny_model():
     assert abs(arms["replay-torch"]["speedup_vs_stock"]
                - arms["stock"]["ms_per_step"] / arms["replay-torch"]["ms_per_step"]) < 1e-12
     assert "replay-torch" in table([result])
+
+
+def test_profile_arm_writes_an_operator_table(tmp_path):
+    import torch
+
+    from hf_replayssm.bench.step import profile_arm
+
+    model = get_model("qwen3_5_text")
+    ids = torch.randint(3, 120, (1, 14))
+    table = profile_arm(model, ids, "replay-torch", prompt=10, steps=4, piece=5, buffer_len=4,
+                        out_path=tmp_path / "prof.txt")
+    assert "Self CPU" in table and (tmp_path / "prof.txt").read_text() == table

@@ -59,6 +59,32 @@ def _run(model, ids, arm: str, prompt: int, steps: int, piece: int, buffer_len: 
     return dict(ms_per_step=elapsed * 1e3 / steps, peak_bytes=peak, backend=backend)
 
 
+def profile_arm(model, ids, arm: str, prompt: int, steps: int, piece: int, buffer_len: int, out_path=None,
+                rows: int = 25) -> str:
+    """One run of ``arm`` with torch.profiler around its decode forwards (CPU and, on CUDA, GPU activity): the
+    operator table sorted by self CPU time (what an eager, CPU-bound step spends), written to ``out_path``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ids.device.type == "cuda" else [])
+    from ..cache import cache_argument
+
+    key = cache_argument(model)
+    cache = _make_cache(arm, model, buffer_len)
+    with torch.no_grad():
+        for start in range(0, prompt, piece):
+            model(ids[:, start : min(prompt, start + piece)], **{key: cache}, use_cache=True, logits_to_keep=1)
+        _sync(ids.device)
+        with profile(activities=activities) as prof:
+            for pos in range(prompt, prompt + steps):
+                model(ids[:, pos : pos + 1], **{key: cache}, use_cache=True, logits_to_keep=1)
+            _sync(ids.device)
+    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
+    if out_path is not None:
+        with open(out_path, "w") as f:
+            f.write(table)
+    return table
+
+
 def measure_steps(model, batch: int, prompt: int = 512, steps: int = 48, piece: int = 128,
                   arms: Sequence[str] = ARMS, buffer_len: int = 16, repeats: int = 2, seed: int = 0) -> dict:
     """Decode ``steps`` tokens after a ``prompt``-token prefill for each arm (interleaved, ``repeats`` times after
@@ -113,6 +139,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--profile", help="also write a torch.profiler operator table per model, batch and arm "
+                        "(16 decode steps, after the timed runs) into this folder")
     args = parser.parse_args(argv)
     try:
         import fla  # noqa: F401
@@ -135,6 +163,15 @@ def main(argv: list[str] | None = None) -> int:
         for batch in (int(b) for b in args.batches.split(",")):
             rows.append(measure_steps(model, batch, args.prompt, args.steps, min(piece, args.prompt),
                                       args.arms.split(","), args.buffer_len, args.repeats))
+            if args.profile:
+                import os
+
+                os.makedirs(args.profile, exist_ok=True)
+                vocab = model.config.get_text_config(decoder=True).vocab_size
+                ids = torch.randint(3, vocab, (batch, args.prompt + 16), device=args.device)
+                for arm in args.arms.split(","):
+                    profile_arm(model, ids, arm, args.prompt, 16, min(piece, args.prompt), args.buffer_len,
+                                os.path.join(args.profile, f"{name}_b{batch}_{arm}.txt"))
             print(table(rows[-1:], "" if len(rows) > 1 else f"== {name}-like ({type(model).__name__}) on "
                         f"{device_name}, fla {'installed' if with_fla else 'absent'}: ms per decode step"),
                   flush=True)

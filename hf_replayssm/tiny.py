@@ -43,6 +43,7 @@ TINY_CONFIGS: dict[str, dict] = {
     "qwen3_5_text": dict(**_ATTN, **_GDN, layer_types=_LA3_FA),
     "qwen3_5_moe_text": dict(**_ATTN, **_GDN, **_MOE, layer_types=_LA3_FA),
     "olmo_hybrid": dict(**_ATTN, **_GDN, layer_types=_LA3_FA),
+    "lara_mini": dict(**_ATTN, **_GDN, **_MOE, layer_types=_LA3_FA),
     "kimi_linear": dict(_KDA),
     "bailing_hybrid": dict(_KDA),
     # GLM-5-Next exists only as an image-text model; the tiny vision tower is never run by text-only prompts.
@@ -57,6 +58,7 @@ TINY_CONFIGS: dict[str, dict] = {
     ),
     # short-conv hybrids: conv_L_cache (3 taps) as in the released models
     "lfm2": dict(**_ATTN, layer_types=_CONV2_FA_CONV, block_auto_adjust_ff_dim=False),
+    "lfm3": dict(**_ATTN, layer_types=_CONV2_FA_CONV, conv_L_cache=4),
     "lfm2_moe": dict(**_ATTN, layer_types=_CONV2_FA_CONV, num_dense_layers=1, num_experts=4, num_experts_per_tok=2,
                      moe_intermediate_size=32),
     # refused or stock, for tests of the error paths

@@ -14,7 +14,7 @@ warnings.filterwarnings("ignore", message=".*fall.*back.*")
 # Every architecture ReplayCache supports, as tiny configs this transformers version can build.
 SUPPORTED = [
     "nemotron_h", "falcon_h1", "bamba", "granitemoehybrid", "zamba2", "mamba2",
-    "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid",
+    "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid", "lara_mini",
     "kimi_linear", "bailing_hybrid", "glm5_next",
 ]
 # One per family and layer kind (plain SSM layers, hybrid attention+SSM layers) for the slower speculative tests.

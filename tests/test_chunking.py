@@ -21,8 +21,8 @@ warnings.filterwarnings("ignore", message=".*fall.*back.*")
 
 SUPPORTED = [
     "nemotron_h", "falcon_h1", "bamba", "granitemoehybrid", "zamba2", "mamba2",
-    "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid",
-    "kimi_linear", "bailing_hybrid", "glm5_next",
+    "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid", "lara_mini",
+    "kimi_linear", "bailing_hybrid", "glm5_next", "lfm2", "lfm2_moe", "lfm3",
 ]
 PREFILL, CHUNK, LENGTH = 8, 4, 64
 

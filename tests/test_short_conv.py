@@ -1,4 +1,4 @@
-"""Short-conv hybrids (lfm2, lfm2_moe): ReplayCache keeps their conv windows in its conv ring, so plain decoding,
+"""Short-conv hybrids (lfm2, lfm2_moe, lfm3): ReplayCache keeps their conv windows in its conv ring, so plain decoding,
 speculation and manual crops equal stock decoding or a recomputation from scratch."""
 
 import pytest
@@ -12,7 +12,7 @@ from hf_replayssm.adapters.short_conv import ConvSchedule
 from hf_replayssm.tiny import tiny_model
 
 pytestmark = pytest.mark.equivalence
-SHORT_CONV = ["lfm2", "lfm2_moe"]
+SHORT_CONV = ["lfm2", "lfm2_moe", "lfm3"]
 
 
 def _check_conv_layers(cache):

@@ -80,6 +80,7 @@ GATED_DELTANET = FamilyAdapter(
         "Qwen3_5GatedDeltaNet": ("qwen3_5", "qwen3_5_text"),
         "Qwen3_5MoeGatedDeltaNet": ("qwen3_5_moe", "qwen3_5_moe_text"),
         "OlmoHybridGatedDeltaNet": ("olmo_hybrid",),
+        "LaraMiniGatedDeltaNet": ("lara_mini",),
     },
     interceptors={"torch_recurrent_gated_delta_rule": _recurrent, "torch_chunk_gated_delta_rule": _chunk},
 )

@@ -75,6 +75,7 @@ ADAPTER = FamilyAdapter(
     mixers={
         "Lfm2ShortConv": ("lfm2",),
         "Lfm2MoeShortConv": ("lfm2_moe",),
+        "Lfm3ShortConv": ("lfm3",),
     },
     interceptors={"causal_conv1d_fn": _conv},
 )

@@ -2,9 +2,10 @@
 
 * ``PreTrainedModel.__call__``: binds a ReplayCache passed by keyword to the model before its forward runs (and
   passes it under the keyword the forward takes, e.g. ``cache_params`` for pure Mamba-2 in transformers 5.17).
-* ``GenerationMixin.generate``: binds the cache, and for assisted generation / prompt lookup lifts transformers'
-  refusal for stateful models (ReplayCache rolls back exactly) for this call only, preallocates the rollback window,
-  gives a hybrid draft model a ReplayCache of its own, and returns the cache to plain decoding afterwards.
+* ``GenerationMixin.generate``: binds the cache, and for speculative decoding (assistant models, including other
+  tokenizers and DFlash drafters; prompt lookup; MTP heads; early exit) lifts transformers' refusal for stateful
+  models (ReplayCache rolls back exactly) for this call only, preallocates the rollback window, gives a hybrid draft
+  model a ReplayCache of its own, and returns the cache to plain decoding afterwards.
 * ``GenerationMixin._prepare_cache_for_generation``: creates that draft ReplayCache.
 
 Installed when the first ``ReplayCache`` is created (or by ``install_hooks()``), never by an import. Calls without
@@ -15,6 +16,7 @@ a ReplayCache pass straight through, compiled ones included (the hooks read no c
 from __future__ import annotations
 
 import contextvars
+import copy
 import functools
 import inspect
 import threading
@@ -57,14 +59,50 @@ def _speculative_window(model, kwargs: dict) -> int | None:
     config = kwargs.get("generation_config") or model.generation_config
     lookup = kwargs.get("prompt_lookup_num_tokens", getattr(config, "prompt_lookup_num_tokens", None))
     assistant = kwargs.get("assistant_model")
-    if assistant is None and lookup is None:
-        return None
-    if assistant is None:
+    # in the order transformers picks its candidate generator: early exit, prompt lookup, MTP, DFlash, assistants
+    if _early_exit_layer(model, kwargs) is not None:  # self-speculation: the model drafts with its first k layers
+        return int(getattr(model.generation_config, "num_assistant_tokens", None) or 20)
+    if lookup is not None:
         return int(lookup)
+    if kwargs.get("use_mtp", getattr(config, "use_mtp", False)):
+        # the MTP heads draft one token each (their own MtpCache is transformers'); our cache holds the main model
+        return int(getattr(model.config.get_text_config(), "num_mtp_layers", None) or 1)
+    if assistant is None:
+        return None
+    if kwargs.get("speculation_type", getattr(config, "speculation_type", None)) == "dflash":
+        # a DFlash drafter denoises one block of block_size tokens per round from the main model's hidden states
+        return int(getattr(assistant.config, "block_size", 16))
     # transformers drafts what the *assistant's* generation config says (a num_assistant_tokens keyword of the main
     # call does not reach it); the heuristic schedules start there and grow, which grows the rings
     drafts = getattr(assistant.generation_config, "num_assistant_tokens", None)
     return int(drafts or 20)
+
+
+def _early_exit_layer(model, kwargs: dict) -> int | None:
+    config = kwargs.get("generation_config") or model.generation_config
+    return kwargs.get("assistant_early_exit", getattr(config, "assistant_early_exit", None))
+
+
+def _check_early_exit(model, kwargs: dict) -> None:
+    """Early-exit self-speculation drafts with this very model, its config cut to the first k layers while drafting,
+    and its draft gets a ReplayCache of its own. Where transformers then sizes the draft's cache to k layers
+    (5.24 does; 5.17 keeps one per layer type), that cache cannot hold the model's deeper SSM layers: refuse."""
+    exit_layer = _early_exit_layer(model, kwargs)
+    if exit_layer is None:
+        return
+    from transformers import DynamicCache
+
+    from .adapters import find_mixers
+
+    config = copy.deepcopy(model.config.get_text_config(decoder=True))
+    config.num_hidden_layers = int(exit_layer)
+    held = len(DynamicCache(config=config).layers)
+    if max(find_mixers(model), default=-1) >= held:
+        raise ValueError(
+            "assistant_early_exit (self-speculation) is not supported with a ReplayCache on this transformers "
+            f"version: it sizes the early-exit draft's cache to its first {exit_layer} layers, which cannot hold "
+            "the model's deeper SSM layers. Use prompt_lookup_num_tokens=, a separate assistant_model= or use_mtp."
+        )
 
 
 def _prompt_ids(args: tuple, kwargs: dict):
@@ -128,6 +166,8 @@ def _check_assisted(model, cache, args: tuple, kwargs: dict) -> None:
             "assisted generation and prompt lookup need an empty ReplayCache: transformers feeds the whole "
             "prompt in the first verify step. Pass a new ReplayCache() to this generate() call."
         )
+    if kwargs.get("use_mtp", getattr(kwargs.get("generation_config") or model.generation_config, "use_mtp", False)):
+        _check_mtp_heads(model)
     from .chunking import speculation_refusal
 
     reason = speculation_refusal(model, _max_length(model, args, kwargs))
@@ -144,6 +184,23 @@ def _check_assisted(model, cache, args: tuple, kwargs: dict) -> None:
             )
 
 
+def _check_mtp_heads(model) -> None:
+    """transformers builds the MTP block with the class of the first norm in the main model's last layer. When that
+    layer is a linear-attention one, this is the gated output norm, which then fails inside the MTP block for want of
+    a gate (AttributeError on None): refuse clearly instead. (A model without MTP layers gets transformers' own
+    "Could not find `num_mtp_layers`" error.)"""
+    if getattr(model.config.get_text_config(), "num_mtp_layers", None) is None:
+        return
+    last_layer = model.get_decoder().layers[-1]
+    norm = next((module for name, module in last_layer.named_modules() if "norm" in name), None)
+    if norm is not None and "gate" in inspect.signature(type(norm).forward).parameters:
+        raise ValueError(
+            f"use_mtp=True cannot run on this {type(model).__name__}: its last decoder layer is a linear-attention "
+            f"layer, and transformers builds the MTP block with that layer's first norm ({type(norm).__name__}, "
+            "which needs a gate the MTP block does not pass). Use prompt lookup or a draft model instead."
+        )
+
+
 def _wrap_generate(original):
     @functools.wraps(original)
     def generate(self, *args, **kwargs):
@@ -158,6 +215,7 @@ def _wrap_generate(original):
                 f"{type(self).__name__} cannot continue from a non-empty ReplayCache in generate(). Feed the new "
                 "tokens with model(...) calls, start a new ReplayCache(), or upgrade transformers (works from 5.24)."
             )
+        _check_early_exit(self, kwargs)
         drafts = _speculative_window(self, kwargs)
         if drafts is None:
             return original(self, *args, **kwargs)

@@ -34,6 +34,13 @@ table's "replay" and "standard" columns are the best of each sweep, "std dflt" t
 the speedup columns compare best with best and default with default. ``--diag`` adds single-phase launch times
 (every row at count 0, L/2, L-2, L-1) and a variant without the count update.
 
+``--read-format fp8|nvfp4`` adds the separated-precision arm ``replay_host_read_copy``: the host-phase cycle whose
+L - 1 replay-only launches read a low-precision read copy of the checkpoint (decoded in registers) and whose flush
+reads and writes the fp32 checkpoint. The copy's refresh after the flush (an encode of the new checkpoint, done by
+the caller) is not timed; its bytes model is ``(L-1)/L |S_lp| + 2|S|/L`` + records + io, |S_lp| the copy's bytes
+(fp8: 1 B/element + a 4-byte scale per row; nvfp4: 0.5625 B/element + 4 B per sequence). The correctness check then
+also compares one mixed-phase launch with the copy against the torch reference.
+
 A quick correctness check on the device runs first (replay vs standard kernel over 2L+3 steps, and one mixed-phase
 launch vs the torch reference); its errors go into the JSON.
 """
@@ -157,8 +164,19 @@ def _state_bytes(batch, heads, head_dim, d_state):
     return batch * heads * head_dim * d_state * 4
 
 
-def _byte_model(batch, heads, head_dim, d_state, groups, L):
+def _read_copy_bytes(batch, heads, head_dim, d_state, read_format):
+    if read_format is None:
+        return 0
+    from hf_replayssm.precision.formats import get_format
+
+    elements = batch * heads * head_dim * d_state
+    extra = 4 * batch if read_format == "nvfp4" else 0  # the per-sequence scale
+    return int(elements * get_format(read_format).bytes_per_element(d_state)) + extra
+
+
+def _byte_model(batch, heads, head_dim, d_state, groups, L, read_format=None):
     S = _state_bytes(batch, heads, head_dim, d_state)
+    S_lp = _read_copy_bytes(batch, heads, head_dim, d_state, read_format)
     record = batch * (heads * head_dim * 2 + heads * 4 + groups * d_state * 2)
     io = batch * (heads * head_dim * 2 + heads * 4 + 2 * groups * d_state * 2 + heads * head_dim * 2)
     return dict(
@@ -167,6 +185,7 @@ def _byte_model(batch, heads, head_dim, d_state, groups, L):
         io=io,
         standard=2 * S + io,
         replay=S * (1 + 1 / L) + record * ((L - 1) / 2 + (L - 1) / L) + io,
+        replay_read_copy=S_lp * (L - 1) / L + 2 * S / L + record * ((L - 1) / 2 + (L - 1) / L) + io,
     )
 
 
@@ -202,16 +221,26 @@ class ReplayInputs:
 
         return run
 
-    def host_fn(self, step, only: int | None = None, **launch):
+    def add_read_copies(self, read_format: str) -> None:
+        """Give every copy a read copy of its checkpoint in ``read_format`` (the store's encoding)."""
+        from hf_replayssm.precision.formats import get_format
+
+        for c in self.copies:
+            c["read_copy"] = get_format(read_format).encode(c["state"])
+
+    def host_fn(self, step, only: int | None = None, read_format: str | None = None, **launch):
         """A cycle with every row at one position known on the host (plain batched decoding): L - 1 replay-only
-        launches and one flush-only launch (the phase-specialised kernels); ``only``: L launches at that count."""
+        launches and one flush-only launch (the phase-specialised kernels); ``only``: L launches at that count.
+        ``read_format``: the replay-only launches read the copies' read copy (see :meth:`add_read_copies`)."""
         def run():
             for j in range(self.L):
                 i = j if only is None else only
                 c = self.copies[j % self.n]
+                read = (dict(read_copy=c["read_copy"], read_format=read_format)
+                        if read_format is not None and i + 1 < self.L else {})
                 step(c["state"], c["ring_x"], c["ring_dt"], c["ring_B"], 0, i, c["x"], c["dt"],
                      c["B"], c["C"], self.params["A"], D=self.params["D"], dt_bias=self.params["dt_bias"],
-                     dt_softplus=True, buffer_len=self.L, out=c["out"], **launch)
+                     dt_softplus=True, buffer_len=self.L, out=c["out"], **launch, **read)
 
         return run
 
@@ -247,9 +276,10 @@ class StepInputs:
 # correctness check on the device
 
 
-def check(k, heads, head_dim, d_state, groups, L, device, batch=4) -> dict:
+def check(k, heads, head_dim, d_state, groups, L, device, batch=4, read_format=None) -> dict:
     """Replay kernel vs standard kernel over 2L+3 in-phase steps (fp32 tokens), and one mixed-phase launch vs the
-    torch reference. Returns max errors relative to the output / state scale."""
+    torch reference (also with a read copy in ``read_format``). Returns max errors relative to the output / state
+    scale."""
     gen = torch.Generator(device=device).manual_seed(0)
     R = max(L - 1, 1)
     p = _params(heads, device, gen)
@@ -283,10 +313,25 @@ def check(k, heads, head_dim, d_state, groups, L, device, batch=4) -> dict:
     mixed_y = ((y - y_ref).abs().max() / y_ref.abs().max().clamp_min(1)).item()
     mixed_state = ((mix["state"] - ref["state"]).abs().max() / ref["state"].abs().max()).item()
     mixed_ok = torch.equal(mix["count"], ref["count"]) and torch.equal(mix["ring_x"], ref["ring_x"])
-    return dict(seq_y_rel_err=err_y, seq_checkpoint_rel_err=err_s, seq_counts_ok=counts_ok, mixed_y_rel_err=mixed_y,
-                mixed_state_rel_err=mixed_state, mixed_counts_and_records_ok=mixed_ok,
-                ok=bool(err_y < 1e-4 and err_s < 1e-5 and counts_ok and mixed_y < 1e-4 and mixed_state < 1e-5
-                        and mixed_ok))
+    result = dict(seq_y_rel_err=err_y, seq_checkpoint_rel_err=err_s, seq_counts_ok=counts_ok,
+                  mixed_y_rel_err=mixed_y, mixed_state_rel_err=mixed_state, mixed_counts_and_records_ok=mixed_ok,
+                  ok=bool(err_y < 1e-4 and err_s < 1e-5 and counts_ok and mixed_y < 1e-4 and mixed_state < 1e-5
+                          and mixed_ok))
+    if read_format is not None:  # one mixed-phase launch reading a read copy, against the torch reference
+        mix = ReplayInputs(batch, heads, head_dim, d_state, groups, L, device, gen, "mixed", cuda=False)
+        mix.add_read_copies(read_format)
+        mix = mix.copies[0]
+        ref = {kk: v.clone() for kk, v in mix.items() if kk != "read_copy"}
+        read = dict(read_copy=mix.pop("read_copy"), read_format=read_format)
+        y = k.mamba2_replay_step(*[mix[a] for a in args], **p, dt_softplus=True, buffer_len=L,
+                                 out=torch.empty(mix["x"].shape, device=device), **read)
+        y_ref = k.mamba2_replay_step_ref(*[ref[a] for a in args], **p, dt_softplus=True, buffer_len=L,
+                                         out=torch.empty(mix["x"].shape, device=device), **read)
+        err = ((y - y_ref).abs().max() / y_ref.abs().max().clamp_min(1)).item()
+        same = torch.equal(mix["count"], ref["count"]) and torch.equal(mix["ring_x"], ref["ring_x"])
+        result.update(read_copy_format=read_format, read_copy_mixed_y_rel_err=err, read_copy_mixed_ok=same,
+                      ok=bool(result["ok"] and err < 1e-4 and same))
+    return result
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -309,11 +354,12 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
     checks, rows = {}, []
     for name, (heads, head_dim, d_state, groups) in shapes.items():
         if not args.no_check:
-            checks[name] = check(k, heads, head_dim, d_state, groups, L, device, batch=2 if args.smoke else 4)
+            checks[name] = check(k, heads, head_dim, d_state, groups, L, device, batch=2 if args.smoke else 4,
+                                 read_format=args.read_format)
             print(f"check {name}: {checks[name]}", flush=True)
         for batch in batches:
             gen = torch.Generator(device=device).manual_seed(batch)
-            nbytes = _byte_model(batch, heads, head_dim, d_state, groups, L)
+            nbytes = _byte_model(batch, heads, head_dim, d_state, groups, L, args.read_format)
             row = dict(shape=name, heads=heads, head_dim=head_dim, d_state=d_state, groups=groups, batch=batch,
                        buffer_len=L, bytes_per_step=nbytes)
 
@@ -358,6 +404,12 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                 row["diag_host_phase_us"] = {
                     f"count{c}{'_flush' if c == L - 1 else ''}": per_step_us(timer(inputs.host_fn(
                         k._replay_step, only=c, _config=cfg))) for c in (L // 2, L - 1)}
+            if args.read_format is not None:  # separated precision: replay launches read the low-precision copy
+                inputs.add_read_copies(args.read_format)
+                cfg = _cfg_dict(configs.get(best_host, default_cfg))
+                row["read_format"] = args.read_format
+                row["replay_host_read_copy_us"] = per_step_us(timer(inputs.host_fn(
+                    k._replay_step, read_format=args.read_format, _config=cfg)))
             del inputs
             # standard kernel
             inputs = StepInputs(batch, heads, head_dim, d_state, groups, L, device, gen, cuda)
@@ -377,8 +429,11 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
             del inputs
             if cuda:
                 torch.cuda.empty_cache()
-            for key, model in (("replay_mixed", "replay"), ("replay_in_phase", "replay"), ("replay_host", "replay"),
-                               ("standard", "standard"), ("torch", "standard")):
+            arms = [("replay_mixed", "replay"), ("replay_in_phase", "replay"), ("replay_host", "replay"),
+                    ("standard", "standard"), ("torch", "standard")]
+            if args.read_format is not None:
+                arms.append(("replay_host_read_copy", "replay_read_copy"))
+            for key, model in arms:
                 gbps = nbytes[model] / (row[f"{key}_us"] * 1e-6) / 1e9
                 row[f"{key}_GBps"] = gbps
                 row[f"{key}_frac_of_copy_bw"] = gbps / copy_bw
@@ -389,6 +444,8 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
             row["speedup_replay_in_phase_vs_standard"] = row["standard_us"] / row["replay_in_phase_us"]
             row["speedup_replay_vs_torch"] = row["torch_us"] / row["replay_mixed_us"]
             row["speedup_replay_host_vs_standard"] = row["standard_us"] / row["replay_host_us"]
+            if args.read_format is not None:
+                row["speedup_replay_host_read_copy_vs_standard"] = row["standard_us"] / row["replay_host_read_copy_us"]
             rows.append(row)
             _print_row(row, header=len(rows) == 1)
     return rows, checks
@@ -410,6 +467,10 @@ def _print_row(r, header):
           f"{100 * r['replay_host_frac_of_copy_bw']:>4.0f}% of copy BW, "
           f"x std {r['speedup_replay_host_vs_standard']:.2f} "
           f"[{r['replay_host_best_config']}]", flush=True)
+    if "replay_host_read_copy_us" in r:
+        print(f"{'':<16}{'':>6} | host-phase replay reading a {r['read_format']} copy "
+              f"{r['replay_host_read_copy_us']:>9.2f} us {100 * r['replay_host_read_copy_frac_of_copy_bw']:>4.0f}% "
+              f"of copy BW (model), x std {r['speedup_replay_host_read_copy_vs_standard']:.2f}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -423,6 +484,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-sweep", action="store_true", help="time only the default launch configurations")
     parser.add_argument("--no-check", action="store_true", help="skip the on-device correctness check")
     parser.add_argument("--diag", action="store_true", help="also time single phases and a no-ticket variant")
+    parser.add_argument("--read-format", choices=["fp8", "nvfp4"], default=None,
+                        help="also time the host-phase cycle whose replay launches read a read copy in this format")
     parser.add_argument("--budget-ms", type=float, default=150.0, help="GPU time per measurement")
     args = parser.parse_args(argv)
     if args.buffer_len is None:
@@ -447,6 +510,7 @@ def main(argv: list[str] | None = None) -> dict:
         torch=torch.__version__, triton=triton.__version__, transformers=tf_version,
         triton_interpret=os.environ.get("TRITON_INTERPRET") == "1", smoke=args.smoke, family=args.family,
         copy_bandwidth_GBps=copy_bw, copy_bandwidth_variants_GBps=copy, buffer_len=args.buffer_len,
+        read_format=args.read_format,
         timing="CUDA graph of L steps, L2 flushed before each replay, CUDA events, median" if device.type == "cuda"
         else "perf_counter (interpreter; not meaningful)",
     )

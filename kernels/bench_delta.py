@@ -34,6 +34,14 @@ amortised) + (L-1)/2 records read on average + (L-1)/L record appends + io, with
 Hk*K*2 (raw k) + Hv*V*4 (d) + Hv*4 (GDN g) or Hv*K*4 (KDA g), and io = q, k, v, beta, g reads + o write.
 ``GB/s`` = these bytes / time (1 GB = 1e9 B); ``%cp`` = that over the measured copy bandwidth.
 
+``--read-format fp8|nvfp4`` adds the separated-precision arm ``replay_host_read_copy``: the host-phase cycle whose
+L - 1 replay-only launches read a low-precision read copy of the checkpoint (decoded in registers) and whose flush
+reads and writes the fp32 checkpoint with the exact fold (ring_v / ring_beta: replays also append raw v and beta,
+bytes not in the model below). The copy's refresh after the flush (an encode of the new checkpoint, done by
+the caller) is not timed; its bytes model is ``(L-1)/L |S_lp| + 2|S|/L`` + records + io, |S_lp| the copy's bytes
+(fp8: 1 B/element + a 4-byte scale per row; nvfp4: 0.5625 B/element + 4 B per sequence). The correctness check then
+also compares one mixed-phase launch with the copy against the torch reference.
+
 A correctness check on the device runs first (replay vs standard kernel over 2L+3 steps, one mixed-phase launch vs
 the torch reference, and the standard kernel vs fla on one step when fla is there); its errors go into the JSON.
 """
@@ -158,13 +166,24 @@ def _state_bytes(batch, Hv, K, V):
     return batch * Hv * K * V * 4
 
 
-def _byte_model(batch, Hv, Hk, K, V, per_key, L):
+def _read_copy_bytes(batch, Hv, K, V, read_format):
+    if read_format is None:
+        return 0
+    from hf_replayssm.precision.formats import get_format
+
+    extra = 4 * batch if read_format == "nvfp4" else 0  # the per-sequence scale
+    return int(batch * Hv * K * V * get_format(read_format).bytes_per_element(V)) + extra
+
+
+def _byte_model(batch, Hv, Hk, K, V, per_key, L, read_format=None):
     S = _state_bytes(batch, Hv, K, V)
+    S_lp = _read_copy_bytes(batch, Hv, K, V, read_format)
     gate = Hv * K * 4 if per_key else Hv * 4
     record = batch * (Hk * K * 2 + Hv * V * 4 + gate)
     io = batch * (2 * Hk * K * 2 + Hv * V * 2 + Hv * 4 + gate + Hv * V * 2)
     return dict(state=S, record=record, io=io, standard=2 * S + io,
-                replay=S * (1 + 1 / L) + record * ((L - 1) / 2 + (L - 1) / L) + io)
+                replay=S * (1 + 1 / L) + record * ((L - 1) / 2 + (L - 1) / L) + io,
+                replay_read_copy=S_lp * (L - 1) / L + 2 * S / L + record * ((L - 1) / 2 + (L - 1) / L) + io)
 
 
 class ReplayInputs:
@@ -197,15 +216,31 @@ class ReplayInputs:
 
         return run
 
-    def host_fn(self, step, only: int | None = None, **launch):
+    def add_read_copies(self, read_format: str) -> None:
+        """Give every copy a read copy of its checkpoint in ``read_format`` (the store's encoding) and the raw
+        v / beta rings of the exact fold the separated policy needs."""
+        from hf_replayssm.precision.formats import get_format
+
+        for c in self.copies:
+            c["read_copy"] = get_format(read_format).encode(c["state"])
+            c["ring_v"] = torch.randn(c["ring_d"].shape, device=c["ring_d"].device).bfloat16()
+            c["ring_beta"] = torch.rand(c["ring_d"].shape[:3], device=c["ring_d"].device)
+
+    def host_fn(self, step, only: int | None = None, read_format: str | None = None, **launch):
         """A cycle with every row at one position known on the host (plain batched decoding): L - 1 replay-only
-        launches and one flush-only launch (the phase-specialised kernels); ``only``: L launches at that count."""
+        launches and one flush-only launch (the phase-specialised kernels); ``only``: L launches at that count.
+        ``read_format``: the replay-only launches read the copies' read copy (see :meth:`add_read_copies`)."""
         def run():
             for j in range(self.L):
                 i = j if only is None else only
                 c = self.copies[j % self.n]
+                read = {}
+                if read_format is not None:  # the copy on replay launches, the exact fold's raw records always
+                    read = dict(ring_v=c["ring_v"], ring_beta=c["ring_beta"])
+                    if i + 1 < self.L:
+                        read.update(read_copy=c["read_copy"], read_format=read_format)
                 step(*[c[n] for n in RING[:4]], 0, i, *[c[n] for n in TOKEN], buffer_len=self.L, out=c["out"],
-                     **launch)
+                     **launch, **read)
 
         return run
 
@@ -272,10 +307,10 @@ def _rel(got, want) -> float:
     return ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1)).item()
 
 
-def check(k, shape, per_key, L, device, fla_step=None, batch=4) -> dict:
+def check(k, shape, per_key, L, device, fla_step=None, batch=4, read_format=None) -> dict:
     """Replay kernel vs standard kernel over 2L+3 in-phase steps (fp32 tokens), one mixed-phase launch vs the torch
-    reference, and (when given) the standard kernel vs fla on one step. Returns max errors relative to the output /
-    state scale."""
+    reference (also with a read copy in ``read_format``), and (when given) the standard kernel vs fla on one step.
+    Returns max errors relative to the output / state scale."""
     Hv, Hk, K, V = shape
     gen = torch.Generator(device=device).manual_seed(0)
     R = max(L - 1, 1)
@@ -313,6 +348,19 @@ def check(k, shape, per_key, L, device, fla_step=None, batch=4) -> dict:
     ok = (err_o < 1e-4 and err_s < 1e-5 and counts_ok and result["mixed_o_rel_err"] < 1e-4
           and result["mixed_state_rel_err"] < 1e-5 and result["mixed_ring_d_rel_err"] < 1e-4
           and result["mixed_counts_and_keys_ok"])
+    if read_format is not None:  # one mixed-phase launch reading a read copy, against the torch reference
+        mix = ReplayInputs(mix_batch, shape, per_key, L, device, gen, "mixed", cuda=False)
+        mix.add_read_copies(read_format)
+        mix = mix.copies[0]
+        read = dict(read_copy=mix.pop("read_copy"), read_format=read_format)
+        ref = {name: t.clone() for name, t in mix.items()}
+        o = k.delta_replay_step(*[mix[n] for n in RING], *[mix[n] for n in TOKEN], buffer_len=L,
+                                out=torch.empty(mix["v"].shape, device=device), **read)
+        o_ref = k.delta_replay_step_ref(*[ref[n] for n in RING], *[ref[n] for n in TOKEN], buffer_len=L,
+                                        out=torch.empty(mix["v"].shape, device=device), **read)
+        result.update(read_copy_format=read_format, read_copy_mixed_o_rel_err=_rel(o, o_ref),
+                      read_copy_mixed_ring_d_rel_err=_rel(mix["ring_d"], ref["ring_d"]))
+        ok = ok and result["read_copy_mixed_o_rel_err"] < 1e-4 and result["read_copy_mixed_ring_d_rel_err"] < 1e-4
     if fla_step is not None:
         tok = _tokens(batch, Hv, Hk, K, V, per_key, device, gen)
         state = torch.randn(batch, Hv, K, V, generator=gen, device=device) * 0.1
@@ -359,11 +407,12 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
     for name, shape in shapes.items():
         Hv, Hk, K, V = shape
         if not args.no_check:
-            checks[name] = check(k, shape, per_key, L, device, fla[2] if fla else None, batch=2 if args.smoke else 4)
+            checks[name] = check(k, shape, per_key, L, device, fla[2] if fla else None, batch=2 if args.smoke else 4,
+                                 read_format=args.read_format)
             print(f"check {name}: {checks[name]}", flush=True)
         for batch in batches:
             gen = torch.Generator(device=device).manual_seed(batch)
-            nbytes = _byte_model(batch, Hv, Hk, K, V, per_key, L)
+            nbytes = _byte_model(batch, Hv, Hk, K, V, per_key, L, args.read_format)
             row = dict(shape=name, value_heads=Hv, key_heads=Hk, key_dim=K, value_dim=V, gate="per-key" if per_key
                        else "scalar", batch=batch, buffer_len=L, bytes_per_step=nbytes)
 
@@ -406,6 +455,12 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                 row["diag_host_phase_us"] = {
                     f"count{c}{'_flush' if c == L - 1 else ''}": per_step_us(timer(inputs.host_fn(
                         k._replay_step, only=c, _block_v=hbv, _num_warps=hnw))) for c in (L // 2, L - 1)}
+            if args.read_format is not None:  # separated precision: replay launches read the low-precision copy
+                inputs.add_read_copies(args.read_format)
+                hbv, hnw = (int(x) for x in best_host.split("x"))
+                row["read_format"] = args.read_format
+                row["replay_host_read_copy_us"] = per_step_us(timer(inputs.host_fn(
+                    k._replay_step, read_format=args.read_format, _block_v=hbv, _num_warps=hnw)))
             del inputs
             # standard kernel, fla, torch
             inputs = StepInputs(batch, shape, per_key, L, device, gen, cuda)
@@ -424,8 +479,11 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
             del inputs
             if cuda:
                 torch.cuda.empty_cache()
-            for key, model in (("replay_mixed", "replay"), ("replay_in_phase", "replay"), ("replay_host", "replay"),
-                               ("standard", "standard"), ("fla", "standard"), ("torch", "standard")):
+            arms_bytes = [("replay_mixed", "replay"), ("replay_in_phase", "replay"), ("replay_host", "replay"),
+                          ("standard", "standard"), ("fla", "standard"), ("torch", "standard")]
+            if args.read_format is not None:
+                arms_bytes.append(("replay_host_read_copy", "replay_read_copy"))
+            for key, model in arms_bytes:
                 if row.get(f"{key}_us"):
                     gbps = nbytes[model] / (row[f"{key}_us"] * 1e-6) / 1e9
                     row[f"{key}_GBps"] = gbps
@@ -442,6 +500,8 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
             row["speedup_replay_vs_fla"] = row["fla_us"] / row["replay_mixed_us"] if row["fla_us"] else None
             if row.get("torch_us"):
                 row["speedup_replay_vs_torch"] = row["torch_us"] / row["replay_mixed_us"]
+            if args.read_format is not None:
+                row["speedup_replay_host_read_copy_vs_standard"] = row["standard_us"] / row["replay_host_read_copy_us"]
             rows.append(row)
             _print_row(row, header=len(rows) == 1)
     return rows, checks, arms
@@ -471,6 +531,10 @@ def _print_row(r, header):
           f"{100 * r['replay_host_frac_of_copy_bw']:>4.0f}% of copy BW, "
           f"x std {r['speedup_replay_host_vs_standard']:.2f}, x fla {_fmt(r['speedup_replay_host_vs_fla'], 5)} "
           f"[{r['replay_host_best_config']}]", flush=True)
+    if "replay_host_read_copy_us" in r:
+        print(f"{'':<14}{'':>6} | host-phase replay reading a {r['read_format']} copy "
+              f"{r['replay_host_read_copy_us']:>9.2f} us {100 * r['replay_host_read_copy_frac_of_copy_bw']:>4.0f}% "
+              f"of copy BW (model), x std {r['speedup_replay_host_read_copy_vs_standard']:.2f}", flush=True)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -487,6 +551,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-fla", action="store_true", help="skip the flash-linear-attention arm")
     parser.add_argument("--no-torch", action="store_true", help="skip the transformers torch arm")
     parser.add_argument("--diag", action="store_true", help="also time single phases and a no-ticket variant")
+    parser.add_argument("--read-format", choices=["fp8", "nvfp4"], default=None,
+                        help="also time the host-phase cycle whose replay launches read a read copy in this format")
     parser.add_argument("--budget-ms", type=float, default=150.0, help="GPU time per measurement")
     args = parser.parse_args(argv)
     if args.buffer_len is None:
@@ -511,6 +577,7 @@ def main(argv: list[str] | None = None) -> dict:
         torch=torch.__version__, triton=triton.__version__, transformers=tf_version, python=platform.python_version(),
         triton_interpret=os.environ.get("TRITON_INTERPRET") == "1", smoke=args.smoke, family=args.family,
         copy_bandwidth_GBps=copy_bw, copy_bandwidth_variants_GBps=copy, buffer_len=args.buffer_len,
+        read_format=args.read_format,
         timing="CUDA graph of L steps, L2 flushed before each replay, CUDA events, median" if device.type == "cuda"
         else "perf_counter (interpreter; not meaningful)",
     )

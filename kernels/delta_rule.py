@@ -64,6 +64,17 @@ Design notes:
   the first value head of each key group (one writer per key head). The appended slot ``(origin + count) % R``
   differs from every slot read in the same launch because ``count + 1 < buffer_len <= R + 1``.
 
+Read copy (separated precision, ``read_copy``/``read_format``): replaying rows take ``S0^T q`` and ``S0^T k`` from
+a low-precision copy of the checkpoint (fp8 / nvfp4, the store's encoding, rows = V), decoded tile by tile in
+registers by ``kernels/read_copy.py``; the replay-only kernel then never reads the fp32 checkpoint, and flushing
+rows read the checkpoint alone (masked loads in the fused kernel). Hence the appended corrected value ``d_t`` is
+computed against the copy, as the torch path's separated policy does for its outputs. A flush that folds those ``d``
+records would let the copy's rounding into the checkpoint, so the separated policy also passes ``ring_v`` /
+``ring_beta`` (exact fold, ``EXACT_FOLD``): replays append the raw v and beta too, and the flush recomputes every
+corrected value against the fp32 checkpoint with the standard step's arithmetic, oldest record first (a serial loop
+over at most L - 1 records, once per L steps), as the torch path's ``exact`` fold does. Nothing re-encodes the copy:
+the caller refreshes it after a flush. Not measured on a GPU yet (``kernels/bench_delta.py --read-format``).
+
 Measured on an H200 (triton 3.6, qwen3-next GDN shape 32/16 heads of 128, batch 256, L = 16, before K/V became
 constexpr): standard step 280 us (91-93 % of copy bandwidth; FLA's fused_recurrent 365 us), replay cycle 332 us
 (44 %: the replay program is latency/occupancy-bound, not bandwidth-bound; with no records at all it still takes
@@ -78,6 +89,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hf_replayssm.kernels.read_copy import load_read_tile, read_copy_operands
 from hf_replayssm.ops.delta_step import delta_replay_step_ref, delta_state_update_ref
 from hf_replayssm.ops.positions import host_phase
 
@@ -132,10 +144,42 @@ def _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, pid_b, pid_h, hk, offs_k, 
 
 
 @triton.jit
+def _exact_fold(s, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k, mask_k, offs_v, mask_v,
+                q_t, k_t, v_t, beta_t, g_t, stride_rk_r, stride_rk_k, stride_rg_r, stride_rg_k, stride_rv_r,
+                stride_rv_v, stride_rb_r, GATE_PER_KEY: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
+    """The checkpoint tile ``s`` [K, BLOCK_V] after the ``count`` records and the token, each corrected value
+    recomputed from its raw (k, v, beta, g) against the state it meets (the standard step, oldest record first),
+    and the token's output: what the recurrence gives, whatever the ring's ``d`` (computed from a read copy) holds."""
+    for i in range(0, count):
+        slot_j = (origin + i) % ring_size
+        k_j = tl.load(rk_base + slot_j * stride_rk_r + offs_k * stride_rk_k, mask=mask_k, other=0.0).to(tl.float32)
+        if USE_QK_L2NORM:
+            k_j = k_j * tl.rsqrt(tl.sum(k_j * k_j, axis=0) + 1e-6)
+        v_j = tl.load(rv_base + slot_j * stride_rv_r + offs_v * stride_rv_v, mask=mask_v, other=0.0).to(tl.float32)
+        beta_j = tl.load(rb_base + slot_j * stride_rb_r).to(tl.float32)
+        if GATE_PER_KEY:
+            g_j = tl.load(rg_base + slot_j * stride_rg_r + offs_k * stride_rg_k, mask=mask_k, other=0.0)
+            s = s * tl.exp(g_j.to(tl.float32))[:, None]
+        else:
+            s = s * tl.exp(tl.load(rg_base + slot_j * stride_rg_r).to(tl.float32))
+        d_j = beta_j * (v_j - tl.sum(s * k_j[:, None], axis=0))
+        s += k_j[:, None] * d_j[None, :]
+    decay_t = tl.exp(g_t)
+    if GATE_PER_KEY:
+        decay_t = decay_t[:, None]
+    s = s * decay_t
+    d_t = beta_t * (v_t - tl.sum(s * k_t[:, None], axis=0))
+    s += k_t[:, None] * d_t[None, :]
+    return s, tl.sum(s * q_t[:, None], axis=0)
+
+
+@triton.jit
 def _delta_replay_step_kernel(
     # pointers
     state_ptr, ring_k_ptr, ring_d_ptr, ring_g_ptr, origin_ptr, count_ptr,
     q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, o_ptr,
+    rc_values_ptr, rc_scales_ptr, rc_tensor_scale_ptr,  # the read copy (READ_FORMAT fp8 / nvfp4)
+    ring_v_ptr, ring_beta_ptr,  # raw v and beta records (EXACT_FOLD)
     # sizes; the host's positions (PHASE 1/2: every row at origin_host / count_host)
     K: tl.constexpr, V: tl.constexpr, ring_size, kv_ratio, scale, origin_host, count_host,
     # strides (all but the batch strides are compile-time constants: tile addresses become immediate offsets)
@@ -150,6 +194,11 @@ def _delta_replay_step_kernel(
     stride_beta_b, stride_beta_h: tl.constexpr,
     stride_g_b, stride_g_h: tl.constexpr, stride_g_k: tl.constexpr,
     stride_o_b, stride_o_h: tl.constexpr, stride_o_v: tl.constexpr,
+    stride_rcv_b, stride_rcv_h: tl.constexpr, stride_rcv_k: tl.constexpr, stride_rcv_v: tl.constexpr,
+    stride_rcs_b, stride_rcs_h: tl.constexpr, stride_rcs_k: tl.constexpr, stride_rcs_v: tl.constexpr,
+    stride_rct_b,
+    stride_rv_b, stride_rv_r: tl.constexpr, stride_rv_h: tl.constexpr, stride_rv_v: tl.constexpr,
+    stride_rb_b, stride_rb_r: tl.constexpr, stride_rb_h: tl.constexpr,
     # meta
     BUFFER_LEN: tl.constexpr,
     PHASE: tl.constexpr,  # 0: per row, read on the device; 1: every row replays; 2: every row flushes
@@ -162,6 +211,8 @@ def _delta_replay_step_kernel(
     BLOCK_R: tl.constexpr,
     FLUSH_DOT: tl.constexpr,
     FLUSH_PRECISION: tl.constexpr,
+    READ_FORMAT: tl.constexpr,  # what replay reads: "fp32" the checkpoint, "fp8" / "nvfp4" the read copy
+    EXACT_FOLD: tl.constexpr,  # flushes recompute d from the raw v / beta records; replays append them
 ):
     pid_v = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -192,7 +243,22 @@ def _delta_replay_step_kernel(
     # The one large read: the checkpoint tile.
     state_ptrs = (state_ptr + pid_b * stride_s_b + pid_h * stride_s_h
                   + offs_k[:, None] * stride_s_k + offs_v[None, :] * stride_s_v)
-    s0 = tl.load(state_ptrs, mask=mask_kv, other=0.0).to(tl.float32)
+    if READ_FORMAT == "fp32" or PHASE == 2:
+        s0 = tl.load(state_ptrs, mask=mask_kv, other=0.0).to(tl.float32)
+    else:
+        # Replaying rows read the decoded read copy (S0^T q and S0^T k come from it), flushing rows the
+        # checkpoint: masked loads, so only one of the two costs bandwidth.
+        if PHASE == 0:  # (row masks from comparisons on the tile offsets: a tensor mask & a scalar bool is not a
+            # valid mask under TRITON_INTERPRET=1)
+            v_flush = tl.where(is_flush, V, 0)  # value columns of the checkpoint to read: all or none
+            s0 = tl.load(state_ptrs, mask=mask_kv & (offs_v[None, :] < v_flush), other=0.0).to(tl.float32)
+            read_mask = mask_kv & (offs_v[None, :] < V - v_flush)
+        else:
+            s0 = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)
+            read_mask = mask_kv
+        s0 += load_read_tile(rc_values_ptr, rc_scales_ptr, rc_tensor_scale_ptr, pid_b, pid_h, offs_k, offs_v,
+                             read_mask, stride_rcv_b, stride_rcv_h, stride_rcv_k, stride_rcv_v,
+                             stride_rcs_b, stride_rcs_h, stride_rcs_k, stride_rcs_v, stride_rct_b, READ_FORMAT)
 
     k_raw, q_t, k_t, v_t, beta_t, g_t = _load_token(
         q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, pid_b, pid_h, hk, offs_k, mask_k, offs_v, mask_v, scale,
@@ -262,36 +328,46 @@ def _delta_replay_step_kernel(
     tl.store(o_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_v * stride_o_v,
              o.to(o_ptr.dtype.element_ty), mask=mask_v)
 
+    rv_base = ring_v_ptr + pid_b * stride_rv_b + pid_h * stride_rv_h
+    rb_base = ring_beta_ptr + pid_b * stride_rb_b + pid_h * stride_rb_h
     if is_flush:
-        # S = diag(exp(c)) S0 + sum_j (exp(s_j) * k_j) d_j^T + k_t d_t^T, stored in place.
-        if GATE_PER_KEY:
-            s = s0 * decay[:, None] + k_t[:, None] * d_t[None, :]
+        if EXACT_FOLD:
+            s, o = _exact_fold(s0, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k, mask_k, offs_v,
+                               mask_v, q_t, k_t, v_t, beta_t, g_t, stride_rk_r, stride_rk_k, stride_rg_r, stride_rg_k,
+                               stride_rv_r, stride_rv_v, stride_rb_r, GATE_PER_KEY, USE_QK_L2NORM)
+            tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask_kv)
+            tl.store(o_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_v * stride_o_v,
+                     o.to(o_ptr.dtype.element_ty), mask=mask_v)  # replaces the output stored above
         else:
-            s = s0 * decay + k_t[:, None] * d_t[None, :]
-        if FLUSH_DOT:
-            # The record sum as one [K, R] x [R, BLOCK_V] product (FLUSH_PRECISION "tf32x3": three tensor-core
-            # passes, float32 accuracy; "ieee": exact fp32 FMA, many more registers).
-            if not GATE_PER_KEY:
-                kw_r = k_r * w_r[:, None]
-            s += tl.dot(tl.trans(kw_r), d_r, input_precision=FLUSH_PRECISION)
-        else:
-            # The records read again one at a time (L1 hits: this program just loaded them), newest first, so that
-            # s_j accumulates as a direct sum; no [R, K] tile stays live in registers.
-            seg_j = g_t
-            for i in range(0, count):
-                slot_j = (origin + count - 1 - i) % ring_size
-                k_j = tl.load(rk_base + slot_j * stride_rk_r + offs_k * stride_rk_k, mask=mask_k, other=0.0)
-                k_j = k_j.to(tl.float32)
-                if USE_QK_L2NORM:
-                    k_j = k_j * tl.rsqrt(tl.sum(k_j * k_j, axis=0) + 1e-6)
-                d_j = tl.load(rd_base + slot_j * stride_rd_r + offs_v * stride_rd_v, mask=mask_v, other=0.0)
-                if GATE_PER_KEY:
-                    g_j = tl.load(rg_base + slot_j * stride_rg_r + offs_k * stride_rg_k, mask=mask_k, other=0.0)
-                else:
-                    g_j = tl.load(rg_base + slot_j * stride_rg_r)
-                s += (tl.exp(seg_j) * k_j)[:, None] * d_j.to(tl.float32)[None, :]
-                seg_j += g_j.to(tl.float32)
-        tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask_kv)
+            # S = diag(exp(c)) S0 + sum_j (exp(s_j) * k_j) d_j^T + k_t d_t^T, stored in place.
+            if GATE_PER_KEY:
+                s = s0 * decay[:, None] + k_t[:, None] * d_t[None, :]
+            else:
+                s = s0 * decay + k_t[:, None] * d_t[None, :]
+            if FLUSH_DOT:
+                # The record sum as one [K, R] x [R, BLOCK_V] product (FLUSH_PRECISION "tf32x3": three tensor-core
+                # passes, float32 accuracy; "ieee": exact fp32 FMA, many more registers).
+                if not GATE_PER_KEY:
+                    kw_r = k_r * w_r[:, None]
+                s += tl.dot(tl.trans(kw_r), d_r, input_precision=FLUSH_PRECISION)
+            else:
+                # The records read again one at a time (L1 hits: this program just loaded them), newest first, so that
+                # s_j accumulates as a direct sum; no [R, K] tile stays live in registers.
+                seg_j = g_t
+                for i in range(0, count):
+                    slot_j = (origin + count - 1 - i) % ring_size
+                    k_j = tl.load(rk_base + slot_j * stride_rk_r + offs_k * stride_rk_k, mask=mask_k, other=0.0)
+                    k_j = k_j.to(tl.float32)
+                    if USE_QK_L2NORM:
+                        k_j = k_j * tl.rsqrt(tl.sum(k_j * k_j, axis=0) + 1e-6)
+                    d_j = tl.load(rd_base + slot_j * stride_rd_r + offs_v * stride_rd_v, mask=mask_v, other=0.0)
+                    if GATE_PER_KEY:
+                        g_j = tl.load(rg_base + slot_j * stride_rg_r + offs_k * stride_rg_k, mask=mask_k, other=0.0)
+                    else:
+                        g_j = tl.load(rg_base + slot_j * stride_rg_r)
+                    s += (tl.exp(seg_j) * k_j)[:, None] * d_j.to(tl.float32)[None, :]
+                    seg_j += g_j.to(tl.float32)
+            tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask_kv)
     else:
         # Append the token's record at logical position count: d by every V tile, g by V tile 0, the raw key by
         # V tile 0 of the first value head of its key group.
@@ -307,6 +383,11 @@ def _delta_replay_step_kernel(
             if pid_h % kv_ratio == 0:
                 tl.store(rk_base + slot * stride_rk_r + offs_k * stride_rk_k, k_raw.to(ring_k_ptr.dtype.element_ty),
                          mask=mask_k)
+        if EXACT_FOLD:  # the raw inputs a flush recomputes d from: v by every V tile, beta by V tile 0
+            tl.store(rv_base + slot * stride_rv_r + offs_v * stride_rv_v, v_t.to(ring_v_ptr.dtype.element_ty),
+                     mask=mask_v)
+            if pid_v == 0:
+                tl.store(rb_base + slot * stride_rb_r, beta_t.to(ring_beta_ptr.dtype.element_ty))
 
     if PHASE == 0 and TICKET:  # noqa: SIM102 (a constexpr test and a runtime test: not one `if`)
         # The program that drew the row's last ticket writes the new count, clearing the ticket bits. An atomic
@@ -431,7 +512,8 @@ def _ring_gate_strides(ring_g: torch.Tensor) -> tuple[int, ...]:
 
 def _replay_step(
     state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len=16, use_qk_l2norm=True, scale=None,
-    out=None, _block_v=None, _num_warps=None, _flush_dot=None, _ticket=True, _ring_physical=None,
+    out=None, read_copy=None, read_format=None, ring_v=None, ring_beta=None, _block_v=None, _num_warps=None,
+    _flush_dot=None, _ticket=True, _ring_physical=None,
 ):
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
@@ -446,6 +528,19 @@ def _replay_step(
         assert origin.dtype == torch.int32 and count.dtype == torch.int32, "origin and count must be int32"
     assert 1 <= buffer_len < (1 << _TICKET_SHIFT), "buffer_len out of range"
     assert ring_size >= max(buffer_len - 1, 1), f"ring capacity {ring_size} < max(buffer_len - 1, 1)"
+    read_format, read_operands = read_copy_operands(read_copy, read_format, state)
+    if phase == 2:  # the flush-only kernel reads and writes the checkpoint alone
+        read_format = "fp32"
+    exact_fold = ring_v is not None or ring_beta is not None
+    if exact_fold:
+        if ring_v is None or ring_beta is None:
+            raise ValueError("ring_v and ring_beta come together (the raw records of an exact fold)")
+        if tuple(ring_v.shape) != (batch, ring_size, value_heads, value_dim):
+            raise ValueError(f"ring_v must be [B, R, Hv, V] like ring_d, got {list(ring_v.shape)}")
+        if tuple(ring_beta.shape) != (batch, ring_size, value_heads):
+            raise ValueError(f"ring_beta must be [B, R, Hv], got {list(ring_beta.shape)}")
+    raw_records = (ring_v, ring_beta, *ring_v.stride(), *ring_beta.stride()) if exact_fold else (
+        ring_d, ring_d, *(0,) * 7)  # unused pointers
     o = torch.empty_like(v) if out is None else out
     assert o.shape == v.shape
     scale = key_dim ** -0.5 if scale is None else float(scale)
@@ -462,11 +557,12 @@ def _replay_step(
         (state, state), (0, 0), (origin, count))  # host phase: the pointers are unused
     with _device_guard(v):
         LAST_COMPILED["replay"] = LAST_COMPILED[f"replay_phase{phase}"] = _delta_replay_step_kernel[grid](
-            state, ring_k, ring_d, ring_g, *positions, q, k, v, beta, g, o,
+            state, ring_k, ring_d, ring_g, *positions, q, k, v, beta, g, o, *read_operands[:3], *raw_records[:2],
             key_dim, value_dim, ring_size, value_heads // key_heads, scale, *host,
             *state.stride(), *ring_k.stride(), *ring_d.stride(), *_ring_gate_strides(ring_g),
             *strides,
             *q.stride(), *k.stride(), *v.stride(), *beta.stride(), *_gate_strides(g), *o.stride(),
+            *read_operands[3:], *raw_records[2:],
             BUFFER_LEN=buffer_len,
             PHASE=phase,
             GATE_PER_KEY=per_key,
@@ -478,6 +574,8 @@ def _replay_step(
             BLOCK_R=max(16, triton.next_power_of_2(ring_size)),  # >= 16: the flush's tl.dot needs it on the GPU
             FLUSH_DOT=flush_dot,
             FLUSH_PRECISION=FLUSH_PRECISION,
+            READ_FORMAT=read_format,
+            EXACT_FOLD=exact_fold,
             num_warps=num_warps,
         )
     return o
@@ -522,6 +620,10 @@ def delta_replay_step(
     use_qk_l2norm: bool = True,
     scale: float | None = None,
     out: torch.Tensor | None = None,
+    read_copy: dict[str, torch.Tensor] | None = None,
+    read_format: str | None = None,
+    ring_v: torch.Tensor | None = None,
+    ring_beta: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Fused ReplaySSM decode step for a gated delta rule layer (one launch, phase decided per row on the device).
 
@@ -540,9 +642,22 @@ def delta_replay_step(
     with the positions mirrored on the host): the launch is then a kernel specialised to that phase (a replay-only
     or flush-only program: fewer registers, no position load, no count update) and the caller advances its own
     count.
+
+    Separated precision: ``read_copy`` (with ``read_format`` "fp8" or "nvfp4") is a low-precision copy of ``state``
+    in the checkpoint store's encoding (layouts in :mod:`hf_replayssm.ops.read_copy`; rows = the value dim).
+    Replaying rows then take ``S0^T q`` and ``S0^T k`` from the copy, decoded in registers, and never read
+    ``state``; so the corrected value ``d`` they append is the copy's. Flushing rows read and write ``state`` as
+    without a copy (folding the ring's ``d`` records as they are) and do **not** re-encode the copy: after a flush
+    the caller must refresh the copy from the new checkpoint before the next replay step.
+
+    Exact fold (what the separated policy needs, since the ring's ``d`` then saw the copy): with ``ring_v``
+    [B, R, Hv, V] (v's dtype) and ``ring_beta`` [B, R, Hv] float32, replaying rows also append the token's raw v
+    and beta, and flushing rows recompute every record's corrected value from (k, v, beta, g) against the fp32
+    checkpoint, oldest first (the standard step's arithmetic), so no rounding of the copy enters the recurrence;
+    ``o`` of a flushing row is then ``S^T q`` of that state.
     """
     return _replay_step(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len, use_qk_l2norm,
-                        scale, out)
+                        scale, out, read_copy, read_format, ring_v, ring_beta)
 
 
 def delta_state_update(

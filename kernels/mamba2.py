@@ -53,6 +53,13 @@ Design notes:
   (``exp(lam) S0 + X^T diag(w) B``, one ``tl.dot`` in tf32x3, i.e. float32 accuracy) with all records loaded at once
   instead of a chain of dependent per-record loads. The fused device-phase kernel (``PHASE`` 0) keeps the
   sequential fold (fewer registers for every program of the launch).
+* Read copy (separated precision, ``read_copy``/``read_format``): replaying rows take ``S0 C`` from a
+  low-precision copy of the checkpoint (fp8 / nvfp4, the store's encoding), decoded tile by tile in registers by
+  ``kernels/read_copy.py``; the replay-only kernel then never reads the fp32 checkpoint. The flush-only kernel is
+  unchanged (the copy is not passed to it). The fused kernel loads the row's count before its state tile (one
+  extra round trip) and reads either the checkpoint (flush rows) or the copy (replay rows) through masked loads.
+  Nothing re-encodes the copy: the caller refreshes it after a flush. Not measured on a GPU yet
+  (``kernels/bench.py --read-format``).
 * Measured on an H200 (``python -m hf_replayssm.kernels.bench``; cold L2, CUDA graphs, averaged over whole cycles
   of L=16), Nemotron-H-8B shape, batch 256: host-phase cycle 345 us vs 553 us for this module's standard step
   (1.60x, 82 % of copy bandwidth; replay-only launch 334 us, flush-only 750 us); the fused device-phase kernel
@@ -67,6 +74,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hf_replayssm.kernels.read_copy import load_read_tile, read_copy_operands
 from hf_replayssm.ops.mamba2_step import mamba2_replay_step_ref, mamba2_state_update_ref
 from hf_replayssm.ops.positions import host_phase
 
@@ -210,6 +218,7 @@ def _mamba2_replay_step_kernel(
     # pointers
     state_ptr, ring_x_ptr, ring_dt_ptr, ring_B_ptr, origin_ptr, count_ptr,
     x_ptr, dt_ptr, B_ptr, C_ptr, A_ptr, D_ptr, z_ptr, dt_bias_ptr, y_ptr,
+    rc_values_ptr, rc_scales_ptr, rc_tensor_scale_ptr,  # the read copy (READ_FORMAT fp8 / nvfp4)
     # sizes; the host's positions (PHASE 1/2: every row at origin_host / count_host)
     P, N, ring_size, heads_per_group, origin_host, count_host,
     # strides
@@ -225,6 +234,8 @@ def _mamba2_replay_step_kernel(
     stride_A, stride_D, stride_dt_bias,
     stride_z_b, stride_z_h, stride_z_p,
     stride_y_b, stride_y_h, stride_y_p,
+    stride_rcv_b, stride_rcv_h, stride_rcv_p, stride_rcv_n,
+    stride_rcs_b, stride_rcs_h, stride_rcs_p, stride_rcs_n, stride_rct_b,
     # meta
     BUFFER_LEN: tl.constexpr,
     PHASE: tl.constexpr,  # 0: per row, read on the device; 1: every row replays; 2: every row flushes
@@ -240,6 +251,7 @@ def _mamba2_replay_step_kernel(
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
+    READ_FORMAT: tl.constexpr,  # what replay reads: "fp32" the checkpoint, "fp8" / "nvfp4" the read copy
 ):
     pid_p = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -258,13 +270,32 @@ def _mamba2_replay_step_kernel(
     # for a round trip if it were issued here.
     state_ptrs = (state_ptr + pid_b * stride_s_b + h * stride_s_h
                   + offs_p[:, None] * stride_s_p + offs_n[None, :] * stride_s_n)
-    s0 = tl.load(state_ptrs, mask=mask_pn, other=0.0).to(tl.float32)
-    if PHASE == 0:
-        # Low 16 bits of count[b]: the count (high bits: tickets of this row's programs that already finished).
-        # This program's own ticket is taken after this load (same address, and the value is consumed first), so
-        # the last ticket's update at the end can never be seen here.
+    if READ_FORMAT == "fp32" or PHASE == 2:
+        s0 = tl.load(state_ptrs, mask=mask_pn, other=0.0).to(tl.float32)
+    elif PHASE == 1:  # replay only: the decoded read copy, the checkpoint is not read
+        s0 = load_read_tile(rc_values_ptr, rc_scales_ptr, rc_tensor_scale_ptr, pid_b, h, offs_p, offs_n, mask_pn,
+                            stride_rcv_b, stride_rcv_h, stride_rcv_p, stride_rcv_n,
+                            stride_rcs_b, stride_rcs_h, stride_rcs_p, stride_rcs_n, stride_rct_b, READ_FORMAT)
+    else:
+        # The row's phase decides which tile is read (masked loads: only one of the two costs bandwidth), so here
+        # the count is loaded first, at the price of one round trip before the state tile.
         count_raw = tl.load(count_ptr + pid_b * stride_count, volatile=True)
         origin = tl.load(origin_ptr + pid_b * stride_origin)
+        # (row masks from comparisons on the tile offsets: a tensor mask & a scalar bool is not a valid mask
+        # under TRITON_INTERPRET=1)
+        n_flush = tl.where((count_raw & 0xFFFF) + 1 >= BUFFER_LEN, N, 0)  # state columns to read: all or none
+        s0 = tl.load(state_ptrs, mask=mask_pn & (offs_n[None, :] < n_flush), other=0.0).to(tl.float32)
+        s0 += load_read_tile(rc_values_ptr, rc_scales_ptr, rc_tensor_scale_ptr, pid_b, h, offs_p, offs_n,
+                             mask_pn & (offs_n[None, :] < N - n_flush), stride_rcv_b, stride_rcv_h, stride_rcv_p,
+                             stride_rcv_n, stride_rcs_b, stride_rcs_h, stride_rcs_p, stride_rcs_n, stride_rct_b,
+                             READ_FORMAT)
+    if PHASE == 0:
+        if READ_FORMAT == "fp32":
+            # Low 16 bits of count[b]: the count (high bits: tickets of this row's programs that already
+            # finished). This program's own ticket is taken after this load (same address, and the value is
+            # consumed first), so the last ticket's update at the end can never be seen here.
+            count_raw = tl.load(count_ptr + pid_b * stride_count, volatile=True)
+            origin = tl.load(origin_ptr + pid_b * stride_origin)
     else:
         count_raw = count_host
         origin = origin_host
@@ -452,7 +483,8 @@ def _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias):
 
 def _replay_step(
     state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=None, z=None, dt_bias=None,
-    dt_softplus=False, buffer_len=16, out=None, _config=None, _ticket=True, _ring_physical=None,
+    dt_softplus=False, buffer_len=16, out=None, read_copy=None, read_format=None, _config=None, _ticket=True,
+    _ring_physical=None,
 ):
     """:func:`mamba2_replay_step` with a launch-configuration override (``_config``: dict with ``block_p`` and/or
     ``num_warps``) and, for diagnostics only, ``_ticket=False`` (count read plainly and left unchanged) and
@@ -468,6 +500,9 @@ def _replay_step(
         assert origin.dtype == torch.int32 and count.dtype == torch.int32, "origin and count must be int32"
     assert 1 <= buffer_len < (1 << _TICKET_SHIFT), "buffer_len out of range"
     assert ring_size >= max(buffer_len - 1, 1), f"ring capacity {ring_size} < max(buffer_len - 1, 1)"
+    read_format, read_operands = read_copy_operands(read_copy, read_format, state)
+    if phase == 2:  # the flush-only kernel reads and writes the checkpoint alone
+        read_format = "fp32"
     y = torch.empty_like(x) if out is None else out
     assert y.shape == x.shape
     cfg = dict(replay_launch_config(batch, heads, head_dim, d_state), **(_config or {}))
@@ -489,13 +524,13 @@ def _replay_step(
     with _device_guard(x):
         LAST_COMPILED["replay"] = LAST_COMPILED[f"replay_phase{phase}"] = _mamba2_replay_step_kernel[grid](
             state, ring_x, ring_dt, ring_B, *positions,
-            x, dt, B, C, A, _optional(D, A), _optional(z, x), _optional(dt_bias, A), y,
+            x, dt, B, C, A, _optional(D, A), _optional(z, x), _optional(dt_bias, A), y, *read_operands[:3],
             head_dim, d_state, ring_size, heads // groups, *host,
             *state.stride(), *ring_x.stride(), *ring_dt.stride(), *ring_B.stride(),
             *((origin.stride(0), count.stride(0)) if phase == 0 else (0, 0)),
             *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
             A.stride(0), _strides(D, 1)[0], _strides(dt_bias, 1)[0],
-            *_strides(z, 3), *y.stride(),
+            *_strides(z, 3), *y.stride(), *read_operands[3:],
             BUFFER_LEN=buffer_len,
             PHASE=phase,
             HAS_D=D is not None,
@@ -510,6 +545,7 @@ def _replay_step(
             BLOCK_P=cfg["block_p"],
             BLOCK_N=triton.next_power_of_2(d_state),
             BLOCK_R=block_r,
+            READ_FORMAT=read_format,
             num_warps=cfg["num_warps"],
         )
     return y
@@ -558,6 +594,8 @@ def mamba2_replay_step(
     dt_softplus: bool = False,
     buffer_len: int = 16,
     out: torch.Tensor | None = None,
+    read_copy: dict[str, torch.Tensor] | None = None,
+    read_format: str | None = None,
 ) -> torch.Tensor:
     """Fused ReplaySSM decode step (one launch, phase decided per row on the device).
 
@@ -575,9 +613,15 @@ def mamba2_replay_step(
     with the positions mirrored on the host): the launch is then a kernel specialised to that phase (a replay-only
     or flush-only program: fewer registers, no position load, no count update) and the caller advances its own
     count.
+
+    Separated precision: ``read_copy`` (with ``read_format`` "fp8" or "nvfp4") is a low-precision copy of ``state``
+    in the checkpoint store's encoding (layouts in :mod:`hf_replayssm.ops.read_copy`; rows = d_state). Replaying
+    rows then take the state term ``S0 C`` from the copy, decoded in registers, and never read ``state``; flushing
+    rows read and write ``state`` as without a copy and do **not** re-encode the copy: after a flush the caller must
+    refresh the copy from the new checkpoint (e.g. ``CheckpointStore.write``) before the next replay step.
     """
     return _replay_step(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, dt_softplus,
-                        buffer_len, out)
+                        buffer_len, out, read_copy, read_format)
 
 
 def mamba2_state_update(

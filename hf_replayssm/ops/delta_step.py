@@ -27,6 +27,7 @@ import torch
 
 from .delta_rule import delta_fold, delta_replay, delta_step_reference
 from .positions import row_position, set_row_count
+from .read_copy import decode_read_copy
 
 L2NORM_EPS = 1e-6
 
@@ -96,6 +97,10 @@ def delta_replay_step_ref(
     use_qk_l2norm: bool = True,
     scale: float | None = None,
     out: torch.Tensor | None = None,
+    read_copy: dict[str, torch.Tensor] | None = None,
+    read_format: str | None = None,
+    ring_v: torch.Tensor | None = None,
+    ring_beta: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One ReplaySSM decode step per batch row (replay or flush, decided per row from ``count``).
 
@@ -107,7 +112,18 @@ def delta_replay_step_ref(
 
     ``origin``/``count`` may be host ints (every row at that position; nothing is updated: the caller advances its
     own count). Returns o [B, Hv, V] in v's dtype, or writes it into ``out``.
+
+    ``read_copy`` / ``read_format`` ("fp8", "nvfp4"): replaying rows read the decoded copy instead of ``state`` (for
+    ``o`` and the appended ``d``; separated precision, see :mod:`.read_copy`); flushing rows use ``state`` and leave
+    the copy as it is.
+
+    ``ring_v`` [B, R, Hv, V] / ``ring_beta`` [B, R, Hv] (exact fold, together): replaying rows also append the
+    token's raw v and beta; flushing rows recompute the corrected values of the records and the token from them
+    against ``state`` (sequentially, like :meth:`DeltaRuleRecurrence.fold` with ``exact``) instead of folding
+    ``ring_d``.
     """
+    if (ring_v is None) != (ring_beta is None):
+        raise ValueError("ring_v and ring_beta come together (the raw records of an exact fold)")
     batch, ring_size = ring_k.shape[:2]
     value_heads, key_dim = v.shape[1], k.shape[-1]
     _check_gate(g, v, key_dim)
@@ -116,6 +132,7 @@ def delta_replay_step_ref(
     qn = delta_keys(q, value_heads, use_qk_l2norm) * scale  # [B, Hv, K]
     kn = delta_keys(k, value_heads, use_qk_l2norm)
     g32, beta32 = g.float(), beta.float()
+    read_state = decode_read_copy(read_copy, read_format, state)  # ``state`` itself without a copy
     outs = []
     for b in range(batch):
         start, num = row_position(origin, b), row_position(count, b)
@@ -124,11 +141,18 @@ def delta_replay_step_ref(
         hist_d, hist_g = ring_d[b, slots][None].float(), ring_g[b, slots][None].float()
         tok_k, tok_g = kn[b, None, None], g32[b, None, None]
         flush = num + 1 >= buffer_len
-        o, d = delta_replay(state[b : b + 1], hist_k, hist_d, hist_g, None if flush else qn[b, None, None], tok_k,
+        start_state = (state if flush else read_state)[b : b + 1]
+        o, d = delta_replay(start_state, hist_k, hist_d, hist_g, None if flush else qn[b, None, None], tok_k,
                             v[b, None, None], beta32[b, None, None], tok_g)
         if flush:
-            new_state = delta_fold(state[b : b + 1], torch.cat([hist_k, tok_k], dim=1), torch.cat([hist_d, d], dim=1),
-                                   torch.cat([hist_g, tok_g], dim=1))[0]
+            all_k, all_g = torch.cat([hist_k, tok_k], dim=1), torch.cat([hist_g, tok_g], dim=1)
+            all_d = torch.cat([hist_d, d], dim=1)
+            if ring_v is not None:  # every corrected value again, from the raw inputs against the checkpoint
+                all_v = torch.cat([ring_v[b, slots][None].float(), v[b, None, None].float()], dim=1)
+                all_beta = torch.cat([ring_beta[b, slots][None].float(), beta32[b, None, None]], dim=1)
+                _, all_d = delta_replay(state[b : b + 1], all_k[:, :0], all_d[:, :0], all_g[:, :0], None, all_k, all_v,
+                                        all_beta, all_g)
+            new_state = delta_fold(state[b : b + 1], all_k, all_d, all_g)[0]
             state[b].copy_(new_state)
             outs.append(torch.einsum("hkv,hk->hv", new_state, qn[b]))
             set_row_count(count, b, 0)
@@ -138,5 +162,8 @@ def delta_replay_step_ref(
             ring_k[b, slot] = k[b].to(ring_k.dtype)
             ring_d[b, slot] = d[0, 0].to(ring_d.dtype)
             ring_g[b, slot] = g[b].to(ring_g.dtype)
+            if ring_v is not None:
+                ring_v[b, slot] = v[b].to(ring_v.dtype)
+                ring_beta[b, slot] = beta[b].to(ring_beta.dtype)
             set_row_count(count, b, num + 1)
     return _finish(torch.stack(outs), v, out)

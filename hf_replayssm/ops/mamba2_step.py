@@ -23,6 +23,7 @@ import torch.nn.functional as F
 
 from .mamba2 import _heads, ssd_fold, ssd_replay, ssd_step_reference
 from .positions import row_position, set_row_count
+from .read_copy import decode_read_copy
 
 
 def mamba2_dt(dt: torch.Tensor, dt_bias: torch.Tensor | None, dt_softplus: bool) -> torch.Tensor:
@@ -83,6 +84,8 @@ def mamba2_replay_step_ref(
     dt_softplus: bool = False,
     buffer_len: int = 16,
     out: torch.Tensor | None = None,
+    read_copy: dict[str, torch.Tensor] | None = None,
+    read_format: str | None = None,
 ) -> torch.Tensor:
     """One ReplaySSM decode step per batch row (replay or flush, decided per row from ``count``).
 
@@ -95,9 +98,13 @@ def mamba2_replay_step_ref(
 
     ``origin``/``count`` may be host ints (every row at that position; nothing is updated: the caller advances its
     own count). Returns y [B, H, P] (``*= silu(z)`` when z is given) in x's dtype, or writes it into ``out``.
+
+    ``read_copy`` / ``read_format`` ("fp8", "nvfp4"): replaying rows read the decoded copy instead of ``state``
+    (separated precision, see :mod:`.read_copy`); flushing rows use ``state`` and leave the copy as it is.
     """
     batch, ring_size = ring_x.shape[:2]
     num_heads = x.shape[1]
+    read_state = decode_read_copy(read_copy, read_format, state)  # ``state`` itself without a copy
     dtp = mamba2_dt(dt, dt_bias, dt_softplus)  # [B, H]
     ys = []
     for b in range(batch):
@@ -119,7 +126,7 @@ def mamba2_replay_step_ref(
                 y = y + D.float()[:, None] * x[b].float()
             set_row_count(count, b, 0)
         else:
-            y = ssd_replay(state[b : b + 1], hist_x, hist_dt, hist_B, tok_x, tok_dt, tok_B, C[b, None, None], A, D)
+            y = ssd_replay(read_state[b : b + 1], hist_x, hist_dt, hist_B, tok_x, tok_dt, tok_B, C[b, None, None], A, D)
             y = y[0, 0]
             slot = (start + num) % ring_size
             ring_x[b, slot] = x[b].to(ring_x.dtype)

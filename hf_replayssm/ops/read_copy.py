@@ -1,0 +1,72 @@
+"""Low-precision read copies of a checkpoint, as the decode-step kernels and their references take them.
+
+In a *separated* precision policy the recurrence runs on the float32 checkpoint while non-flush (replay) steps read
+a low-precision copy of it, refreshed from the checkpoint at every flush. A read copy is the encoding dict the
+:class:`~hf_replayssm.precision.store.CheckpointStore` keeps (layouts in :mod:`hf_replayssm.precision.formats`), for a
+state ``[B, H, A, C]`` whose rows are its last dim ``C`` (d_state for Mamba-2, the value dim for the delta rule):
+
+* ``fp8``: ``codes`` [B, H, A, C] uint8 (E4M3 bit patterns), ``scale`` [B, H, A, 1] float32;
+* ``nvfp4``: ``packed`` [B, H, A, 8 nb] uint8 (element 2i in the low nibble of byte i), ``block_scale``
+  [B, H, A, nb] uint8 (E4M3 bits), ``tensor_scale`` [B] float32, ``row`` 0-d, with nb = ceil(C / 16).
+
+``row`` is never read here (reading a device tensor would synchronise): the row length is the state's last dim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from hf_replayssm.precision.formats import NVFP4_BLOCK, get_format
+
+READ_FORMATS = ("fp32", "fp8", "nvfp4")
+
+
+def _expect(name: str, t: torch.Tensor, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...], device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"read copy entry {name!r} must be a tensor, got {type(t).__name__}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"read copy entry {name!r} must have shape {list(shape)}, got {list(t.shape)}")
+    if t.dtype not in dtypes:
+        raise ValueError(f"read copy entry {name!r} must be {' or '.join(map(str, dtypes))}, got {t.dtype}")
+    if t.device != device:
+        raise ValueError(f"read copy entry {name!r} is on {t.device}, the state on {device}")
+
+
+def check_read_copy(read_copy: dict | None, read_format: str | None, state: torch.Tensor) -> str:
+    """Validate a read copy against the checkpoint ``state`` [B, H, A, C]; returns the effective read format
+    ("fp32" when there is no copy)."""
+    if read_copy is None:
+        if read_format not in (None, "fp32"):
+            raise ValueError(f"read_format={read_format!r} needs a read_copy")
+        return "fp32"
+    if read_format not in ("fp8", "nvfp4"):
+        raise ValueError(f"a read_copy needs read_format 'fp8' or 'nvfp4', got {read_format!r}")
+    if not isinstance(read_copy, dict):
+        raise TypeError(f"read_copy must be a dict of tensors (a store encoding), got {type(read_copy).__name__}")
+    batch, outer, row = state.shape[0], tuple(state.shape[:-1]), state.shape[-1]
+    keys = {"fp8": {"codes", "scale"}, "nvfp4": {"packed", "block_scale", "tensor_scale", "row"}}[read_format]
+    if set(read_copy) != keys:
+        raise ValueError(f"a {read_format} read copy has entries {sorted(keys)}, got {sorted(read_copy)}")
+    if read_format == "fp8":
+        _expect("codes", read_copy["codes"], tuple(state.shape), (torch.uint8, torch.float8_e4m3fn), state.device)
+        _expect("scale", read_copy["scale"], (*outer, 1), (torch.float32,), state.device)
+    else:
+        blocks = math.ceil(row / NVFP4_BLOCK)
+        _expect("packed", read_copy["packed"], (*outer, blocks * NVFP4_BLOCK // 2), (torch.uint8,), state.device)
+        _expect("block_scale", read_copy["block_scale"], (*outer, blocks), (torch.uint8, torch.float8_e4m3fn),
+                state.device)
+        _expect("tensor_scale", read_copy["tensor_scale"], (batch,), (torch.float32,), state.device)
+    return read_format
+
+
+def decode_read_copy(read_copy: dict | None, read_format: str | None, state: torch.Tensor) -> torch.Tensor:
+    """The float32 state replay steps read: ``state`` itself without a copy, else the decoded copy [B, H, A, C]."""
+    if check_read_copy(read_copy, read_format, state) == "fp32":
+        return state
+    as_bits = {name: t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t for name, t in read_copy.items()}
+    decoded = get_format(read_format).decode(as_bits)
+    if decoded.shape != state.shape:  # nvfp4: its ``row`` entry disagrees with the state's row length
+        raise ValueError(f"read copy decodes to {list(decoded.shape)}, the state is {list(state.shape)}")
+    return decoded

@@ -1,0 +1,73 @@
+"""Reading a low-precision copy of the checkpoint inside the replay kernels, decoded in registers.
+
+The copy's layout is the store's encoding (see :mod:`hf_replayssm.ops.read_copy`): rows are the state's last dim.
+:func:`read_copy_operands` turns an encoding into the kernel operands (three pointers and nine strides, the same for
+both formats); :func:`load_read_tile` loads one ``[BLOCK_A, BLOCK_C]`` tile of state ``[B, H, A, C]`` and returns it
+decoded to float32, never materialising a decoded state in memory.
+
+* ``fp8``: codes (viewed as ``float8_e4m3fn``: the hardware conversion decodes them) times the row's float32 scale.
+* ``nvfp4``: element ``c`` is nibble ``c % 2`` of byte ``c // 2`` (E2M1: sign bit 3, exponent bits 2-1, mantissa
+  bit 0), times its block's E4M3 scale (block ``c // 16``), times the batch row's float32 scale, multiplied in that
+  order, as the torch decoder does, so both give bit-identical values. Each byte is loaded by the two lanes that
+  decode its nibbles (same cache line: no extra DRAM traffic, only more load instructions).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hf_replayssm.ops.read_copy import check_read_copy
+
+
+def read_copy_operands(read_copy: dict | None, read_format: str | None, state: torch.Tensor) -> tuple[str, tuple]:
+    """(effective read format, kernel operands): the operands are ``(values, scales, tensor_scale)`` followed by the
+    strides ``values (b, h, a, c), scales (b, h, a, c), tensor_scale (b)``. Without a copy the pointers are the state
+    (never read) and the strides 0."""
+    fmt = check_read_copy(read_copy, read_format, state)
+    if fmt == "fp32":
+        return fmt, (state, state, state, *(0,) * 9)
+    if fmt == "fp8":
+        values, scales, tensor_scale = read_copy["codes"], read_copy["scale"], read_copy["scale"]
+        tensor_strides = (0,)  # unused
+    else:
+        values, scales, tensor_scale = read_copy["packed"], read_copy["block_scale"], read_copy["tensor_scale"]
+        tensor_strides = (tensor_scale.stride(0),)
+    if values.dtype == torch.uint8 and fmt == "fp8":
+        values = values.view(torch.float8_e4m3fn)  # a view: loads decode through the fp8 conversion
+    if scales.dtype == torch.uint8:
+        scales = scales.view(torch.float8_e4m3fn)
+    return fmt, (values, scales, tensor_scale, *values.stride(), *scales.stride(), *tensor_strides)
+
+
+@triton.jit
+def _e2m1_to_float(nibble):
+    """E2M1 codes (int32 0..15) -> float32: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 is the sign."""
+    code = nibble & 7
+    exponent = code >> 1
+    mantissa = (code & 1).to(tl.float32)
+    power = (1 << tl.maximum(exponent - 1, 0)).to(tl.float32)
+    magnitude = tl.where(exponent == 0, 0.5 * mantissa, (1.0 + 0.5 * mantissa) * power)
+    return tl.where(nibble >= 8, -magnitude, magnitude)
+
+
+@triton.jit
+def load_read_tile(values_ptr, scales_ptr, tensor_scale_ptr, pid_b, h, offs_a, offs_c, mask,
+                   stride_v_b, stride_v_h, stride_v_a, stride_v_c,
+                   stride_s_b, stride_s_h, stride_s_a, stride_s_c, stride_t_b,
+                   READ_FORMAT: tl.constexpr):
+    """The decoded float32 tile ``[len(offs_a), len(offs_c)]`` of head ``h`` of batch row ``pid_b`` (0 where
+    ``mask`` is false) of a read copy in ``READ_FORMAT`` ("fp8" or "nvfp4")."""
+    v_base = values_ptr + pid_b * stride_v_b + h * stride_v_h + offs_a[:, None] * stride_v_a
+    s_base = scales_ptr + pid_b * stride_s_b + h * stride_s_h + offs_a[:, None] * stride_s_a
+    if READ_FORMAT == "fp8":
+        codes = tl.load(v_base + offs_c[None, :] * stride_v_c, mask=mask, other=0.0)
+        row_scale = tl.load(s_base + offs_c[None, :] * 0, mask=mask, other=0.0)  # the row's scale, per element
+        return codes.to(tl.float32) * row_scale
+    else:
+        byte = tl.load(v_base + (offs_c // 2)[None, :] * stride_v_c, mask=mask, other=0).to(tl.int32)
+        nibble = (byte >> ((offs_c % 2) * 4)[None, :]) & 0xF
+        block_scale = tl.load(s_base + (offs_c // 16)[None, :] * stride_s_c, mask=mask, other=0.0)
+        tensor_scale = tl.load(tensor_scale_ptr + pid_b * stride_t_b)
+        return (_e2m1_to_float(nibble) * block_scale.to(tl.float32)) * tensor_scale

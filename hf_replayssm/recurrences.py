@@ -56,9 +56,9 @@ class Mamba2Recurrence:
 
     @staticmethod
     def kernel_step(state, ring: Records, origin, count, tokens: Records, params: Records, buffer_len: int,
-                    out_dtype: torch.dtype = torch.float32):
+                    out_dtype: torch.dtype = torch.float32, read_copy=None, read_format=None):
         """One decode token through the Triton replay-or-flush kernel (``hf_replayssm.kernels.mamba2``), written
-        straight in ``out_dtype`` (no cast launch)."""
+        straight in ``out_dtype`` (no cast launch); replays read ``read_copy`` (fp8 / nvfp4) when given."""
         from .kernels.mamba2 import mamba2_replay_step
 
         x = tokens["x"][:, 0]
@@ -67,7 +67,7 @@ class Mamba2Recurrence:
             state, ring["x"], ring["dt"], ring["B"], origin, count, x, tokens["dt"][:, 0],
             tokens["B"][:, 0], tokens["C"][:, 0], params["A"], params.get("D"), z=params.get("z"),
             dt_bias=params.get("dt_bias"), dt_softplus=bool(params.get("dt_softplus", False)), buffer_len=buffer_len,
-            out=torch.empty(x.shape, dtype=out_dtype, device=x.device),
+            out=torch.empty(x.shape, dtype=out_dtype, device=x.device), read_copy=read_copy, read_format=read_format,
         )
         return y[:, None]
 
@@ -130,9 +130,10 @@ class DeltaRuleRecurrence:
 
     @staticmethod
     def kernel_step(state, ring: Records, origin, count, tokens: Records, params: Records, buffer_len: int,
-                    out_dtype: torch.dtype = torch.float32):
+                    out_dtype: torch.dtype = torch.float32, read_copy=None, read_format=None):
         """One decode token through the Triton replay-or-flush kernel (``hf_replayssm.kernels.delta_rule``), written
-        straight in ``out_dtype`` (no cast launch)."""
+        straight in ``out_dtype`` (no cast launch). With a read copy (separated precision) replays read it, and the
+        ring's raw v / beta records let the flush recompute the corrected values against the float32 checkpoint."""
         from .kernels.delta_rule import delta_replay_step
 
         v = tokens["v"][:, 0]
@@ -140,7 +141,8 @@ class DeltaRuleRecurrence:
             state, ring["k"], ring["d"], ring["g"], origin, count, tokens["q"][:, 0], tokens["k"][:, 0],
             v, tokens["beta"][:, 0], tokens["g"][:, 0], buffer_len=buffer_len,
             use_qk_l2norm=params.get("normalize") is not None,
-            out=torch.empty(v.shape, dtype=out_dtype, device=v.device),
+            out=torch.empty(v.shape, dtype=out_dtype, device=v.device), read_copy=read_copy, read_format=read_format,
+            ring_v=ring.get("v"), ring_beta=ring.get("beta"),
         )
         return o[:, None]
 

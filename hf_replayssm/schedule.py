@@ -226,15 +226,23 @@ class ReplaySchedule:
         return count == 1 and not self.recording and self.tokens_seen > 0 and self._kernel_applies()
 
     def _kernel_applies(self) -> bool:
-        return (self.backend == "triton" and getattr(self.recurrence, "kernel_step", None) is not None
-                and self.store.kernel_state() is not None)
+        if self.backend != "triton" or getattr(self.recurrence, "kernel_step", None) is None:
+            return False
+        operands = self.store.kernel_operands()
+        if operands is None:
+            return False
+        # Separated precision: replay steps read the fp8 / nvfp4 copy in the kernel. A flush step's output reads
+        # the copy too (the reference's semantics, also inside speculative windows), which the flush-only kernel
+        # does not do (it reads the fp32 state it writes): flush steps take the torch path, 1 step in L.
+        return operands[1] is None or self.ring.size + 1 < self.buffer_len
 
     def _kernel_step(self, tokens, out_dtype: torch.dtype) -> torch.Tensor:
         """One plain decode token through the family's replay-or-flush kernel. Every row is at the host's position
         (plain decoding keeps the rows in step), so the launch is the kernel specialised to this step's phase."""
         ring = self.ring
-        y = self.recurrence.kernel_step(self.store.kernel_state(), ring.fields, ring.origin, ring.num_committed,
-                                        tokens, self._params, self.buffer_len, out_dtype)
+        state, read_copy, read_format = self.store.kernel_operands()
+        y = self.recurrence.kernel_step(state, ring.fields, ring.origin, ring.num_committed, tokens, self._params,
+                                        self.buffer_len, out_dtype, read_copy=read_copy, read_format=read_format)
         if ring.num_committed + 1 < self.buffer_len:
             ring.num_committed += 1
         else:  # the kernel flushed: records and token folded into the checkpoint in place

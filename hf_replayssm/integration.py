@@ -219,6 +219,11 @@ def _wrap_generate(original):
         drafts = _speculative_window(self, kwargs)
         if drafts is None:
             return original(self, *args, **kwargs)
+        if cache.static_cache_len is not None:
+            raise ValueError(
+                "a static ReplayCache (max_cache_len) serves plain decoding only: speculative decoding rolls back, and "
+                "transformers' static attention layers cannot. Use ReplayCache() without max_cache_len here"
+            )
         _check_assisted(self, cache, args, kwargs)
         cache.reserve_window(drafts + 1)
         prompt = _prompt_ids(args, kwargs)

@@ -38,7 +38,9 @@ class _StockView(dict):
         inside = active_call() is not None
         if self._kind == "conv":
             return schedule.conv_window()
-        if schedule.tokens_seen == 0:
+        if inside and schedule.device_positions.active:  # (maybe compiled) decode step: no host position read
+            return schedule.store.kernel_operands()[0]
+        if schedule.current_tokens_seen() == 0:
             return None
         return schedule.checkpoint() if inside else schedule.current_state()
 
@@ -123,11 +125,11 @@ class ReplayLayer(LinearAttentionLayer):
 
     @property
     def tokens_seen(self) -> int:
-        return self.schedule.tokens_seen
+        return self.schedule.current_tokens_seen()
 
     @property
     def counters(self):
-        return self.schedule.counters
+        return self.schedule.current_counters()
 
     @property
     def ring(self):
@@ -153,7 +155,8 @@ class ReplayLayer(LinearAttentionLayer):
 
     @property
     def is_compileable(self) -> bool:
-        return False
+        """A static cache's layer whose family and policy can decode on device positions."""
+        return self.schedule.static and self.schedule.device_positions_supported()
 
     @property
     def is_croppable(self) -> bool:
@@ -161,6 +164,8 @@ class ReplayLayer(LinearAttentionLayer):
 
     def update_conv_state(self, conv_states: torch.Tensor, state_idx: int = 0, conv_kernel_size=None, **kwargs):
         """Return ``[history, new]`` for the model's own causal conv and remember the new inputs."""
+        if self.schedule.device_positions.active:  # (maybe compiled) decode step: no attribute writes
+            return self.schedule.conv_update(conv_states, self.schedule.conv_kernel)
         kernel = conv_kernel_size or self.schedule.conv_kernel
         if kernel is None:
             raise ValueError("update_conv_state needs conv_kernel_size on its first call")
@@ -174,10 +179,12 @@ class ReplayLayer(LinearAttentionLayer):
         return recurrent_states
 
     def get_seq_length(self) -> int:
-        return self.schedule.tokens_seen
+        return self.schedule.current_tokens_seen()
 
     # ------------------------------------------------------------------ the replay step (called by the adapters)
     def forward_tokens(self, tokens, chunk_fn=None, out_dtype=None) -> torch.Tensor:
+        if self.schedule.device_positions.active:  # (maybe compiled) decode step: no attribute writes
+            return self.schedule.forward_tokens(tokens, chunk_fn, out_dtype)
         out = self.schedule.forward_tokens(tokens, chunk_fn, out_dtype)
         self.device = self.schedule.device
         self.is_recurrent_states_initialized[0] = True

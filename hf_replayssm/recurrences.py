@@ -71,6 +71,18 @@ class Mamba2Recurrence:
         )
         return y[:, None]
 
+    @staticmethod
+    def device_step(state, ring: Records, origin, count, tokens: Records, buffer_len: int) -> torch.Tensor:
+        """One decode token on per-row device positions through the ``hf_replayssm::mamba2_replay_step`` op (the
+        fused replay-or-flush kernel on CUDA, the reference elsewhere): what a compiled step traces. ``tokens``
+        carries the per-layer constants too (A, D, dt_bias, dt_softplus, z); y [B, 1, H, P] in x's dtype."""
+        y = torch.ops.hf_replayssm.mamba2_replay_step(
+            state, ring["x"], ring["dt"], ring["B"], origin, count, tokens["x"][:, 0], tokens["dt"][:, 0],
+            tokens["B"][:, 0], tokens["C"][:, 0], tokens["A"], tokens.get("D"), tokens.get("z"),
+            tokens.get("dt_bias"), bool(tokens.get("dt_softplus", False)), buffer_len,
+        )
+        return y[:, None]
+
     def slice(self, tokens: Records, start: int, stop: int) -> dict:
         return _slice(tokens, self.per_token, start, stop)
 
@@ -143,6 +155,17 @@ class DeltaRuleRecurrence:
             use_qk_l2norm=params.get("normalize") is not None,
             out=torch.empty(v.shape, dtype=out_dtype, device=v.device), read_copy=read_copy, read_format=read_format,
             ring_v=ring.get("v"), ring_beta=ring.get("beta"),
+        )
+        return o[:, None]
+
+    @staticmethod
+    def device_step(state, ring: Records, origin, count, tokens: Records, buffer_len: int) -> torch.Tensor:
+        """One decode token on per-row device positions through the ``hf_replayssm::delta_replay_step`` op (see
+        ``Mamba2Recurrence.device_step``); o [B, 1, Hv, V] in v's dtype."""
+        o = torch.ops.hf_replayssm.delta_replay_step(
+            state, ring["k"], ring["d"], ring["g"], origin, count, tokens["q"][:, 0], tokens["k"][:, 0],
+            tokens["v"][:, 0], tokens["beta"][:, 0], tokens["g"][:, 0], buffer_len,
+            tokens.get("normalize") is not None, None,
         )
         return o[:, None]
 

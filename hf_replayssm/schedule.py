@@ -30,6 +30,7 @@ import torch
 
 from .buffers import ConvRing, RecordRing
 from .precision import CheckpointStore, PrecisionPolicy
+from .static_decode import DevicePositions, HostSnapshot
 
 ChunkFn = Callable[[int, int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -82,6 +83,9 @@ class ReplaySchedule:
         self.device: torch.device | None = None
         self.batch_size: int | None = None
         self.state_shape: tuple[int, ...] | None = None
+        # A static cache (compileable decoding): plain decode steps keep their positions on the device
+        self.static = False
+        self.device_positions = DevicePositions()
 
     def _ring_capacity(self, window: int) -> int:
         return max(1, self.buffer_len - 1 + window)
@@ -99,6 +103,7 @@ class ReplaySchedule:
         """The full recurrent state after every buffered record, materialised (for checks and stock views)."""
         if not self.store.allocated:
             return None
+        self.leave_device_positions()
         return self.recurrence.fold(self.store.recurrence(), self.ring.read(), self._params, exact=True)
 
     def state_numel(self) -> int:
@@ -109,10 +114,13 @@ class ReplaySchedule:
 
     def conv_window(self) -> torch.Tensor | None:
         """The last ``conv_kernel`` conv inputs [B, C, K], the stock layout of a conv state."""
+        if self.device_positions.active:
+            return self.device_positions.conv.clone()
         return None if self.conv.buffer is None else self.conv.window(self.conv_kernel).clone()
 
     def max_rollback(self) -> int:
         """The deepest ``crop`` this layer can undo exactly now."""
+        self.leave_device_positions()
         depth = self.ring.size
         if self.conv.buffer is not None:
             depth = min(depth, self.conv.rewindable(self.conv_kernel))
@@ -136,6 +144,7 @@ class ReplaySchedule:
     def reserve_window(self, window: int) -> None:
         """Keep speculative windows of ``window`` tokens exact without growing later (growth is automatic)."""
         if window > self.window:
+            self.leave_device_positions()
             self.window = window
             self.ring.grow(self._ring_capacity(window))
             if self.conv.buffer is not None:
@@ -157,6 +166,7 @@ class ReplaySchedule:
         """How many leading tokens of a forward of ``count`` tokens are prompt (prefill) rather than generated.
         The prompt is the first ``prompt_tokens`` tokens when generate() announced them, else the first forward;
         a prompt token fed again after a rollback is still a prompt token."""
+        self.leave_device_positions()
         if self.tokens_seen == 0 and not self.prompt_tokens:
             self._prompt_len = count
         prompt_len = self.prompt_tokens or self._prompt_len
@@ -165,6 +175,10 @@ class ReplaySchedule:
     # ------------------------------------------------------------------ the conv window
     def conv_update(self, inputs: torch.Tensor, kernel: int) -> torch.Tensor:
         """``[history, inputs]`` ([B, C, K + T]) for the model's own causal conv; remembers the new inputs."""
+        if self.device_positions.active:
+            if inputs.shape[-1] == 1 and not self.recording:
+                return self.device_positions.conv_step(inputs)
+            self.leave_device_positions()
         self._ensure_conv(inputs, kernel)
         if self.recording:  # every speculative token must stay rewindable until the crop
             count = inputs.shape[-1]
@@ -177,6 +191,10 @@ class ReplaySchedule:
     def forward_tokens(self, tokens: Mapping[str, torch.Tensor], chunk_fn: ChunkFn | None = None,
                        out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """Outputs [B, T, ...] of T new tokens (in ``out_dtype``, default float32); updates ring and checkpoint."""
+        if self.device_positions.active:
+            if self._num_tokens(tokens) == 1 and not self.recording:
+                return self._device_step(tokens, out_dtype)
+            self.leave_device_positions()
         self._ensure_state(tokens)
         self._params = {k: v for k, v in tokens.items() if k not in self.recurrence.per_token}
         if self.recording:
@@ -223,6 +241,8 @@ class ReplaySchedule:
     def next_step_uses_kernel(self, count: int) -> bool:
         """Whether a forward of ``count`` tokens now would be one decode step through the family's kernel (an
         adapter may then hand the kernel raw inputs it processes itself, e.g. Mamba-2's dt before softplus)."""
+        if self.device_positions.active:  # read no host position: this may run inside a compiled step
+            return count == 1 and not self.recording
         return count == 1 and not self.recording and self.tokens_seen > 0 and self._kernel_applies()
 
     def _kernel_applies(self) -> bool:
@@ -343,17 +363,100 @@ class ReplaySchedule:
         self.counters["flushes"] += 1
 
     def finish_forward(self, count: int) -> None:
-        """Called once per mixer forward after the replay step ran."""
+        """Called once per mixer forward after the replay step ran (eagerly: a compiled step skips it)."""
+        if self.device_positions.active:  # the device counted the step
+            return
+        self._finish_host_forward(count)
+        if self._device_positions_apply():
+            self._enter_device_positions()
+
+    def _finish_host_forward(self, count: int) -> None:
         if self.tokens_seen:
             self.counters["decode_steps"] += 1
         self.tokens_seen += count
         self.counters["tokens"] += count
 
+    # ------------------------------------------------------------------ device positions (static caches)
+    def device_positions_supported(self) -> bool:
+        """Whether this layer's family and precision policy can decode on device positions at all."""
+        if getattr(self.recurrence, "device_step", None) is None or len(set(self.store.policies)) != 1:
+            return False
+        policy = self.store.policies[0]
+        return policy.checkpoint_format == "fp32" and policy.read_format is None
+
+    def _device_positions_apply(self) -> bool:
+        """Whether plain decode steps from here can run on device positions: a static cache's layer after its
+        prefill, outside speculation, whose family has a decode-step op for this store (float32 checkpoint, no read
+        copy) and whose ring holds less than a period."""
+        if not self.static or self.recording or not self.store.allocated or not self.tokens_seen:
+            return False
+        if not self.device_positions_supported() or self._staged or self.ring.num_pending:
+            return False
+        if self.ring.size >= self.buffer_len or self.ring.capacity < max(self.buffer_len - 1, 1):
+            return False
+        operands = self.store.kernel_operands()
+        return operands is not None and operands[1] is None
+
+    def _enter_device_positions(self) -> None:
+        from .kernels import ops  # noqa: F401  (registers the decode-step ops before any trace sees them)
+
+        snapshot = HostSnapshot(self.tokens_seen, self.ring.num_committed, self.checkpoint_position)
+        window = None if self.conv.buffer is None else self.conv.window(self.conv_kernel)
+        self.device_positions.enter(snapshot, self.ring.origin, self.batch_size, self.device, window)
+
+    def _device_step(self, tokens, out_dtype: torch.dtype | None) -> torch.Tensor:
+        """One plain decode token on device positions: the fused replay-or-flush op reads and advances them; no
+        host integer is read or written (a compiled step may be replayed as a CUDA graph)."""
+        positions = self.device_positions
+        state = self.store.kernel_operands()[0]
+        y = self.recurrence.device_step(state, self.ring.fields, positions.origin, positions.count, tokens,
+                                        self.buffer_len)
+        positions.steps.add_(1)
+        return y if out_dtype is None else y.to(out_dtype)
+
+    def _device_progress(self) -> tuple[int, int]:
+        """(steps, flushes) since the device positions took over (reads the device)."""
+        steps = self.device_positions.steps_taken()
+        return steps, (self.device_positions.entry.num_committed + steps) // self.buffer_len
+
+    def current_tokens_seen(self) -> int:
+        """Tokens fed so far, the steps on device positions included (which the host fields leave out)."""
+        if not self.device_positions.active:
+            return self.tokens_seen
+        return self.tokens_seen + self._device_progress()[0]
+
+    def current_counters(self) -> Counter:
+        """The counters, the steps on device positions included."""
+        if not self.device_positions.active:
+            return self.counters
+        steps, flushes = self._device_progress()
+        return self.counters + Counter(decode_steps=steps, tokens=steps, flushes=flushes, checkpoint_writes=flushes)
+
+    def leave_device_positions(self) -> None:
+        """Hand the positions back to the host schedule (before anything that reads them)."""
+        positions = self.device_positions
+        if not positions.active:
+            return
+        steps, flushes = self._device_progress()
+        committed = (positions.entry.num_committed + steps) % self.buffer_len
+        if not bool((positions.count == committed).all()):
+            raise RuntimeError(f"device positions disagree with the step count ({steps} steps, expected {committed} "
+                               f"records per row, found {positions.count.tolist()})")
+        self.counters.update(decode_steps=steps, tokens=steps, flushes=flushes, checkpoint_writes=flushes)
+        self.tokens_seen += steps
+        self.ring.num_committed = committed
+        self.checkpoint_position += flushes * self.buffer_len
+        if positions.conv is not None:
+            self.conv.load_window(positions.conv, self.tokens_seen)
+        positions.active = False
+
     # ------------------------------------------------------------------ speculation and rollback
     def activate_recording(self) -> None:
+        self.leave_device_positions()
         self.recording = True
 
     def deactivate_recording(self) -> None:
+        self.leave_device_positions()
         self.recording = False
         self.ring.commit()
         self._resolve_staged()
@@ -371,6 +474,7 @@ class ReplaySchedule:
 
     def crop(self, count: int) -> None:
         """Drop the newest ``count`` tokens and commit the rest."""
+        self.leave_device_positions()
         self.check_rollback(count)
         if count:
             if self.conv.buffer is not None:
@@ -393,6 +497,7 @@ class ReplaySchedule:
         """Keep / reorder / repeat batch rows (beam search, contrastive search, ``batch_select_indices``)."""
         if self._staged:
             raise RuntimeError("batch rows cannot be reordered inside a speculative window; crop first")
+        self.leave_device_positions()
         self.store.index_batch(index)
         self.ring.index_batch(index)
         self.conv.index_batch(index)

@@ -179,3 +179,16 @@ def test_launcher_runs_multiple_choice_task(tmp_path, built_caches):
     assert sorted(output.rglob(f"samples_{MC_TASK}_*.jsonl"))
     assert len(built_caches) - start == 2 * 4  # 2 questions x 4 choices, one cache each
     assert lm_eval.tasks.TaskManager is TaskManager  # the launcher put lm-eval's own class back
+
+
+def test_cli_hands_lm_evals_own_options_through(monkeypatch):
+    """``hf-replayssm lm-eval --model ...`` (lm-eval's options first, no ``run``) reaches lm-eval unchanged."""
+    from hf_replayssm import cli
+    from hf_replayssm.eval import lm_eval_plugin
+
+    seen = []
+    monkeypatch.setattr(lm_eval_plugin, "main", lambda argv: seen.append(argv) or 0)
+    argv = ["--model", "hf-replayssm", "--model_args", "pretrained=tiny-gdn", "--tasks", "recall_d16"]
+    assert cli.main(["lm-eval", *argv]) == 0
+    assert cli.main(["lm-eval", "run", *argv]) == 0
+    assert seen == [argv, ["run", *argv]]

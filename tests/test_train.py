@@ -188,3 +188,22 @@ def test_recall_rows_supervise_only_the_answer():
     assert torch.equal(ids[doc_end:], text[10 : 10 + 129 - doc_end])  # then the text from the offset
     ids2, _ = rows.row(text, offset=10, length=129)
     assert not torch.equal(ids, ids2)  # a new document each row
+
+
+@pytest.mark.parametrize("arch", ["qwen3_5_text", "kimi_linear"])
+def test_torch_recurrence_rebinds_the_decorated_kernels(arch, monkeypatch):
+    """--torch-recurrence: the module functions the mixers call become transformers' own torch recurrences (what
+    the kernel decorator wrapped), and the model still runs."""
+    model = tiny_model(arch, seed=0)
+    mixer, adapter = next(iter(find_mixers(model).values()))
+    module = sys.modules[type(mixer).__module__]
+    wrapped = {name: getattr(module, name) for name in adapter.interceptors
+               if hasattr(getattr(module, name, None), "__wrapped__")}
+    assert wrapped, "transformers no longer decorates these recurrences: the flag has nothing to undo"
+    for name, function in wrapped.items():
+        monkeypatch.setattr(module, name, function)  # restored after the test (the rebinding is process-wide)
+    assert train_script.use_torch_recurrences(model) == len(wrapped)
+    for name, function in wrapped.items():
+        assert getattr(module, name) is function.__wrapped__
+    ids = torch.randint(0, model.config.vocab_size, (1, 12))
+    assert torch.isfinite(model(input_ids=ids).logits).all()

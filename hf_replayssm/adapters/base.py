@@ -9,9 +9,9 @@ A mixer forward runs *unchanged* (its own projections, conv, gates and norms); t
    stepping the state; outside one they call the original.
 
 The cache hands the stock mixer ``None`` as conv state and a recording flag, so every conv step goes through
-``update_conv_state`` (the conv ring). Both wraps are idempotent and cost one context lookup otherwise; under
-``torch.compile`` they call the original without looking anything up (Dynamo cannot trace a context variable), and
-this module imports neither transformers nor the cache.
+``update_conv_state`` (the conv ring). Both wraps are idempotent and cost one context lookup otherwise. Under
+``torch.compile`` (a static ReplayCache's decode step) the call lives in a class attribute instead of the context
+variable, which Dynamo cannot trace. This module imports neither transformers nor the cache.
 """
 
 from __future__ import annotations
@@ -36,7 +36,16 @@ class ReplayCall:
     handled_tokens: int = 0
 
 
+class _CompiledCall:
+    """The replay call of the mixer forward being traced by ``torch.compile`` (Dynamo cannot trace a context
+    variable, but it traces a plain attribute set and read within one graph; eager calls never use this)."""
+
+    current: ReplayCall | None = None
+
+
 def active_call() -> ReplayCall | None:
+    if torch.compiler.is_compiling():
+        return _CompiledCall.current
     return _ACTIVE.get()
 
 
@@ -56,21 +65,31 @@ def reference_signature(fn: Callable) -> inspect.Signature:
     return inspect.signature(fn)
 
 
+class _Parameters:
+    """What ``CallArgs`` needs of a signature, computed once per intercepted function (binding by hand keeps the
+    per-call work traceable by ``torch.compile``)."""
+
+    def __init__(self, signature: inspect.Signature):
+        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        self.positional = [p.name for p in signature.parameters.values() if p.kind in kinds]
+        self.positions = {name: i for i, name in enumerate(self.positional)}
+        self.var_positional = any(p.kind is p.VAR_POSITIONAL for p in signature.parameters.values())
+        self.defaults = {p.name: p.default for p in signature.parameters.values()
+                         if p.default is not p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)}
+
+
 class CallArgs:
     """The arguments of one intercepted call, by name, able to re-issue the call with a few substitutions."""
 
-    def __init__(self, signature: inspect.Signature, args: tuple, kwargs: dict):
+    def __init__(self, signature: inspect.Signature | _Parameters, args: tuple, kwargs: dict):
+        params = signature if isinstance(signature, _Parameters) else _Parameters(signature)
+        if len(args) > len(params.positional) and not params.var_positional:
+            raise TypeError(f"too many positional arguments ({len(args)} > {len(params.positional)})")
         self.args, self.kwargs = args, kwargs
-        kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        positional = [p.name for p in signature.parameters.values() if p.kind in kinds]
-        self._positions = {name: i for i, name in enumerate(positional)}
-        bound = signature.bind_partial(*args, **kwargs)
-        self.values = dict(bound.arguments)
-        for p in signature.parameters.values():
-            if p.kind is p.VAR_KEYWORD:
-                self.values.update(self.values.pop(p.name, {}))
-            elif p.name not in self.values and p.default is not p.empty:
-                self.values[p.name] = p.default
+        self._positions = params.positions
+        self.values = dict(params.defaults)
+        self.values.update(zip(params.positional, args))
+        self.values.update(kwargs)
 
     def __getitem__(self, name: str):
         return self.values.get(name)
@@ -115,8 +134,10 @@ def wrap_mixer_forward(mixer_cls: type) -> None:
     @functools.wraps(original)
     def forward(self, hidden_states, *args, **kwargs):
         cache = _find_cache(args, kwargs)
-        if getattr(cache, "_replayssm_cache", False) is not True:  # stock caches (compiled calls too) pass through
+        if getattr(cache, "_replayssm_cache", False) is not True:  # stock caches pass through
             return original(self, hidden_states, *args, **kwargs)
+        if torch.compiler.is_compiling():
+            return _compiled_forward(original, self, cache, hidden_states, args, kwargs)
         if kwargs.get("cu_seq_lens_q") is not None or kwargs.get("cu_seqlens") is not None:
             raise ValueError("ReplayCache does not support packed sequences (cu_seqlens); pad the batch instead")
         layer = cache.replay_layer_for(self, hidden_states.shape[0])
@@ -139,6 +160,17 @@ def wrap_mixer_forward(mixer_cls: type) -> None:
     mixer_cls.forward = forward
 
 
+def _compiled_forward(original, mixer, cache, hidden_states, args, kwargs):
+    """A mixer forward traced by ``torch.compile``: only a static ReplayCache's plain decode step gets here (the
+    cache says ``is_compileable`` for nothing else), and it touches no host-side position, so the graph holds."""
+    layer = cache.layers[mixer.layer_idx]
+    previous, _CompiledCall.current = _CompiledCall.current, ReplayCall(layer, mixer)
+    try:
+        return original(mixer, hidden_states, *args, **kwargs)
+    finally:
+        _CompiledCall.current = previous
+
+
 def repoint_accelerate_hook(mixer: torch.nn.Module) -> None:
     """accelerate's device hooks capture the bound ``forward`` when a model is dispatched (``device_map=...``);
     point a hooked mixer at the patched class forward."""
@@ -157,16 +189,14 @@ def interceptor(body: Callable) -> Interceptor:
 
     def factory(module) -> Callable[[Callable], Callable]:
         def make(original: Callable) -> Callable:
-            signature = reference_signature(original)
+            parameters = _Parameters(reference_signature(original))
 
             @functools.wraps(original)
             def replacement(*args, **kwargs):
-                if torch.compiler.is_compiling():  # a compiled (stock) call: never a replay call today
-                    return original(*args, **kwargs)
                 call = active_call()
                 if call is None:
                     return original(*args, **kwargs)
-                return body(module, call, CallArgs(signature, args, kwargs), original)
+                return body(module, call, CallArgs(parameters, args, kwargs), original)
 
             return replacement
 

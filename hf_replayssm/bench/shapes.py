@@ -36,6 +36,7 @@ SHAPES = {
         kv_lora_rank=512, qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, linear_head_dim=128,
         linear_num_heads=32, num_local_experts=8, num_experts_per_tok=2, mlp_layer_types=["dense"] * 4,
         layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"],
+        pad_token_id=0, bos_token_id=1, eos_token_id=2,  # the config's defaults lie outside a 32000-token vocabulary
     ),
 }
 

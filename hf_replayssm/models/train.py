@@ -250,6 +250,23 @@ class _NoTorchRecurrence(RuntimeError):
     pass
 
 
+def use_torch_recurrences(model) -> int:
+    """Makes the SSM mixers of ``model`` call transformers' torch recurrences instead of the package kernels the
+    decorators bound at import (flash-linear-attention's GDN chunk backward refuses Hopper GPUs with Triton < 3.7.1).
+    Process-wide, like the binding it undoes; returns how many functions were rebound."""
+    from ..adapters import find_mixers
+
+    rebound = 0
+    for mixer, adapter in find_mixers(model).values():
+        module = sys.modules[type(mixer).__module__]
+        for name in adapter.interceptors:
+            bound = getattr(module, name, None)
+            if bound is not None and hasattr(bound, "__wrapped__"):
+                setattr(module, name, bound.__wrapped__)
+                rebound += 1
+    return rebound
+
+
 @torch.no_grad()
 def decay_half_lives(model, input_ids: torch.Tensor) -> list[dict]:
     """Per-head decay half-lives, in tokens, of every recurrent layer, measured by one forward over ``input_ids``
@@ -279,16 +296,16 @@ def decay_half_lives(model, input_ids: torch.Tensor) -> list[dict]:
         rate = (-log_decay).double().mean(0)
         half = math.log(2) / rate
         if half.dim() == 2:
-            out.append({"layer": idx, "half_lives": half.median(dim=-1).values.float(),
-                        "channel_half_lives": half.float()})
+            out.append({"layer": idx, "half_lives": half.median(dim=-1).values.float().cpu(),
+                        "channel_half_lives": half.float().cpu()})
         else:
-            out.append({"layer": idx, "half_lives": half.float(), "channel_half_lives": None})
+            out.append({"layer": idx, "half_lives": half.float().cpu(), "channel_half_lives": None})
     return out
 
 
 def describe_half_lives(layers: list[dict]) -> str:
     """Summary over all heads (quantiles, counts above 100 and 1000 tokens) and the per-head values per layer."""
-    values = torch.cat([layer["half_lives"] for layer in layers]).double()
+    values = torch.cat([layer["half_lives"] for layer in layers]).double().cpu()
     q = torch.quantile(values, torch.tensor([0.0, 0.25, 0.5, 0.75, 1.0], dtype=torch.double)).tolist()
     lines = [f"all {len(values)} heads: min {q[0]:.1f}  p25 {q[1]:.1f}  median {q[2]:.1f}  p75 {q[3]:.1f}  "
              f"max {q[4]:.1f}; heads >= 100 tokens: {int((values >= 100).sum())}, >= 1000 tokens: "
@@ -325,6 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--grad-checkpoint", action="store_true",
                         help="recompute layers in the backward pass (the torch fallback recurrences keep large "
                              "per-chunk tensors for backward; this trades time for memory at long --context)")
+    parser.add_argument("--torch-recurrence", action="store_true",
+                        help="train through transformers' torch recurrences, not installed kernels (fla's GDN "
+                             "backward refuses Hopper GPUs with Triton < 3.7.1)")
     parser.add_argument("--recall-mix", type=float, default=0.0, help="fraction of rows that are recall documents")
     parser.add_argument("--slow-gdn-init", action="store_true",
                         help="GDN dt_bias drawn like Mamba-2/KDA: softplus in [1e-3, 0.1], not 1 (slow_gdn_decay_init)")
@@ -367,6 +387,8 @@ def main(argv=None) -> None:
     model = AutoModelForCausalLM.from_config(config)
     if args.slow_gdn_init and not slow_gdn_decay_init(model, args.seed):
         raise ValueError(f"--slow-gdn-init: {args.arch} has no Gated DeltaNet layer")
+    if args.torch_recurrence:
+        use_torch_recurrences(model)
     model = model.to(device)
     if args.grad_checkpoint:
         model.gradient_checkpointing_enable()

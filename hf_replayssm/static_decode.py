@@ -1,0 +1,80 @@
+"""Device-side positions for the plain decode steps of a static ReplayCache (pure torch: no transformers import).
+
+A compiled decode step (``torch.compile``, CUDA graphs) may not read or change a host integer: Dynamo would
+specialise the graph on it and recompile every step. So while a layer of a static cache decodes plainly, its ring
+positions live on the device: per-row ``origin`` / ``count`` (int32 [B]) that the fused replay-or-flush kernel
+reads and advances, a step counter (int64 [1]) and the conv window as a fixed [B, C, K] tensor shifted in place.
+The host positions of the schedule are then stale; ``refresh`` brings them up to date from the step counter (one
+device read) and ``exit`` also hands the conv window back to the conv ring, before any step that needs the host
+schedule (a prefill, a speculative window, a crop, batch reordering).
+
+Every tensor is allocated once per batch layout and marked as a static address, so CUDA graphs captured against
+them stay valid however often a layer leaves and re-enters device positions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class HostSnapshot:
+    """The host schedule when device positions took over."""
+
+    tokens_seen: int
+    num_committed: int
+    checkpoint_position: int
+
+
+def _mark_static(*tensors: torch.Tensor) -> None:
+    if not torch.compiler.is_compiling():
+        for tensor in tensors:
+            torch._dynamo.mark_static_address(tensor)
+
+
+class DevicePositions:
+    """The device-side positions of one layer (see the module docstring)."""
+
+    def __init__(self):
+        self.active = False
+        self.origin: torch.Tensor | None = None  # int32 [B]: ring slot of the oldest record (read only)
+        self.count: torch.Tensor | None = None  # int32 [B]: records in the ring (the kernel advances it)
+        self.steps: torch.Tensor | None = None  # int64 [1]: decode steps since entry
+        self.conv: torch.Tensor | None = None  # [B, C, K]: the last K conv inputs, oldest first
+        self.entry: HostSnapshot | None = None
+
+    def _allocate(self, batch: int, device: torch.device, conv_window: torch.Tensor | None) -> None:
+        fits = self.count is not None and self.count.shape[0] == batch and self.count.device == device
+        conv_fits = (conv_window is None) == (self.conv is None) and (
+            conv_window is None or (self.conv.shape == conv_window.shape and self.conv.dtype == conv_window.dtype))
+        if fits and conv_fits:
+            return
+        self.origin = torch.zeros(batch, dtype=torch.int32, device=device)
+        self.count = torch.zeros(batch, dtype=torch.int32, device=device)
+        self.steps = torch.zeros(1, dtype=torch.int64, device=device)
+        self.conv = None if conv_window is None else torch.empty_like(conv_window)
+        _mark_static(self.origin, self.count, self.steps, *([] if self.conv is None else [self.conv]))
+
+    def enter(self, snapshot: HostSnapshot, origin: int, batch: int, device: torch.device,
+              conv_window: torch.Tensor | None) -> None:
+        """Take over from the host schedule at ``snapshot`` (every row at ring slot ``origin``)."""
+        self._allocate(batch, device, conv_window)
+        self.origin.fill_(origin)
+        self.count.fill_(snapshot.num_committed)
+        self.steps.zero_()
+        if conv_window is not None:
+            self.conv.copy_(conv_window)
+        self.entry = snapshot
+        self.active = True
+
+    def steps_taken(self) -> int:
+        """Decode steps since entry (reads the device)."""
+        return int(self.steps.item())
+
+    def conv_step(self, inputs: torch.Tensor) -> torch.Tensor:
+        """``[window, inputs]`` ([B, C, K + 1]) for the model's own conv; the window moves on by the new input."""
+        full = torch.cat([self.conv.to(inputs.dtype), inputs], dim=-1)
+        self.conv.copy_(full[..., 1:])
+        return full

@@ -1,0 +1,94 @@
+"""The end-to-end generate() benchmark (``hf-replayssm bench generate``) on tiny shaped models on CPU: every arm
+emits the same tokens, reports positive rates, says whether it really compiled (or why it was skipped), and the
+speculative mode reports acceptance and equality with plain greedy."""
+
+import json
+
+import pytest
+import torch
+
+from hf_replayssm.bench import generate as bench
+from hf_replayssm.cache import ReplayCache
+
+TINY_RUN = ["--tiny", "--layers", "4", "--prompt", "16", "--new", "8", "--repeats", "1", "--dtype", "float32",
+            "--device", "cpu", "--compile-backend", "eager"]
+
+
+def _main(tmp_path, *args) -> dict:
+    out = tmp_path / "results.json"
+    assert bench.main([*TINY_RUN, *args, "--out", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_generate_arms_agree_and_report_rates(tmp_path):
+    seed = int(torch.randint(0, 1000, (1,)))
+    results = _main(tmp_path, "--models", "qwen3_5", "--batches", "2", "--arms", "stock,replay,replay-compiled",
+                    "--seed", str(seed))
+    env = results["environment"]
+    assert env["device"] == "cpu" and env["torch"] == torch.__version__ and isinstance(env["fla"], bool)
+    assert "transformers" in env and "date" in env
+    entries = {e["arm"]: e for e in results["results"]}
+    assert list(entries) == ["stock", "replay", "replay-compiled"] and results["speculative"] == []
+    for arm in ("stock", "replay"):
+        entry = entries[arm]
+        assert entry["model"] == "qwen3_5" and entry["batch"] == 2 and entry["new_tokens"] == 8
+        assert entry["tokens_per_s"] > 0 and entry["ms_per_step"] > 0 and entry["prefill_ms"] > 0
+        assert entry["total_ms"] > entry["prefill_ms"]
+        assert abs(entry["tokens_per_s"] - 2 * 7 * 1e3 / (entry["total_ms"] - entry["prefill_ms"])) < 1e-6 * entry[
+            "tokens_per_s"]
+        assert entry["compiled"] is False and entry["identical_to_stock"] is True
+    assert entries["replay"]["tokens_checksum"] == entries["stock"]["tokens_checksum"]
+    assert entries["stock"]["x_vs_best_stock"] == 1.0
+    compiled = entries["replay-compiled"]
+    if "skipped" in compiled:  # ReplayCache cannot be static / compileable in this checkout
+        assert compiled["skipped"] and "tokens_per_s" not in compiled
+    else:  # it ran: it must have gone through generate's compiled forward, to the same tokens
+        assert compiled["compiled"] is True and "warning" not in compiled
+        assert compiled["identical_to_stock"] is True and compiled["tokens_per_s"] > 0
+
+
+def test_a_cache_that_is_not_compileable_skips_the_compiled_arm(monkeypatch):
+    monkeypatch.setattr(ReplayCache, "is_compileable", property(lambda self: False))
+    model = bench.build_model("nemotron_h", "cpu", torch.float32, tiny=True, layers=4)
+    entries = bench.measure_generate(model, batch=1, prompt=8, new_tokens=4, arms=("stock", "replay-compiled"),
+                                     repeats=1, settings=bench.Settings(compile_backend="eager", compile_mode=None))
+    skipped = entries[1]
+    assert skipped["arm"] == "replay-compiled" and "tokens_per_s" not in skipped
+    assert "is_compileable" in skipped["skipped"] or "max_cache_len" in skipped["skipped"]
+    assert "skipped: " in bench.table(entries)
+
+
+def test_speculative_mode_matches_plain_greedy(tmp_path):
+    # an 8-layer model, its draft a copy of the first 4 (Kimi-Linear in transformers needs an attention layer)
+    results = _main(tmp_path, "--speculative", "--models", "kimi_linear", "--layers", "8", "--draft-layers", "4",
+                    "--lookup", "3", "--prompt-kinds", "code-edit")
+    entries = {e["arm"]: e for e in results["speculative"]}
+    assert set(entries) == set(bench.SPECULATIVE_ARMS) and results["results"] == []
+    for arm, entry in entries.items():
+        assert entry["batch"] == 1 and entry["tokens_per_s"] > 0
+        assert entry["identical"] is True, arm
+    for arm in ("lookup-replay", "draft-replay"):
+        entry = entries[arm]
+        assert entry["drafted"] > 0 and 0 <= entry["accepted"] <= entry["drafted"]
+        assert 0.0 <= entry["acceptance"] <= 1.0
+    assert entries["greedy-stock"]["acceptance"] is None and entries["greedy-stock"]["drafted"] == 0
+
+
+@pytest.mark.parametrize("kind", bench.PROMPT_KINDS)
+def test_repetitive_prompts(kind):
+    seed = int(torch.randint(0, 1000, (1,)))
+    ids = bench.PROMPTS[kind](vocab=32000, length=512, seed=seed)
+    assert ids.shape == (1, 512) and ids.dtype == torch.long
+    assert int(ids.min()) >= 3 and int(ids.max()) < 32000  # no special tokens
+    assert torch.equal(ids, bench.PROMPTS[kind](vocab=32000, length=512, seed=seed))
+    # repetitive: far fewer distinct 3-grams than positions (random ids would give ~510)
+    grams = {tuple(ids[0, i : i + 3].tolist()) for i in range(510)}
+    assert len(grams) < 0.7 * 510
+
+
+def test_layer_overrides_repeat_the_pattern():
+    cut = bench.layer_overrides("kimi_linear", 6, {})
+    assert cut["num_hidden_layers"] == 6
+    assert cut["layer_types"] == ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 2
+    assert len(cut["mlp_layer_types"]) == 6
+    assert bench.layer_overrides("nemotron_h", 2, {}) == {"layers_block_type": ["mamba", "mlp"]}

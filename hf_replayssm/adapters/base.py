@@ -88,7 +88,7 @@ class CallArgs:
         self.args, self.kwargs = args, kwargs
         self._positions = params.positions
         self.values = dict(params.defaults)
-        self.values.update(zip(params.positional, args))
+        self.values.update(zip(params.positional, args, strict=False))
         self.values.update(kwargs)
 
     def __getitem__(self, name: str):

@@ -1,0 +1,142 @@
+"""A static ReplayCache (``max_cache_len``): plain decode steps on per-row device positions, equal to stock decoding,
+and a decode step that ``torch.compile`` traces as one graph (fullgraph) inside transformers' own generate path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import max_logit_diff
+from transformers.generation import CompileConfig
+
+from hf_replayssm import ReplayCache
+from hf_replayssm.layers import RollbackError
+from hf_replayssm.tiny import tiny_model
+
+FAMILIES = ["nemotron_h", "qwen3_5_text", "kimi_linear"]  # Mamba-2, Gated DeltaNet, KDA
+NEW = 20
+GREEDY = dict(do_sample=False, max_new_tokens=NEW, min_new_tokens=NEW, output_logits=True,
+              return_dict_in_generate=True)
+
+
+def _model(model_type):
+    return tiny_model(model_type, seed=0, initializer_range=0.2)
+
+
+def _prompt(model, rows=2, length=11, seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, model.config.vocab_size, (rows, length), generator=generator)
+
+
+def _compile_config(backend="aot_eager"):
+    config = CompileConfig(fullgraph=True, backend=backend, mode=None)
+    config._compile_all_devices = True  # transformers compiles generate's decode step on CUDA only otherwise
+    return config
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+@pytest.mark.parametrize("buffer_len", [1, 4])
+def test_static_cache_decodes_like_stock(model_type, buffer_len):
+    """Eager: the same tokens as stock greedy decoding, logits within fp32 rounding, the same flush schedule as a
+    dynamic ReplayCache, and the layers really decoded on device positions."""
+    model = _model(model_type)
+    prompt = _prompt(model)
+    stock = model.generate(prompt, **GREEDY)
+    dynamic = ReplayCache(buffer_len)
+    reference = model.generate(prompt, past_key_values=dynamic, **GREEDY)
+    cache = ReplayCache(buffer_len, max_cache_len=prompt.shape[1] + NEW)
+    out = model.generate(prompt, past_key_values=cache, **GREEDY)
+    assert torch.equal(out.sequences, stock.sequences)
+    assert max_logit_diff(out.logits, stock.logits) < 1e-4
+    assert max_logit_diff(out.logits, reference.logits) < 1e-4
+    assert all(layer.schedule.device_positions.active for layer in cache.replay_layers.values())
+    assert cache.stats() == dynamic.stats()
+    assert cache.is_compileable and not dynamic.is_compileable
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_compiled_generate_is_one_graph_equal_to_eager(model_type):
+    """generate(..., compile_config=...) compiles the decode step with fullgraph=True: one graph, no recompilation
+    across 19 steps (flushes included), no graph break; outputs equal the eager static cache (aot_eager: the custom
+    ops' in-place writes go through functionalisation as under Inductor)."""
+    from torch._dynamo.utils import counters
+
+    model = _model(model_type)
+    prompt = _prompt(model)
+    eager_cache = ReplayCache(4, max_cache_len=prompt.shape[1] + NEW)
+    eager = model.generate(prompt, past_key_values=eager_cache, **GREEDY)
+    torch._dynamo.reset()
+    counters.clear()
+    cache = ReplayCache(4, max_cache_len=prompt.shape[1] + NEW)
+    out = model.generate(prompt, past_key_values=cache, compile_config=_compile_config(), **GREEDY)
+    assert getattr(model, "_compiled_call", None) is not None, "generate did not take the compiled path"
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    assert torch.equal(out.sequences, eager.sequences)
+    assert max_logit_diff(out.logits, eager.logits) < 1e-5  # transformers' compiled masks round a little apart
+    assert cache.stats() == eager_cache.stats()
+
+
+def test_compiled_decode_with_inductor():
+    """The same with Inductor (what a GPU run uses), on the Mamba-2 family."""
+    model = _model("nemotron_h")
+    prompt = _prompt(model)
+    eager = model.generate(prompt, past_key_values=ReplayCache(4, max_cache_len=prompt.shape[1] + NEW), **GREEDY)
+    torch._dynamo.reset()
+    cache = ReplayCache(4, max_cache_len=prompt.shape[1] + NEW)
+    out = model.generate(prompt, past_key_values=cache, compile_config=_compile_config("inductor"), **GREEDY)
+    assert torch.equal(out.sequences, eager.sequences)
+    assert max_logit_diff(out.logits, eager.logits) < 1e-4
+
+
+@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text"])
+def test_manual_steps_views_and_a_continuation(model_type):
+    """The manual cache API: single-token forwards on device positions; reading the sequence length, the stats and
+    the stock state views does not leave them; a multi-token forward hands the positions back to the host schedule
+    and continues exactly like a stock cache."""
+    from transformers import DynamicCache
+
+    model = _model(model_type)
+    ids = _prompt(model, length=30, seed=3)
+    cache = ReplayCache(4, max_cache_len=64)
+    stock = DynamicCache(config=model.config)
+    with torch.no_grad():
+        ours, theirs = model(ids[:, :9], past_key_values=cache), model(ids[:, :9], past_key_values=stock)
+        for pos in range(9, 20):
+            ours = model(ids[:, pos : pos + 1], past_key_values=cache)
+            theirs = model(ids[:, pos : pos + 1], past_key_values=stock)
+            assert (ours.logits - theirs.logits).abs().max() < 1e-4
+        layer_idx, layer = next(iter(cache.replay_layers.items()))
+        assert layer.schedule.device_positions.active
+        assert layer.tokens_seen == 20 and cache.stats()["tokens"] == 20 * len(cache.replay_layers)
+        stock_layer = stock.layers[layer_idx]
+        assert torch.allclose(layer.conv_states[0].float(), stock_layer.conv_states[0].float())
+        assert layer.schedule.device_positions.active, "reading counts or the conv window left device positions"
+        ours = model(ids[:, 20:26], past_key_values=cache)  # several tokens: back on the host schedule
+        theirs = model(ids[:, 20:26], past_key_values=stock)
+        assert (ours.logits - theirs.logits).abs().max() < 1e-4
+        assert cache.stats()["prefills"] == 2 * len(cache.replay_layers)  # it took the host's prefill path
+        assert torch.allclose(layer.current_state(), stock_layer.recurrent_states[0].float(), atol=1e-5)
+        assert not layer.schedule.device_positions.active  # reading the full state needs the host positions
+        for pos in range(26, 30):  # and back on the device
+            ours = model(ids[:, pos : pos + 1], past_key_values=cache)
+            theirs = model(ids[:, pos : pos + 1], past_key_values=stock)
+            assert (ours.logits - theirs.logits).abs().max() < 1e-4
+        assert layer.schedule.device_positions.active and layer.tokens_seen == 30
+
+
+def test_static_cache_refuses_what_it_cannot_do():
+    model = _model("qwen3_5_text")
+    prompt = _prompt(model, rows=1)
+    cache = ReplayCache(4, max_cache_len=64)
+    with pytest.raises(ValueError, match="plain decoding only"):
+        model.generate(prompt, past_key_values=cache, prompt_lookup_num_tokens=3, max_new_tokens=5)
+    cache = ReplayCache(4, max_cache_len=64)
+    model.generate(prompt, past_key_values=cache, max_new_tokens=5)
+    with pytest.raises(RollbackError, match="static"):
+        cache.crop(-1)
+    separated = ReplayCache(4, precision="separated-fp8", max_cache_len=64)
+    separated.bind(model)
+    assert not separated.is_compileable  # decodes eagerly; compile_config then falls back to eager
+    with pytest.raises(ValueError, match="max_cache_len"):
+        ReplayCache(4, max_cache_len=0)
+    with pytest.raises(ValueError, match="both an SSM state and attention"):
+        ReplayCache(4, max_cache_len=64).bind(_model("falcon_h1"))

@@ -238,6 +238,15 @@ class ReplayCache(DynamicCache):
         self.check_batch_size(batch_size)
         return layer
 
+    def check_static_batch(self, batch_size: int) -> None:
+        """A static cache after ``reset()`` holds storage for one batch size: refuse another before any layer runs."""
+        kept = getattr(self, "_kept_batch_size", None)
+        if self._batch_size is None and kept is not None and batch_size != kept:
+            raise ValueError(
+                f"this static ReplayCache (max_cache_len) keeps storage for batch size {kept} across reset(); got a "
+                f"batch of {batch_size}: create a new ReplayCache(max_cache_len=...) for it"
+            )
+
     def check_batch_size(self, batch_size: int) -> None:
         if self._batch_size is None:
             self._batch_size = batch_size
@@ -427,8 +436,18 @@ class ReplayCache(DynamicCache):
             self._batch_size = int(torch.as_tensor(indices).numel())
 
     def reset(self) -> None:
-        """Forget every token: the cache takes any batch size afterwards."""
+        """Forget every token: the cache takes any batch size afterwards. A static cache (``max_cache_len``) keeps
+        its storage, so compiled graphs and CUDA graphs stay valid: it takes the same batch size again."""
         model = self.bound_model
+        if self.static_cache_len is not None and model is not None and self._batch_size is not None:
+            for layer in self.layers:
+                if isinstance(layer, ReplayLayer):
+                    layer.clear_keeping_storage()
+                elif hasattr(layer, "reset"):
+                    layer.reset()
+            self._kept_batch_size, self._batch_size = self._batch_size, None
+            self.expect_prompt(self._prompt_tokens)
+            return
         if model is not None:
             self.layers = self._build_layers(model, find_mixers(model))
         else:

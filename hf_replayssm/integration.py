@@ -286,6 +286,9 @@ def _wrap_call(original):
         cache = _replay_cache_in(kwargs)
         if cache is not None:
             cache.bind(self)
+            inputs = kwargs.get("input_ids", kwargs.get("inputs_embeds", args[0] if args else None))
+            if isinstance(inputs, torch.Tensor):
+                cache.check_static_batch(inputs.shape[0])
             keyword = _forward_cache_keyword(type(self))
             if keyword is not None and kwargs.get("past_key_values") is cache and kwargs.get(keyword) is None:
                 kwargs[keyword] = kwargs.pop("past_key_values")

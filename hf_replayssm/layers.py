@@ -235,6 +235,12 @@ class ReplayLayer(LinearAttentionLayer):
         self.has_previous_state[0] = False
         self.is_conv_states_initialized[0] = self.is_recurrent_states_initialized[0] = False
 
+    def clear_keeping_storage(self) -> None:
+        """Forget every token, keeping every tensor (a static cache's reset)."""
+        self.schedule.clear_keeping_storage()
+        self.has_previous_state[0] = False
+        self.is_conv_states_initialized[0] = self.is_recurrent_states_initialized[0] = False
+
     def offload(self) -> None:  # state must stay where the layer runs
         pass
 

@@ -30,7 +30,7 @@ import torch
 
 from .buffers import ConvRing, RecordRing
 from .precision import CheckpointStore, PrecisionPolicy
-from .static_decode import DevicePositions, HostSnapshot
+from .static_decode import DevicePositions, HostSnapshot, mark_static
 
 ChunkFn = Callable[[int, int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -128,12 +128,18 @@ class ReplaySchedule:
 
     # ------------------------------------------------------------------ allocation
     def _ensure_conv(self, like: torch.Tensor, kernel: int) -> None:
+        if self.conv.buffer is not None and self.conv.buffer.shape[0] != like.shape[0]:  # kept by a static reset
+            self.conv = ConvRing(0)
         if self.conv.buffer is None:
             self.conv_kernel = kernel
             self.conv = ConvRing(kernel + self.window)
             self.conv.allocate(like)
 
     def _ensure_state(self, tokens: Mapping[str, torch.Tensor]) -> None:
+        batch = next(v for v in tokens.values() if isinstance(v, torch.Tensor)).shape[0]
+        if self.store.allocated and batch != self.batch_size:  # storage kept by a static reset, another batch
+            self.store = CheckpointStore(self.store.policies, seed_offset=self.store.seed_offset)
+            self.ring = RecordRing(self.ring.capacity)
         if not self.store.allocated:
             device = next(v for v in tokens.values() if isinstance(v, torch.Tensor)).device
             shape = self.recurrence.state_shape(tokens)
@@ -403,6 +409,7 @@ class ReplaySchedule:
         snapshot = HostSnapshot(self.tokens_seen, self.ring.num_committed, self.checkpoint_position)
         window = None if self.conv.buffer is None else self.conv.window(self.conv_kernel)
         self.device_positions.enter(snapshot, self.ring.origin, self.batch_size, self.device, window)
+        mark_static(self.store.kernel_operands()[0], *self.ring.fields.values())  # written in place by the op
 
     def _device_step(self, tokens, out_dtype: torch.dtype | None) -> torch.Tensor:
         """One plain decode token on device positions: the fused replay-or-flush op reads and advances them; no
@@ -491,6 +498,22 @@ class ReplaySchedule:
         self._staged = {b: st for b, st in self._staged.items() if b in kept}
         for boundary in sorted(kept):
             self._commit_staged_or_fold(boundary)
+
+    def clear_keeping_storage(self) -> None:
+        """Forget every token but keep every tensor (a static cache's reset: compiled graphs and CUDA graphs keep
+        their addresses). The next forward of the same batch size writes into the same storage."""
+        self.device_positions.active = False
+        self.ring.clear()
+        if self.conv.buffer is not None:
+            self.conv.buffer.zero_()
+            self.conv.position = self.conv.oldest = 0
+            self.conv.base = -self.conv.capacity
+        if self.store.allocated:
+            self.store.zero_()
+        self.recording = False
+        self.tokens_seen = self._prompt_len = self.checkpoint_position = self.anchor = 0
+        self.counters.clear()
+        self._staged, self._params = {}, {}
 
     # ------------------------------------------------------------------ batch rows
     def index_batch(self, index: torch.Tensor) -> None:

@@ -28,7 +28,9 @@ class HostSnapshot:
     checkpoint_position: int
 
 
-def _mark_static(*tensors: torch.Tensor) -> None:
+def mark_static(*tensors: torch.Tensor) -> None:
+    """Tell ``torch.compile`` these tensors keep their address (CUDA graphs then accept in-place writes to them
+    instead of skipping the graph: "mutated inputs")."""
     if not torch.compiler.is_compiling():
         for tensor in tensors:
             torch._dynamo.mark_static_address(tensor)
@@ -55,7 +57,7 @@ class DevicePositions:
         self.count = torch.zeros(batch, dtype=torch.int32, device=device)
         self.steps = torch.zeros(1, dtype=torch.int64, device=device)
         self.conv = None if conv_window is None else torch.empty_like(conv_window)
-        _mark_static(self.origin, self.count, self.steps, *([] if self.conv is None else [self.conv]))
+        mark_static(self.origin, self.count, self.steps, *([] if self.conv is None else [self.conv]))
 
     def enter(self, snapshot: HostSnapshot, origin: int, batch: int, device: torch.device,
               conv_window: torch.Tensor | None) -> None:

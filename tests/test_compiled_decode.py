@@ -140,3 +140,31 @@ def test_static_cache_refuses_what_it_cannot_do():
         ReplayCache(4, max_cache_len=0)
     with pytest.raises(ValueError, match="both an SSM state and attention"):
         ReplayCache(4, max_cache_len=64).bind(_model("falcon_h1"))
+
+
+def test_static_reset_keeps_storage_and_graphs():
+    """reset() of a static cache keeps every tensor: a second compiled generate on it reuses the graph (no guard
+    fails, no recompilation) and repeats the first one exactly; another batch size is a clear error."""
+    from torch._dynamo.utils import counters, guard_failures
+
+    model = _model("qwen3_5_text")
+    prompt = _prompt(model)
+    cache = ReplayCache(4, max_cache_len=prompt.shape[1] + NEW)
+    torch._dynamo.reset()
+    first = model.generate(prompt, past_key_values=cache, compile_config=_compile_config(), **GREEDY)
+    layer = next(iter(cache.replay_layers.values()))
+    addresses = [t.data_ptr() for t in (layer.store.kernel_operands()[0], *layer.ring.fields.values(),
+                                        layer.schedule.device_positions.count, layer.schedule.device_positions.conv)]
+    cache.reset()
+    counters.clear()
+    guard_failures.clear()
+    second = model.generate(prompt, past_key_values=cache, compile_config=_compile_config(), **GREEDY)
+    assert not counters["stats"]["unique_graphs"] and not any(guard_failures.values())
+    assert torch.equal(first.sequences, second.sequences)
+    assert all(torch.equal(a, b) for a, b in zip(first.logits, second.logits, strict=True))
+    assert addresses == [t.data_ptr() for t in (layer.store.kernel_operands()[0], *layer.ring.fields.values(),
+                                                layer.schedule.device_positions.count,
+                                                layer.schedule.device_positions.conv)]
+    cache.reset()
+    with pytest.raises(ValueError, match="batch size 2"):
+        model.generate(prompt[:1], past_key_values=cache, max_new_tokens=3)

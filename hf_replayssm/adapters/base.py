@@ -36,16 +36,15 @@ class ReplayCall:
     handled_tokens: int = 0
 
 
-class _CompiledCall:
-    """The replay call of the mixer forward being traced by ``torch.compile`` (Dynamo cannot trace a context
-    variable, but it traces a plain attribute set and read within one graph; eager calls never use this)."""
-
-    current: ReplayCall | None = None
+# The replay call of the mixer forward being traced by ``torch.compile``: Dynamo cannot trace a context variable (nor,
+# in torch 2.11, an attribute set on a class), but it traces item writes and reads of a module-level list within one
+# graph. Eager calls never use it.
+_COMPILED_CALL: list[ReplayCall | None] = [None]
 
 
 def active_call() -> ReplayCall | None:
     if torch.compiler.is_compiling():
-        return _CompiledCall.current
+        return _COMPILED_CALL[0]
     return _ACTIVE.get()
 
 
@@ -164,11 +163,12 @@ def _compiled_forward(original, mixer, cache, hidden_states, args, kwargs):
     """A mixer forward traced by ``torch.compile``: only a static ReplayCache's plain decode step gets here (the
     cache says ``is_compileable`` for nothing else), and it touches no host-side position, so the graph holds."""
     layer = cache.layers[mixer.layer_idx]
-    previous, _CompiledCall.current = _CompiledCall.current, ReplayCall(layer, mixer)
+    previous = _COMPILED_CALL[0]
+    _COMPILED_CALL[0] = ReplayCall(layer, mixer)
     try:
         return original(mixer, hidden_states, *args, **kwargs)
     finally:
-        _CompiledCall.current = previous
+        _COMPILED_CALL[0] = previous
 
 
 def repoint_accelerate_hook(mixer: torch.nn.Module) -> None:

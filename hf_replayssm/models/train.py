@@ -255,16 +255,22 @@ def use_torch_recurrences(model) -> int:
     decorators bound at import (flash-linear-attention's GDN chunk backward refuses Hopper GPUs with Triton < 3.7.1).
     Process-wide, like the binding it undoes; returns how many functions were rebound."""
     from ..adapters import find_mixers
+    from ..adapters.base import reference_function
 
-    rebound = 0
+    rebound = set()
     for mixer, adapter in find_mixers(model).values():
         module = sys.modules[type(mixer).__module__]
         for name in adapter.interceptors:
             bound = getattr(module, name, None)
-            if bound is not None and hasattr(bound, "__wrapped__"):
-                setattr(module, name, bound.__wrapped__)
-                rebound += 1
-    return rebound
+            if bound is None or (module, name) in rebound:
+                continue
+            if getattr(bound, "_replayssm_original", None) is not None:
+                raise RuntimeError("--torch-recurrence must rebind the recurrences before any ReplayCache is created "
+                                   "in this process (they are wrapped by the replay hooks now)")
+            if reference_function(bound) is not bound:
+                setattr(module, name, reference_function(bound))
+                rebound.add((module, name))
+    return len(rebound)
 
 
 @torch.no_grad()

@@ -7,11 +7,11 @@
 
 The tiny models were trained for a few minutes on CPU on Shakespeare's plays by ``python -m
 hf_replayssm.models.train``; they write recognisably Shakespeare-shaped text, which is all the demos need: a state
-that carries information and a real tokenizer. The small ones were trained for about six minutes on a GPU at 2048
-tokens per row, a quarter of the rows being synthetic recall documents, so that their state remembers a name for
-hundreds of tokens (small-mamba2 answers the recall task at distance 1024 almost always, small-kda well above
-chance up to distance 256). All share one tokenizer; settings, losses, decay half-lives and recall accuracy are in
-each folder's TRAINING.txt.
+that carries information and a real tokenizer. The small ones were trained within a 6.3-minute budget on a GPU at 2048
+tokens per row, a quarter of the rows being synthetic recall documents, to recall a name stated hundreds of tokens
+earlier: small-mamba2 answers the recall task at distance 1024 almost always, small-kda well above chance up to
+distance 256 (each has one full-attention layer, which can answer without the recurrent state). All four share one
+tokenizer; settings, losses, decay half-lives and recall accuracy are in each folder's TRAINING.txt.
 """
 
 from __future__ import annotations

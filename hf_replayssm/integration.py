@@ -208,6 +208,12 @@ def _wrap_generate(original):
         if cache is None:
             return original(self, *args, **kwargs)
         cache.bind(self)
+        length = _max_length(self, args, kwargs) if cache.static_cache_len is not None else None
+        if length is not None and length > cache.static_cache_len:
+            raise ValueError(
+                f"this generate() call reaches {length} tokens, more than the static ReplayCache holds "
+                f"(max_cache_len={cache.static_cache_len}); create it with ReplayCache(..., max_cache_len={length})"
+            )
         if kwargs.get("cache_params") is cache and cache.get_seq_length() > 0:
             # transformers (5.17) slices the already-cached prefix off the inputs only for past_key_values
             raise ValueError(

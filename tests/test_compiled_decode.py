@@ -138,6 +138,8 @@ def test_static_cache_refuses_what_it_cannot_do():
     assert not separated.is_compileable  # decodes eagerly; compile_config then falls back to eager
     with pytest.raises(ValueError, match="max_cache_len"):
         ReplayCache(4, max_cache_len=0)
+    with pytest.raises(ValueError, match="max_cache_len=16"):
+        model.generate(prompt, past_key_values=ReplayCache(4, max_cache_len=12), max_new_tokens=5)
     with pytest.raises(ValueError, match="both an SSM state and attention"):
         ReplayCache(4, max_cache_len=64).bind(_model("falcon_h1"))
 
@@ -168,3 +170,28 @@ def test_static_reset_keeps_storage_and_graphs():
     cache.reset()
     with pytest.raises(ValueError, match="batch size 2"):
         model.generate(prompt[:1], past_key_values=cache, max_new_tokens=3)
+
+
+def test_static_cache_as_a_user_would_use_it():
+    """Reuse with a continuation, beam search, sampled return sequences and pickling, each equal to stock."""
+    import pickle
+
+    model = _model("qwen3_5_text")
+    prompt = _prompt(model)
+    kw = dict(do_sample=False, max_new_tokens=8, min_new_tokens=8)
+    cache = ReplayCache(4, max_cache_len=40)
+    first = model.generate(prompt, past_key_values=cache, **kw)
+    second = model.generate(first, past_key_values=cache, **kw)  # continues from the cached prefix
+    assert torch.equal(second, model.generate(prompt, do_sample=False, max_new_tokens=16, min_new_tokens=16))
+    beams = model.generate(prompt, past_key_values=ReplayCache(4, max_cache_len=40), num_beams=2, **kw)
+    assert torch.equal(beams, model.generate(prompt, num_beams=2, **kw))
+    torch.manual_seed(0)
+    sampled = model.generate(prompt, past_key_values=ReplayCache(4, max_cache_len=40), do_sample=True,
+                             num_return_sequences=2, max_new_tokens=8)
+    torch.manual_seed(0)
+    assert torch.equal(sampled, model.generate(prompt, do_sample=True, num_return_sequences=2, max_new_tokens=8))
+    copy = pickle.loads(pickle.dumps(cache))
+    with torch.no_grad():
+        ours = model(second[:, -1:], past_key_values=cache).logits
+        theirs = model(second[:, -1:], past_key_values=copy).logits
+    assert torch.equal(ours, theirs)

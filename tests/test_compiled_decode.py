@@ -195,3 +195,24 @@ def test_static_cache_as_a_user_would_use_it():
         ours = model(second[:, -1:], past_key_values=cache).logits
         theirs = model(second[:, -1:], past_key_values=copy).logits
     assert torch.equal(ours, theirs)
+
+
+@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text"])
+def test_left_padding_and_prefill_chunks(model_type):
+    """Left-padded rows (eager and compiled) and transformers' chunked prefill, equal to stock decoding."""
+    model = _model(model_type)
+    prompt = _prompt(model, length=12)
+    mask = torch.ones_like(prompt)
+    mask[0, :4] = 0
+    prompt[0, :4] = model.config.pad_token_id or 0
+    kw = dict(GREEDY, max_new_tokens=10, min_new_tokens=10)
+    stock = model.generate(prompt, attention_mask=mask, **kw)
+    out = model.generate(prompt, attention_mask=mask, past_key_values=ReplayCache(4, max_cache_len=22), **kw)
+    assert torch.equal(out.sequences, stock.sequences) and max_logit_diff(out.logits, stock.logits) < 1e-4
+    torch._dynamo.reset()
+    out = model.generate(prompt, attention_mask=mask, past_key_values=ReplayCache(4, max_cache_len=22),
+                         compile_config=_compile_config("eager"), **kw)
+    assert torch.equal(out.sequences, stock.sequences) and max_logit_diff(out.logits, stock.logits) < 1e-4
+    stock = model.generate(prompt, prefill_chunk_size=5, **kw)
+    out = model.generate(prompt, prefill_chunk_size=5, past_key_values=ReplayCache(4, max_cache_len=22), **kw)
+    assert torch.equal(out.sequences, stock.sequences) and max_logit_diff(out.logits, stock.logits) < 1e-4

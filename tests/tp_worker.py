@@ -21,31 +21,41 @@ GREEDY_KW = dict(do_sample=False, max_new_tokens=16, min_new_tokens=16, output_l
 
 def greedy(model, prompt, cache):
     """Tokens [B, P + 16] and logits [B, 16, V] of greedy generation through ``cache`` (None: stock cache)."""
-    kwargs = {} if cache is None else {"past_key_values": cache}
+    from hf_replayssm import cache_argument
+
+    kwargs = {} if cache is None else {cache_argument(model): cache}
     with torch.no_grad():
         out = model.generate(prompt, attention_mask=torch.ones_like(prompt), **kwargs, **GREEDY_KW)
     return out.sequences, torch.stack(out.logits, dim=1)
 
 
 def tp_facts(model) -> dict:
-    """What the TP load did: the mesh size and the local shape of one sharded and one gathered weight."""
+    """What the TP load did: the TP size and every parameter's local (this rank's) shape."""
     shapes = {name: tuple(param.to_local().shape if hasattr(param, "to_local") else param.shape)
               for name, param in model.named_parameters()}
     return {"tp_size": getattr(model, "tp_size", None), "local_shapes": shapes}
 
 
-def run(model_dir: Path, out_dir: Path) -> None:
-    from transformers import AutoModelForCausalLM
-
+def generations(model, prompt) -> dict:
+    """Greedy runs keyed by cache: stock, ReplayCache() (16 tokens: no flush) and ReplayCache(buffer_len=4)
+    (flushes every 4 tokens); each a (tokens, logits) pair, plus the replay caches' stats."""
     from hf_replayssm import ReplayCache
 
-    model = AutoModelForCausalLM.from_pretrained(model_dir, tp_plan="auto", dtype=torch.float32).eval()
-    prompt = torch.load(model_dir / "prompt.pt")
-    result = {"facts": tp_facts(model)}
-    result["stock"] = greedy(model, prompt, None)
-    cache = ReplayCache()
-    result["replay"] = greedy(model, prompt, cache)
-    result["replay_stats"] = cache.stats()
+    result = {"stock": greedy(model, prompt, None)}
+    for name, buffer_len in (("replay", 16), ("replay_l4", 4)):
+        cache = ReplayCache(buffer_len=buffer_len)
+        result[name] = greedy(model, prompt, cache)
+        result[f"{name}_stats"] = cache.stats()
+    return result
+
+
+def run(model_dir: Path, out_dir: Path) -> None:
+    from transformers import AutoModelForCausalLM, DistributedConfig
+
+    model = AutoModelForCausalLM.from_pretrained(
+        model_dir, distributed_config=DistributedConfig(tp_plan="auto"), dtype=torch.float32
+    ).eval()
+    result = {"facts": tp_facts(model), **generations(model, torch.load(model_dir / "prompt.pt"))}
     torch.save(result, out_dir / f"rank{os.environ['RANK']}.pt")
 
 

@@ -192,6 +192,21 @@ class ConvRing:
         self.position = position
         self.oldest = max(0, position - kernel)
 
+    def compact_rows(self, dropped: list[int], kernel: int) -> None:
+        """Per-row rollback without moving the shared position: row r's newest ``dropped[r]`` inputs are forgotten
+        by moving its last ``kernel`` kept inputs into the window before the position (batched speculation, where
+        rows accept different numbers of drafts and the dropped slots stay behind as neutral tokens)."""
+        assert self.buffer is not None
+        if max(dropped) > self.rewindable(kernel):
+            raise RuntimeError(f"conv window cannot drop {max(dropped)} inputs of a row "
+                               f"(holds {self.position - self.oldest})")
+        end = self.position - self.base
+        for row, count in enumerate(dropped):
+            if count:
+                kept = self.buffer[row, :, end - count - kernel : end - count].clone()
+                self.buffer[row, :, end - kernel : end] = kept
+        self.oldest = max(self.oldest, self.position - kernel)
+
     def rewindable(self, kernel: int) -> int:
         """How many tokens ``rewind`` can undo while keeping the ``kernel`` inputs before the new position."""
         return self.position if self.oldest == 0 else max(0, self.position - kernel - self.oldest)

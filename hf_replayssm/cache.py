@@ -406,6 +406,24 @@ class ReplayCache(DynamicCache):
             if hasattr(layer, "crop"):
                 layer.crop(count)
 
+    def drop_rows(self, dropped) -> None:
+        """Per-row rollback for batched speculation: row r forgets its newest ``dropped[r]`` tokens (fed while
+        recording). SSM layers keep them as neutral records, which leave the state exactly as it is, so all rows
+        keep one position and one flush grid; attention K/V is not touched: the caller masks the dropped positions
+        (attention_mask zeros) and gives each row its own position_ids. All or nothing, like ``crop``."""
+        if self.static_cache_len is not None:
+            raise RollbackError("a static ReplayCache (max_cache_len) cannot roll back; use ReplayCache()")
+        dropped = [int(c) for c in (dropped.tolist() if isinstance(dropped, torch.Tensor) else dropped)]
+        if min(dropped, default=0) < 0:
+            raise ValueError(f"dropped counts must be >= 0, got {dropped}")
+        for idx, layer in self.replay_layers.items():
+            depth = min(layer.schedule.ring.num_pending, layer.schedule.max_rollback())
+            if max(dropped, default=0) > depth:
+                raise RollbackError(f"SSM layer {idx}: a row cannot drop {max(dropped)} tokens, only the last {depth} "
+                                    "fed while recording (activate_past_recording) can be dropped")
+        for layer in self.replay_layers.values():
+            layer.schedule.drop_rows_newest(dropped)
+
     def _layers_with_state(self) -> list:
         """Layers to crop / reorder: stock linear layers that never ran (5.17 uses them for nemotron_h's mlp/moe
         blocks) hold nothing and lack the batch methods."""

@@ -492,6 +492,37 @@ class ReplaySchedule:
         self.ring.commit()
         self._resolve_staged()
 
+    def drop_rows_newest(self, dropped: list[int]) -> None:
+        """Per-row rollback (batched speculation): row r forgets its newest ``dropped[r]`` pending tokens, which stay
+        in the ring as neutral records (they leave the state exactly as it is), so every row keeps the shared
+        position and flush grid; the conv window of each such row is moved back over its dropped inputs. Then every
+        pending record is committed, like ``crop``."""
+        self.leave_device_positions()
+        if len(dropped) != self.batch_size:
+            raise ValueError(f"dropped counts for {len(dropped)} rows, the cache holds {self.batch_size}")
+        most = max(dropped, default=0)
+        if most > self.ring.num_pending:
+            raise RollbackError(f"a row cannot drop {most} tokens: only the last {self.ring.num_pending} were fed "
+                                "while recording")
+        if most:
+            if self.conv.buffer is not None:
+                self.conv.compact_rows(dropped, self.conv_kernel)
+            neutral = getattr(self.recurrence, "neutral_record", None)
+            if self.store.allocated:
+                if neutral is None:
+                    raise RollbackError(f"{self.recurrence.name} records have no neutral form: per-row rollback "
+                                        "is not supported")
+                slots = self.ring._slots(self.ring.size - most, most, self.device)
+                for row, count in enumerate(dropped):
+                    for name, value in neutral.items():
+                        if count and name in self.ring.fields:
+                            self.ring.fields[name][row, slots[most - count :]] = value
+                first = self.tokens_seen - most  # staged checkpoints from neutralised records are stale
+                self._staged = {b: st for b, st in self._staged.items() if b <= first}
+            self.counters["rolled_back_tokens"] += sum(dropped)
+        self.ring.commit()
+        self._resolve_staged()
+
     def _resolve_staged(self) -> None:
         """After a crop: staged checkpoints whose tokens were all kept become stored; the others are dropped."""
         kept = [b for b in self._staged if b <= self.tokens_seen]

@@ -49,6 +49,10 @@ class ConvSchedule(ReplaySchedule):
         super().deactivate_recording()
         self.ring.clear()
 
+    def drop_rows_newest(self, dropped: list[int]) -> None:
+        super().drop_rows_newest(dropped)
+        self.ring.clear()
+
 
 class ShortConvRecurrence:
     """No recurrent state: tells ``ReplayLayer`` to run a ``ConvSchedule``."""

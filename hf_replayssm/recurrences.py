@@ -33,7 +33,7 @@ class Mamba2Recurrence:
     per_token = ("x", "dt", "B", "C")
     record_fields = ("x", "dt", "B")
     # A record that leaves the state as it is: dt = 0 decays by exp(0) = 1 and adds dt * x B^T = 0 (exactly)
-    neutral_record = {"dt": 0.0}
+    neutral_record = (("dt", 0.0),)
 
     def state_shape(self, tokens: Records) -> tuple[int, ...]:
         batch, _, heads, head_dim = tokens["x"].shape
@@ -104,7 +104,7 @@ class DeltaRuleRecurrence:
     per_token = ("q", "k", "v", "beta", "g")
     # A record that leaves the state as it is: log decay g = 0 and corrected value d = 0 (beta = 0 where the exact
     # fold recomputes d from raw v and beta)
-    neutral_record = {"g": 0.0, "d": 0.0, "beta": 0.0}
+    neutral_record = (("g", 0.0), ("d", 0.0), ("beta", 0.0))
 
     def state_shape(self, tokens: Records) -> tuple[int, ...]:
         batch, _, value_heads, value_dim = tokens["v"].shape

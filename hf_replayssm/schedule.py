@@ -514,7 +514,7 @@ class ReplaySchedule:
                                         "is not supported")
                 slots = self.ring._slots(self.ring.size - most, most, self.device)
                 for row, count in enumerate(dropped):
-                    for name, value in neutral.items():
+                    for name, value in neutral:
                         if count and name in self.ring.fields:
                             self.ring.fields[name][row, slots[most - count :]] = value
                 first = self.tokens_seen - most  # staged checkpoints from neutralised records are stale

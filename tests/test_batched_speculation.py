@@ -102,3 +102,83 @@ def test_drop_rows_refusals():
     static = ReplayCache(4, max_cache_len=32)
     with pytest.raises(RollbackError, match="static"):
         static.drop_rows([0, 0, 0])
+
+
+def _greedy_alone(model, prompt: list[int], new: int) -> list[int]:
+    """Plain greedy decoding of one row with a stock cache (argmax only: no end-of-sequence handling)."""
+    cache, tokens = DynamicCache(config=model.config), list(prompt)
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt]), past_key_values=cache, use_cache=True).logits
+        for _ in range(new):
+            tokens.append(int(logits[0, -1].argmax()))
+            logits = model(torch.tensor([[tokens[-1]]]), past_key_values=cache, use_cache=True).logits
+    return tokens
+
+
+def _repetitive_prompts(vocab: int, lengths: list[int], seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    prompts = []
+    for length in lengths:
+        pattern = torch.randint(3, vocab, (5,), generator=generator).tolist()
+        prompts.append((pattern * length)[:length])
+    return prompts
+
+
+@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text", "kimi_linear"])
+def test_batched_prompt_lookup_equals_each_row_alone(model_type):
+    """Rows of different lengths (left padding) and repetitive text: every row's tokens equal its own greedy
+    decoding, with drafts accepted and rejected along the way."""
+    from hf_replayssm.batched import batched_prompt_lookup
+
+    model = _model(model_type)
+    prompts = _repetitive_prompts(model.config.vocab_size, [14, 9, 12], seed=3)
+    width = max(map(len, prompts))
+    pad = model.config.pad_token_id or 0
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    eos = model.generation_config.eos_token_id
+    result = batched_prompt_lookup(model, input_ids, attention_mask=mask, max_new_tokens=16, num_draft_tokens=3,
+                                   eos_token_id=eos, cache=ReplayCache(buffer_len=4))
+    for prompt, new in zip(prompts, result.new_tokens, strict=True):
+        alone = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=16)[0, len(prompt):].tolist()
+        if eos in alone:  # generate pads after the end of sequence
+            alone = alone[: alone.index(eos) + 1]
+        assert new == alone
+    assert result.drafted > 0 and 0 <= result.acceptance <= 1
+
+
+@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text", "kimi_linear", "lfm2"])
+def test_batched_speculation_with_partly_right_drafts(model_type):
+    """A drafter that knows each row's greedy continuation but corrupts one draft at a random place per round:
+    rows accept different numbers of drafts every round, and every row still equals its own greedy decoding."""
+    from hf_replayssm.batched import batched_prompt_lookup
+
+    model = _model(model_type)
+    generator = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(3, model.config.vocab_size, (n,), generator=generator).tolist() for n in (10, 7, 9)]
+    new = 14
+    truth = [_greedy_alone(model, p, new) for p in prompts]
+    rng = torch.Generator().manual_seed(11)
+
+    def drafter(row, tokens, count):
+        upcoming = truth[row][len(tokens) : len(tokens) + count]
+        wrong = int(torch.randint(0, count + 1, (1,), generator=rng))  # == count: every draft right
+        return [t if i != wrong else (t + 1) % model.config.vocab_size for i, t in enumerate(upcoming)]
+
+    width = max(map(len, prompts))
+    input_ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    result = batched_prompt_lookup(model, input_ids, attention_mask=mask, max_new_tokens=new, num_draft_tokens=3,
+                                   drafter=drafter, cache=ReplayCache(buffer_len=4))
+    for prompt, tokens, expected in zip(prompts, result.new_tokens, truth, strict=True):
+        assert tokens == expected[len(prompt) :]
+    assert 0 < result.accepted < result.drafted and result.forwards < new
+    assert len(set(result.accepted_per_row)) > 1 or result.accepted_per_row[0] > 0
+
+
+def test_lookup_drafts():
+    from hf_replayssm.batched import lookup_drafts
+
+    assert lookup_drafts([1, 2, 3, 9, 1, 2], 2) == [3, 9]  # the bigram (1, 2) occurred before
+    assert lookup_drafts([5, 1, 7, 7, 1], 3) == [7, 7, 1]  # unigram fallback, latest occurrence
+    assert lookup_drafts([1, 2, 3], 4) == []

@@ -1,0 +1,144 @@
+"""Batched speculative decoding with per-row acceptance (greedy prompt lookup), on a ReplayCache.
+
+transformers runs speculative decoding at batch size 1 only. Here every row of a batch drafts its own tokens by
+prompt lookup (the continuation of the latest earlier occurrence of its last n-gram), one forward verifies all rows'
+windows, and each row keeps as many drafts as match its greedy predictions. Rows then sit at different lengths:
+
+* SSM layers: ``ReplayCache.drop_rows`` turns each row's rejected tokens into neutral records (they leave the state
+  exactly as it is) and moves the row's conv window back, so all rows keep one ring position and flush grid;
+* attention layers keep the rejected K/V in place and never attend to them: their positions get zeros in the
+  attention mask, and every row gets its own position ids (its count of real tokens).
+
+Each row's output equals that row decoded alone with greedy decoding (up to floating-point rounding of the
+batched forward; ``tests/test_batched_speculation.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+
+def lookup_drafts(tokens: list[int], num_drafts: int, max_ngram: int = 2) -> list[int]:
+    """Up to ``num_drafts`` tokens that followed the latest earlier occurrence of the last n-gram of ``tokens``
+    (n from ``max_ngram`` down to 1), as transformers' prompt lookup drafts them; [] when nothing matches."""
+    for n in range(min(max_ngram, len(tokens) - 1), 0, -1):
+        tail = tokens[-n:]
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start : start + n] == tail:
+                return tokens[start + n : start + n + num_drafts]
+    return []
+
+
+@dataclass
+class BatchedSpeculationResult:
+    sequences: list[list[int]]  # per row: its prompt (without padding) and its new tokens
+    new_tokens: list[list[int]]
+    drafted: int = 0  # draft tokens verified (padding excluded)
+    accepted: int = 0
+    forwards: int = 0  # verify forwards after the prefill
+    accepted_per_row: list[int] = field(default_factory=list)
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+
+def batched_prompt_lookup(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                          max_new_tokens: int = 32, num_draft_tokens: int = 4, max_ngram: int = 2,
+                          eos_token_id: int | None = None, cache=None,
+                          drafter: Callable[[int, list[int], int], list[int]] | None = None,
+                          ) -> BatchedSpeculationResult:
+    """Greedy decoding of a batch with per-row prompt-lookup speculation.
+
+    Args:
+        input_ids: [B, S] prompts, left-padded where ``attention_mask`` [B, S] has zeros.
+        max_new_tokens: new tokens per row (fewer for a row that emits ``eos_token_id``).
+        num_draft_tokens: drafts per row and round (the verify window is one more token).
+        cache: a ``ReplayCache`` (default: ``ReplayCache()``); it must be empty.
+        drafter: ``drafter(row, tokens, n)`` -> up to n draft tokens following ``tokens`` (the row's prompt and
+            output so far); default: prompt lookup (``lookup_drafts`` with ``max_ngram``).
+    """
+    from .cache import ReplayCache, cache_argument
+    from .chunking import speculation_refusal
+
+    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+        raise ValueError(f"input_ids must be [B, S] with S >= 1, got {tuple(input_ids.shape)}")
+    if max_new_tokens < 1 or num_draft_tokens < 0:
+        raise ValueError("max_new_tokens must be >= 1 and num_draft_tokens >= 0")
+    batch, prompt_len = input_ids.shape
+    refusal = speculation_refusal(model, prompt_len + max_new_tokens + num_draft_tokens)
+    if refusal is not None:
+        raise ValueError(f"batched speculation would not equal plain decoding here: {refusal}")
+    cache = ReplayCache(window=num_draft_tokens + 1) if cache is None else cache
+    if cache.get_seq_length():
+        raise ValueError("batched_prompt_lookup needs an empty cache (cache.reset() or a new ReplayCache())")
+    device = input_ids.device
+    mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device).long()
+    key = cache_argument(model)
+    cache.bind(model)
+    cache.reserve_window(num_draft_tokens + 1)
+    cache.activate_past_recording()
+    cache.expect_prompt(prompt_len)
+    try:
+        with torch.no_grad():
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            out = model(input_ids, attention_mask=mask, position_ids=positions, use_cache=True, **{key: cache})
+            next_token = out.logits[:, -1].argmax(-1).tolist()
+            prompts = [input_ids[r][mask[r].bool()].tolist() for r in range(batch)]
+            result = BatchedSpeculationResult(sequences=[], new_tokens=[[] for _ in range(batch)],
+                                              accepted_per_row=[0] * batch)
+            real = [len(p) for p in prompts]
+            done = [False] * batch
+            while not all(done):
+                drafts = []
+                for r in range(batch):
+                    room = max_new_tokens - len(result.new_tokens[r]) - 1
+                    history = prompts[r] + result.new_tokens[r] + [next_token[r]]
+                    count = min(num_draft_tokens, room)
+                    if done[r] or count <= 0:
+                        drafts.append([])
+                    elif drafter is None:
+                        drafts.append(lookup_drafts(history, count, max_ngram))
+                    else:
+                        drafts.append(list(drafter(r, history, count))[:count])
+                width = max(len(d) for d in drafts)
+                window = torch.tensor([[next_token[r], *d, *[next_token[r]] * (width - len(d))]
+                                       for r, d in enumerate(drafts)], device=device)
+                positions = torch.tensor(real, device=device)[:, None] + torch.arange(width + 1, device=device)
+                mask = torch.cat([mask, torch.ones(batch, width + 1, dtype=mask.dtype, device=device)], dim=1)
+                out = model(window, attention_mask=mask, position_ids=positions, use_cache=True, **{key: cache})
+                predictions = out.logits.argmax(-1).tolist()
+                result.forwards += 1
+                dropped = []
+                for r, draft in enumerate(drafts):
+                    kept = 0
+                    while kept < len(draft) and draft[kept] == predictions[r][kept]:
+                        kept += 1
+                    dropped.append(width - kept)
+                    if done[r]:
+                        continue
+                    result.drafted += len(draft)
+                    result.accepted += kept
+                    result.accepted_per_row[r] += kept
+                    result.new_tokens[r] += [next_token[r], *draft[:kept]]
+                    next_token[r] = predictions[r][kept]
+                    real[r] += 1 + kept
+                    emitted = result.new_tokens[r]
+                    if len(emitted) >= max_new_tokens or (eos_token_id is not None and eos_token_id in emitted):
+                        done[r] = True
+                for r, count in enumerate(dropped):
+                    if count:
+                        mask[r, mask.shape[1] - count :] = 0
+                cache.drop_rows(dropped)
+    finally:
+        cache.deactivate_past_recording()
+    for r in range(batch):
+        emitted = result.new_tokens[r][:max_new_tokens]
+        if eos_token_id is not None and eos_token_id in emitted:
+            emitted = emitted[: emitted.index(eos_token_id) + 1]
+        result.new_tokens[r] = emitted
+        result.sequences.append(prompts[r] + emitted)
+    return result

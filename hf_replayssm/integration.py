@@ -201,6 +201,49 @@ def _check_mtp_heads(model) -> None:
         )
 
 
+_PLAIN_GREEDY = {"do_sample": False, "num_beams": 1, "return_dict_in_generate": False, "num_return_sequences": 1}
+
+
+def _batched_lookup(model, cache, args: tuple, kwargs: dict):
+    """Greedy prompt lookup over a batch (transformers' assisted generation takes batch size 1 only): the route
+    through ``hf_replayssm.batched``. Returns the [B, S + new] sequences (new tokens right-padded with the pad id
+    after a row's end of sequence), or None where transformers' own path applies (batch 1, other modes)."""
+    prompt = _prompt_ids(args, kwargs)
+    config = kwargs.get("generation_config") or model.generation_config
+    if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or prompt.shape[0] == 1:
+        return None
+    lookup = kwargs.get("prompt_lookup_num_tokens", getattr(config, "prompt_lookup_num_tokens", None))
+    if lookup is None or kwargs.get("assistant_model") is not None:
+        return None
+    for name, plain in _PLAIN_GREEDY.items():
+        if kwargs.get(name, getattr(config, name, plain)) not in (plain, None):
+            raise ValueError(f"batched prompt lookup with a ReplayCache is greedy only: {name}={kwargs[name]!r} is "
+                             "not supported (use batch size 1 for transformers' own assisted generation)")
+    new = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None))
+    if new is None:
+        raise ValueError("batched prompt lookup needs max_new_tokens")
+    eos = kwargs.get("eos_token_id", getattr(config, "eos_token_id", None))
+    if isinstance(eos, (list, tuple)):
+        if len(eos) > 1:
+            raise ValueError("batched prompt lookup supports one eos_token_id")
+        eos = eos[0] if eos else None
+    from .batched import batched_prompt_lookup
+
+    result = batched_prompt_lookup(
+        model, prompt, attention_mask=kwargs.get("attention_mask"), max_new_tokens=int(new),
+        num_draft_tokens=int(lookup), max_ngram=int(getattr(config, "max_matching_ngram_size", None) or 2),
+        eos_token_id=eos, cache=cache,
+    )
+    pad = kwargs.get("pad_token_id", getattr(config, "pad_token_id", None))
+    pad = eos if pad is None else pad
+    width = max(len(t) for t in result.new_tokens)
+    tail = torch.full((prompt.shape[0], width), 0 if pad is None else int(pad), dtype=prompt.dtype,
+                      device=prompt.device)
+    for row, tokens in enumerate(result.new_tokens):
+        tail[row, : len(tokens)] = torch.tensor(tokens, dtype=prompt.dtype)
+    return torch.cat([prompt, tail], dim=1)
+
+
 def _wrap_generate(original):
     @functools.wraps(original)
     def generate(self, *args, **kwargs):
@@ -230,6 +273,9 @@ def _wrap_generate(original):
                 "a static ReplayCache (max_cache_len) serves plain decoding only: speculative decoding rolls back, and "
                 "transformers' static attention layers cannot. Use ReplayCache() without max_cache_len here"
             )
+        batched = _batched_lookup(self, cache, args, kwargs)
+        if batched is not None:
+            return batched
         _check_assisted(self, cache, args, kwargs)
         cache.reserve_window(drafts + 1)
         prompt = _prompt_ids(args, kwargs)

@@ -182,3 +182,23 @@ def test_lookup_drafts():
     assert lookup_drafts([1, 2, 3, 9, 1, 2], 2) == [3, 9]  # the bigram (1, 2) occurred before
     assert lookup_drafts([5, 1, 7, 7, 1], 3) == [7, 7, 1]  # unigram fallback, latest occurrence
     assert lookup_drafts([1, 2, 3], 4) == []
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "nemotron_h"])
+def test_generate_routes_a_batch_with_prompt_lookup(model_type):
+    """generate(batch > 1, prompt_lookup_num_tokens=k, past_key_values=ReplayCache()) decodes (transformers refuses
+    batched assisted generation): the same sequences as plain batched greedy generate, eos and padding included."""
+    model = _model(model_type)
+    prompts = _repetitive_prompts(model.config.vocab_size, [12, 8], seed=5)
+    pad = model.config.pad_token_id or 0
+    input_ids = torch.tensor([[pad] * (12 - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (12 - len(p)) + [1] * len(p) for p in prompts])
+    plain = model.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=12)
+    cache = ReplayCache(4)  # created before the call: the first ReplayCache installs the generate() hook
+    routed = model.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=12,
+                            prompt_lookup_num_tokens=3, past_key_values=cache)
+    assert torch.equal(routed[:, : plain.shape[1]], plain)
+    assert (routed[:, plain.shape[1] :] == (model.generation_config.pad_token_id or 0)).all()
+    with pytest.raises(ValueError, match="greedy only"):
+        model.generate(input_ids, attention_mask=mask, do_sample=True, max_new_tokens=4, prompt_lookup_num_tokens=3,
+                       past_key_values=ReplayCache(4))

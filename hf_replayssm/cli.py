@@ -38,6 +38,7 @@ BENCHES = {
     "memory": "hf_replayssm.bench.memory",  # cache memory and prefill peak vs the stock cache
     "step": "hf_replayssm.bench.step",  # model-level decode step time: stock vs ReplayCache backends
     "generate": "hf_replayssm.bench.generate",  # end-to-end generate(): stock eager/static-compiled vs ReplayCache arms
+    "speculative": "hf_replayssm.bench.speculative",  # batched prompt lookup vs plain batched greedy
     "kernels": "hf_replayssm.kernels.bench",  # replay vs standard step kernels, Mamba-2 (needs triton and a GPU)
 }
 DELTA_FAMILIES = ("gdn", "kda")  # `bench kernels --family gdn|kda` runs the delta-rule benchmark

@@ -1,0 +1,178 @@
+"""Batched speculative decoding against plain batched greedy decoding, both on a ReplayCache.
+
+    hf-replayssm bench speculative --models small-mamba2,qwen3_5 --batches 1,16,64 --prompt 512 --new 128
+
+Per model and batch size, on repetitive prompts (bundled Shakespeare models: a passage of Hamlet said twice, each
+row from another line; shaped random-weight models: ``bench.generate``'s synthetic code-edit and summary prompts),
+plain greedy ``generate()`` with a ReplayCache against ``batched_prompt_lookup`` (every row drafts by prompt lookup,
+one forward verifies all rows, each row keeps what matches). Reported: new tokens per second (the tokens the batch
+emitted, up to each row's end of sequence, over the wall time, prefill included, the same for both arms),
+acceptance, verify forwards, whether every row's tokens equal plain greedy, and the time spent in per-row rollback
+(``ReplayCache.drop_rows``) as a fraction of the run. Models: a bundled name (``small-mamba2``, ``small-kda``) or a
+shaped random-weight model (``qwen3_5``, ``nemotron_h``, ``kimi_linear``; ``--tiny`` cuts them down). Each arm runs
+once untimed first (same lengths); arms alternate over repeats and the best run counts. The verify windows run the
+torch reference (the Triton verify kernels are not wired in yet), plain greedy the decode-step kernels on CUDA.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+ARMS = ("greedy", "lookup")
+
+
+def _load(name: str, device: str, dtype: torch.dtype, tiny: bool):
+    """(model, tokenizer or None): a bundled model with its tokenizer, or a shaped random-weight model."""
+    from ..models import BUNDLED, load_model
+    from .generate import build_model
+
+    if name in BUNDLED:
+        return load_model(name, device=device, dtype=dtype)
+    return build_model(name, device, dtype, tiny=tiny), None
+
+
+def repetitive_batch(vocab: int, batch: int, length: int, seed: int = 0, tokenizer=None) -> torch.Tensor:
+    """[batch, length] repetitive prompts. With a tokenizer (the bundled Shakespeare models): a passage of Hamlet
+    said twice, each row starting at another line, so the continuation repeats text the prompt holds. Without one:
+    ``bench.generate``'s synthetic code-edit and summary prompts, alternating, each row from its own seed."""
+    if tokenizer is not None:
+        from ..demo import DEFAULT_PROMPT
+
+        lines = DEFAULT_PROMPT.splitlines(keepends=True)
+        rows = []
+        for r in range(batch):
+            passage = "".join(lines[r % len(lines) :] + lines[: r % len(lines)])
+            ids = tokenizer(passage)["input_ids"]
+            rows.append((ids * (2 * length // max(len(ids), 1) + 2))[:length])
+        return torch.tensor(rows)
+    from .generate import code_edit_prompt, summary_prompt
+
+    builders = (code_edit_prompt, summary_prompt)
+    return torch.cat([builders[r % 2](vocab, length, seed=seed + r) for r in range(batch)])
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class RollbackClock:
+    """Wall time spent in ``ReplayCache.drop_rows`` (device-synchronised around each call)."""
+
+    def __init__(self, cache):
+        self.seconds, self._cache = 0.0, cache
+        original = cache.drop_rows
+
+        def timed(dropped):
+            device = next(iter(cache.replay_layers.values())).schedule.device
+            _sync(device)
+            start = time.perf_counter()
+            original(dropped)
+            _sync(device)
+            self.seconds += time.perf_counter() - start
+
+        cache.drop_rows = timed
+
+
+def _eos(model) -> int | None:
+    eos = model.generation_config.eos_token_id
+    return eos[0] if isinstance(eos, (list, tuple)) and eos else eos
+
+
+def _until_eos(tokens: list[int], eos: int | None) -> list[int]:
+    return tokens[: tokens.index(eos) + 1] if eos is not None and eos in tokens else tokens
+
+
+def run_arm(model, ids: torch.Tensor, arm: str, new_tokens: int, lookup: int, buffer_len: int) -> dict:
+    """One timed run; tokens per row up to (and with) the end of sequence, which both arms stop at."""
+    from ..batched import batched_prompt_lookup
+    from ..cache import ReplayCache, cache_argument
+
+    cache, eos = ReplayCache(buffer_len), _eos(model)
+    _sync(ids.device)
+    start = time.perf_counter()
+    extra = {}
+    if arm == "greedy":
+        with torch.no_grad():
+            out = model.generate(ids, do_sample=False, max_new_tokens=new_tokens, **{cache_argument(model): cache})
+        tokens = [_until_eos(row, eos) for row in out[:, ids.shape[1] :].tolist()]
+    else:
+        clock = RollbackClock(cache)
+        result = batched_prompt_lookup(model, ids, max_new_tokens=new_tokens, num_draft_tokens=lookup, cache=cache,
+                                       eos_token_id=eos)
+        tokens = result.new_tokens
+        extra = dict(acceptance=result.acceptance, drafted=result.drafted, accepted=result.accepted,
+                     verify_forwards=result.forwards, rollback_seconds=clock.seconds)
+    _sync(ids.device)
+    return dict(arm=arm, seconds=time.perf_counter() - start, tokens=tokens, **extra)
+
+
+def measure(model, batch: int, prompt: int, new_tokens: int, lookup: int = 10, buffer_len: int = 16,
+            repeats: int = 1, seed: int = 0, tokenizer=None) -> dict:
+    device = next(model.parameters()).device
+    ids = repetitive_batch(model.config.get_text_config().vocab_size, batch, prompt, seed, tokenizer).to(device)
+    for arm in ARMS:  # warm-up at the same lengths
+        run_arm(model, ids, arm, new_tokens, lookup, buffer_len)
+    best: dict[str, dict] = {}
+    for _ in range(repeats):
+        for arm in ARMS:
+            run = run_arm(model, ids, arm, new_tokens, lookup, buffer_len)
+            if arm not in best or run["seconds"] < best[arm]["seconds"]:
+                best[arm] = run
+    greedy, lookup_run = best["greedy"], best["lookup"]
+    emitted = sum(map(len, greedy["tokens"]))
+    entry = dict(batch=batch, prompt=prompt, new_tokens=new_tokens, lookup=lookup, buffer_len=buffer_len,
+                 emitted_tokens=emitted,
+                 greedy_tokens_per_s=emitted / greedy["seconds"],
+                 lookup_tokens_per_s=sum(map(len, lookup_run["tokens"])) / lookup_run["seconds"],
+                 identical=lookup_run["tokens"] == greedy["tokens"],
+                 **{k: v for k, v in lookup_run.items() if k not in ("arm", "tokens", "seconds")})
+    entry["speedup"] = entry["lookup_tokens_per_s"] / entry["greedy_tokens_per_s"]
+    entry["rollback_fraction"] = lookup_run["rollback_seconds"] / lookup_run["seconds"]
+    return entry
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-replayssm bench speculative", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default="small-mamba2,small-kda")
+    parser.add_argument("--batches", default="1,16,64")
+    parser.add_argument("--prompt", type=int, default=512)
+    parser.add_argument("--new", type=int, default=128)
+    parser.add_argument("--lookup", type=int, default=10, help="drafts per row and round")
+    parser.add_argument("--buffer-len", type=int, default=16)
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 elsewhere")
+    parser.add_argument("--tiny", action="store_true", help="shaped models cut down (CPU smoke runs)")
+    parser.add_argument("--out", help="JSON results")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .generate import environment
+
+    args = build_parser().parse_args(argv)
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if args.device.startswith("cuda")
+                                                           else torch.float32)
+    results = {"environment": environment(args.device), "settings": vars(args), "results": []}
+    for name in args.models.split(","):
+        model, tokenizer = _load(name, args.device, dtype, args.tiny)
+        print(f"== {name}: batched prompt lookup vs plain greedy (ReplayCache, buffer_len {args.buffer_len})")
+        print("batch  greedy tok/s  lookup tok/s  speedup  acceptance  verify fwd  rollback  identical")
+        for batch in (int(b) for b in args.batches.split(",")):
+            entry = dict(model=name, **measure(model, batch, args.prompt, args.new, args.lookup, args.buffer_len,
+                                                args.repeats, tokenizer=tokenizer))
+            results["results"].append(entry)
+            print(f"{batch:5d} {entry['greedy_tokens_per_s']:13.1f} {entry['lookup_tokens_per_s']:13.1f} "
+                  f"{entry['speedup']:7.2f}x {entry['acceptance']:11.2f} {entry['verify_forwards']:11d} "
+                  f"{100 * entry['rollback_fraction']:8.2f}% {entry['identical']!s:>10}", flush=True)
+        del model
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0

@@ -1,0 +1,34 @@
+"""``hf-replayssm bench speculative`` on CPU: JSON structure, identical tokens to plain greedy, measured rates."""
+
+from __future__ import annotations
+
+import json
+
+from hf_replayssm.bench import speculative
+
+
+def test_bench_speculative_runs_and_reports(tmp_path):
+    out = tmp_path / "spec.json"
+    speculative.main(["--models", "small-mamba2,qwen3_5", "--tiny", "--batches", "1,2", "--prompt", "32", "--new",
+                      "6", "--lookup", "3", "--buffer-len", "4", "--device", "cpu", "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert [(e["model"], e["batch"]) for e in data["results"]] == [
+        ("small-mamba2", 1), ("small-mamba2", 2), ("qwen3_5", 1), ("qwen3_5", 2)]
+    for entry in data["results"]:
+        assert entry["identical"], entry  # batched lookup emits exactly what plain greedy emits
+        assert entry["greedy_tokens_per_s"] > 0 and entry["lookup_tokens_per_s"] > 0
+        assert 0 <= entry["acceptance"] <= 1 and entry["verify_forwards"] >= 1
+        assert 0 <= entry["rollback_fraction"] < 1
+    assert data["environment"]["device"] == "cpu"
+
+
+def test_repetitive_prompts_repeat():
+    import torch
+
+    from hf_replayssm.models import load_model
+
+    _, tokenizer = load_model("small-kda", device="cpu")
+    ids = speculative.repetitive_batch(tokenizer.vocab_size, 2, 200, tokenizer=tokenizer)
+    assert ids.shape == (2, 200) and not torch.equal(ids[0], ids[1])
+    row = ids[0].tolist()
+    assert any(row[i : i + 8] == row[j : j + 8] for i in range(0, 40) for j in range(i + 8, 192))

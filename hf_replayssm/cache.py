@@ -93,7 +93,8 @@ class ReplayCache(DynamicCache):
             positions through the fused replay-or-flush op (no host integer per step), so ``is_compileable`` is True
             and ``generate(..., compile_config=...)`` captures the decode step (CUDA graphs on a GPU). Plain decoding
             only: a static cache refuses speculative decoding and rollback (attention K/V cannot be cropped).
-            Policies with a float32 checkpoint and no read copy; Mamba-2, Gated DeltaNet and KDA layers.
+            Policies with a float32 checkpoint and no read copy; Mamba-2, Gated DeltaNet and KDA layers (others are
+            refused when the cache binds).
     """
 
     _replayssm_cache = True  # how the mixer hooks recognise this cache without importing it
@@ -200,6 +201,15 @@ class ReplayCache(DynamicCache):
             layer.family = adapter.name
             layer.schedule.backend = self.resolved_backend or "torch"
             layer.schedule.static = self.static_cache_len is not None
+            if layer.schedule.static and not layer.schedule.device_positions_supported():
+                # transformers only masks a one-token query against a static cache that says it is compileable:
+                # a static cache that is not would attend to the unwritten slots
+                raise ValueError(
+                    f"a static ReplayCache (max_cache_len) decodes every SSM layer on device positions, which "
+                    f"{type(mixer).__name__} (layer {layer_idx}) with precision {self.policy} cannot (that needs "
+                    "Mamba-2, Gated DeltaNet or KDA layers and a float32-checkpoint policy without a read copy): use "
+                    "ReplayCache() without max_cache_len"
+                )
             layers[layer_idx] = layer
             self._attach(layer, mixer, adapter)
         return layers
@@ -339,9 +349,10 @@ class ReplayCache(DynamicCache):
 
     @property
     def is_compileable(self) -> bool:
-        """True for a bound static cache (``max_cache_len``) outside speculative decoding whose every layer can
-        decode without a host-side position: transformers' ``generate`` then compiles the decode step."""
-        if self.static_cache_len is None or self._recording or self.bound_model is None or not self.replay_layers:
+        """True for a bound static cache (``max_cache_len``; binding refuses layers that cannot decode without a
+        host-side position): transformers' ``generate`` then compiles the decode step, and its masks treat the
+        attention layers as static (a one-token query must not see the unwritten slots)."""
+        if self.static_cache_len is None or self.bound_model is None or not self.replay_layers:
             return False
         return all(layer.is_compileable for layer in self.layers)
 

@@ -133,9 +133,10 @@ def test_static_cache_refuses_what_it_cannot_do():
     model.generate(prompt, past_key_values=cache, max_new_tokens=5)
     with pytest.raises(RollbackError, match="static"):
         cache.crop(-1)
-    separated = ReplayCache(4, precision="separated-fp8", max_cache_len=64)
-    separated.bind(model)
-    assert not separated.is_compileable  # decodes eagerly; compile_config then falls back to eager
+    with pytest.raises(ValueError, match="float32-checkpoint"):  # it would decode eagerly, and transformers'
+        ReplayCache(4, precision="separated-fp8", max_cache_len=64).bind(model)  # masks need a compileable cache
+    with pytest.raises(ValueError, match="ShortConv"):
+        ReplayCache(4, max_cache_len=64).bind(_model("lfm2"))
     with pytest.raises(ValueError, match="max_cache_len"):
         ReplayCache(4, max_cache_len=0)
     with pytest.raises(ValueError, match="max_cache_len=16"):

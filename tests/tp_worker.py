@@ -1,9 +1,10 @@
 """Per-rank script of the tensor-parallel test, run under ``torchrun`` (``tests/test_tensor_parallel.py``).
 
-Usage: ``torchrun --nproc-per-node 2 tests/tp_worker.py MODEL_DIR OUT_DIR``. Loads the saved tiny model with
-``tp_plan="auto"`` (on CPU transformers picks the gloo backend), generates greedily from ``MODEL_DIR/prompt.pt``
-with a stock cache and with a ``ReplayCache``, and writes each rank's tokens and per-step logits to
-``OUT_DIR/rank{r}.pt``. An exception is written to ``OUT_DIR/rank{r}.err`` (the test shows it) before re-raising.
+Usage: ``torchrun --nproc-per-node 2 tests/tp_worker.py OUT_DIR MODEL_DIR [MODEL_DIR ...]``. Loads each saved tiny
+model with ``DistributedConfig(tp_plan="auto")`` (on CPU transformers initialises the gloo backend itself),
+generates greedily from ``MODEL_DIR/prompt.pt`` with a stock cache and with ReplayCaches, and writes each rank's
+results to ``OUT_DIR/{MODEL_DIR name}.rank{r}.pt``. An exception is written to ``OUT_DIR/rank{r}.err`` (the test
+shows it) before re-raising. One launch serves every model: starting the ranks costs more than the models.
 """
 
 from __future__ import annotations
@@ -15,54 +16,82 @@ from pathlib import Path
 
 import torch
 
-GREEDY_KW = dict(do_sample=False, max_new_tokens=16, min_new_tokens=16, output_logits=True,
+NEW_TOKENS = 16
+GREEDY_KW = dict(do_sample=False, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, output_logits=True,
                  return_dict_in_generate=True, suppress_tokens=[0])
 
 
-def greedy(model, prompt, cache):
+def greedy(model, prompt, cache, **kwargs):
     """Tokens [B, P + 16] and logits [B, 16, V] of greedy generation through ``cache`` (None: stock cache)."""
     from hf_replayssm import cache_argument
 
-    kwargs = {} if cache is None else {cache_argument(model): cache}
+    if cache is not None:
+        kwargs[cache_argument(model)] = cache
     with torch.no_grad():
         out = model.generate(prompt, attention_mask=torch.ones_like(prompt), **kwargs, **GREEDY_KW)
     return out.sequences, torch.stack(out.logits, dim=1)
 
 
-def tp_facts(model) -> dict:
-    """What the TP load did: the TP size and every parameter's local (this rank's) shape."""
-    shapes = {name: tuple(param.to_local().shape if hasattr(param, "to_local") else param.shape)
-              for name, param in model.named_parameters()}
-    return {"tp_size": getattr(model, "tp_size", None), "local_shapes": shapes}
+def local_shapes(model) -> dict[str, tuple]:
+    """Every parameter's shape on this rank (a DTensor's local shard)."""
+    return {name: tuple(param.to_local().shape if hasattr(param, "to_local") else param.shape)
+            for name, param in model.named_parameters()}
+
+
+def cache_shapes(cache) -> dict[str, tuple]:
+    """Shapes this rank's cache holds: each attention layer's keys, each SSM layer's checkpoint (a short-conv layer
+    has none)."""
+    shapes = {f"checkpoint.{idx}": tuple(layer.checkpoint.shape) for idx, layer in cache.replay_layers.items()
+              if layer.checkpoint is not None}
+    for idx, layer in enumerate(cache.layers):
+        keys = getattr(layer, "keys", None)
+        if idx not in cache.replay_layers and isinstance(keys, torch.Tensor) and keys.numel():
+            shapes[f"keys.{idx}"] = tuple(keys.shape)
+    return shapes
+
+
+def replay_caches(prompt_len: int) -> dict:
+    """name: (fresh ReplayCache, extra generate kwargs, batch rows used). "replay": the default (16 tokens: no
+    flush); "replay_l4": flushes every 4 tokens; "replay_static": ``max_cache_len``, the compiled-decoding cache
+    (device-side positions) run eagerly, flushing every 4 tokens; "replay_lookup": prompt-lookup speculation (batch 1
+    only in transformers), rejected drafts rolled back by ``crop``."""
+    from hf_replayssm import ReplayCache
+
+    return {
+        "replay": (ReplayCache(), {}, None),
+        "replay_l4": (ReplayCache(buffer_len=4), {}, None),
+        "replay_static": (ReplayCache(buffer_len=4, max_cache_len=prompt_len + NEW_TOKENS), {}, None),
+        "replay_lookup": (ReplayCache(buffer_len=4), {"prompt_lookup_num_tokens": 3}, 1),
+    }
 
 
 def generations(model, prompt) -> dict:
-    """Greedy runs keyed by cache: stock, ReplayCache() (16 tokens: no flush) and ReplayCache(buffer_len=4)
-    (flushes every 4 tokens); each a (tokens, logits) pair, plus the replay caches' stats."""
-    from hf_replayssm import ReplayCache
-
+    """Greedy runs keyed by cache: "stock" and each of ``replay_caches``, a (tokens, logits) pair, plus each
+    ReplayCache's stats and cache shapes under "{name}_stats" / "{name}_shapes"."""
     result = {"stock": greedy(model, prompt, None)}
-    for name, buffer_len in (("replay", 16), ("replay_l4", 4)):
-        cache = ReplayCache(buffer_len=buffer_len)
-        result[name] = greedy(model, prompt, cache)
+    for name, (cache, kwargs, rows) in replay_caches(prompt.shape[1]).items():
+        result[name] = greedy(model, prompt[:rows], cache, **kwargs)
         result[f"{name}_stats"] = cache.stats()
+        result[f"{name}_shapes"] = cache_shapes(cache)
     return result
 
 
-def run(model_dir: Path, out_dir: Path) -> None:
+def run(out_dir: Path, model_dirs: list[Path]) -> None:
     from transformers import AutoModelForCausalLM, DistributedConfig
 
-    model = AutoModelForCausalLM.from_pretrained(
-        model_dir, distributed_config=DistributedConfig(tp_plan="auto"), dtype=torch.float32
-    ).eval()
-    result = {"facts": tp_facts(model), **generations(model, torch.load(model_dir / "prompt.pt"))}
-    torch.save(result, out_dir / f"rank{os.environ['RANK']}.pt")
+    for model_dir in model_dirs:
+        model = AutoModelForCausalLM.from_pretrained(
+            model_dir, distributed_config=DistributedConfig(tp_plan="auto"), dtype=torch.float32
+        ).eval()
+        result = {"tp_size": model.tp_size, "local_shapes": local_shapes(model)}
+        result.update(generations(model, torch.load(model_dir / "prompt.pt")))
+        torch.save(result, out_dir / f"{model_dir.name}.rank{os.environ['RANK']}.pt")
 
 
 def main() -> None:
-    model_dir, out_dir = Path(sys.argv[1]), Path(sys.argv[2])
+    out_dir, model_dirs = Path(sys.argv[1]), [Path(arg) for arg in sys.argv[2:]]
     try:
-        run(model_dir, out_dir)
+        run(out_dir, model_dirs)
     except BaseException:
         (out_dir / f"rank{os.environ.get('RANK', 0)}.err").write_text(traceback.format_exc())
         raise

@@ -163,7 +163,10 @@ def _replay_cache(arm: str, model, settings: Settings, max_cache_len: int):
                             max_cache_len=max_cache_len)
     except TypeError as error:
         raise ArmSkipped(f"ReplayCache(max_cache_len=...) is not available yet: {error}") from None
-    cache.bind(model)
+    try:
+        cache.bind(model)
+    except ValueError as error:  # a static cache refuses layers / policies that cannot decode on device positions
+        raise ArmSkipped(str(error)) from None
     if not cache.is_compileable:
         raise ArmSkipped(f"ReplayCache(precision={precision!r}, max_cache_len=...) reports is_compileable=False")
     _STATIC_CACHES[key] = cache

@@ -1,0 +1,149 @@
+"""Tensor parallelism through transformers' own machinery (``DistributedConfig(tp_plan="auto")``) with a ReplayCache.
+
+One ``torchrun --nproc-per-node 2`` launch on CPU (transformers picks gloo there; CUDA is hidden from the ranks)
+loads three tiny hybrids, one per recurrence family, with their shipped TP plans, and generates greedily with a
+stock cache and with ReplayCaches: dynamic (no flush / flushing), static (``max_cache_len``, device positions) and
+prompt-lookup speculation (``tests/tp_worker.py``). Every rank must give the tokens of a single-process stock run, its
+logits within float32 rounding and the single-process ReplayCache's schedule. The shipped plans keep each recurrence
+whole on every rank: Qwen3.5 shards attention, MLP, embeddings and lm_head and gathers its linear-attention
+projections' outputs; Kimi-Linear shards MLP, embeddings and lm_head; Nemotron-H its embeddings (5.24; 5.17 ships no
+plan and replicates everything). So each rank's ReplayCache holds the full SSM state and its share of KV heads.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from tp_worker import generations, replay_caches
+
+from hf_replayssm.tiny import tiny_model
+
+pytestmark = pytest.mark.skipif(
+    not (torch.distributed.is_available() and torch.distributed.is_gloo_available()),
+    reason="torch.distributed with the gloo backend is not available in this torch build",
+)
+
+WORLD_SIZE = 2
+WORKER = Path(__file__).with_name("tp_worker.py")
+# Mamba-2 (Nemotron-H: embeddings sharded), Gated DeltaNet (Qwen3.5: attention, MLP, lm_head sharded, GDN
+# projections gathered), KDA (Kimi-Linear: MLP, embeddings, lm_head sharded).
+MODEL_TYPES = ["nemotron_h", "qwen3_5_text", "kimi_linear"]
+LOGIT_TOL = 1e-4  # float32 rounding of the sharded matmuls and all-reduces; observed <= 2e-5
+LAUNCH_TIMEOUT_S = 240
+
+
+def _require_tp_support() -> None:
+    if not hasattr(transformers, "DistributedConfig"):
+        pytest.skip(f"transformers {transformers.__version__} has no DistributedConfig (native tensor parallelism)")
+
+
+def _save_models(root: Path) -> list[Path]:
+    """Each tiny model saved with a fresh random prompt [2, 15] next to it: 5 tokens thrice, so prompt lookup finds
+    matches and drafts."""
+    model_dirs = []
+    for model_type in MODEL_TYPES:
+        model_dir = root / model_type
+        tiny_model(model_type, seed=0, initializer_range=0.2).save_pretrained(model_dir)
+        torch.save(torch.randint(3, 128, (2, 5)).repeat(1, 3), model_dir / "prompt.pt")
+        model_dirs.append(model_dir)
+    return model_dirs
+
+
+def _start_ranks(out_dir: Path, model_dirs: list[Path]) -> subprocess.Popen:
+    """Start the worker on WORLD_SIZE CPU ranks (the caller computes its references meanwhile); their output goes
+    to ``out_dir/torchrun.log`` (a pipe nobody reads could fill and stall them)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
+    env["CUDA_VISIBLE_DEVICES"] = ""  # CPU ranks (gloo) even on a GPU machine: the references run on the CPU
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD_SIZE}",
+               str(WORKER), str(out_dir), *map(str, model_dirs)]
+    with open(out_dir / "torchrun.log", "w") as log:
+        return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _wait_ranks(proc: subprocess.Popen, out_dir: Path) -> None:
+    """Wait for the ranks (killing their process group past the timeout); fail with their tracebacks."""
+    try:
+        proc.wait(timeout=LAUNCH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    if proc.returncode != 0:
+        errors = "\n".join(path.read_text() for path in sorted(out_dir.glob("rank*.err")))
+        pytest.fail(f"torchrun exited {proc.returncode}\n{errors or (out_dir / 'torchrun.log').read_text()[-4000:]}")
+
+
+def _run_tp(root: Path) -> dict:
+    """{model_type: {"single": single-process generations, "model": that model, "ranks": [rank 0, rank 1 results]}}."""
+    out_dir = root / "out"
+    out_dir.mkdir()
+    model_dirs = _save_models(root)
+    proc = _start_ranks(out_dir, model_dirs)
+    results = {}
+    try:
+        for model_type, model_dir in zip(MODEL_TYPES, model_dirs, strict=True):
+            model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+            results[model_type] = {"model": model, "single": generations(model, torch.load(model_dir / "prompt.pt"))}
+    finally:
+        _wait_ranks(proc, out_dir)
+    for model_type in MODEL_TYPES:
+        results[model_type]["ranks"] = [
+            torch.load(out_dir / f"{model_type}.rank{r}.pt", weights_only=False) for r in range(WORLD_SIZE)]
+    return results
+
+
+def _sharded(model, rank_result) -> set[str]:
+    full = {name: tuple(param.shape) for name, param in model.named_parameters()}
+    return {name for name, shape in rank_result["local_shapes"].items() if shape != full[name]}
+
+
+def _check_matches_single_process(model_type: str, entry: dict) -> None:
+    """Every rank's stock and ReplayCache generations equal a single-process stock run."""
+    single = entry["single"]
+    reference_tokens, reference_logits = single["stock"]
+    assert torch.equal(single["replay"][0], reference_tokens), f"{model_type}: single-process baseline"
+    for rank, result in enumerate(entry["ranks"]):
+        where = f"{model_type} rank {rank}"
+        assert result["tp_size"] == WORLD_SIZE, where
+        if entry["model"].config.base_model_tp_plan:  # nemotron_h ships none in 5.17: every weight replicated
+            assert _sharded(entry["model"], result), f"{where}: the TP plan sharded no weight"
+        for name in ("stock", *replay_caches(1)):
+            tokens, logits = result[name]
+            rows = len(tokens)  # the prompt-lookup run uses row 0 only
+            assert torch.equal(tokens, reference_tokens[:rows]), f"{where} {name}: tokens differ"
+            diff = (logits - reference_logits[:rows]).abs().max().item()
+            assert diff < LOGIT_TOL, f"{where} {name}: logits differ by {diff}"
+            if name != "stock":
+                assert result[f"{name}_stats"] == single[f"{name}_stats"], f"{where} {name}: another schedule"
+        for name in ("replay_l4", "replay_static"):
+            assert result[f"{name}_stats"]["flushes"] > 0, f"{where} {name}: buffer_len=4 folded no records"
+        assert result["replay_lookup_stats"]["rolled_back_tokens"] > 0, f"{where}: no draft was rolled back"
+
+
+def _check_qwen3_5_cache_shapes(entry: dict) -> None:
+    """Under TP each rank's ReplayCache checkpoint is the full GDN state (the projections gather their outputs)
+    and its attention keys hold this rank's half of the KV heads."""
+    config = entry["model"].config
+    for result in entry["ranks"]:
+        shapes = result["replay_shapes"]
+        checkpoints = [shape for key, shape in shapes.items() if key.startswith("checkpoint.")]
+        keys = [shape for key, shape in shapes.items() if key.startswith("keys.")]
+        assert checkpoints and all(shape[1] == config.linear_num_value_heads for shape in checkpoints), shapes
+        assert keys and all(shape[1] == config.num_key_value_heads // WORLD_SIZE for shape in keys), shapes
+
+
+# One test, not one per model type: under pytest-xdist a shared fixture would launch torchrun once per worker.
+@pytest.mark.equivalence
+def test_tensor_parallel_generation_with_replay_cache(tmp_path):
+    _require_tp_support()
+    results = _run_tp(tmp_path)
+    for model_type, entry in results.items():
+        _check_matches_single_process(model_type, entry)
+    _check_qwen3_5_cache_shapes(results["qwen3_5_text"])

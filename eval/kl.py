@@ -220,7 +220,9 @@ def teacher_force(model, sequence: torch.Tensor, prompt_len: int, arms: list[tup
             logits = model(step, use_cache=True, **extra, **{key: cache}).logits[:, -1]
     check(positions - 1)
     kl, agree, gap, ref_match = kl.cpu(), agree.cpu(), gap.cpu(), ref_match.cpu()
-    return {(p, name): {"kl": kl[i], "agree": agree[i], "gap": gap[i], "ref_match": ref_match[i]}
+    # clones: a row view would carry (and torch.save would write) every arm's storage into each arm's file
+    return {(p, name): {"kl": kl[i].clone(), "agree": agree[i].clone(), "gap": gap[i].clone(),
+                        "ref_match": ref_match[i].clone()}
             for i, (p, name, _) in enumerate(arms)}
 
 

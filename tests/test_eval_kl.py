@@ -160,6 +160,9 @@ def test_cli_sampled_with_prompt_file(tmp_path, capsys):
     assert document["meta"]["prompts"] == ["ROMEO:", "JULIET:", "HAMLET:"] and document["meta"]["sample"]
     assert document["meta"]["seed"] == 3 and document["policies"]["fp32"]["mean_kl"] == 0.0
     trajectory = torch.load(out / "trajectory.pt", weights_only=True)["sequence"]
+    for arm_file in (out / "arms").glob("*.pt"):  # each arm file holds its own metrics, not every arm's storage
+        metrics = torch.load(arm_file, weights_only=True)["metrics"]
+        assert all(t.untyped_storage().nbytes() == t.numel() * t.element_size() for t in metrics.values())
     assert kl.main([*argv, "--resume"]) == 0  # the same sampled trajectory is reused
     assert torch.equal(torch.load(out / "trajectory.pt", weights_only=True)["sequence"], trajectory)
     assert json.loads((out / "kl.json").read_text()) == document

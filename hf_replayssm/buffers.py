@@ -73,6 +73,20 @@ class RecordRing:
         else:
             self.num_committed += count
 
+    def overwrite_newest(self, counts: list[int], values: Mapping[str, float]) -> None:
+        """Set the fields named in ``values`` of row r's newest ``counts[r]`` records to those values (fields this
+        ring does not keep are skipped)."""
+        most = max(counts, default=0)
+        if most > self.size:
+            raise RuntimeError(f"cannot overwrite {most} records, only {self.size} buffered")
+        if not most:
+            return
+        slots = self._slots(self.size - most, most, next(iter(self.fields.values())).device)
+        for row, count in enumerate(counts):
+            for name, value in values.items():
+                if count and name in self.fields:
+                    self.fields[name][row, slots[most - count :]] = value
+
     def commit(self) -> None:
         """Pending records become part of the sequence."""
         self.num_committed += self.num_pending
@@ -181,6 +195,13 @@ class ConvRing:
             self.buffer[..., col : col + count] = inputs
         self.position += count
         self.oldest = max(self.oldest, self.position - self.capacity)
+
+    def clear(self) -> None:
+        """Forget every input, keeping the storage (zeros before the start, as at allocation)."""
+        if self.buffer is not None:
+            self.buffer.zero_()
+        self.position = self.oldest = 0
+        self.base = -self.capacity
 
     def load_window(self, window: torch.Tensor, position: int) -> None:
         """Hold exactly ``window`` [B, C, K] as the inputs before ``position`` (what a fixed-window conv kept while

@@ -53,23 +53,30 @@ def _replay_cache_in(kwargs: dict):
     return None
 
 
+def _setting(model, kwargs: dict, name: str, default=None):
+    """A generation setting as this generate() call sees it: its keyword, else its generation_config's (or the
+    model's) value, else ``default``."""
+    if name in kwargs:
+        return kwargs[name]
+    return getattr(kwargs.get("generation_config") or model.generation_config, name, default)
+
+
 def _speculative_window(model, kwargs: dict) -> int | None:
     """Draft tokens transformers will verify per step (to preallocate the rings; larger windows grow them), or None
     when generation is not assisted."""
-    config = kwargs.get("generation_config") or model.generation_config
-    lookup = kwargs.get("prompt_lookup_num_tokens", getattr(config, "prompt_lookup_num_tokens", None))
+    lookup = _setting(model, kwargs, "prompt_lookup_num_tokens")
     assistant = kwargs.get("assistant_model")
     # in the order transformers picks its candidate generator: early exit, prompt lookup, MTP, DFlash, assistants
     if _early_exit_layer(model, kwargs) is not None:  # self-speculation: the model drafts with its first k layers
         return int(getattr(model.generation_config, "num_assistant_tokens", None) or 20)
     if lookup is not None:
         return int(lookup)
-    if kwargs.get("use_mtp", getattr(config, "use_mtp", False)):
+    if _setting(model, kwargs, "use_mtp", False):
         # the MTP heads draft one token each (their own MtpCache is transformers'); our cache holds the main model
         return int(getattr(model.config.get_text_config(), "num_mtp_layers", None) or 1)
     if assistant is None:
         return None
-    if kwargs.get("speculation_type", getattr(config, "speculation_type", None)) == "dflash":
+    if _setting(model, kwargs, "speculation_type") == "dflash":
         # a DFlash drafter denoises one block of block_size tokens per round from the main model's hidden states
         return int(getattr(assistant.config, "block_size", 16))
     # transformers drafts what the *assistant's* generation config says (a num_assistant_tokens keyword of the main
@@ -79,8 +86,7 @@ def _speculative_window(model, kwargs: dict) -> int | None:
 
 
 def _early_exit_layer(model, kwargs: dict) -> int | None:
-    config = kwargs.get("generation_config") or model.generation_config
-    return kwargs.get("assistant_early_exit", getattr(config, "assistant_early_exit", None))
+    return _setting(model, kwargs, "assistant_early_exit")
 
 
 def _check_early_exit(model, kwargs: dict) -> None:
@@ -111,12 +117,11 @@ def _prompt_ids(args: tuple, kwargs: dict):
 
 
 def _max_length(model, args: tuple, kwargs: dict) -> int | None:
-    config = kwargs.get("generation_config") or model.generation_config
     prompt = _prompt_ids(args, kwargs)
-    new = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None))
+    new = _setting(model, kwargs, "max_new_tokens")
     if isinstance(prompt, torch.Tensor) and new is not None:
         return prompt.shape[-1] + int(new)
-    length = kwargs.get("max_length", getattr(config, "max_length", None))
+    length = _setting(model, kwargs, "max_length")
     return int(length) if length is not None else None
 
 
@@ -166,7 +171,7 @@ def _check_assisted(model, cache, args: tuple, kwargs: dict) -> None:
             "assisted generation and prompt lookup need an empty ReplayCache: transformers feeds the whole "
             "prompt in the first verify step. Pass a new ReplayCache() to this generate() call."
         )
-    if kwargs.get("use_mtp", getattr(kwargs.get("generation_config") or model.generation_config, "use_mtp", False)):
+    if _setting(model, kwargs, "use_mtp", False):
         _check_mtp_heads(model)
     from .chunking import speculation_refusal
 
@@ -209,20 +214,20 @@ def _batched_lookup(model, cache, args: tuple, kwargs: dict):
     through ``hf_replayssm.batched``. Returns the [B, S + new] sequences (new tokens right-padded with the pad id
     after a row's end of sequence), or None where transformers' own path applies (batch 1, other modes)."""
     prompt = _prompt_ids(args, kwargs)
-    config = kwargs.get("generation_config") or model.generation_config
     if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or prompt.shape[0] == 1:
         return None
-    lookup = kwargs.get("prompt_lookup_num_tokens", getattr(config, "prompt_lookup_num_tokens", None))
+    lookup = _setting(model, kwargs, "prompt_lookup_num_tokens")
     if lookup is None or kwargs.get("assistant_model") is not None:
         return None
     for name, plain in _PLAIN_GREEDY.items():
-        if kwargs.get(name, getattr(config, name, plain)) not in (plain, None):
-            raise ValueError(f"batched prompt lookup with a ReplayCache is greedy only: {name}={kwargs[name]!r} is "
-                             "not supported (use batch size 1 for transformers' own assisted generation)")
-    new = kwargs.get("max_new_tokens", getattr(config, "max_new_tokens", None))
+        value = _setting(model, kwargs, name, plain)
+        if value not in (plain, None):
+            raise ValueError(f"batched prompt lookup with a ReplayCache is greedy only: {name}={value!r} is not "
+                             "supported (use batch size 1 for transformers' own assisted generation)")
+    new = _setting(model, kwargs, "max_new_tokens")
     if new is None:
         raise ValueError("batched prompt lookup needs max_new_tokens")
-    eos = kwargs.get("eos_token_id", getattr(config, "eos_token_id", None))
+    eos = _setting(model, kwargs, "eos_token_id")
     if isinstance(eos, (list, tuple)):
         if len(eos) > 1:
             raise ValueError("batched prompt lookup supports one eos_token_id")
@@ -231,10 +236,10 @@ def _batched_lookup(model, cache, args: tuple, kwargs: dict):
 
     result = batched_prompt_lookup(
         model, prompt, attention_mask=kwargs.get("attention_mask"), max_new_tokens=int(new),
-        num_draft_tokens=int(lookup), max_ngram=int(getattr(config, "max_matching_ngram_size", None) or 2),
+        num_draft_tokens=int(lookup), max_ngram=int(_setting(model, kwargs, "max_matching_ngram_size") or 2),
         eos_token_id=eos, cache=cache,
     )
-    pad = kwargs.get("pad_token_id", getattr(config, "pad_token_id", None))
+    pad = _setting(model, kwargs, "pad_token_id")
     pad = eos if pad is None else pad
     width = max(len(t) for t in result.new_tokens)
     tail = torch.full((prompt.shape[0], width), 0 if pad is None else int(pad), dtype=prompt.dtype,

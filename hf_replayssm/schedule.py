@@ -30,7 +30,7 @@ import torch
 
 from .buffers import ConvRing, RecordRing
 from .precision import CheckpointStore, PrecisionPolicy
-from .static_decode import DevicePositions, HostSnapshot, mark_static
+from .static_decode import DevicePositions, mark_static
 
 ChunkFn = Callable[[int, int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
@@ -136,12 +136,12 @@ class ReplaySchedule:
             self.conv.allocate(like)
 
     def _ensure_state(self, tokens: Mapping[str, torch.Tensor]) -> None:
-        batch = next(v for v in tokens.values() if isinstance(v, torch.Tensor)).shape[0]
-        if self.store.allocated and batch != self.batch_size:  # storage kept by a static reset, another batch
+        example = next(v for v in tokens.values() if isinstance(v, torch.Tensor))
+        if self.store.allocated and example.shape[0] != self.batch_size:  # kept by a static reset, another batch
             self.store = CheckpointStore(self.store.policies, seed_offset=self.store.seed_offset)
             self.ring = RecordRing(self.ring.capacity)
         if not self.store.allocated:
-            device = next(v for v in tokens.values() if isinstance(v, torch.Tensor)).device
+            device = example.device
             shape = self.recurrence.state_shape(tokens)
             self.store.allocate(shape, device)
             self.device, self.batch_size, self.state_shape = device, shape[0], shape
@@ -398,17 +398,13 @@ class ReplaySchedule:
             return False
         if not self.device_positions_supported() or self._staged or self.ring.num_pending:
             return False
-        if self.ring.size >= self.buffer_len or self.ring.capacity < max(self.buffer_len - 1, 1):
-            return False
-        operands = self.store.kernel_operands()
-        return operands is not None and operands[1] is None
+        return self.ring.size < self.buffer_len
 
     def _enter_device_positions(self) -> None:
         from .kernels import ops  # noqa: F401  (registers the decode-step ops before any trace sees them)
 
-        snapshot = HostSnapshot(self.tokens_seen, self.ring.num_committed, self.checkpoint_position)
         window = None if self.conv.buffer is None else self.conv.window(self.conv_kernel)
-        self.device_positions.enter(snapshot, self.ring.origin, self.batch_size, self.device, window)
+        self.device_positions.enter(self.ring.origin, self.ring.num_committed, self.batch_size, self.device, window)
         mark_static(self.store.kernel_operands()[0], *self.ring.fields.values())  # written in place by the op
 
     def _device_step(self, tokens, out_dtype: torch.dtype | None) -> torch.Tensor:
@@ -424,7 +420,7 @@ class ReplaySchedule:
     def _device_progress(self) -> tuple[int, int]:
         """(steps, flushes) since the device positions took over (reads the device)."""
         steps = self.device_positions.steps_taken()
-        return steps, (self.device_positions.entry.num_committed + steps) // self.buffer_len
+        return steps, (self.device_positions.entry_committed + steps) // self.buffer_len
 
     def current_tokens_seen(self) -> int:
         """Tokens fed so far, the steps on device positions included (which the host fields leave out)."""
@@ -445,7 +441,7 @@ class ReplaySchedule:
         if not positions.active:
             return
         steps, flushes = self._device_progress()
-        committed = (positions.entry.num_committed + steps) % self.buffer_len
+        committed = (positions.entry_committed + steps) % self.buffer_len
         if not bool((positions.count == committed).all()):
             raise RuntimeError(f"device positions disagree with the step count ({steps} steps, expected {committed} "
                                f"records per row, found {positions.count.tolist()})")
@@ -512,11 +508,7 @@ class ReplaySchedule:
                 if neutral is None:
                     raise RollbackError(f"{self.recurrence.name} records have no neutral form: per-row rollback "
                                         "is not supported")
-                slots = self.ring._slots(self.ring.size - most, most, self.device)
-                for row, count in enumerate(dropped):
-                    for name, value in neutral:
-                        if count and name in self.ring.fields:
-                            self.ring.fields[name][row, slots[most - count :]] = value
+                self.ring.overwrite_newest(dropped, dict(neutral))
                 first = self.tokens_seen - most  # staged checkpoints from neutralised records are stale
                 self._staged = {b: st for b, st in self._staged.items() if b <= first}
             self.counters["rolled_back_tokens"] += sum(dropped)
@@ -535,10 +527,7 @@ class ReplaySchedule:
         their addresses). The next forward of the same batch size writes into the same storage."""
         self.device_positions.active = False
         self.ring.clear()
-        if self.conv.buffer is not None:
-            self.conv.buffer.zero_()
-            self.conv.position = self.conv.oldest = 0
-            self.conv.base = -self.conv.capacity
+        self.conv.clear()
         if self.store.allocated:
             self.store.zero_()
         self.recording = False

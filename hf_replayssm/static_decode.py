@@ -4,9 +4,10 @@ A compiled decode step (``torch.compile``, CUDA graphs) may not read or change a
 specialise the graph on it and recompile every step. So while a layer of a static cache decodes plainly, its ring
 positions live on the device: per-row ``origin`` / ``count`` (int32 [B]) that the fused replay-or-flush kernel
 reads and advances, a step counter (int64 [1]) and the conv window as a fixed [B, C, K] tensor shifted in place.
-The host positions of the schedule are then stale; ``refresh`` brings them up to date from the step counter (one
-device read) and ``exit`` also hands the conv window back to the conv ring, before any step that needs the host
-schedule (a prefill, a speculative window, a crop, batch reordering).
+The host positions of the schedule then stay as they were at entry: ``ReplaySchedule.current_tokens_seen`` /
+``current_counters`` add the step counter (one device read), and ``leave_device_positions`` writes the positions back
+and hands the conv window to the conv ring before any step that needs the host schedule (a prefill, a speculative
+window, a crop, batch reordering).
 
 Every tensor is allocated once per batch layout and marked as a static address, so CUDA graphs captured against
 them stay valid however often a layer leaves and re-enters device positions.
@@ -14,18 +15,7 @@ them stay valid however often a layer leaves and re-enters device positions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
-
-
-@dataclass
-class HostSnapshot:
-    """The host schedule when device positions took over."""
-
-    tokens_seen: int
-    num_committed: int
-    checkpoint_position: int
 
 
 def mark_static(*tensors: torch.Tensor) -> None:
@@ -45,7 +35,7 @@ class DevicePositions:
         self.count: torch.Tensor | None = None  # int32 [B]: records in the ring (the kernel advances it)
         self.steps: torch.Tensor | None = None  # int64 [1]: decode steps since entry
         self.conv: torch.Tensor | None = None  # [B, C, K]: the last K conv inputs, oldest first
-        self.entry: HostSnapshot | None = None
+        self.entry_committed = 0  # records in the ring when device positions took over (every row alike)
 
     def _allocate(self, batch: int, device: torch.device, conv_window: torch.Tensor | None) -> None:
         fits = self.count is not None and self.count.shape[0] == batch and self.count.device == device
@@ -59,16 +49,16 @@ class DevicePositions:
         self.conv = None if conv_window is None else torch.empty_like(conv_window)
         mark_static(self.origin, self.count, self.steps, *([] if self.conv is None else [self.conv]))
 
-    def enter(self, snapshot: HostSnapshot, origin: int, batch: int, device: torch.device,
+    def enter(self, origin: int, committed: int, batch: int, device: torch.device,
               conv_window: torch.Tensor | None) -> None:
-        """Take over from the host schedule at ``snapshot`` (every row at ring slot ``origin``)."""
+        """Take over from the host schedule: every row at ring slot ``origin`` with ``committed`` records."""
         self._allocate(batch, device, conv_window)
         self.origin.fill_(origin)
-        self.count.fill_(snapshot.num_committed)
+        self.count.fill_(committed)
         self.steps.zero_()
         if conv_window is not None:
             self.conv.copy_(conv_window)
-        self.entry = snapshot
+        self.entry_committed = committed
         self.active = True
 
     def steps_taken(self) -> int:

@@ -144,6 +144,18 @@ def _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, pid_b, pid_h, hk, offs_k, 
 
 
 @triton.jit
+def _token_update(s, k_t, v_t, beta_t, g_t, GATE_PER_KEY: tl.constexpr):
+    """The state tile ``s`` [K, BLOCK_V] after one token of the gated delta rule: decay, then the corrected value
+    ``d = beta (v - S^T k)`` written along k."""
+    decay = tl.exp(g_t)
+    if GATE_PER_KEY:
+        decay = decay[:, None]
+    s = s * decay
+    d_t = beta_t * (v_t - tl.sum(s * k_t[:, None], axis=0))
+    return s + k_t[:, None] * d_t[None, :]
+
+
+@triton.jit
 def _exact_fold(s, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k, mask_k, offs_v, mask_v,
                 q_t, k_t, v_t, beta_t, g_t, stride_rk_r, stride_rk_k, stride_rg_r, stride_rg_k, stride_rv_r,
                 stride_rv_v, stride_rb_r, GATE_PER_KEY: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
@@ -164,12 +176,7 @@ def _exact_fold(s, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size,
             s = s * tl.exp(tl.load(rg_base + slot_j * stride_rg_r).to(tl.float32))
         d_j = beta_j * (v_j - tl.sum(s * k_j[:, None], axis=0))
         s += k_j[:, None] * d_j[None, :]
-    decay_t = tl.exp(g_t)
-    if GATE_PER_KEY:
-        decay_t = decay_t[:, None]
-    s = s * decay_t
-    d_t = beta_t * (v_t - tl.sum(s * k_t[:, None], axis=0))
-    s += k_t[:, None] * d_t[None, :]
+    s = _token_update(s, k_t, v_t, beta_t, g_t, GATE_PER_KEY)
     return s, tl.sum(s * q_t[:, None], axis=0)
 
 
@@ -428,12 +435,7 @@ def _delta_state_update_kernel(
         stride_v_b, stride_v_h, stride_v_v, stride_beta_b, stride_beta_h, stride_g_b, stride_g_h, stride_g_k,
         GATE_PER_KEY, USE_QK_L2NORM)
 
-    decay = tl.exp(g_t)
-    if GATE_PER_KEY:
-        decay = decay[:, None]
-    s = s * decay
-    d_t = beta_t * (v_t - tl.sum(s * k_t[:, None], axis=0))
-    s += k_t[:, None] * d_t[None, :]
+    s = _token_update(s, k_t, v_t, beta_t, g_t, GATE_PER_KEY)
     tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask_kv)
     o = tl.sum(s * q_t[:, None], axis=0)
     tl.store(o_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_v * stride_o_v,

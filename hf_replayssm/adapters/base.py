@@ -10,7 +10,7 @@ A mixer forward runs *unchanged* (its own projections, conv, gates and norms); t
 
 The cache hands the stock mixer ``None`` as conv state and a recording flag, so every conv step goes through
 ``update_conv_state`` (the conv ring). Both wraps are idempotent and cost one context lookup otherwise. Under
-``torch.compile`` (a static ReplayCache's decode step) the call lives in a class attribute instead of the context
+``torch.compile`` (a static ReplayCache's decode step) the call lives in a module-level slot instead of the context
 variable, which Dynamo cannot trace. This module imports neither transformers nor the cache.
 """
 

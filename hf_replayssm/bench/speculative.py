@@ -22,6 +22,8 @@ import time
 
 import torch
 
+from .step import _sync
+
 ARMS = ("greedy", "lookup")
 
 
@@ -53,11 +55,6 @@ def repetitive_batch(vocab: int, batch: int, length: int, seed: int = 0, tokeniz
 
     builders = (code_edit_prompt, summary_prompt)
     return torch.cat([builders[r % 2](vocab, length, seed=seed + r) for r in range(batch)])
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 class RollbackClock:

@@ -31,7 +31,7 @@ class RecordRing:
 
     @property
     def allocated(self) -> bool:
-        return bool(self.fields)
+        return len(self.fields) > 0  # not bool(dict): see CheckpointStore.allocated
 
     @property
     def size(self) -> int:

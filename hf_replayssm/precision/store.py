@@ -112,7 +112,7 @@ class CheckpointStore:
 
     @property
     def allocated(self) -> bool:
-        return bool(self.slots)
+        return len(self.slots) > 0  # not bool(list): torch 2.11 Dynamo cannot trace it
 
     @property
     def exact_fold(self) -> bool:

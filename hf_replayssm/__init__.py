@@ -3,14 +3,18 @@
     from hf_replayssm import ReplayCache
     out = model.generate(input_ids, past_key_values=ReplayCache(), max_new_tokens=256)
 
-Importing the package (or ``hf_replayssm.ops`` / ``hf_replayssm.precision``) imports no transformers and patches
-nothing: the transformers-facing names load on first use, and the pass-through hooks are installed when the first
-``ReplayCache`` is created (or by ``install_hooks()``).
+Importing the package (or ``hf_replayssm.ops`` / ``hf_replayssm.precision``) imports no transformers: the
+transformers-facing names load on first use. The pass-through hooks (``integration``) are installed as soon as both
+this package and transformers are loaded: by this import when transformers already is, else when ``ReplayCache`` is
+first looked up, created, or ``install_hooks()`` is called. They must be in place before ``model.generate`` is looked
+up: ``model.generate(ids, past_key_values=ReplayCache())`` fetches the bound method before it builds the cache, so
+hooks installed by that first ``ReplayCache()`` would miss that call.
 """
 
 from __future__ import annotations
 
 import importlib
+import sys
 
 __version__ = "0.1.0"
 
@@ -26,6 +30,10 @@ _LAZY = {
 }
 
 __all__ = sorted([*_LAZY, "__version__"])
+
+
+if "transformers" in sys.modules:  # a model may exist already: hook before its first generate() is looked up
+    importlib.import_module(".integration", __name__).install_hooks()
 
 
 def __getattr__(name: str):

@@ -18,6 +18,7 @@ from transformers.cache_utils import CacheLayerMixin, LinearAttentionCacheLayerM
 
 from .adapters import find_mixers, repoint_accelerate_hook
 from .adapters.base import active_call
+from .integration import install_hooks
 from .layers import ReplayHybridLayer, ReplayLayer, RollbackError
 from .precision import PrecisionPolicy, resolve_policy
 
@@ -114,9 +115,7 @@ class ReplayCache(DynamicCache):
             _check_count("max_cache_len", max_cache_len, 1)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        from .integration import install_hooks
-
-        install_hooks()  # idempotent; nothing is patched before the first ReplayCache exists
+        install_hooks()  # idempotent (done at import; again here after a test or user removed them)
         super().__init__()
         self.buffer_len = buffer_len
         if isinstance(precision, (list, tuple)):
@@ -493,3 +492,7 @@ class ReplayCache(DynamicCache):
             f"ReplayCache(buffer_len={self.buffer_len}, precision={self.policy}, window={self.window}, "
             f"model={model}, ssm_layers={len(self.replay_layers)})"
         )
+
+
+# Loading this module loads transformers: hook now, before any model.generate is looked up (see the package docstring)
+install_hooks()

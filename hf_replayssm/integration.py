@@ -8,7 +8,7 @@
   model a ReplayCache of its own, and returns the cache to plain decoding afterwards.
 * ``GenerationMixin._prepare_cache_for_generation``: creates that draft ReplayCache.
 
-Installed when the first ``ReplayCache`` is created (or by ``install_hooks()``), never by an import. Calls without
+Installed once the package and transformers are both loaded (see ``hf_replayssm.__init__``). Calls without
 a ReplayCache pass straight through, compiled ones included (the hooks read no context variable under
 ``torch.compile``).
 """

@@ -3,6 +3,9 @@ and a decode step that ``torch.compile`` traces as one graph (fullgraph) inside 
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 import torch
 from conftest import max_logit_diff
@@ -220,3 +223,54 @@ def test_left_padding_and_prefill_chunks(model_type):
     stock = model.generate(prompt, prefill_chunk_size=5, **kw)
     out = model.generate(prompt, prefill_chunk_size=5, past_key_values=ReplayCache(4, max_cache_len=22), **kw)
     assert torch.equal(out.sequences, stock.sequences) and max_logit_diff(out.logits, stock.logits) < 1e-4
+
+
+class _HostReads:
+    """Counts the tensor methods that read a value on the host (a device synchronisation on a GPU), except inside
+    the decode-step ops' torch references (``hf_replayssm/ops/``), which stand in for the Triton kernels on CPU: those
+    read each row's positions on the host, the kernels read them on the device."""
+
+    METHODS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "cpu", "numpy")
+    REFERENCES = os.path.join("hf_replayssm", "ops", "")
+
+    def __init__(self, monkeypatch):
+        self.count = 0
+        for name in self.METHODS:
+            original = getattr(torch.Tensor, name)
+
+            def counted(tensor, *args, _original=original, **kwargs):
+                if not self._inside_a_reference():
+                    self.count += 1
+                return _original(tensor, *args, **kwargs)
+
+            monkeypatch.setattr(torch.Tensor, name, counted)
+
+    def _inside_a_reference(self) -> bool:
+        frame = sys._getframe(2)
+        while frame is not None:
+            if self.REFERENCES in frame.f_code.co_filename:
+                return True
+            frame = frame.f_back
+        return False
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_decode_steps_add_no_host_reads(model_type, monkeypatch):
+    """What a decode step of a static ReplayCache reads on the host, beyond what stock static decoding reads:
+    nothing (a compiled step could not be captured in a CUDA graph otherwise). Counted per extra generated token:
+    generate itself reads a value per step in either arm."""
+    model = _model(model_type)
+    prompt = _prompt(model)
+    reads = _HostReads(monkeypatch)
+
+    def per_token(make_kwargs) -> float:
+        counts = []
+        for new in (6, 14):
+            reads.count = 0
+            model.generate(prompt, do_sample=False, max_new_tokens=new, min_new_tokens=new, **make_kwargs())
+            counts.append(reads.count)
+        return (counts[1] - counts[0]) / 8
+
+    stock = per_token(lambda: dict(cache_implementation="static"))
+    replay = per_token(lambda: dict(past_key_values=ReplayCache(4, max_cache_len=prompt.shape[1] + 14)))
+    assert replay == stock, (replay, stock)

@@ -18,6 +18,11 @@ Right padding: lm-eval right-pads a scoring batch. Each row's padding comes afte
 model (and in a recurrent state) it cannot reach any position that is scored; the batch is therefore prefilled up to
 its shortest context and stepped together from there. With ``batch_size=1`` every context is prefilled whole.
 
+Data parallel: under ``accelerate launch --multi_gpu --num_processes N`` each rank scores its share of the documents
+with its own caches and rank 0 writes the results. On CPU ranks (gloo) set ``ACCELERATE_USE_CPU=1`` with that command
+(``accelerate launch --cpu`` starts one process). ``replayssm_caches_built`` / ``replayssm_cache_stats`` in the
+results' ``config`` are rank 0's counts.
+
 Command line (``hf-replayssm lm-eval ...`` or ``python -m hf_replayssm.eval.lm_eval_plugin ...``) takes lm-eval's own
 arguments, with this model registered and the package's task folder on the include path::
 
@@ -114,6 +119,19 @@ class ReplaySSMLM(HFLM):
         if device is None:
             device = "cuda" if torch.cuda.is_available() else "cpu"
         super().__init__(pretrained=pretrained, device=device, dtype=dtype or "auto", **kwargs)
+        self._split_work_over_cpu_ranks()
+
+    def _split_work_over_cpu_ranks(self) -> None:
+        """Data parallelism on CPU ranks (``ACCELERATE_USE_CPU=1 accelerate launch --multi_gpu --num_processes N``,
+        gloo). HFLM takes its rank and world size from the Accelerator only when it counts more than one CUDA device,
+        so on CPU every rank kept ``rank 0 of 1``: each scored the whole task (N times the work, for the same result).
+        Taking them from the Accelerator here makes lm-eval split the requests, pad the ranks to equal batch counts
+        and gather the per-sample results on rank 0, as on GPUs. Each rank still builds its own caches per batch."""
+        accelerator = getattr(self, "accelerator", None)
+        if accelerator is None or accelerator.num_processes <= 1 or self._world_size > 1:
+            return
+        self._rank = accelerator.process_index  # the global rank: torch.distributed.gather_object(dst=0) uses it
+        self._world_size = accelerator.num_processes
 
     # ------------------------------------------------------------------ caches
     def new_cache(self) -> ReplayCache:
@@ -125,9 +143,13 @@ class ReplaySSMLM(HFLM):
         self.cache_stats.update({key: value for key, value in cache.stats().items() if key != "ssm_layers"})
 
     def get_model_info(self) -> dict:
+        """Settings, plus this process's cache counters, which show in the saved results that the ReplayCache was
+        used. lm-eval asks only rank 0 (after the run), so data-parallel counts are rank 0's share of the work."""
         info = super().get_model_info()
         info.update(replayssm_precision=self.precision, replayssm_buffer_len=self.buffer_len,
-                    replayssm_backend=self.replay_backend, replayssm_score_through_cache=self.score_through_cache)
+                    replayssm_backend=self.replay_backend, replayssm_score_through_cache=self.score_through_cache,
+                    replayssm_world_size=self.world_size, replayssm_caches_built=self.caches_built,
+                    replayssm_cache_stats=dict(self.cache_stats))
         return info
 
     # ------------------------------------------------------------------ generation

@@ -47,6 +47,9 @@ class ProgressStreamer(BaseStreamer):
         self.bar.close()
 
 
+_BACKEND_NOTE = {"torch": "the pure-torch reference; on CUDA, backend='auto' runs the Triton kernels"}
+
+
 def _cache_of(kwargs: dict, output=None):
     """The cache a model call used: its keyword (``past_key_values``; ``cache_params`` for pure Mamba-2 on 5.17;
     ``cache`` on newer 5.x), or the one the call returned."""
@@ -250,8 +253,8 @@ def format_report(r: dict) -> str:
             f"{r['lookup_acceptance']:.0%}); every rejection was an exact rollback.",
         ]
     lines += [
-        f"backend: {r['backend']} (pure-torch reference, no Triton kernels yet): on small models tokens/s measures "
-        "Python overhead, not state traffic.",
+        f"backend: {r['backend']} ({_BACKEND_NOTE.get(r['backend'], 'Triton kernels')}): on small models tokens/s "
+        "measures Python overhead, not state traffic (GPU numbers: BENCHMARKS.md).",
     ]
     if r["text"] is not None:
         lines += ["", "generated text (ReplayCache):", r["text"]]

@@ -19,7 +19,26 @@ def test_bench_speculative_runs_and_reports(tmp_path):
         assert entry["greedy_tokens_per_s"] > 0 and entry["lookup_tokens_per_s"] > 0
         assert 0 <= entry["acceptance"] <= 1 and entry["verify_forwards"] >= 1
         assert 0 <= entry["rollback_fraction"] < 1
+        assert entry["snapshot_seconds"] > 0 and entry["snapshot_fraction"] > 0  # copies of real checkpoints
     assert data["environment"]["device"] == "cpu"
+
+
+def test_snapshot_estimate_copies_every_ssm_state_per_position():
+    """The snapshot estimate times (window + 1) copies of each SSM layer's checkpoint and leaves the state as it was."""
+    import torch
+
+    from hf_replayssm import ReplayCache
+    from hf_replayssm.tiny import tiny_model
+
+    model = tiny_model("qwen3_5_text", seed=0, initializer_range=0.2)
+    cache = ReplayCache(4)
+    with torch.no_grad():
+        model(torch.randint(3, 100, (2, 9)), past_key_values=cache)
+    before = [layer.schedule.checkpoint().clone() for layer in cache.replay_layers.values()]
+    assert speculative.snapshot_seconds_per_round(cache, window=4) > 0
+    after = [layer.schedule.checkpoint() for layer in cache.replay_layers.values()]
+    assert all(torch.equal(a, b) for a, b in zip(before, after, strict=True))
+    assert speculative.snapshot_seconds_per_round(ReplayCache(4), window=4) == 0.0  # nothing bound: no state
 
 
 def test_repetitive_prompts_repeat():

@@ -8,7 +8,9 @@ plain greedy ``generate()`` with a ReplayCache against ``batched_prompt_lookup``
 one forward verifies all rows, each row keeps what matches). Reported: new tokens per second (the tokens the batch
 emitted, up to each row's end of sequence, over the wall time, prefill included, the same for both arms),
 acceptance, verify forwards, whether every row's tokens equal plain greedy, and the time spent in per-row rollback
-(``ReplayCache.drop_rows``) as a fraction of the run. Models: a bundled name (``small-mamba2``, ``small-kda``) or a
+(``ReplayCache.drop_rows``) as a fraction of the run, against what the per-draft snapshot approach would add (each
+SSM layer's state copied once per window position and the accepted one restored, per verify round: measured as
+those copies on the same device, a lower bound). Models: a bundled name (``small-mamba2``, ``small-kda``) or a
 shaped random-weight model (``qwen3_5``, ``nemotron_h``, ``kimi_linear``; ``--tiny`` cuts them down). Each arm runs
 once untimed first (same lengths); arms alternate over repeats and the best run counts. The verify windows run the
 torch reference (the Triton verify kernels are not wired in yet), plain greedy the decode-step kernels on CUDA.
@@ -75,6 +77,31 @@ class RollbackClock:
         cache.drop_rows = timed
 
 
+def snapshot_seconds_per_round(cache, window: int, repeats: int = 3) -> float:
+    """What the per-draft snapshot approach (vLLM / SGLang hybrid speculation) spends per verify round that a
+    ReplayCache does not: every SSM layer writes its state once per window position (``window`` state copies into
+    a preallocated buffer) and restores the accepted one (one more copy). Timed here as those copies of this
+    cache's own checkpoints (device-synchronised, best of ``repeats``); the verify math itself is left out, so the
+    estimate is a lower bound."""
+    states = [layer.schedule.checkpoint() for layer in cache.replay_layers.values()]
+    states = [s for s in states if s is not None]
+    if not states:
+        return 0.0
+    device = states[0].device
+    buffers = [torch.empty((window, *s.shape), dtype=s.dtype, device=device) for s in states]
+    best = float("inf")
+    for _ in range(repeats):
+        _sync(device)
+        start = time.perf_counter()
+        for state, buffer in zip(states, buffers, strict=True):
+            for position in range(window):
+                buffer[position].copy_(state)
+            state.copy_(buffer[window - 1])  # the accepted position's state back (equal contents here)
+        _sync(device)
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
 def _eos(model) -> int | None:
     eos = model.generation_config.eos_token_id
     return eos[0] if isinstance(eos, (list, tuple)) and eos else eos
@@ -105,7 +132,10 @@ def run_arm(model, ids: torch.Tensor, arm: str, new_tokens: int, lookup: int, bu
         extra = dict(acceptance=result.acceptance, drafted=result.drafted, accepted=result.accepted,
                      verify_forwards=result.forwards, rollback_seconds=clock.seconds)
     _sync(ids.device)
-    return dict(arm=arm, seconds=time.perf_counter() - start, tokens=tokens, **extra)
+    seconds = time.perf_counter() - start
+    if arm != "greedy":  # measured after the timed run, on the same cache
+        extra["snapshot_seconds"] = snapshot_seconds_per_round(cache, lookup + 1) * extra["verify_forwards"]
+    return dict(arm=arm, seconds=seconds, tokens=tokens, **extra)
 
 
 def measure(model, batch: int, prompt: int, new_tokens: int, lookup: int = 10, buffer_len: int = 16,
@@ -130,6 +160,7 @@ def measure(model, batch: int, prompt: int, new_tokens: int, lookup: int = 10, b
                  **{k: v for k, v in lookup_run.items() if k not in ("arm", "tokens", "seconds")})
     entry["speedup"] = entry["lookup_tokens_per_s"] / entry["greedy_tokens_per_s"]
     entry["rollback_fraction"] = lookup_run["rollback_seconds"] / lookup_run["seconds"]
+    entry["snapshot_fraction"] = lookup_run["snapshot_seconds"] / lookup_run["seconds"]
     return entry
 
 
@@ -160,14 +191,15 @@ def main(argv: list[str] | None = None) -> int:
     for name in args.models.split(","):
         model, tokenizer = _load(name, args.device, dtype, args.tiny)
         print(f"== {name}: batched prompt lookup vs plain greedy (ReplayCache, buffer_len {args.buffer_len})")
-        print("batch  greedy tok/s  lookup tok/s  speedup  acceptance  verify fwd  rollback  identical")
+        print("batch  greedy tok/s  lookup tok/s  speedup  acceptance  verify fwd  rollback  snapshots  identical")
         for batch in (int(b) for b in args.batches.split(",")):
             entry = dict(model=name, **measure(model, batch, args.prompt, args.new, args.lookup, args.buffer_len,
                                                 args.repeats, tokenizer=tokenizer))
             results["results"].append(entry)
             print(f"{batch:5d} {entry['greedy_tokens_per_s']:13.1f} {entry['lookup_tokens_per_s']:13.1f} "
                   f"{entry['speedup']:7.2f}x {entry['acceptance']:11.2f} {entry['verify_forwards']:11d} "
-                  f"{100 * entry['rollback_fraction']:8.2f}% {entry['identical']!s:>10}", flush=True)
+                  f"{100 * entry['rollback_fraction']:8.2f}% {100 * entry['snapshot_fraction']:9.2f}% "
+                  f"{entry['identical']!s:>10}", flush=True)
         del model
     if args.out:
         with open(args.out, "w") as f:

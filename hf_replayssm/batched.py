@@ -1,4 +1,4 @@
-"""Batched speculative decoding with per-row acceptance (greedy prompt lookup), on a ReplayCache.
+"""Batched speculative decoding with per-row acceptance on a ReplayCache (lookup; a draft model: ``batched_draft``).
 
 transformers runs speculative decoding at batch size 1 only. Here every row of a batch drafts its own tokens by
 prompt lookup (the continuation of the latest earlier occurrence of its last n-gram), one forward verifies all rows'
@@ -59,7 +59,9 @@ def batched_prompt_lookup(model, input_ids: torch.Tensor, attention_mask: torch.
         num_draft_tokens: drafts per row and round (the verify window is one more token).
         cache: a ``ReplayCache`` (default: ``ReplayCache()``); it must be empty.
         drafter: ``drafter(row, tokens, n)`` -> up to n draft tokens following ``tokens`` (the row's prompt and
-            output so far); default: prompt lookup (``lookup_drafts`` with ``max_ngram``).
+            output so far), or an object whose ``draft_batch(histories, counts)`` drafts for all rows at once
+            (``hf_replayssm.batched_draft.DraftModelDrafter``: a draft model); default: prompt lookup
+            (``lookup_drafts`` with ``max_ngram``).
     """
     from .cache import ReplayCache, cache_argument
     from .chunking import speculation_refusal
@@ -93,17 +95,15 @@ def batched_prompt_lookup(model, input_ids: torch.Tensor, attention_mask: torch.
             real = [len(p) for p in prompts]
             done = [False] * batch
             while not all(done):
-                drafts = []
-                for r in range(batch):
-                    room = max_new_tokens - len(result.new_tokens[r]) - 1
-                    history = prompts[r] + result.new_tokens[r] + [next_token[r]]
-                    count = min(num_draft_tokens, room)
-                    if done[r] or count <= 0:
-                        drafts.append([])
-                    elif drafter is None:
-                        drafts.append(lookup_drafts(history, count, max_ngram))
-                    else:
-                        drafts.append(list(drafter(r, history, count))[:count])
+                histories = [prompts[r] + result.new_tokens[r] + [next_token[r]] for r in range(batch)]
+                room = [max_new_tokens - len(result.new_tokens[r]) - 1 for r in range(batch)]
+                counts = [0 if done[r] else max(0, min(num_draft_tokens, room[r])) for r in range(batch)]
+                if hasattr(drafter, "draft_batch"):  # e.g. a draft model: one batched draft per round
+                    drafts = [list(d)[:c] for d, c in zip(drafter.draft_batch(histories, counts), counts, strict=True)]
+                else:
+                    drafts = [[] if not count else lookup_drafts(history, count, max_ngram) if drafter is None
+                              else list(drafter(r, history, count))[:count]
+                              for r, (history, count) in enumerate(zip(histories, counts, strict=True))]
                 width = max(len(d) for d in drafts)
                 window = torch.tensor([[next_token[r], *d, *[next_token[r]] * (width - len(d))]
                                        for r, d in enumerate(drafts)], device=device)

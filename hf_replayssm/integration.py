@@ -210,14 +210,20 @@ _PLAIN_GREEDY = {"do_sample": False, "num_beams": 1, "return_dict_in_generate": 
 
 
 def _batched_lookup(model, cache, args: tuple, kwargs: dict):
-    """Greedy prompt lookup over a batch (transformers' assisted generation takes batch size 1 only): the route
-    through ``hf_replayssm.batched``. Returns the [B, S + new] sequences (new tokens right-padded with the pad id
-    after a row's end of sequence), or None where transformers' own path applies (batch 1, other modes)."""
+    """Greedy prompt lookup or a draft model (``assistant_model``, ``num_assistant_tokens`` drafts per round) over a
+    batch (transformers' assisted generation takes batch size 1 only): the route through ``hf_replayssm.batched``.
+    Returns the [B, S + new] sequences (new tokens right-padded with the pad id after a row's end of sequence), or
+    None where transformers' own path applies (batch 1, other modes)."""
     prompt = _prompt_ids(args, kwargs)
     if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or prompt.shape[0] == 1:
         return None
+    assistant = kwargs.get("assistant_model")
     lookup = _setting(model, kwargs, "prompt_lookup_num_tokens")
-    if lookup is None or kwargs.get("assistant_model") is not None:
+    if assistant is not None:  # a draft model for every row (same vocabulary; another tokenizer is not batched)
+        if kwargs.get("assistant_tokenizer") is not None or kwargs.get("speculation_type") not in (None, "default"):
+            return None
+        lookup = int(getattr(assistant.generation_config, "num_assistant_tokens", None) or 5)
+    elif lookup is None:
         return None
     for name, plain in _PLAIN_GREEDY.items():
         value = _setting(model, kwargs, name, plain)
@@ -234,10 +240,15 @@ def _batched_lookup(model, cache, args: tuple, kwargs: dict):
         eos = eos[0] if eos else None
     from .batched import batched_prompt_lookup
 
+    drafter = None
+    if assistant is not None:
+        from .batched_draft import DraftModelDrafter
+
+        drafter = DraftModelDrafter(assistant, buffer_len=cache.buffer_len, max_drafts=int(lookup))
     result = batched_prompt_lookup(
         model, prompt, attention_mask=kwargs.get("attention_mask"), max_new_tokens=int(new),
         num_draft_tokens=int(lookup), max_ngram=int(_setting(model, kwargs, "max_matching_ngram_size") or 2),
-        eos_token_id=eos, cache=cache,
+        eos_token_id=eos, cache=cache, drafter=drafter,
     )
     pad = _setting(model, kwargs, "pad_token_id")
     pad = eos if pad is None else pad

@@ -9,11 +9,14 @@ from hf_replayssm.bench import speculative
 
 def test_bench_speculative_runs_and_reports(tmp_path):
     out = tmp_path / "spec.json"
-    speculative.main(["--models", "small-mamba2,qwen3_5", "--tiny", "--batches", "1,2", "--prompt", "32", "--new",
-                      "6", "--lookup", "3", "--buffer-len", "4", "--device", "cpu", "--out", str(out)])
+    speculative.main(["--models", "small-mamba2,qwen3_5", "--drafts", "tiny-mamba2,qwen3_5", "--tiny", "--batches",
+                      "1,2", "--prompt", "32", "--new", "6", "--lookup", "3", "--buffer-len", "4", "--device", "cpu",
+                      "--out", str(out)])
     data = json.loads(out.read_text())
-    assert [(e["model"], e["batch"]) for e in data["results"]] == [
-        ("small-mamba2", 1), ("small-mamba2", 2), ("qwen3_5", 1), ("qwen3_5", 2)]
+    assert [(e["model"], e["batch"], e["arm"]) for e in data["results"]] == [
+        (model, batch, arm) for model in ("small-mamba2", "qwen3_5") for batch in (1, 2) for arm in ("lookup", "draft")]
+    self_drafts = [e for e in data["results"] if e["model"] == "qwen3_5" and e["arm"] == "draft"]
+    assert all(e["acceptance"] == 1.0 for e in self_drafts)  # the model drafting for itself: every draft accepted
     for entry in data["results"]:
         assert entry["identical"], entry  # batched lookup emits exactly what plain greedy emits
         assert entry["greedy_tokens_per_s"] > 0 and entry["lookup_tokens_per_s"] > 0

@@ -1,6 +1,7 @@
 """Batched speculative decoding against plain batched greedy decoding, both on a ReplayCache.
 
     hf-replayssm bench speculative --models small-mamba2,qwen3_5 --batches 1,16,64 --prompt 512 --new 128
+    hf-replayssm bench speculative --models small-mamba2 --drafts tiny-mamba2 --batches 1,16,64   # + a draft model
 
 Per model and batch size, on repetitive prompts (bundled Shakespeare models: a passage of Hamlet said twice, each
 row from another line; shaped random-weight models: ``bench.generate``'s synthetic code-edit and summary prompts),
@@ -111,9 +112,13 @@ def _until_eos(tokens: list[int], eos: int | None) -> list[int]:
     return tokens[: tokens.index(eos) + 1] if eos is not None and eos in tokens else tokens
 
 
-def run_arm(model, ids: torch.Tensor, arm: str, new_tokens: int, lookup: int, buffer_len: int) -> dict:
-    """One timed run; tokens per row up to (and with) the end of sequence, which both arms stop at."""
+def run_arm(model, ids: torch.Tensor, arm: str, new_tokens: int, lookup: int, buffer_len: int,
+            draft_model=None) -> dict:
+    """One timed run; tokens per row up to (and with) the end of sequence, which every arm stops at. Arms:
+    ``greedy`` (plain batched ``generate``), ``lookup`` (batched prompt lookup), ``draft`` (batched speculation with
+    ``draft_model``)."""
     from ..batched import batched_prompt_lookup
+    from ..batched_draft import DraftModelDrafter
     from ..cache import ReplayCache, cache_argument
 
     cache, eos = ReplayCache(buffer_len), _eos(model)
@@ -126,8 +131,9 @@ def run_arm(model, ids: torch.Tensor, arm: str, new_tokens: int, lookup: int, bu
         tokens = [_until_eos(row, eos) for row in out[:, ids.shape[1] :].tolist()]
     else:
         clock = RollbackClock(cache)
+        drafter = DraftModelDrafter(draft_model, buffer_len, max_drafts=lookup) if arm == "draft" else None
         result = batched_prompt_lookup(model, ids, max_new_tokens=new_tokens, num_draft_tokens=lookup, cache=cache,
-                                       eos_token_id=eos)
+                                       eos_token_id=eos, drafter=drafter)
         tokens = result.new_tokens
         extra = dict(acceptance=result.acceptance, drafted=result.drafted, accepted=result.accepted,
                      verify_forwards=result.forwards, rollback_seconds=clock.seconds)
@@ -139,29 +145,35 @@ def run_arm(model, ids: torch.Tensor, arm: str, new_tokens: int, lookup: int, bu
 
 
 def measure(model, batch: int, prompt: int, new_tokens: int, lookup: int = 10, buffer_len: int = 16,
-            repeats: int = 1, seed: int = 0, tokenizer=None) -> dict:
+            repeats: int = 1, seed: int = 0, tokenizer=None, draft_model=None) -> list[dict]:
+    """One entry per speculative arm (``lookup``, and ``draft`` when a draft model is given), each against plain
+    batched greedy decoding measured in the same run."""
     device = next(model.parameters()).device
     ids = repetitive_batch(model.config.get_text_config().vocab_size, batch, prompt, seed, tokenizer).to(device)
-    for arm in ARMS:  # warm-up at the same lengths
-        run_arm(model, ids, arm, new_tokens, lookup, buffer_len)
+    arms = (*ARMS, "draft") if draft_model is not None else ARMS
+    for arm in arms:  # warm-up at the same lengths
+        run_arm(model, ids, arm, new_tokens, lookup, buffer_len, draft_model)
     best: dict[str, dict] = {}
     for _ in range(repeats):
-        for arm in ARMS:
-            run = run_arm(model, ids, arm, new_tokens, lookup, buffer_len)
+        for arm in arms:
+            run = run_arm(model, ids, arm, new_tokens, lookup, buffer_len, draft_model)
             if arm not in best or run["seconds"] < best[arm]["seconds"]:
                 best[arm] = run
-    greedy, lookup_run = best["greedy"], best["lookup"]
+    greedy = best["greedy"]
     emitted = sum(map(len, greedy["tokens"]))
-    entry = dict(batch=batch, prompt=prompt, new_tokens=new_tokens, lookup=lookup, buffer_len=buffer_len,
-                 emitted_tokens=emitted,
-                 greedy_tokens_per_s=emitted / greedy["seconds"],
-                 lookup_tokens_per_s=sum(map(len, lookup_run["tokens"])) / lookup_run["seconds"],
-                 identical=lookup_run["tokens"] == greedy["tokens"],
-                 **{k: v for k, v in lookup_run.items() if k not in ("arm", "tokens", "seconds")})
-    entry["speedup"] = entry["lookup_tokens_per_s"] / entry["greedy_tokens_per_s"]
-    entry["rollback_fraction"] = lookup_run["rollback_seconds"] / lookup_run["seconds"]
-    entry["snapshot_fraction"] = lookup_run["snapshot_seconds"] / lookup_run["seconds"]
-    return entry
+    entries = []
+    for arm in arms[1:]:
+        run = best[arm]
+        entry = dict(arm=arm, batch=batch, prompt=prompt, new_tokens=new_tokens, lookup=lookup, buffer_len=buffer_len,
+                     emitted_tokens=emitted, greedy_tokens_per_s=emitted / greedy["seconds"],
+                     lookup_tokens_per_s=sum(map(len, run["tokens"])) / run["seconds"],
+                     identical=run["tokens"] == greedy["tokens"],
+                     **{k: v for k, v in run.items() if k not in ("arm", "tokens", "seconds")})
+        entry["speedup"] = entry["lookup_tokens_per_s"] / entry["greedy_tokens_per_s"]
+        entry["rollback_fraction"] = run["rollback_seconds"] / run["seconds"]
+        entry["snapshot_fraction"] = run["snapshot_seconds"] / run["seconds"]
+        entries.append(entry)
+    return entries
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -177,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 elsewhere")
     parser.add_argument("--tiny", action="store_true", help="shaped models cut down (CPU smoke runs)")
+    parser.add_argument("--drafts", default=None,
+                        help="comma-separated draft models, one per --models entry (a bundled name or a shaped model, "
+                             "same vocabulary; e.g. tiny-mamba2 for small-mamba2): adds a 'draft' arm")
     parser.add_argument("--out", help="JSON results")
     return parser
 
@@ -188,19 +203,26 @@ def main(argv: list[str] | None = None) -> int:
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if args.device.startswith("cuda")
                                                            else torch.float32)
     results = {"environment": environment(args.device), "settings": vars(args), "results": []}
-    for name in args.models.split(","):
+    names = args.models.split(",")
+    drafts = args.drafts.split(",") if args.drafts else [None] * len(names)
+    if len(drafts) != len(names):
+        raise SystemExit(f"--drafts names {len(drafts)} models for {len(names)} --models entries")
+    for name, draft_name in zip(names, drafts, strict=True):
         model, tokenizer = _load(name, args.device, dtype, args.tiny)
-        print(f"== {name}: batched prompt lookup vs plain greedy (ReplayCache, buffer_len {args.buffer_len})")
-        print("batch  greedy tok/s  lookup tok/s  speedup  acceptance  verify fwd  rollback  snapshots  identical")
+        draft = _load(draft_name, args.device, dtype, args.tiny)[0] if draft_name else None
+        versus = "prompt lookup" + (f" / draft model {draft_name}" if draft else "")
+        print(f"== {name}: batched {versus} vs plain greedy (ReplayCache, buffer_len {args.buffer_len})")
+        print("batch arm     greedy tok/s  spec tok/s  speedup  acceptance  verify fwd  rollback  snapshots  identical")
         for batch in (int(b) for b in args.batches.split(",")):
-            entry = dict(model=name, **measure(model, batch, args.prompt, args.new, args.lookup, args.buffer_len,
-                                                args.repeats, tokenizer=tokenizer))
-            results["results"].append(entry)
-            print(f"{batch:5d} {entry['greedy_tokens_per_s']:13.1f} {entry['lookup_tokens_per_s']:13.1f} "
-                  f"{entry['speedup']:7.2f}x {entry['acceptance']:11.2f} {entry['verify_forwards']:11d} "
-                  f"{100 * entry['rollback_fraction']:8.2f}% {100 * entry['snapshot_fraction']:9.2f}% "
-                  f"{entry['identical']!s:>10}", flush=True)
-        del model
+            for entry in measure(model, batch, args.prompt, args.new, args.lookup, args.buffer_len, args.repeats,
+                                 tokenizer=tokenizer, draft_model=draft):
+                entry = dict(model=name, draft_model=draft_name if entry["arm"] == "draft" else None, **entry)
+                results["results"].append(entry)
+                print(f"{batch:5d} {entry['arm']:7s} {entry['greedy_tokens_per_s']:12.1f} "
+                      f"{entry['lookup_tokens_per_s']:11.1f} {entry['speedup']:7.2f}x {entry['acceptance']:11.2f} "
+                      f"{entry['verify_forwards']:11d} {100 * entry['rollback_fraction']:8.2f}% "
+                      f"{100 * entry['snapshot_fraction']:9.2f}% {entry['identical']!s:>10}", flush=True)
+        del model, draft
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=2)

@@ -223,6 +223,13 @@ def _batched_lookup(model, cache, args: tuple, kwargs: dict):
         if kwargs.get("assistant_tokenizer") is not None or kwargs.get("speculation_type") not in (None, "default"):
             return None
         lookup = int(getattr(assistant.generation_config, "num_assistant_tokens", None) or 5)
+        vocab = model.config.get_text_config().vocab_size
+        if assistant.config.get_text_config().vocab_size != vocab:
+            raise ValueError(
+                f"batched speculation with a draft model needs the main model's vocabulary ({vocab} tokens), the draft "
+                f"has {assistant.config.get_text_config().vocab_size}; a draft with another tokenizer "
+                "(assistant_tokenizer=...) runs at batch size 1 only"
+            )
     elif lookup is None:
         return None
     for name, plain in _PLAIN_GREEDY.items():

@@ -87,6 +87,35 @@ def test_generate_routes_a_batch_with_a_draft_model():
         assert out[row, input_ids.shape[1] :].tolist() == _greedy(model, prompt, NEW)
 
 
+def test_a_dense_draft_model():
+    """A draft without SSM layers (a small Llama): its ReplayCache holds only attention layers, rolled back by the
+    mask; the batch still equals plain greedy per row."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = tiny_model("nemotron_h", seed=0, initializer_range=0.2)
+    torch.manual_seed(0)
+    draft = LlamaForCausalLM(LlamaConfig(vocab_size=model.config.vocab_size, hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                         initializer_range=0.2)).eval()
+    prompts, input_ids, mask = _batch(model, [7, 10], seed=6)
+    drafter = RecordingDrafter(draft, buffer_len=4, max_drafts=3)
+    result = batched_prompt_lookup(model, input_ids, attention_mask=mask, max_new_tokens=NEW, num_draft_tokens=3,
+                                   cache=ReplayCache(4), drafter=drafter)
+    for prompt, new in zip(prompts, result.new_tokens, strict=True):
+        assert new == _greedy(model, prompt, NEW)
+    histories, counts, drafts = drafter.rounds[-1]
+    assert drafts[0] == (_greedy(draft, histories[0], counts[0]) if counts[0] else [])
+
+
+def test_generate_refuses_a_draft_with_another_vocabulary():
+    model = tiny_model("qwen3_5_text", seed=0, initializer_range=0.2)
+    draft = tiny_model("qwen3_5_text", seed=0, initializer_range=0.2, vocab_size=model.config.vocab_size + 8)
+    _, input_ids, mask = _batch(model, [6, 6], seed=5)
+    with pytest.raises(ValueError, match="needs the main model's vocabulary"):
+        model.generate(input_ids, attention_mask=mask, assistant_model=draft, past_key_values=ReplayCache(4),
+                       do_sample=False, max_new_tokens=4)
+
+
 def test_too_many_drafts_are_refused():
     model = tiny_model("nemotron_h", seed=0, initializer_range=0.2)
     _, input_ids, mask = _batch(model, [6, 6], seed=4)

@@ -115,7 +115,6 @@ class ReplayCache(DynamicCache):
             _check_count("max_cache_len", max_cache_len, 1)
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        install_hooks()  # idempotent (done at import; again here after a test or user removed them)
         super().__init__()
         self.buffer_len = buffer_len
         if isinstance(precision, (list, tuple)):

@@ -209,20 +209,23 @@ def _check_mtp_heads(model) -> None:
 _PLAIN_GREEDY = {"do_sample": False, "num_beams": 1, "return_dict_in_generate": False, "num_return_sequences": 1}
 
 
-def _batched_lookup(model, cache, args: tuple, kwargs: dict):
-    """Greedy prompt lookup or a draft model (``assistant_model``, ``num_assistant_tokens`` drafts per round) over a
-    batch (transformers' assisted generation takes batch size 1 only): the route through ``hf_replayssm.batched``.
-    Returns the [B, S + new] sequences (new tokens right-padded with the pad id after a row's end of sequence), or
-    None where transformers' own path applies (batch 1, other modes)."""
+def _batched_lookup(model, cache, drafts: int, args: tuple, kwargs: dict):
+    """Greedy prompt lookup or a draft model (``assistant_model``; ``drafts`` per round, as ``_speculative_window``
+    counts them) over a batch (transformers' assisted generation takes batch size 1 only): the route through
+    ``hf_replayssm.batched``. Returns the [B, S + new] sequences (new tokens right-padded with the pad id after a row's
+    end of sequence), or None where transformers' own path applies (batch 1, other modes)."""
     prompt = _prompt_ids(args, kwargs)
     if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or prompt.shape[0] == 1:
         return None
-    assistant = kwargs.get("assistant_model")
-    lookup = _setting(model, kwargs, "prompt_lookup_num_tokens")
-    if assistant is not None:  # a draft model for every row (same vocabulary; another tokenizer is not batched)
-        if kwargs.get("assistant_tokenizer") is not None or kwargs.get("speculation_type") not in (None, "default"):
+    if _early_exit_layer(model, kwargs) is not None:
+        return None
+    assistant = None  # transformers' order: prompt lookup before MTP heads, DFlash and assistants
+    if _setting(model, kwargs, "prompt_lookup_num_tokens") is None:
+        assistant = kwargs.get("assistant_model")
+        if (assistant is None or _setting(model, kwargs, "use_mtp", False)
+                or _setting(model, kwargs, "speculation_type") == "dflash"
+                or kwargs.get("assistant_tokenizer") is not None):  # another tokenizer is not batched
             return None
-        lookup = int(getattr(assistant.generation_config, "num_assistant_tokens", None) or 5)
         vocab = model.config.get_text_config().vocab_size
         if assistant.config.get_text_config().vocab_size != vocab:
             raise ValueError(
@@ -230,8 +233,6 @@ def _batched_lookup(model, cache, args: tuple, kwargs: dict):
                 f"has {assistant.config.get_text_config().vocab_size}; a draft with another tokenizer "
                 "(assistant_tokenizer=...) runs at batch size 1 only"
             )
-    elif lookup is None:
-        return None
     for name, plain in _PLAIN_GREEDY.items():
         value = _setting(model, kwargs, name, plain)
         if value not in (plain, None):
@@ -251,10 +252,10 @@ def _batched_lookup(model, cache, args: tuple, kwargs: dict):
     if assistant is not None:
         from .batched_draft import DraftModelDrafter
 
-        drafter = DraftModelDrafter(assistant, buffer_len=cache.buffer_len, max_drafts=int(lookup))
+        drafter = DraftModelDrafter(assistant, buffer_len=cache.buffer_len, max_drafts=drafts)
     result = batched_prompt_lookup(
         model, prompt, attention_mask=kwargs.get("attention_mask"), max_new_tokens=int(new),
-        num_draft_tokens=int(lookup), max_ngram=int(_setting(model, kwargs, "max_matching_ngram_size") or 2),
+        num_draft_tokens=drafts, max_ngram=int(_setting(model, kwargs, "max_matching_ngram_size") or 2),
         eos_token_id=eos, cache=cache, drafter=drafter,
     )
     pad = _setting(model, kwargs, "pad_token_id")
@@ -296,7 +297,7 @@ def _wrap_generate(original):
                 "a static ReplayCache (max_cache_len) serves plain decoding only: speculative decoding rolls back, and "
                 "transformers' static attention layers cannot. Use ReplayCache() without max_cache_len here"
             )
-        batched = _batched_lookup(self, cache, args, kwargs)
+        batched = _batched_lookup(self, cache, drafts, args, kwargs)
         if batched is not None:
             return batched
         _check_assisted(self, cache, args, kwargs)

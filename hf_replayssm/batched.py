@@ -32,6 +32,25 @@ def lookup_drafts(tokens: list[int], num_drafts: int, max_ngram: int = 2) -> lis
     return []
 
 
+def _batched(drafter, max_ngram: int) -> Callable[[list[list[int]], list[int]], list[list[int]]]:
+    """``draft_batch(histories, counts)`` for any drafter: a batched one as it is, a per-row one (or prompt lookup)
+    called row by row; rows asking for no draft get none."""
+    if hasattr(drafter, "draft_batch"):  # e.g. a draft model: one batched draft per round
+        return drafter.draft_batch
+    per_row = drafter or (lambda row, tokens, count: lookup_drafts(tokens, count, max_ngram))
+    return lambda histories, counts: [list(per_row(row, tokens, count)) if count else [] for row, (tokens, count)
+                                      in enumerate(zip(histories, counts, strict=True))]
+
+
+def drop_newest(cache, mask: torch.Tensor, dropped: list[int]) -> None:
+    """Row r forgets its newest ``dropped[r]`` tokens: neutral records in the SSM layers (``ReplayCache.drop_rows``)
+    and zeros in the caller's attention mask [B, positions], so attention never sees them."""
+    for row, count in enumerate(dropped):
+        if count:
+            mask[row, mask.shape[1] - count :] = 0
+    cache.drop_rows(dropped)
+
+
 @dataclass
 class BatchedSpeculationResult:
     sequences: list[list[int]]  # per row: its prompt (without padding) and its new tokens
@@ -77,6 +96,7 @@ def batched_prompt_lookup(model, input_ids: torch.Tensor, attention_mask: torch.
     cache = ReplayCache(window=num_draft_tokens + 1) if cache is None else cache
     if cache.get_seq_length():
         raise ValueError("batched_prompt_lookup needs an empty cache (cache.reset() or a new ReplayCache())")
+    draft_batch = _batched(drafter, max_ngram)
     device = input_ids.device
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device).long()
     key = cache_argument(model)
@@ -98,12 +118,7 @@ def batched_prompt_lookup(model, input_ids: torch.Tensor, attention_mask: torch.
                 histories = [prompts[r] + result.new_tokens[r] + [next_token[r]] for r in range(batch)]
                 room = [max_new_tokens - len(result.new_tokens[r]) - 1 for r in range(batch)]
                 counts = [0 if done[r] else max(0, min(num_draft_tokens, room[r])) for r in range(batch)]
-                if hasattr(drafter, "draft_batch"):  # e.g. a draft model: one batched draft per round
-                    drafts = [list(d)[:c] for d, c in zip(drafter.draft_batch(histories, counts), counts, strict=True)]
-                else:
-                    drafts = [[] if not count else lookup_drafts(history, count, max_ngram) if drafter is None
-                              else list(drafter(r, history, count))[:count]
-                              for r, (history, count) in enumerate(zip(histories, counts, strict=True))]
+                drafts = [list(d)[:c] for d, c in zip(draft_batch(histories, counts), counts, strict=True)]
                 width = max(len(d) for d in drafts)
                 window = torch.tensor([[next_token[r], *d, *[next_token[r]] * (width - len(d))]
                                        for r, d in enumerate(drafts)], device=device)
@@ -129,10 +144,7 @@ def batched_prompt_lookup(model, input_ids: torch.Tensor, attention_mask: torch.
                     emitted = result.new_tokens[r]
                     if len(emitted) >= max_new_tokens or (eos_token_id is not None and eos_token_id in emitted):
                         done[r] = True
-                for r, count in enumerate(dropped):
-                    if count:
-                        mask[r, mask.shape[1] - count :] = 0
-                cache.drop_rows(dropped)
+                drop_newest(cache, mask, dropped)
     finally:
         cache.deactivate_past_recording()
     for r in range(batch):

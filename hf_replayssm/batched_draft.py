@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 
+from .batched import drop_newest
+
 
 class DraftModelDrafter:
     """Greedy drafts from ``draft_model`` for every row of a batch (the ``draft_batch`` protocol of
@@ -94,11 +96,9 @@ class DraftModelDrafter:
         """Row r forgets its newest ``counts[r]`` tokens (neutral records; hidden from attention)."""
         if not any(counts):
             return
-        self.cache.drop_rows(counts)
-        for row, count in enumerate(counts):
-            if count:
-                self.mask[row, self.mask.shape[1] - count :] = 0
-                del self.held[row][len(self.held[row]) - count :]
+        drop_newest(self.cache, self.mask, counts)
+        for held, count in zip(self.held, counts, strict=True):
+            del held[len(held) - count :]
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:

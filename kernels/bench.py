@@ -380,6 +380,8 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
             row.update(replay_copies=inputs.n, replay_default_config=default_key, replay_best_config=best_cfg,
                        replay_sweep=sweep, replay_mixed_default_us=sweep[default_key]["us"],
                        replay_mixed_us=sweep[best_cfg]["us"])
+            # the same step as one fused launch carrying both phases' code (the layout before the split)
+            row["replay_mixed_fused_us"] = per_step_us(timer(inputs.fn(k._replay_step, _config=best, _split=False)))
             if args.diag:
                 row["diag_replay_mixed_no_ticket_us"] = per_step_us(timer(inputs.fn(
                     k._replay_step, _config=best, _ticket=False)))
@@ -388,6 +390,7 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
             # replay, all rows in phase
             inputs = ReplayInputs(batch, heads, head_dim, d_state, groups, L, device, gen, "in_phase", cuda)
             row["replay_in_phase_us"] = per_step_us(timer(inputs.fn(k._replay_step, _config=best)))
+            row["replay_in_phase_fused_us"] = per_step_us(timer(inputs.fn(k._replay_step, _config=best, _split=False)))
             row["replay_in_phase_default_us"] = (
                 per_step_us(timer(inputs.fn(k.mamba2_replay_step))) if best_cfg != default_key
                 else row["replay_in_phase_us"])

@@ -431,6 +431,9 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
             row.update(replay_copies=inputs.n, replay_default_config=_key(default_cfg), replay_best_config=best_cfg,
                        replay_sweep=sweep, replay_mixed_default_us=sweep[_key(default_cfg)]["us"],
                        replay_mixed_us=sweep[best_cfg]["us"])
+            # the same step as one fused launch carrying both phases' code (the layout before the split)
+            row["replay_mixed_fused_us"] = per_step_us(timer(inputs.fn(k._replay_step, _block_v=bv, _num_warps=nw,
+                                                                      _split=False)))
             if args.diag:
                 row["diag_replay_mixed_no_ticket_us"] = per_step_us(timer(inputs.fn(
                     k._replay_step, _block_v=bv, _num_warps=nw, _ticket=False)))
@@ -442,6 +445,8 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
             # replay, all rows in phase
             inputs = ReplayInputs(batch, shape, per_key, L, device, gen, "in_phase", cuda)
             row["replay_in_phase_us"] = per_step_us(timer(inputs.fn(k._replay_step, _block_v=bv, _num_warps=nw)))
+            row["replay_in_phase_fused_us"] = per_step_us(timer(inputs.fn(k._replay_step, _block_v=bv, _num_warps=nw,
+                                                                         _split=False)))
             # replay with the positions on the host (phase-specialised launches): default config and sweep
             sweep = {}
             for cfg in dict.fromkeys([default_cfg, *[c for c in replay_sweep if c[0] <= max(16, V)]]):

@@ -7,7 +7,9 @@ Entry points (each with a torch reference of the same signature, re-exported her
 * :func:`delta_replay_step` / :func:`delta_replay_step_ref`: one decode token per batch row. Rows whose ring is not
   full compute the output and the token's corrected value from the float32 checkpoint plus the buffered records and
   only append a record; rows that reach ``buffer_len`` fold the records and the token into the checkpoint in place.
-  One launch, decided per row on the device.
+  Decided per row on the device: by default two launches in stream order, a flush-only program for the rows due
+  (the others exit after reading their count) and a replay-only program (which also updates every row's count), so
+  that no program carries the other phase's registers; one fused launch on request.
 * :func:`delta_state_update` / :func:`delta_state_update_ref`: the standard step (read state, update, write in
   place, output), i.e. flash-linear-attention's ``fused_recurrent_gated_delta_rule`` / ``fused_recurrent_kda`` for
   one token with an in-place state.
@@ -49,6 +51,12 @@ Design notes:
   on tensor cores; the default for GDN) or a loop over the records re-read from L1, newest first (fewer registers;
   the default for KDA, whose per-key tiles would spill with the dot), see :func:`flush_uses_dot`. bf16/fp16 inputs
   are upcast to fp32 right after loading (also required by ``TRITON_INTERPRET=1``).
+* Device phases, split (``PHASE`` 3 then 4, the default for tensor positions): the fused program's register count is
+  its flush branch's, which cost every replay program about a third of its speed (H200, batch 256: 348 us per step
+  fused vs 227 us with the phase-specialised host launches). Split, the flush launch's programs of replaying rows
+  read ``count[b]`` and exit without touching it; the replay launch (run after it) skips the flushing rows' work
+  but still takes their tickets, and its last ticket per row writes the new count (0 after a flush), so both launches
+  see the same old count. ``PHASE`` 0 keeps both codes in one launch.
 * The per-row phase is read on the device with a variant of the ticket scheme of ``kernels/mamba2.py``: every
   program reads ``count[b]`` with a plain load (low 16 bits) and then takes one ``atomic_add(count[b], 1 << 16)``
   ticket, whose value it only needs at its end; the program that drew the row's last ticket writes the new count
@@ -208,7 +216,9 @@ def _delta_replay_step_kernel(
     stride_rb_b, stride_rb_r: tl.constexpr, stride_rb_h: tl.constexpr,
     # meta
     BUFFER_LEN: tl.constexpr,
-    PHASE: tl.constexpr,  # 0: per row, read on the device; 1: every row replays; 2: every row flushes
+    # 0: per row, read on the device; 1: every row replays; 2: every row flushes; 3 / 4: per row, read on the
+    # device, flushing rows only / replaying rows only (one device-phase step as two launches, 3 then 4)
+    PHASE: tl.constexpr,
     GATE_PER_KEY: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
     TICKET: tl.constexpr,
@@ -236,167 +246,179 @@ def _delta_replay_step_kernel(
     # already taken), then this program's ticket. The ticket's value is only needed at the end, so neither read
     # waits for the other; the read is ordered before the ticket (same address), which is ordered before the
     # final exchange, so every program of the row sees the old count.
-    if PHASE == 0:
+    if PHASE == 0 or PHASE == 3 or PHASE == 4:
         origin = tl.load(origin_ptr + pid_b * stride_origin)
         count = tl.load(count_ptr + pid_b * stride_count, cache_modifier=".cg") & 0xFFFF
-        if TICKET:  # relaxed: nothing but count[b] itself is communicated between the programs of a launch
+        if TICKET and PHASE != 3:  # relaxed: nothing but count[b] itself is communicated between the programs
             ticket = tl.atomic_add(count_ptr + pid_b * stride_count, 1 << 16, sem="relaxed") >> 16
-        is_flush = count + 1 >= BUFFER_LEN
+        due = count + 1 >= BUFFER_LEN
     else:
         origin = origin_host
         count = count_host
-        is_flush = PHASE == 2
-
-    # The one large read: the checkpoint tile.
-    state_ptrs = (state_ptr + pid_b * stride_s_b + pid_h * stride_s_h
-                  + offs_k[:, None] * stride_s_k + offs_v[None, :] * stride_s_v)
-    if READ_FORMAT == "fp32" or PHASE == 2:
-        s0 = tl.load(state_ptrs, mask=mask_kv, other=0.0).to(tl.float32)
+        due = PHASE == 2
+    # PHASE 3 / 4 (a device-phase step split in two launches, flush then replay): each program of a row whose
+    # phase is the other launch's skips everything; the replay launch alone updates count (see _replay_step).
+    if PHASE == 3:
+        run = due
+        is_flush = True
+    elif PHASE == 4:
+        run = count + 1 < BUFFER_LEN
+        is_flush = False
     else:
-        # Replaying rows read the decoded read copy (S0^T q and S0^T k come from it), flushing rows the
-        # checkpoint: masked loads, so only one of the two costs bandwidth.
-        if PHASE == 0:  # (row masks from comparisons on the tile offsets: a tensor mask & a scalar bool is not a
-            # valid mask under TRITON_INTERPRET=1)
-            v_flush = tl.where(is_flush, V, 0)  # value columns of the checkpoint to read: all or none
-            s0 = tl.load(state_ptrs, mask=mask_kv & (offs_v[None, :] < v_flush), other=0.0).to(tl.float32)
-            read_mask = mask_kv & (offs_v[None, :] < V - v_flush)
+        run = True
+        is_flush = due
+
+    if run:
+        # The one large read: the checkpoint tile.
+        state_ptrs = (state_ptr + pid_b * stride_s_b + pid_h * stride_s_h
+                      + offs_k[:, None] * stride_s_k + offs_v[None, :] * stride_s_v)
+        if READ_FORMAT == "fp32" or PHASE == 2 or PHASE == 3:
+            s0 = tl.load(state_ptrs, mask=mask_kv, other=0.0).to(tl.float32)
         else:
-            s0 = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)
-            read_mask = mask_kv
-        s0 += load_read_tile(rc_values_ptr, rc_scales_ptr, rc_tensor_scale_ptr, pid_b, pid_h, offs_k, offs_v,
-                             read_mask, stride_rcv_b, stride_rcv_h, stride_rcv_k, stride_rcv_v,
-                             stride_rcs_b, stride_rcs_h, stride_rcs_k, stride_rcs_v, stride_rct_b, READ_FORMAT)
+            # Replaying rows read the decoded read copy (S0^T q and S0^T k come from it), flushing rows the
+            # checkpoint: masked loads, so only one of the two costs bandwidth.
+            if PHASE == 0:  # (row masks from comparisons on the tile offsets: a tensor mask & a scalar bool is not a
+                # valid mask under TRITON_INTERPRET=1)
+                v_flush = tl.where(is_flush, V, 0)  # value columns of the checkpoint to read: all or none
+                s0 = tl.load(state_ptrs, mask=mask_kv & (offs_v[None, :] < v_flush), other=0.0).to(tl.float32)
+                read_mask = mask_kv & (offs_v[None, :] < V - v_flush)
+            else:
+                s0 = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)
+                read_mask = mask_kv
+            s0 += load_read_tile(rc_values_ptr, rc_scales_ptr, rc_tensor_scale_ptr, pid_b, pid_h, offs_k, offs_v,
+                                 read_mask, stride_rcv_b, stride_rcv_h, stride_rcv_k, stride_rcv_v,
+                                 stride_rcs_b, stride_rcs_h, stride_rcs_k, stride_rcs_v, stride_rct_b, READ_FORMAT)
 
-    k_raw, q_t, k_t, v_t, beta_t, g_t = _load_token(
-        q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, pid_b, pid_h, hk, offs_k, mask_k, offs_v, mask_v, scale,
-        stride_q_b, stride_q_h, stride_q_k, stride_k_b, stride_k_h, stride_k_k,
-        stride_v_b, stride_v_h, stride_v_v, stride_beta_b, stride_beta_h, stride_g_b, stride_g_h, stride_g_k,
-        GATE_PER_KEY, USE_QK_L2NORM)
+        k_raw, q_t, k_t, v_t, beta_t, g_t = _load_token(
+            q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, pid_b, pid_h, hk, offs_k, mask_k, offs_v, mask_v, scale,
+            stride_q_b, stride_q_h, stride_q_k, stride_k_b, stride_k_h, stride_k_k,
+            stride_v_b, stride_v_h, stride_v_v, stride_beta_b, stride_beta_h, stride_g_b, stride_g_h, stride_g_k,
+            GATE_PER_KEY, USE_QK_L2NORM)
 
-    # Committed records: in logical order (position r < count at slot (origin + r) % R), or, for scalar gates read
-    # on the device, by physical slot (addresses that need not wait for origin/count; position (slot - origin) % R).
-    # Masked loads: nothing but the committed records is read.
-    offs_r = tl.arange(0, BLOCK_R)
-    if RING_PHYSICAL:
-        slots = offs_r
-        pos = (offs_r - origin + ring_size) % ring_size
-        valid = (offs_r < ring_size) & (pos < count)
-    else:
-        valid = offs_r < count
-        slots = (origin + offs_r) % ring_size
-    rk_base = ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h
-    rd_base = ring_d_ptr + pid_b * stride_rd_b + pid_h * stride_rd_h
-    rg_base = ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h
-    k_r = tl.load(rk_base + slots[:, None] * stride_rk_r + offs_k[None, :] * stride_rk_k,
-                  mask=valid[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-    k_r = _l2norm_rows(k_r, USE_QK_L2NORM)
-    d_r = tl.load(rd_base + slots[:, None] * stride_rd_r + offs_v[None, :] * stride_rd_v,
-                  mask=valid[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-    # Gates one record later (position r + 1 < count): s_r = sum_{r<i<count} g_i + g_t as a reverse cumsum, and
-    # the decay since the checkpoint c = g_0 + s_0.
-    slots_next = (origin + offs_r + 1) % ring_size
-    valid_next = offs_r + 1 < count
-    if GATE_PER_KEY:
-        g_next = tl.load(rg_base + slots_next[:, None] * stride_rg_r + offs_k[None, :] * stride_rg_k,
-                         mask=valid_next[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-        g_first = tl.load(rg_base + origin * stride_rg_r + offs_k * stride_rg_k,
-                          mask=offs_k < tl.where(count > 0, K, 0), other=0.0).to(tl.float32)
-        seg = tl.cumsum(g_next, axis=0, reverse=True) + g_t[None, :]  # [R, K]
-        decay = tl.exp(g_first + tl.sum(tl.where(offs_r[:, None] == 0, seg, 0.0), axis=0))  # [K]
-        kw_r = tl.where(valid[:, None], k_r * tl.exp(seg), 0.0)  # decayed record keys exp(s_j) * k_j
-        wq = tl.sum(kw_r * q_t[None, :], axis=1)  # [R]: (exp(s_j) * k_j) . q
-        wk = tl.sum(kw_r * k_t[None, :], axis=1)
-        pq = tl.sum(s0 * (decay * q_t)[:, None], axis=0)  # [BLOCK_V]: S0^T (exp(c) * q)
-        pk = tl.sum(s0 * (decay * k_t)[:, None], axis=0)
-    else:
+        # Committed records: in logical order (position r < count at slot (origin + r) % R), or, for scalar gates read
+        # on the device, by physical slot (addresses that need not wait for origin/count; position (slot - origin) % R).
+        # Masked loads: nothing but the committed records is read.
+        offs_r = tl.arange(0, BLOCK_R)
         if RING_PHYSICAL:
-            g_r = tl.load(rg_base + slots * stride_rg_r, mask=valid, other=0.0).to(tl.float32)
-            after = pos[None, :] > pos[:, None]  # [j, i]: record i comes after record j (invalid g_i are 0)
-            seg = tl.sum(tl.where(after, g_r[None, :], 0.0), axis=1) + g_t  # [R], direct sums
-            decay = tl.exp(tl.sum(g_r, axis=0) + g_t)
+            slots = offs_r
+            pos = (offs_r - origin + ring_size) % ring_size
+            valid = (offs_r < ring_size) & (pos < count)
         else:
-            g_next = tl.load(rg_base + slots_next * stride_rg_r, mask=valid_next, other=0.0).to(tl.float32)
-            g_first = tl.load(rg_base + origin * stride_rg_r, mask=count > 0, other=0.0).to(tl.float32)
-            seg = tl.cumsum(g_next, axis=0, reverse=True) + g_t  # [R]
-            decay = tl.exp(g_first + tl.sum(tl.where(offs_r == 0, seg, 0.0), axis=0))
-        w_r = tl.where(valid, tl.exp(seg), 0.0)
-        wq = w_r * tl.sum(k_r * q_t[None, :], axis=1)
-        wk = w_r * tl.sum(k_r * k_t[None, :], axis=1)
-        pq = decay * tl.sum(s0 * q_t[:, None], axis=0)
-        pk = decay * tl.sum(s0 * k_t[:, None], axis=0)
-    pq += tl.sum(wq[:, None] * d_r, axis=0)
-    pk += tl.sum(wk[:, None] * d_r, axis=0)
-    d_t = beta_t * (v_t - pk)
-    o = pq + tl.sum(k_t * q_t, axis=0) * d_t
-    tl.store(o_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_v * stride_o_v,
-             o.to(o_ptr.dtype.element_ty), mask=mask_v)
+            valid = offs_r < count
+            slots = (origin + offs_r) % ring_size
+        rk_base = ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h
+        rd_base = ring_d_ptr + pid_b * stride_rd_b + pid_h * stride_rd_h
+        rg_base = ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h
+        k_r = tl.load(rk_base + slots[:, None] * stride_rk_r + offs_k[None, :] * stride_rk_k,
+                      mask=valid[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+        k_r = _l2norm_rows(k_r, USE_QK_L2NORM)
+        d_r = tl.load(rd_base + slots[:, None] * stride_rd_r + offs_v[None, :] * stride_rd_v,
+                      mask=valid[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+        # Gates one record later (position r + 1 < count): s_r = sum_{r<i<count} g_i + g_t as a reverse cumsum, and
+        # the decay since the checkpoint c = g_0 + s_0.
+        slots_next = (origin + offs_r + 1) % ring_size
+        valid_next = offs_r + 1 < count
+        if GATE_PER_KEY:
+            g_next = tl.load(rg_base + slots_next[:, None] * stride_rg_r + offs_k[None, :] * stride_rg_k,
+                             mask=valid_next[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+            g_first = tl.load(rg_base + origin * stride_rg_r + offs_k * stride_rg_k,
+                              mask=offs_k < tl.where(count > 0, K, 0), other=0.0).to(tl.float32)
+            seg = tl.cumsum(g_next, axis=0, reverse=True) + g_t[None, :]  # [R, K]
+            decay = tl.exp(g_first + tl.sum(tl.where(offs_r[:, None] == 0, seg, 0.0), axis=0))  # [K]
+            kw_r = tl.where(valid[:, None], k_r * tl.exp(seg), 0.0)  # decayed record keys exp(s_j) * k_j
+            wq = tl.sum(kw_r * q_t[None, :], axis=1)  # [R]: (exp(s_j) * k_j) . q
+            wk = tl.sum(kw_r * k_t[None, :], axis=1)
+            pq = tl.sum(s0 * (decay * q_t)[:, None], axis=0)  # [BLOCK_V]: S0^T (exp(c) * q)
+            pk = tl.sum(s0 * (decay * k_t)[:, None], axis=0)
+        else:
+            if RING_PHYSICAL:
+                g_r = tl.load(rg_base + slots * stride_rg_r, mask=valid, other=0.0).to(tl.float32)
+                after = pos[None, :] > pos[:, None]  # [j, i]: record i comes after record j (invalid g_i are 0)
+                seg = tl.sum(tl.where(after, g_r[None, :], 0.0), axis=1) + g_t  # [R], direct sums
+                decay = tl.exp(tl.sum(g_r, axis=0) + g_t)
+            else:
+                g_next = tl.load(rg_base + slots_next * stride_rg_r, mask=valid_next, other=0.0).to(tl.float32)
+                g_first = tl.load(rg_base + origin * stride_rg_r, mask=count > 0, other=0.0).to(tl.float32)
+                seg = tl.cumsum(g_next, axis=0, reverse=True) + g_t  # [R]
+                decay = tl.exp(g_first + tl.sum(tl.where(offs_r == 0, seg, 0.0), axis=0))
+            w_r = tl.where(valid, tl.exp(seg), 0.0)
+            wq = w_r * tl.sum(k_r * q_t[None, :], axis=1)
+            wk = w_r * tl.sum(k_r * k_t[None, :], axis=1)
+            pq = decay * tl.sum(s0 * q_t[:, None], axis=0)
+            pk = decay * tl.sum(s0 * k_t[:, None], axis=0)
+        pq += tl.sum(wq[:, None] * d_r, axis=0)
+        pk += tl.sum(wk[:, None] * d_r, axis=0)
+        d_t = beta_t * (v_t - pk)
+        o = pq + tl.sum(k_t * q_t, axis=0) * d_t
+        tl.store(o_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_v * stride_o_v,
+                 o.to(o_ptr.dtype.element_ty), mask=mask_v)
 
-    rv_base = ring_v_ptr + pid_b * stride_rv_b + pid_h * stride_rv_h
-    rb_base = ring_beta_ptr + pid_b * stride_rb_b + pid_h * stride_rb_h
-    if is_flush:
-        if EXACT_FOLD:
-            s, o = _exact_fold(s0, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k, mask_k, offs_v,
-                               mask_v, q_t, k_t, v_t, beta_t, g_t, stride_rk_r, stride_rk_k, stride_rg_r, stride_rg_k,
-                               stride_rv_r, stride_rv_v, stride_rb_r, GATE_PER_KEY, USE_QK_L2NORM)
-            tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask_kv)
-            tl.store(o_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_v * stride_o_v,
-                     o.to(o_ptr.dtype.element_ty), mask=mask_v)  # replaces the output stored above
+        rv_base = ring_v_ptr + pid_b * stride_rv_b + pid_h * stride_rv_h
+        rb_base = ring_beta_ptr + pid_b * stride_rb_b + pid_h * stride_rb_h
+        if is_flush:
+            if EXACT_FOLD:
+                s, o = _exact_fold(s0, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k, mask_k,
+                                   offs_v, mask_v, q_t, k_t, v_t, beta_t, g_t, stride_rk_r, stride_rk_k, stride_rg_r,
+                                   stride_rg_k, stride_rv_r, stride_rv_v, stride_rb_r, GATE_PER_KEY, USE_QK_L2NORM)
+                tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask_kv)
+                tl.store(o_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_v * stride_o_v,
+                         o.to(o_ptr.dtype.element_ty), mask=mask_v)  # replaces the output stored above
+            else:
+                # S = diag(exp(c)) S0 + sum_j (exp(s_j) * k_j) d_j^T + k_t d_t^T, stored in place.
+                if GATE_PER_KEY:
+                    s = s0 * decay[:, None] + k_t[:, None] * d_t[None, :]
+                else:
+                    s = s0 * decay + k_t[:, None] * d_t[None, :]
+                if FLUSH_DOT:
+                    # The record sum as one [K, R] x [R, BLOCK_V] product (FLUSH_PRECISION "tf32x3": three tensor-core
+                    # passes, float32 accuracy; "ieee": exact fp32 FMA, many more registers).
+                    if not GATE_PER_KEY:
+                        kw_r = k_r * w_r[:, None]
+                    s += tl.dot(tl.trans(kw_r), d_r, input_precision=FLUSH_PRECISION)
+                else:
+                    # The records read again one at a time (L1 hits: this program just loaded them), newest first,
+                    # so that s_j accumulates as a direct sum; no [R, K] tile stays live in registers.
+                    seg_j = g_t
+                    for i in range(0, count):
+                        slot_j = (origin + count - 1 - i) % ring_size
+                        k_j = tl.load(rk_base + slot_j * stride_rk_r + offs_k * stride_rk_k, mask=mask_k, other=0.0)
+                        k_j = k_j.to(tl.float32)
+                        if USE_QK_L2NORM:
+                            k_j = k_j * tl.rsqrt(tl.sum(k_j * k_j, axis=0) + 1e-6)
+                        d_j = tl.load(rd_base + slot_j * stride_rd_r + offs_v * stride_rd_v, mask=mask_v, other=0.0)
+                        if GATE_PER_KEY:
+                            g_j = tl.load(rg_base + slot_j * stride_rg_r + offs_k * stride_rg_k, mask=mask_k, other=0.0)
+                        else:
+                            g_j = tl.load(rg_base + slot_j * stride_rg_r)
+                        s += (tl.exp(seg_j) * k_j)[:, None] * d_j.to(tl.float32)[None, :]
+                        seg_j += g_j.to(tl.float32)
+                tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask_kv)
         else:
-            # S = diag(exp(c)) S0 + sum_j (exp(s_j) * k_j) d_j^T + k_t d_t^T, stored in place.
-            if GATE_PER_KEY:
-                s = s0 * decay[:, None] + k_t[:, None] * d_t[None, :]
-            else:
-                s = s0 * decay + k_t[:, None] * d_t[None, :]
-            if FLUSH_DOT:
-                # The record sum as one [K, R] x [R, BLOCK_V] product (FLUSH_PRECISION "tf32x3": three tensor-core
-                # passes, float32 accuracy; "ieee": exact fp32 FMA, many more registers).
-                if not GATE_PER_KEY:
-                    kw_r = k_r * w_r[:, None]
-                s += tl.dot(tl.trans(kw_r), d_r, input_precision=FLUSH_PRECISION)
-            else:
-                # The records read again one at a time (L1 hits: this program just loaded them), newest first, so that
-                # s_j accumulates as a direct sum; no [R, K] tile stays live in registers.
-                seg_j = g_t
-                for i in range(0, count):
-                    slot_j = (origin + count - 1 - i) % ring_size
-                    k_j = tl.load(rk_base + slot_j * stride_rk_r + offs_k * stride_rk_k, mask=mask_k, other=0.0)
-                    k_j = k_j.to(tl.float32)
-                    if USE_QK_L2NORM:
-                        k_j = k_j * tl.rsqrt(tl.sum(k_j * k_j, axis=0) + 1e-6)
-                    d_j = tl.load(rd_base + slot_j * stride_rd_r + offs_v * stride_rd_v, mask=mask_v, other=0.0)
-                    if GATE_PER_KEY:
-                        g_j = tl.load(rg_base + slot_j * stride_rg_r + offs_k * stride_rg_k, mask=mask_k, other=0.0)
-                    else:
-                        g_j = tl.load(rg_base + slot_j * stride_rg_r)
-                    s += (tl.exp(seg_j) * k_j)[:, None] * d_j.to(tl.float32)[None, :]
-                    seg_j += g_j.to(tl.float32)
-            tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask_kv)
-    else:
-        # Append the token's record at logical position count: d by every V tile, g by V tile 0, the raw key by
-        # V tile 0 of the first value head of its key group.
-        slot = (origin + count) % ring_size
-        tl.store(rd_base + slot * stride_rd_r + offs_v * stride_rd_v, d_t.to(ring_d_ptr.dtype.element_ty),
-                 mask=mask_v)
-        if pid_v == 0:
-            if GATE_PER_KEY:
-                tl.store(rg_base + slot * stride_rg_r + offs_k * stride_rg_k, g_t.to(ring_g_ptr.dtype.element_ty),
-                         mask=mask_k)
-            else:
-                tl.store(rg_base + slot * stride_rg_r, g_t.to(ring_g_ptr.dtype.element_ty))
-            if pid_h % kv_ratio == 0:
-                tl.store(rk_base + slot * stride_rk_r + offs_k * stride_rk_k, k_raw.to(ring_k_ptr.dtype.element_ty),
-                         mask=mask_k)
-        if EXACT_FOLD:  # the raw inputs a flush recomputes d from: v by every V tile, beta by V tile 0
-            tl.store(rv_base + slot * stride_rv_r + offs_v * stride_rv_v, v_t.to(ring_v_ptr.dtype.element_ty),
+            # Append the token's record at logical position count: d by every V tile, g by V tile 0, the raw key by
+            # V tile 0 of the first value head of its key group.
+            slot = (origin + count) % ring_size
+            tl.store(rd_base + slot * stride_rd_r + offs_v * stride_rd_v, d_t.to(ring_d_ptr.dtype.element_ty),
                      mask=mask_v)
             if pid_v == 0:
-                tl.store(rb_base + slot * stride_rb_r, beta_t.to(ring_beta_ptr.dtype.element_ty))
+                if GATE_PER_KEY:
+                    tl.store(rg_base + slot * stride_rg_r + offs_k * stride_rg_k, g_t.to(ring_g_ptr.dtype.element_ty),
+                             mask=mask_k)
+                else:
+                    tl.store(rg_base + slot * stride_rg_r, g_t.to(ring_g_ptr.dtype.element_ty))
+                if pid_h % kv_ratio == 0:
+                    tl.store(rk_base + slot * stride_rk_r + offs_k * stride_rk_k, k_raw.to(ring_k_ptr.dtype.element_ty),
+                             mask=mask_k)
+            if EXACT_FOLD:  # the raw inputs a flush recomputes d from: v by every V tile, beta by V tile 0
+                tl.store(rv_base + slot * stride_rv_r + offs_v * stride_rv_v, v_t.to(ring_v_ptr.dtype.element_ty),
+                         mask=mask_v)
+                if pid_v == 0:
+                    tl.store(rb_base + slot * stride_rb_r, beta_t.to(ring_beta_ptr.dtype.element_ty))
 
-    if PHASE == 0 and TICKET:  # noqa: SIM102 (a constexpr test and a runtime test: not one `if`)
+    if (PHASE == 0 or PHASE == 4) and TICKET:  # noqa: SIM102 (a constexpr test and a runtime test: not one `if`)
         # The program that drew the row's last ticket writes the new count, clearing the ticket bits. An atomic
         # exchange, so that it is ordered after every ticket by coherence of count[b] alone.
         if ticket == tl.num_programs(0) * tl.num_programs(2) - 1:
-            tl.atomic_xchg(count_ptr + pid_b * stride_count, tl.where(is_flush, 0, count + 1), sem="relaxed")
+            tl.atomic_xchg(count_ptr + pid_b * stride_count, tl.where(due, 0, count + 1), sem="relaxed")
 
 
 @triton.jit
@@ -511,8 +533,14 @@ def _ring_gate_strides(ring_g: torch.Tensor) -> tuple[int, ...]:
 def _replay_step(
     state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len=16, use_qk_l2norm=True, scale=None,
     out=None, read_copy=None, read_format=None, ring_v=None, ring_beta=None, _block_v=None, _num_warps=None,
-    _flush_dot=None, _ticket=True, _ring_physical=None,
+    _flush_dot=None, _ticket=True, _ring_physical=None, _split=None,
 ):
+    """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
+    ``_flush_dot`` / ``_ring_physical``; ``_split`` (device positions only; default on): the step as two launches,
+    a flush-only program for the rows due (the others exit after reading their count) and then a replay-only one
+    (which also updates every row's count), instead of one fused program that carries both codes. Rows are then
+    served by a program with the registers of its own phase alone; the fused kernel's flush code cost the replay
+    rows about a third of their speed. ``_ticket=False`` (diagnostics): count read plainly and left unchanged."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -527,8 +555,6 @@ def _replay_step(
     assert 1 <= buffer_len < (1 << _TICKET_SHIFT), "buffer_len out of range"
     assert ring_size >= max(buffer_len - 1, 1), f"ring capacity {ring_size} < max(buffer_len - 1, 1)"
     read_format, read_operands = read_copy_operands(read_copy, read_format, state)
-    if phase == 2:  # the flush-only kernel reads and writes the checkpoint alone
-        read_format = "fp32"
     exact_fold = ring_v is not None or ring_beta is not None
     if exact_fold:
         if ring_v is None or ring_beta is None:
@@ -545,16 +571,22 @@ def _replay_step(
 
     block_v, num_warps = replay_launch_config(batch, value_heads, key_dim, value_dim, per_key)
     block_v, num_warps = _block_v or block_v, _num_warps or num_warps
-    # The flush-only kernel (host phase 2) always folds with the dot: its registers do not throttle replay launches.
-    flush_dot = (flush_uses_dot(per_key) or phase == 2) if _flush_dot is None else bool(_flush_dot)
     grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
     assert grid[0] * value_heads < (1 << (31 - _TICKET_SHIFT)), "too many programs per row for the count ticket"
-    # Scalar gates read on the device: the records by physical slot (their addresses do not wait for origin/count).
-    ring_physical = phase == 0 and not per_key if _ring_physical is None else _ring_physical
     positions, strides, host = ((origin, count), (origin.stride(0), count.stride(0)), (0, 0)) if phase == 0 else (
         (state, state), (0, 0), (origin, count))  # host phase: the pointers are unused
-    with _device_guard(v):
-        LAST_COMPILED["replay"] = LAST_COMPILED[f"replay_phase{phase}"] = _delta_replay_step_kernel[grid](
+    # Kernel phases: the host's phase, or on the device one fused launch (0) or two (3: flushes, then 4: replays).
+    split = (phase == 0) and (True if _split is None else bool(_split))
+    launches = (3, 4) if split else (phase,)
+
+    def launch(kernel_phase):
+        flush_only = kernel_phase in (2, 3)
+        # Flush-only programs always fold with the dot (their registers do not throttle replay programs) and read
+        # and write the checkpoint alone; device-read scalar gates are read by physical slot (addresses that do
+        # not wait for origin/count).
+        flush_dot = (flush_uses_dot(per_key) or flush_only) if _flush_dot is None else bool(_flush_dot)
+        ring_physical = (kernel_phase in (0, 3, 4) and not per_key) if _ring_physical is None else _ring_physical
+        kernel = _delta_replay_step_kernel[grid](
             state, ring_k, ring_d, ring_g, *positions, q, k, v, beta, g, o, *read_operands[:3], *raw_records[:2],
             key_dim, value_dim, ring_size, value_heads // key_heads, scale, *host,
             *state.stride(), *ring_k.stride(), *ring_d.stride(), *_ring_gate_strides(ring_g),
@@ -562,7 +594,7 @@ def _replay_step(
             *q.stride(), *k.stride(), *v.stride(), *beta.stride(), *_gate_strides(g), *o.stride(),
             *read_operands[3:], *raw_records[2:],
             BUFFER_LEN=buffer_len,
-            PHASE=phase,
+            PHASE=kernel_phase,
             GATE_PER_KEY=per_key,
             USE_QK_L2NORM=bool(use_qk_l2norm),
             TICKET=_ticket,
@@ -572,10 +604,15 @@ def _replay_step(
             BLOCK_R=max(16, triton.next_power_of_2(ring_size)),  # >= 16: the flush's tl.dot needs it on the GPU
             FLUSH_DOT=flush_dot,
             FLUSH_PRECISION=FLUSH_PRECISION,
-            READ_FORMAT=read_format,
+            READ_FORMAT="fp32" if flush_only else read_format,
             EXACT_FOLD=exact_fold,
             num_warps=num_warps,
         )
+        LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel
+
+    with _device_guard(v):
+        for kernel_phase in launches:  # in stream order: the replay launch (4) reads the counts the flush one read
+            launch(kernel_phase)
     return o
 
 

@@ -5,8 +5,11 @@ Entry points (each with a torch reference of the same signature, re-exported her
 
 * :func:`mamba2_replay_step` / :func:`mamba2_replay_step_ref`: one decode token per batch row. Rows whose ring is
   not full compute ``y`` from the float32 checkpoint plus the buffered records and only append a record; rows that
-  reach ``buffer_len`` fold the records and the token into the checkpoint in place. One launch, decided per row on
-  the device.
+  reach ``buffer_len`` fold the records and the token into the checkpoint in place. Decided per row on
+  the device: by default two launches in stream order (``PHASE`` 3, flush-only, whose programs of replaying rows
+  exit after reading the count; then ``PHASE`` 4, replay-only, which also updates every row's count), so that no
+  program carries the other phase's registers (the fused kernel was 1.4x slower than the phase-specialised host
+  launches at batch 256 on an H200); one fused launch (``PHASE`` 0) on request.
 * :func:`mamba2_state_update` / :func:`mamba2_state_update_ref`: the standard step (read state, update, write in
   place, output), i.e. mamba_ssm's ``selective_state_update`` for Mamba-2 (scalar ``A``/``dt``/``D`` per head).
 
@@ -238,7 +241,9 @@ def _mamba2_replay_step_kernel(
     stride_rcs_b, stride_rcs_h, stride_rcs_p, stride_rcs_n, stride_rct_b,
     # meta
     BUFFER_LEN: tl.constexpr,
-    PHASE: tl.constexpr,  # 0: per row, read on the device; 1: every row replays; 2: every row flushes
+    # 0: per row, read on the device; 1: every row replays; 2: every row flushes; 3 / 4: per row, read on the
+    # device, flushing rows only / replaying rows only (one device-phase step as two launches, 3 then 4)
+    PHASE: tl.constexpr,
     HAS_D: tl.constexpr,
     HAS_Z: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr,
@@ -246,7 +251,7 @@ def _mamba2_replay_step_kernel(
     TICKET: tl.constexpr,
     RING_PHYSICAL: tl.constexpr,
     FOLD_UNROLL: tl.constexpr,
-    FLUSH_DOT: tl.constexpr,  # PHASE 2 only: the closed-form fold (see _mamba2_flush_math)
+    FLUSH_DOT: tl.constexpr,  # PHASE 2 / 3 only: the closed-form fold (see _mamba2_flush_math)
     FLUSH_PRECISION: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -264,107 +269,120 @@ def _mamba2_replay_step_kernel(
     mask_n = offs_n < N
     mask_pn = mask_p[:, None] & mask_n[None, :]
 
-    # Issue order matters (in-order issue: an instruction that waits for a load holds back everything after it):
-    # the checkpoint tile first, then the row's phase and the token, then the records. The count update (ticket
-    # atomic) comes last: an atomic's result is broadcast through a barrier, which would stall the whole program
-    # for a round trip if it were issued here.
-    state_ptrs = (state_ptr + pid_b * stride_s_b + h * stride_s_h
-                  + offs_p[:, None] * stride_s_p + offs_n[None, :] * stride_s_n)
-    if READ_FORMAT == "fp32" or PHASE == 2:
-        s0 = tl.load(state_ptrs, mask=mask_pn, other=0.0).to(tl.float32)
-    elif PHASE == 1:  # replay only: the decoded read copy, the checkpoint is not read
-        s0 = load_read_tile(rc_values_ptr, rc_scales_ptr, rc_tensor_scale_ptr, pid_b, h, offs_p, offs_n, mask_pn,
-                            stride_rcv_b, stride_rcv_h, stride_rcv_p, stride_rcv_n,
-                            stride_rcs_b, stride_rcs_h, stride_rcs_p, stride_rcs_n, stride_rct_b, READ_FORMAT)
-    else:
-        # The row's phase decides which tile is read (masked loads: only one of the two costs bandwidth), so here
-        # the count is loaded first, at the price of one round trip before the state tile.
+    # PHASE 3 / 4: the row's phase first (one round trip before the state tile); a program whose row belongs to
+    # the other launch skips everything, and the replay launch alone updates count (see _replay_step).
+    if PHASE == 3 or PHASE == 4:
         count_raw = tl.load(count_ptr + pid_b * stride_count, volatile=True)
         origin = tl.load(origin_ptr + pid_b * stride_origin)
-        # (row masks from comparisons on the tile offsets: a tensor mask & a scalar bool is not a valid mask
-        # under TRITON_INTERPRET=1)
-        n_flush = tl.where((count_raw & 0xFFFF) + 1 >= BUFFER_LEN, N, 0)  # state columns to read: all or none
-        s0 = tl.load(state_ptrs, mask=mask_pn & (offs_n[None, :] < n_flush), other=0.0).to(tl.float32)
-        s0 += load_read_tile(rc_values_ptr, rc_scales_ptr, rc_tensor_scale_ptr, pid_b, h, offs_p, offs_n,
-                             mask_pn & (offs_n[None, :] < N - n_flush), stride_rcv_b, stride_rcv_h, stride_rcv_p,
-                             stride_rcv_n, stride_rcs_b, stride_rcs_h, stride_rcs_p, stride_rcs_n, stride_rct_b,
-                             READ_FORMAT)
-    if PHASE == 0:
-        if READ_FORMAT == "fp32":
-            # Low 16 bits of count[b]: the count (high bits: tickets of this row's programs that already
-            # finished). This program's own ticket is taken after this load (same address, and the value is
-            # consumed first), so the last ticket's update at the end can never be seen here.
+        if PHASE == 3:  # noqa: SIM108 (a constexpr test: Triton resolves it at compile time)
+            run = (count_raw & 0xFFFF) + 1 >= BUFFER_LEN
+        else:
+            run = (count_raw & 0xFFFF) + 1 < BUFFER_LEN
+    else:
+        run = True
+    if run:
+        # Issue order matters (in-order issue: an instruction that waits for a load holds back everything after it):
+        # the checkpoint tile first, then the row's phase and the token, then the records. The count update (ticket
+        # atomic) comes last: an atomic's result is broadcast through a barrier, which would stall the whole program
+        # for a round trip if it were issued here.
+        state_ptrs = (state_ptr + pid_b * stride_s_b + h * stride_s_h
+                      + offs_p[:, None] * stride_s_p + offs_n[None, :] * stride_s_n)
+        if READ_FORMAT == "fp32" or PHASE == 2 or PHASE == 3:
+            s0 = tl.load(state_ptrs, mask=mask_pn, other=0.0).to(tl.float32)
+        elif PHASE == 1 or PHASE == 4:  # replay only: the decoded read copy, the checkpoint is not read
+            s0 = load_read_tile(rc_values_ptr, rc_scales_ptr, rc_tensor_scale_ptr, pid_b, h, offs_p, offs_n, mask_pn,
+                                stride_rcv_b, stride_rcv_h, stride_rcv_p, stride_rcv_n,
+                                stride_rcs_b, stride_rcs_h, stride_rcs_p, stride_rcs_n, stride_rct_b, READ_FORMAT)
+        else:
+            # The row's phase decides which tile is read (masked loads: only one of the two costs bandwidth), so here
+            # the count is loaded first, at the price of one round trip before the state tile.
             count_raw = tl.load(count_ptr + pid_b * stride_count, volatile=True)
             origin = tl.load(origin_ptr + pid_b * stride_origin)
-    else:
-        count_raw = count_host
-        origin = origin_host
-    # The token: every load before any arithmetic on a loaded value.
-    dt_raw = tl.load(dt_ptr + pid_b * stride_dt_b + h * stride_dt_h)
-    if HAS_DT_BIAS:
-        dt_bias = tl.load(dt_bias_ptr + h * stride_dt_bias)
-    A_h = tl.load(A_ptr + h * stride_A).to(tl.float32)
-    if HAS_D:
-        D_h = tl.load(D_ptr + h * stride_D).to(tl.float32)
-    x_m = tl.load(x_ptr + pid_b * stride_x_b + h * stride_x_h + offs_p * stride_x_p, mask=mask_p, other=0.0)
-    B_m = tl.load(B_ptr + pid_b * stride_B_b + group * stride_B_g + offs_n * stride_B_n, mask=mask_n, other=0.0)
-    C_m = tl.load(C_ptr + pid_b * stride_C_b + group * stride_C_g + offs_n * stride_C_n, mask=mask_n, other=0.0)
-    if HAS_Z:
-        z = tl.load(z_ptr + pid_b * stride_z_b + h * stride_z_h + offs_p * stride_z_p, mask=mask_p, other=0.0)
+            # (row masks from comparisons on the tile offsets: a tensor mask & a scalar bool is not a valid mask
+            # under TRITON_INTERPRET=1)
+            n_flush = tl.where((count_raw & 0xFFFF) + 1 >= BUFFER_LEN, N, 0)  # state columns to read: all or none
+            s0 = tl.load(state_ptrs, mask=mask_pn & (offs_n[None, :] < n_flush), other=0.0).to(tl.float32)
+            s0 += load_read_tile(rc_values_ptr, rc_scales_ptr, rc_tensor_scale_ptr, pid_b, h, offs_p, offs_n,
+                                 mask_pn & (offs_n[None, :] < N - n_flush), stride_rcv_b, stride_rcv_h, stride_rcv_p,
+                                 stride_rcv_n, stride_rcs_b, stride_rcs_h, stride_rcs_p, stride_rcs_n, stride_rct_b,
+                                 READ_FORMAT)
+        if PHASE == 0:
+            if READ_FORMAT == "fp32":
+                # Low 16 bits of count[b]: the count (high bits: tickets of this row's programs that already
+                # finished). This program's own ticket is taken after this load (same address, and the value is
+                # consumed first), so the last ticket's update at the end can never be seen here.
+                count_raw = tl.load(count_ptr + pid_b * stride_count, volatile=True)
+                origin = tl.load(origin_ptr + pid_b * stride_origin)
+        elif PHASE == 1 or PHASE == 2:
+            count_raw = count_host
+            origin = origin_host
+        # The token: every load before any arithmetic on a loaded value.
+        dt_raw = tl.load(dt_ptr + pid_b * stride_dt_b + h * stride_dt_h)
+        if HAS_DT_BIAS:
+            dt_bias = tl.load(dt_bias_ptr + h * stride_dt_bias)
+        A_h = tl.load(A_ptr + h * stride_A).to(tl.float32)
+        if HAS_D:
+            D_h = tl.load(D_ptr + h * stride_D).to(tl.float32)
+        x_m = tl.load(x_ptr + pid_b * stride_x_b + h * stride_x_h + offs_p * stride_x_p, mask=mask_p, other=0.0)
+        B_m = tl.load(B_ptr + pid_b * stride_B_b + group * stride_B_g + offs_n * stride_B_n, mask=mask_n, other=0.0)
+        C_m = tl.load(C_ptr + pid_b * stride_C_b + group * stride_C_g + offs_n * stride_C_n, mask=mask_n, other=0.0)
+        if HAS_Z:
+            z = tl.load(z_ptr + pid_b * stride_z_b + h * stride_z_h + offs_p * stride_z_p, mask=mask_p, other=0.0)
 
-    count = count_raw & 0xFFFF
-    dt_m = dt_raw.to(tl.float32)
-    if HAS_DT_BIAS:
-        dt_m += dt_bias.to(tl.float32)
-    if DT_SOFTPLUS:
-        dt_m = _softplus(dt_m)
-    la_m = A_h * dt_m
-    x_f = x_m.to(tl.float32)
-    B_f = B_m.to(tl.float32)
-    C_f = C_m.to(tl.float32)
+        count = count_raw & 0xFFFF
+        dt_m = dt_raw.to(tl.float32)
+        if HAS_DT_BIAS:
+            dt_m += dt_bias.to(tl.float32)
+        if DT_SOFTPLUS:
+            dt_m = _softplus(dt_m)
+        la_m = A_h * dt_m
+        x_f = x_m.to(tl.float32)
+        B_f = B_m.to(tl.float32)
+        C_f = C_m.to(tl.float32)
 
-    if PHASE == 1:
-        y = _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count,
-                                ring_size, heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m, x_f, B_f, C_f,
-                                dt_m, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
-                                stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g,
-                                stride_rB_n, BLOCK_R, False)
-    elif PHASE == 2:
-        y = _mamba2_flush_math(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin,
-                               count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m, la_m, A_h,
-                               stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b, stride_rdt_r,
-                               stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n, FOLD_UNROLL,
-                               FLUSH_DOT, FLUSH_PRECISION, BLOCK_R)
-    else:
-        is_flush = count + 1 >= BUFFER_LEN
-        if is_flush:
-            y = _mamba2_flush_math(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group,
-                                   origin, count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m,
-                                   la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b,
-                                   stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
-                                   FOLD_UNROLL, False, FLUSH_PRECISION, BLOCK_R)
-        else:
+        if PHASE == 1 or PHASE == 4:
             y = _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count,
-                                    ring_size, heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m, x_f, B_f,
-                                    C_f, dt_m, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
+                                    ring_size, heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m, x_f, B_f, C_f,
+                                    dt_m, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
                                     stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g,
-                                    stride_rB_n, BLOCK_R, RING_PHYSICAL)
+                                    stride_rB_n, BLOCK_R, PHASE == 4 and RING_PHYSICAL)
+        elif PHASE == 2 or PHASE == 3:
+            y = _mamba2_flush_math(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group,
+                                   origin, count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m, la_m,
+                                   A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b,
+                                   stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
+                                   FOLD_UNROLL, FLUSH_DOT, FLUSH_PRECISION, BLOCK_R)
+        else:
+            is_flush = count + 1 >= BUFFER_LEN
+            if is_flush:
+                y = _mamba2_flush_math(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group,
+                                       origin, count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m,
+                                       la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b,
+                                       stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
+                                       FOLD_UNROLL, False, FLUSH_PRECISION, BLOCK_R)
+            else:
+                y = _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count,
+                                        ring_size, heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m, x_f, B_f,
+                                        C_f, dt_m, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
+                                        stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g,
+                                        stride_rB_n, BLOCK_R, RING_PHYSICAL)
 
-    if HAS_D:
-        y += D_h * x_f
-    if HAS_Z:
-        z_f = z.to(tl.float32)
-        y *= z_f * tl.sigmoid(z_f)
-    tl.store(y_ptr + pid_b * stride_y_b + h * stride_y_h + offs_p * stride_y_p,
-             y.to(y_ptr.dtype.element_ty), mask=mask_p)
+        if HAS_D:
+            y += D_h * x_f
+        if HAS_Z:
+            z_f = z.to(tl.float32)
+            y *= z_f * tl.sigmoid(z_f)
+        tl.store(y_ptr + pid_b * stride_y_b + h * stride_y_h + offs_p * stride_y_p,
+                 y.to(y_ptr.dtype.element_ty), mask=mask_p)
 
-    if PHASE == 0 and TICKET:
+    if (PHASE == 0 or PHASE == 4) and TICKET:
         # Take a ticket; the program that drew the row's last one (every program of the row has read the count by
         # then) writes the new count, clearing the ticket bits. Relaxed atomics suffice: only count[b] itself is
         # communicated, and the exchange is ordered after every ticket by the coherence of that one address.
         ticket = tl.atomic_add(count_ptr + pid_b * stride_count, 1 << 16, sem="relaxed") >> 16
         if ticket == tl.num_programs(0) * tl.num_programs(2) - 1:
-            tl.atomic_xchg(count_ptr + pid_b * stride_count, tl.where(count + 1 >= BUFFER_LEN, 0, count + 1),
+            old = count_raw & 0xFFFF  # (PHASE 4: read before `if run`, so also defined for the rows that skipped)
+            tl.atomic_xchg(count_ptr + pid_b * stride_count, tl.where(old + 1 >= BUFFER_LEN, 0, old + 1),
                            sem="relaxed")
 
 
@@ -484,11 +502,14 @@ def _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias):
 def _replay_step(
     state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=None, z=None, dt_bias=None,
     dt_softplus=False, buffer_len=16, out=None, read_copy=None, read_format=None, _config=None, _ticket=True,
-    _ring_physical=None,
+    _ring_physical=None, _split=None,
 ):
     """:func:`mamba2_replay_step` with a launch-configuration override (``_config``: dict with ``block_p`` and/or
     ``num_warps``) and, for diagnostics only, ``_ticket=False`` (count read plainly and left unchanged) and
-    ``_ring_physical`` (force the ring read order of the device-phase kernel)."""
+    ``_ring_physical`` (force the ring read order of the device-phase kernel). ``_split`` (device positions only;
+    default on): the step as two launches, a flush-only program for the rows due (the others exit after reading
+    their count) and then a replay-only one (which also updates every row's count), instead of one fused program
+    carrying both codes: each row is served by a program with the registers of its own phase alone."""
     batch, heads, head_dim, d_state, groups = _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias)
     ring_size = ring_x.shape[1]
     assert ring_x.shape == (batch, ring_size, heads, head_dim), f"ring_x must be [B, R, H, P], got {ring_x.shape}"
@@ -501,8 +522,6 @@ def _replay_step(
     assert 1 <= buffer_len < (1 << _TICKET_SHIFT), "buffer_len out of range"
     assert ring_size >= max(buffer_len - 1, 1), f"ring capacity {ring_size} < max(buffer_len - 1, 1)"
     read_format, read_operands = read_copy_operands(read_copy, read_format, state)
-    if phase == 2:  # the flush-only kernel reads and writes the checkpoint alone
-        read_format = "fp32"
     y = torch.empty_like(x) if out is None else out
     assert y.shape == x.shape
     cfg = dict(replay_launch_config(batch, heads, head_dim, d_state), **(_config or {}))
@@ -514,15 +533,18 @@ def _replay_step(
     ring_physical = triton.next_power_of_2(ring_size) == block_r if _ring_physical is None else _ring_physical
     if ring_physical:
         block_r = triton.next_power_of_2(ring_size)
-    # The flush-only kernel folds with one tl.dot (its register count no longer throttles the replay launches);
-    # tl.dot needs every tile dimension >= 16.
-    flush_dot = phase == 2 and cfg["block_p"] >= 16 and not (_config or {}).get("flush_loop", False)
-    if flush_dot:
-        block_r = max(16, triton.next_power_of_2(ring_size))
     positions = (origin, count) if phase == 0 else (A, A)  # unused pointers in the host-phase kernels
     host = (0, 0) if phase == 0 else (origin, count)
-    with _device_guard(x):
-        LAST_COMPILED["replay"] = LAST_COMPILED[f"replay_phase{phase}"] = _mamba2_replay_step_kernel[grid](
+    # Kernel phases: the host's phase, or on the device one fused launch (0) or two (3: flushes, then 4: replays).
+    split = (phase == 0) and (True if _split is None else bool(_split))
+    launches = (3, 4) if split else (phase,)
+
+    def launch(kernel_phase):
+        # Flush-only programs fold with one tl.dot (their register count does not throttle the replay programs);
+        # tl.dot needs every tile dimension >= 16.
+        flush_dot = (kernel_phase in (2, 3) and cfg["block_p"] >= 16
+                     and not (_config or {}).get("flush_loop", False))
+        kernel = _mamba2_replay_step_kernel[grid](
             state, ring_x, ring_dt, ring_B, *positions,
             x, dt, B, C, A, _optional(D, A), _optional(z, x), _optional(dt_bias, A), y, *read_operands[:3],
             head_dim, d_state, ring_size, heads // groups, *host,
@@ -532,7 +554,7 @@ def _replay_step(
             A.stride(0), _strides(D, 1)[0], _strides(dt_bias, 1)[0],
             *_strides(z, 3), *y.stride(), *read_operands[3:],
             BUFFER_LEN=buffer_len,
-            PHASE=phase,
+            PHASE=kernel_phase,
             HAS_D=D is not None,
             HAS_Z=z is not None,
             HAS_DT_BIAS=dt_bias is not None,
@@ -544,10 +566,15 @@ def _replay_step(
             FLUSH_PRECISION=FLUSH_PRECISION,
             BLOCK_P=cfg["block_p"],
             BLOCK_N=triton.next_power_of_2(d_state),
-            BLOCK_R=block_r,
-            READ_FORMAT=read_format,
+            BLOCK_R=max(16, triton.next_power_of_2(ring_size)) if flush_dot else block_r,
+            READ_FORMAT="fp32" if kernel_phase in (2, 3) else read_format,
             num_warps=cfg["num_warps"],
         )
+        LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel
+
+    with _device_guard(x):
+        for kernel_phase in launches:  # in stream order: the replay launch (4) reads the counts the flush one read
+            launch(kernel_phase)
     return y
 
 

@@ -81,11 +81,11 @@ def _run_replay(fn, p, origin, count, **kw):
 
 
 def _check_replay(k, device, dtype, *, key_heads, value_heads, key_dim, value_dim, per_key, buffer_len, ring,
-                  origins, counts, block_vs, rel, poison=False, flush_dots=(None,), **options):
+                  origins, counts, block_vs, rel, poison=False, flush_dots=(None,), splits=(None,), **options):
     import torch
 
     batch = len(counts)
-    for block_v, flush_dot in [(bv, fd) for bv in block_vs for fd in flush_dots]:
+    for block_v, flush_dot, split in [(bv, fd, sp) for bv in block_vs for fd in flush_dots for sp in splits]:
         p = _make(device, dtype, batch, key_heads, value_heads, key_dim, value_dim, ring, per_key=per_key)
         origin = torch.tensor(origins, dtype=torch.int32, device=device)
         count = torch.tensor(counts, dtype=torch.int32, device=device)
@@ -98,10 +98,11 @@ def _check_replay(k, device, dtype, *, key_heads, value_heads, key_dim, value_di
         q, origin_ref, count_ref = _clone(p), origin.clone(), count.clone()
         out = torch.empty(p["v"].shape, dtype=torch.float32, device=device)  # fp32 output: compare before rounding
         o = _run_replay(k._replay_step, p, origin, count, buffer_len=buffer_len, out=out, _block_v=block_v,
-                        _flush_dot=flush_dot, **options)
+                        _flush_dot=flush_dot, _split=split, **options)
         o_ref = _run_replay(k.delta_replay_step_ref, q, origin_ref, count_ref, buffer_len=buffer_len,
                             out=torch.empty_like(out), **options)
-        print(f" block_v={block_v} flush_dot={flush_dot} per_key={per_key} counts={counts} origins={origins} {options}")
+        print(f" block_v={block_v} flush_dot={flush_dot} split={split} per_key={per_key} counts={counts} "
+              f"origins={origins} {options}")
         assert o is out
         _close("o", o, o_ref, rel)
         _close("state", p["state"], q["state"], 1e-6)
@@ -119,13 +120,14 @@ def _check_replay(k, device, dtype, *, key_heads, value_heads, key_dim, value_di
 def case_replay_mixed_gdn_bf16(k, device):
     """GDN gate, bf16 q/k/v and ring keys, GVA (Hv=4, Hk=2), V=24 (not a power of two: one full and one partial V
     tile at BLOCK_V=16), counts 0..L-1 in one launch (rows flush and replay together), minimal ring R = L - 1 with
-    origins near R - 1 (wrap-around); uncommitted ring slots hold NaN; both flush forms (tl.dot and record loop)."""
+    origins near R - 1 (wrap-around); uncommitted ring slots hold NaN; both flush forms (tl.dot and record loop);
+    the step as two launches (flush-only, then replay-only with the count update) and as one fused launch."""
     import torch
 
     L = 6
     _check_replay(k, device, torch.bfloat16, key_heads=2, value_heads=4, key_dim=32, value_dim=24, per_key=False,
                   buffer_len=L, ring=L - 1, origins=[4, 3, 4, 2, 4, 1], counts=[0, 1, 2, 3, 4, 5], block_vs=[16, 32],
-                  rel=1e-5, poison=True, flush_dots=(True, False))
+                  rel=1e-5, poison=True, flush_dots=(True, False), splits=(True, False))
 
 
 def case_replay_mixed_kda(k, device):
@@ -136,7 +138,7 @@ def case_replay_mixed_kda(k, device):
     L, R = 5, 7
     _check_replay(k, device, torch.float32, key_heads=2, value_heads=4, key_dim=24, value_dim=32, per_key=True,
                   buffer_len=L, ring=R, origins=[6, 5, 0, 6, 3], counts=[4, 3, 0, 2, 1], block_vs=[16], rel=1e-5,
-                  poison=True, flush_dots=(False, True))
+                  poison=True, flush_dots=(False, True), splits=(True, False))
 
 
 def case_replay_options(k, device):

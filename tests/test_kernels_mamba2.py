@@ -81,11 +81,12 @@ def _replay_args(p, origin, count):
     return [p[k] for k in keys] + [origin, count], rest
 
 
-def _check_replay(k, device, dtype, buffer_len, ring, origins, counts, configs, options, rel, poison=False):
+def _check_replay(k, device, dtype, buffer_len, ring, origins, counts, configs, options, rel, poison=False,
+                  splits=(None,)):
     import torch
 
     batch = len(counts)
-    for config in configs:
+    for config, split in [(c, sp) for c in configs for sp in splits]:
         p = _make(device, dtype, batch, heads=4, groups=2, head_dim=24, d_state=20, ring=ring, options=options)
         origin = torch.tensor(origins, dtype=torch.int32, device=device)
         count = torch.tensor(counts, dtype=torch.int32, device=device)
@@ -98,10 +99,10 @@ def _check_replay(k, device, dtype, buffer_len, ring, origins, counts, configs, 
         q, origin_ref, count_ref = _clone(p), origin.clone(), count.clone()
         args, kw = _replay_args(p, origin, count)
         out = torch.empty(p["x"].shape, dtype=torch.float32, device=device)  # fp32 output: compare before rounding
-        y = k._replay_step(*args, **kw, buffer_len=buffer_len, out=out, _config=config)
+        y = k._replay_step(*args, **kw, buffer_len=buffer_len, out=out, _config=config, _split=split)
         args_ref, kw_ref = _replay_args(q, origin_ref, count_ref)
         y_ref = k.mamba2_replay_step_ref(*args_ref, **kw_ref, buffer_len=buffer_len, out=torch.empty_like(out))
-        print(f" config={config} counts={counts} origins={origins}")
+        print(f" config={config} split={split} counts={counts} origins={origins}")
         assert y is out
         _close("y", y, y_ref, rel)
         _close("state", p["state"], q["state"], 1e-6)
@@ -109,7 +110,7 @@ def _check_replay(k, device, dtype, buffer_len, ring, origins, counts, configs, 
             torch.testing.assert_close(p[name], q[name], rtol=0, atol=0, equal_nan=True)
         _close("ring_dt", p["ring_dt"].nan_to_num(), q["ring_dt"].nan_to_num(), 1e-6)  # softplus: within an ulp
         assert torch.equal(count, count_ref) and torch.equal(origin, origin_ref), (count, count_ref)
-        if config != configs[0]:
+        if config != configs[0] or split != splits[0]:
             continue
         # default output dtype = x's dtype
         p2 = _make(device, dtype, batch, 4, 2, 24, 20, ring, options=options)
@@ -120,12 +121,14 @@ def _check_replay(k, device, dtype, buffer_len, ring, origins, counts, configs, 
 def case_replay_mixed_bf16(k, device):
     """bf16 inputs, D/z/dt_bias, counts 0..L-1 in one launch (rows flush and replay together), minimal ring
     R = L - 1 with origins near R - 1 (wrap-around); P=24, N=20 (non powers of two), H=4 > G=2; dot and non-dot
-    BLOCK_P 16 / 8; uncommitted ring slots hold NaN."""
+    BLOCK_P 16 / 8; uncommitted ring slots hold NaN; the step as two launches (flush-only, then replay-only with the
+    count update) and as one fused launch."""
     import torch
 
     L = 6
     _check_replay(k, device, torch.bfloat16, L, ring=L - 1, origins=[4, 3, 4, 2, 4, 1], counts=[0, 1, 2, 3, 4, 5],
-                  configs=[_cfg(16), _cfg(8, 2, fold_unroll=1)], options=True, rel=2e-6, poison=True)
+                  configs=[_cfg(16), _cfg(8, 2, fold_unroll=1)], options=True, rel=2e-6, poison=True,
+                  splits=(True, False))
 
 
 def case_replay_fp32_plain(k, device):

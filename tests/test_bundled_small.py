@@ -1,6 +1,6 @@
-"""The GPU-trained bundled models (small-mamba2, small-kda): they load offline on CPU within the 8 MB budget, their
-TRAINING.txt records how they were made, ReplayCache decodes them exactly like stock decoding, and they recall a
-name at distance 16 (the lm-eval recall task's scoring, by log-likelihood of the four candidate names)."""
+"""The GPU-trained bundled models (small-mamba2, small-kda, small-gdn): they load offline on CPU within the 8 MB
+budget, their TRAINING.txt records how they were made, ReplayCache decodes them exactly like stock decoding, and they
+recall a name at distance 16 (the lm-eval recall task's scoring, by log-likelihood of the four candidate names)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hf_replayssm.eval import recall
 from hf_replayssm.models import BUNDLED, bundled_path, load_model
 from hf_replayssm.models.train import MAX_WEIGHT_BYTES
 
-ARCH = {"small-mamba2": "nemotron_h", "small-kda": "kimi_linear"}
+ARCH = {"small-mamba2": "nemotron_h", "small-kda": "kimi_linear", "small-gdn": "qwen3_5_text"}
 SMALL = list(ARCH)
 GREEDY = dict(do_sample=False, max_new_tokens=16, min_new_tokens=16, output_logits=True, return_dict_in_generate=True,
               suppress_tokens=[0])  # a generated pad token would make generate() infer a padding mask

@@ -3,15 +3,16 @@
 * ``tiny-mamba2``: a 0.9M-parameter Nemotron-H-style hybrid (Mamba-2 + attention + MLP blocks);
 * ``tiny-gdn``: a 1M-parameter Qwen3.5-style hybrid (Gated DeltaNet + attention);
 * ``small-mamba2``: a 3.5M-parameter Nemotron-H-style hybrid (Mamba-2 + attention + MLP blocks, ``--size small``);
-* ``small-kda``: a 3.9M-parameter Kimi-Linear-style hybrid (Kimi Delta Attention + MLA attention, ``--size small``).
+* ``small-kda``: a 3.9M-parameter Kimi-Linear-style hybrid (Kimi Delta Attention + MLA attention, ``--size small``);
+* ``small-gdn``: a 3.9M-parameter Qwen3.5-style hybrid (Gated DeltaNet + attention, ``--size small``).
 
 The tiny models were trained for a few minutes on CPU on Shakespeare's plays by ``python -m
 hf_replayssm.models.train``; they write recognisably Shakespeare-shaped text, which is all the demos need: a state
 that carries information and a real tokenizer. The small ones were trained within a 6.3-minute budget on a GPU at 2048
 tokens per row, a quarter of the rows being synthetic recall documents, to recall a name stated hundreds of tokens
-earlier: small-mamba2 answers the recall task at distance 1024 almost always, small-kda well above chance up to
-distance 256 (each has one full-attention layer, which can answer without the recurrent state). All four share one
-tokenizer; settings, losses, decay half-lives and recall accuracy are in each folder's TRAINING.txt.
+earlier: small-mamba2 answers the recall task at distance 1024 almost always, small-gdn 78 % of the time (90 % at
+256), small-kda well above chance up to distance 256 (each has one full-attention layer, which can answer without the
+recurrent state). All five share one tokenizer; settings, losses, decay half-lives and recall accuracy are in each folder's TRAINING.txt.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-BUNDLED = ("tiny-mamba2", "tiny-gdn", "small-mamba2", "small-kda")
+BUNDLED = ("tiny-mamba2", "tiny-gdn", "small-mamba2", "small-kda", "small-gdn")
 DEFAULT_MODEL = "tiny-mamba2"
 
 

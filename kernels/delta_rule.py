@@ -258,14 +258,16 @@ def _delta_replay_step_kernel(
         due = PHASE == 2
     # PHASE 3 / 4 (a device-phase step split in two launches, flush then replay): each program of a row whose
     # phase is the other launch's skips everything; the replay launch alone updates count (see _replay_step).
+    # (Comparisons of constexprs are constexprs; a bare True/False literal here would not be, and Triton would then
+    # compile both branches of `if is_flush` into the phase-specialised programs.)
     if PHASE == 3:
         run = due
-        is_flush = True
+        is_flush = PHASE == 3
     elif PHASE == 4:
         run = count + 1 < BUFFER_LEN
-        is_flush = False
+        is_flush = PHASE == 3
     else:
-        run = True
+        run = PHASE < 3
         is_flush = due
 
     if run:

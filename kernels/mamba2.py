@@ -279,7 +279,7 @@ def _mamba2_replay_step_kernel(
         else:
             run = (count_raw & 0xFFFF) + 1 < BUFFER_LEN
     else:
-        run = True
+        run = PHASE < 3  # a constexpr (a bare True would not be: variables set under `if run` would not escape it)
     if run:
         # Issue order matters (in-order issue: an instruction that waits for a load holds back everything after it):
         # the checkpoint tile first, then the row's phase and the token, then the records. The count update (ticket
@@ -540,9 +540,10 @@ def _replay_step(
     launches = (3, 4) if split else (phase,)
 
     def launch(kernel_phase):
-        # Flush-only programs fold with one tl.dot (their register count does not throttle the replay programs);
-        # tl.dot needs every tile dimension >= 16.
-        flush_dot = (kernel_phase in (2, 3) and cfg["block_p"] >= 16
+        # Host-phase flush programs fold with one tl.dot (closed form, tf32x3; tl.dot needs every tile dimension
+        # >= 16). Device-phase ones keep the sequential fold, whose checkpoint is bit for bit the standard step's
+        # (what speculative rollback and the device path promise), at once per L steps.
+        flush_dot = (kernel_phase == 2 and cfg["block_p"] >= 16
                      and not (_config or {}).get("flush_loop", False))
         kernel = _mamba2_replay_step_kernel[grid](
             state, ring_x, ring_dt, ring_B, *positions,

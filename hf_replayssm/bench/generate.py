@@ -631,7 +631,8 @@ def build_parser():
                         "with inductor, none with other backends)")
     parser.add_argument("--prefill-chunk", type=int, help="transformers' prefill_chunk_size, every arm (default: "
                         "one prefill forward)")
-    parser.add_argument("--layers", type=int, help="keep the first N layers of each model's pattern")
+    parser.add_argument("--layers", type=int, help="the first N layers of each model's pattern, repeated as needed "
+                        "(32: Qwen3.5-4B's depth)")
     parser.add_argument("--tiny", action="store_true", help="tiny hidden sizes (CPU tests, smoke runs)")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--device", default="cuda")

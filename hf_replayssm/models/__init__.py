@@ -12,7 +12,8 @@ that carries information and a real tokenizer. The small ones were trained withi
 tokens per row, a quarter of the rows being synthetic recall documents, to recall a name stated hundreds of tokens
 earlier: small-mamba2 answers the recall task at distance 1024 almost always, small-gdn 78 % of the time (90 % at
 256), small-kda well above chance up to distance 256 (each has one full-attention layer, which can answer without the
-recurrent state). All five share one tokenizer; settings, losses, decay half-lives and recall accuracy are in each folder's TRAINING.txt.
+recurrent state). All five share one tokenizer; settings, losses, decay half-lives and recall accuracy are in each
+folder's TRAINING.txt.
 """
 
 from __future__ import annotations

@@ -434,6 +434,8 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
             # the same step as one fused launch carrying both phases' code (the layout before the split)
             row["replay_mixed_fused_us"] = per_step_us(timer(inputs.fn(k._replay_step, _block_v=bv, _num_warps=nw,
                                                                       _split=False)))
+            row["replay_mixed_no_prefetch_us"] = per_step_us(timer(inputs.fn(k._replay_step, _block_v=bv,
+                                                                             _num_warps=nw, _prefetch=False)))
             if args.diag:
                 row["diag_replay_mixed_no_ticket_us"] = per_step_us(timer(inputs.fn(
                     k._replay_step, _block_v=bv, _num_warps=nw, _ticket=False)))

@@ -230,6 +230,7 @@ def _delta_replay_step_kernel(
     FLUSH_PRECISION: tl.constexpr,
     READ_FORMAT: tl.constexpr,  # what replay reads: "fp32" the checkpoint, "fp8" / "nvfp4" the read copy
     EXACT_FOLD: tl.constexpr,  # flushes recompute d from the raw v / beta records; replays append them
+    PREFETCH_STATE: tl.constexpr,  # PHASE 4 with READ_FORMAT "fp32" only: load the tile before the phase test
 ):
     pid_v = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -270,11 +271,17 @@ def _delta_replay_step_kernel(
         run = PHASE < 3
         is_flush = due
 
+    # The one large read: the checkpoint tile. PREFETCH_STATE (replay launch of a split step): issued before the
+    # row's phase is known, so that it does not wait a round trip for count[b]; a flushing row's tile is then read
+    # for nothing, once per L steps.
+    state_ptrs = (state_ptr + pid_b * stride_s_b + pid_h * stride_s_h
+                  + offs_k[:, None] * stride_s_k + offs_v[None, :] * stride_s_v)
+    if PREFETCH_STATE:
+        s_pre = tl.load(state_ptrs, mask=mask_kv, other=0.0)
     if run:
-        # The one large read: the checkpoint tile.
-        state_ptrs = (state_ptr + pid_b * stride_s_b + pid_h * stride_s_h
-                      + offs_k[:, None] * stride_s_k + offs_v[None, :] * stride_s_v)
-        if READ_FORMAT == "fp32" or PHASE == 2 or PHASE == 3:
+        if PREFETCH_STATE:
+            s0 = s_pre.to(tl.float32)
+        elif READ_FORMAT == "fp32" or PHASE == 2 or PHASE == 3:
             s0 = tl.load(state_ptrs, mask=mask_kv, other=0.0).to(tl.float32)
         else:
             # Replaying rows read the decoded read copy (S0^T q and S0^T k come from it), flushing rows the
@@ -535,14 +542,16 @@ def _ring_gate_strides(ring_g: torch.Tensor) -> tuple[int, ...]:
 def _replay_step(
     state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len=16, use_qk_l2norm=True, scale=None,
     out=None, read_copy=None, read_format=None, ring_v=None, ring_beta=None, _block_v=None, _num_warps=None,
-    _flush_dot=None, _ticket=True, _ring_physical=None, _split=None,
+    _flush_dot=None, _ticket=True, _ring_physical=None, _split=None, _prefetch=True,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot`` / ``_ring_physical``; ``_split`` (device positions only; default on): the step as two launches,
     a flush-only program for the rows due (the others exit after reading their count) and then a replay-only one
     (which also updates every row's count), instead of one fused program that carries both codes. Rows are then
     served by a program with the registers of its own phase alone; the fused kernel's flush code cost the replay
-    rows about a third of their speed. ``_ticket=False`` (diagnostics): count read plainly and left unchanged."""
+    rows about a third of their speed. ``_prefetch`` (split only): the replay launch loads each checkpoint tile before
+    its row's count arrives (a flushing row's tile is read for nothing). ``_ticket=False`` (diagnostics): count read
+    plainly and left unchanged."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -608,6 +617,7 @@ def _replay_step(
             FLUSH_PRECISION=FLUSH_PRECISION,
             READ_FORMAT="fp32" if flush_only else read_format,
             EXACT_FOLD=exact_fold,
+            PREFETCH_STATE=kernel_phase == 4 and read_format == "fp32" and bool(_prefetch),
             num_warps=num_warps,
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel

@@ -257,6 +257,7 @@ def _mamba2_replay_step_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
     READ_FORMAT: tl.constexpr,  # what replay reads: "fp32" the checkpoint, "fp8" / "nvfp4" the read copy
+    PREFETCH_STATE: tl.constexpr,  # PHASE 4 with READ_FORMAT "fp32" only: load the tile before the phase test
 ):
     pid_p = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -269,35 +270,43 @@ def _mamba2_replay_step_kernel(
     mask_n = offs_n < N
     mask_pn = mask_p[:, None] & mask_n[None, :]
 
-    # PHASE 3 / 4: the row's phase first (one round trip before the state tile); a program whose row belongs to
-    # the other launch skips everything, and the replay launch alone updates count (see _replay_step).
-    if PHASE == 3 or PHASE == 4:
+    # Positions: the host's ints, or count[b] / origin[b] read on the device (issued first, consumed later; every
+    # value used after `if run` must be defined before it: Triton turns a bool variable into a tensor, so `if run`
+    # is a runtime branch, whose definitions do not escape). PHASE 3 / 4: a program whose row belongs to the other
+    # launch skips everything, and the replay launch alone updates count (see _replay_step).
+    if PHASE == 1 or PHASE == 2:
+        count_raw = count_host
+        origin = origin_host
+        run = PHASE < 3
+    else:
         count_raw = tl.load(count_ptr + pid_b * stride_count, volatile=True)
         origin = tl.load(origin_ptr + pid_b * stride_origin)
-        if PHASE == 3:  # noqa: SIM108 (a constexpr test: Triton resolves it at compile time)
+        if PHASE == 3:
             run = (count_raw & 0xFFFF) + 1 >= BUFFER_LEN
-        else:
+        elif PHASE == 4:
             run = (count_raw & 0xFFFF) + 1 < BUFFER_LEN
-    else:
-        run = PHASE < 3  # a constexpr (a bare True would not be: variables set under `if run` would not escape it)
+        else:
+            run = PHASE < 3
+    state_ptrs = (state_ptr + pid_b * stride_s_b + h * stride_s_h
+                  + offs_p[:, None] * stride_s_p + offs_n[None, :] * stride_s_n)
+    if PREFETCH_STATE:  # PHASE 4, fp32: the tile's load is not held back by the phase test (see delta_rule.py)
+        s_pre = tl.load(state_ptrs, mask=mask_pn, other=0.0)
     if run:
         # Issue order matters (in-order issue: an instruction that waits for a load holds back everything after it):
-        # the checkpoint tile first, then the row's phase and the token, then the records. The count update (ticket
-        # atomic) comes last: an atomic's result is broadcast through a barrier, which would stall the whole program
-        # for a round trip if it were issued here.
-        state_ptrs = (state_ptr + pid_b * stride_s_b + h * stride_s_h
-                      + offs_p[:, None] * stride_s_p + offs_n[None, :] * stride_s_n)
-        if READ_FORMAT == "fp32" or PHASE == 2 or PHASE == 3:
+        # the checkpoint tile, the token, then the records (whose addresses wait for origin/count). The count
+        # update (ticket atomic) comes last: an atomic's result is broadcast through a barrier, which would stall
+        # the whole program for a round trip if it were issued here.
+        if PREFETCH_STATE:
+            s0 = s_pre.to(tl.float32)
+        elif READ_FORMAT == "fp32" or PHASE == 2 or PHASE == 3:
             s0 = tl.load(state_ptrs, mask=mask_pn, other=0.0).to(tl.float32)
         elif PHASE == 1 or PHASE == 4:  # replay only: the decoded read copy, the checkpoint is not read
             s0 = load_read_tile(rc_values_ptr, rc_scales_ptr, rc_tensor_scale_ptr, pid_b, h, offs_p, offs_n, mask_pn,
                                 stride_rcv_b, stride_rcv_h, stride_rcv_p, stride_rcv_n,
                                 stride_rcs_b, stride_rcs_h, stride_rcs_p, stride_rcs_n, stride_rct_b, READ_FORMAT)
         else:
-            # The row's phase decides which tile is read (masked loads: only one of the two costs bandwidth), so here
-            # the count is loaded first, at the price of one round trip before the state tile.
-            count_raw = tl.load(count_ptr + pid_b * stride_count, volatile=True)
-            origin = tl.load(origin_ptr + pid_b * stride_origin)
+            # The row's phase decides which tile is read (masked loads: only one of the two costs bandwidth), so
+            # here the tile waits one round trip for the count.
             # (row masks from comparisons on the tile offsets: a tensor mask & a scalar bool is not a valid mask
             # under TRITON_INTERPRET=1)
             n_flush = tl.where((count_raw & 0xFFFF) + 1 >= BUFFER_LEN, N, 0)  # state columns to read: all or none
@@ -306,16 +315,6 @@ def _mamba2_replay_step_kernel(
                                  mask_pn & (offs_n[None, :] < N - n_flush), stride_rcv_b, stride_rcv_h, stride_rcv_p,
                                  stride_rcv_n, stride_rcs_b, stride_rcs_h, stride_rcs_p, stride_rcs_n, stride_rct_b,
                                  READ_FORMAT)
-        if PHASE == 0:
-            if READ_FORMAT == "fp32":
-                # Low 16 bits of count[b]: the count (high bits: tickets of this row's programs that already
-                # finished). This program's own ticket is taken after this load (same address, and the value is
-                # consumed first), so the last ticket's update at the end can never be seen here.
-                count_raw = tl.load(count_ptr + pid_b * stride_count, volatile=True)
-                origin = tl.load(origin_ptr + pid_b * stride_origin)
-        elif PHASE == 1 or PHASE == 2:
-            count_raw = count_host
-            origin = origin_host
         # The token: every load before any arithmetic on a loaded value.
         dt_raw = tl.load(dt_ptr + pid_b * stride_dt_b + h * stride_dt_h)
         if HAS_DT_BIAS:
@@ -502,14 +501,16 @@ def _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias):
 def _replay_step(
     state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=None, z=None, dt_bias=None,
     dt_softplus=False, buffer_len=16, out=None, read_copy=None, read_format=None, _config=None, _ticket=True,
-    _ring_physical=None, _split=None,
+    _ring_physical=None, _split=None, _prefetch=True,
 ):
     """:func:`mamba2_replay_step` with a launch-configuration override (``_config``: dict with ``block_p`` and/or
     ``num_warps``) and, for diagnostics only, ``_ticket=False`` (count read plainly and left unchanged) and
     ``_ring_physical`` (force the ring read order of the device-phase kernel). ``_split`` (device positions only;
     default on): the step as two launches, a flush-only program for the rows due (the others exit after reading
     their count) and then a replay-only one (which also updates every row's count), instead of one fused program
-    carrying both codes: each row is served by a program with the registers of its own phase alone."""
+    carrying both codes: each row is served by a program with the registers of its own phase alone. ``_prefetch``
+    (split only): the replay launch loads each checkpoint tile before its row's count arrives (a flushing row's tile
+    is then read for nothing)."""
     batch, heads, head_dim, d_state, groups = _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias)
     ring_size = ring_x.shape[1]
     assert ring_x.shape == (batch, ring_size, heads, head_dim), f"ring_x must be [B, R, H, P], got {ring_x.shape}"
@@ -569,6 +570,7 @@ def _replay_step(
             BLOCK_N=triton.next_power_of_2(d_state),
             BLOCK_R=max(16, triton.next_power_of_2(ring_size)) if flush_dot else block_r,
             READ_FORMAT="fp32" if kernel_phase in (2, 3) else read_format,
+            PREFETCH_STATE=kernel_phase == 4 and read_format == "fp32" and bool(_prefetch),
             num_warps=cfg["num_warps"],
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel

@@ -434,8 +434,9 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
             # the same step as one fused launch carrying both phases' code (the layout before the split)
             row["replay_mixed_fused_us"] = per_step_us(timer(inputs.fn(k._replay_step, _block_v=bv, _num_warps=nw,
                                                                       _split=False)))
-            row["replay_mixed_no_prefetch_us"] = per_step_us(timer(inputs.fn(k._replay_step, _block_v=bv,
-                                                                             _num_warps=nw, _prefetch=False)))
+            for prefetch in (True, False):  # the replay launch's tile load before / after the phase test
+                row[f"replay_mixed_prefetch_{'on' if prefetch else 'off'}_us"] = per_step_us(timer(inputs.fn(
+                    k._replay_step, _block_v=bv, _num_warps=nw, _prefetch=prefetch)))
             if args.diag:
                 row["diag_replay_mixed_no_ticket_us"] = per_step_us(timer(inputs.fn(
                     k._replay_step, _block_v=bv, _num_warps=nw, _ticket=False)))

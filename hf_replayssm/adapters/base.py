@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..ops.short_conv import causal_conv_tail, supports_activation
+
 _ACTIVE: contextvars.ContextVar[ReplayCall | None] = contextvars.ContextVar("hf_replayssm_call", default=None)
 _CACHE_KWARGS = ("cache", "cache_params", "past_key_values")
 
@@ -210,8 +212,25 @@ def conv_update_interceptor(module, call, a: CallArgs, original):
     """``causal_conv1d_update`` inside a replay call (mixers that skip the recording check use it for decode)."""
     x = a["hidden_states"]
     full = call.layer.update_conv_state(x, conv_kernel_size=a["weight"].shape[-1])
+    if torch.compiler.is_compiling() and supports_activation(a["activation"]):
+        # fused by inductor with its neighbours; F.conv1d would be a slow depthwise kernel there (ops/short_conv.py)
+        return causal_conv_tail(full, a["weight"], a["bias"], a["activation"], x.shape[-1])
     out = module.causal_conv1d_fn(full, a["weight"], a["bias"], activation=a["activation"])
     return out[..., -x.shape[-1] :]
+
+
+@interceptor
+def conv_fn_interceptor(module, call, a: CallArgs, original):
+    """``causal_conv1d_fn`` inside a replay call. In a compiled decode step (device positions) its input is the conv
+    ring's window [K] followed by the T new inputs and the mixer keeps the last T outputs: those alone, as one
+    fusable elementwise sum (F.conv1d would be a slow depthwise kernel under inductor; ops/short_conv.py).
+    Elsewhere the model's own conv."""
+    schedule = call.layer.schedule
+    x = a["hidden_states"]
+    if (torch.compiler.is_compiling() and schedule.device_positions.active and schedule.conv_kernel is not None
+            and supports_activation(a["activation"]) and x.shape[-1] > schedule.conv_kernel):
+        return causal_conv_tail(x, a["weight"], a["bias"], a["activation"], x.shape[-1] - schedule.conv_kernel)
+    return a.call(original)
 
 
 @dataclass

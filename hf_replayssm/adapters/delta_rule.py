@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..recurrences import DeltaRuleRecurrence
-from .base import CallArgs, FamilyAdapter, interceptor
+from .base import CallArgs, FamilyAdapter, conv_fn_interceptor, interceptor
 
 
 def _key_heads(t: torch.Tensor, mixer) -> torch.Tensor:
@@ -82,7 +82,8 @@ GATED_DELTANET = FamilyAdapter(
         "OlmoHybridGatedDeltaNet": ("olmo_hybrid",),
         "LaraMiniGatedDeltaNet": ("lara_mini",),
     },
-    interceptors={"torch_recurrent_gated_delta_rule": _recurrent, "torch_chunk_gated_delta_rule": _chunk},
+    interceptors={"torch_recurrent_gated_delta_rule": _recurrent, "torch_chunk_gated_delta_rule": _chunk,
+                  "causal_conv1d_fn": conv_fn_interceptor},
 )
 
 KIMI_DELTA = FamilyAdapter(
@@ -93,5 +94,6 @@ KIMI_DELTA = FamilyAdapter(
         "BailingHybridDeltaAttention": ("bailing_hybrid",),
         "Glm5NextTextLinearAttention": ("glm5_next",),
     },
-    interceptors={"recurrent_kimi_delta_attention": _recurrent, "chunk_kimi_delta_attention": _chunk},
+    interceptors={"recurrent_kimi_delta_attention": _recurrent, "chunk_kimi_delta_attention": _chunk,
+                  "causal_conv1d_fn": conv_fn_interceptor},
 )

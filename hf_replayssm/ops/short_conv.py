@@ -1,0 +1,46 @@
+"""The short causal depthwise convolution of hybrid mixers at the newest positions of a window, as one elementwise
+product and sum (pure tensors).
+
+Decoding convolves each channel's last ``K - 1`` inputs and the new ones with ``K`` taps. transformers' torch path
+(and ours, eagerly) calls ``F.conv1d`` with ``groups=channels``, which on CUDA runs a generic depthwise 2-D kernel
+(about 65 us per GDN layer and step at batch 64 on an H200, where the useful work is a few microseconds) and which
+inductor cannot fuse. Written as ``sum_k x[t + k] w[k]`` over an ``unfold`` view, a compiled decode step fuses it with
+its neighbours into one small kernel. Eagerly it would be several launches instead of one, so the adapters use it
+only while compiling.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+ACTIVATIONS = {None: None, "silu": F.silu, "swish": F.silu}
+
+
+def supports_activation(activation) -> bool:
+    return isinstance(activation, str | None) and activation in ACTIVATIONS
+
+
+def causal_conv_tail(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None,
+                     tokens: int) -> torch.Tensor:
+    """Depthwise causal convolution outputs at the last ``tokens`` positions of ``x``.
+
+    x [B, C, W] with W >= K - 1 + tokens (the conv window followed by the new inputs); weight [C, K] (or [C, 1, K]);
+    bias [C] or None; activation None or "silu". Returns [B, C, tokens] in x's dtype: what
+    ``causal_conv1d_fn(x, weight, bias, activation)[..., -tokens:]`` gives, with the products and sums in float32
+    and one rounding to the weight's dtype before the activation, as ``F.conv1d`` does."""
+    if not supports_activation(activation):
+        raise ValueError(f"activation {activation!r} is not supported here; use one of {sorted(map(str, ACTIVATIONS))}")
+    w = weight.reshape(weight.shape[0], -1)
+    taps = w.shape[-1]
+    if x.shape[-1] < taps - 1 + tokens:
+        raise ValueError(f"x holds {x.shape[-1]} positions; {taps - 1 + tokens} needed for {tokens} outputs")
+    windows = x[..., x.shape[-1] - (taps - 1 + tokens) :].unfold(-1, taps, 1)  # [B, C, tokens, K]
+    out = (windows.float() * w.float()[:, None, :]).sum(-1)
+    if bias is not None:
+        out = out + bias.float()[:, None]
+    out = out.to(w.dtype)
+    act = ACTIVATIONS[activation]
+    if act is not None:
+        out = act(out)
+    return out.to(x.dtype)

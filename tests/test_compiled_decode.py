@@ -83,8 +83,8 @@ def test_compiled_generate_is_one_graph_equal_to_eager(model_type):
 
 @pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text"])
 def test_compiled_decode_with_inductor(model_type):
-    """The same with Inductor (what a GPU run uses), on the Mamba-2 family and on GDN, whose compiled step computes
-    its short conv as a fused elementwise sum (ops/short_conv.py) instead of F.conv1d."""
+    """The same with Inductor (what a GPU run uses), on the Mamba-2 family and on GDN; the compiled step computes the
+    short conv as a fused elementwise sum (ops/short_conv.py) instead of F.conv1d."""
     model = _model(model_type)
     prompt = _prompt(model)
     eager = model.generate(prompt, past_key_values=ReplayCache(4, max_cache_len=prompt.shape[1] + NEW), **GREEDY)

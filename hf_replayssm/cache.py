@@ -85,7 +85,8 @@ class ReplayCache(DynamicCache):
             (Triton on CUDA when triton imports, else the reference; see ``resolve_backend``). Resolved once, when
             the cache binds to a model (``cache.resolved_backend``). With ``"triton"``, plain single-token decode
             steps with an fp32 checkpoint run the family's replay-only / flush-only kernel (Mamba-2, Gated DeltaNet,
-            KDA: one launch per step and layer); prefills, speculative windows and other policies run the reference.
+            KDA: one launch per step and layer; two in a static cache's device-phase steps, flushes then replays);
+            prefills, speculative windows and other policies run the reference.
         window: record slots reserved for speculative windows (draft tokens per verify) beyond ``buffer_len``.
             A larger window grows the rings when it happens, so this only preallocates; ``generate()`` sets it from
             what transformers will draft. Plain decoding needs none.

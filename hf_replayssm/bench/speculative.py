@@ -11,8 +11,9 @@ emitted, up to each row's end of sequence, over the wall time, prefill included,
 acceptance, verify forwards, whether every row's tokens equal plain greedy, and the time spent in per-row rollback
 (``ReplayCache.drop_rows``) as a fraction of the run, against what the per-draft snapshot approach would add (each
 SSM layer's state copied once per window position and the accepted one restored, per verify round: measured as
-those copies on the same device, a lower bound). Models: a bundled name (``small-mamba2``, ``small-kda``) or a
-shaped random-weight model (``qwen3_5``, ``nemotron_h``, ``kimi_linear``; ``--tiny`` cuts them down). Each arm runs
+those copies on the same device, a lower bound). Models: a bundled name (``small-mamba2``, ``small-kda``,
+``small-gdn``) or a shaped random-weight model (``qwen3_5``, ``nemotron_h``, ``kimi_linear``; ``--tiny`` cuts them
+down). Each arm runs
 once untimed first (same lengths); arms alternate over repeats and the best run counts. The verify windows run the
 torch reference (the Triton verify kernels are not wired in yet), plain greedy the decode-step kernels on CUDA.
 """
@@ -179,7 +180,7 @@ def measure(model, batch: int, prompt: int, new_tokens: int, lookup: int = 10, b
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-replayssm bench speculative", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default="small-mamba2,small-kda")
+    parser.add_argument("--models", default="small-mamba2,small-kda,small-gdn")
     parser.add_argument("--batches", default="1,16,64")
     parser.add_argument("--prompt", type=int, default=512)
     parser.add_argument("--new", type=int, default=128)

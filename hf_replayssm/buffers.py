@@ -73,6 +73,16 @@ class RecordRing:
         else:
             self.num_committed += count
 
+    def extend(self, count: int, pending: bool) -> None:
+        """Count ``count`` records as appended after the newest (a kernel wrote them into the slots ``append`` would
+        have used)."""
+        if self.size + count > self.capacity:
+            raise RuntimeError(f"ring overflow: {self.size} + {count} > capacity {self.capacity}")
+        if pending:
+            self.num_pending += count
+        else:
+            self.num_committed += count
+
     def overwrite_newest(self, counts: list[int], values: Mapping[str, float]) -> None:
         """Set the fields named in ``values`` of row r's newest ``counts[r]`` records to those values (fields this
         ring does not keep are skipped)."""

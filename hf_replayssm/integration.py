@@ -207,6 +207,31 @@ def _check_mtp_heads(model) -> None:
 
 
 _PLAIN_GREEDY = {"do_sample": False, "num_beams": 1, "return_dict_in_generate": False, "num_return_sequences": 1}
+# Settings whose logits processors or stopping criteria change what greedy decoding emits. The batched route picks
+# the argmax of the raw logits and stops at max_new_tokens / eos, so it refuses them rather than silently ignore them.
+_NOT_BATCHED = {
+    "min_length": 0, "min_new_tokens": None, "suppress_tokens": None, "begin_suppress_tokens": None,
+    "bad_words_ids": None, "force_words_ids": None, "sequence_bias": None, "repetition_penalty": 1.0,
+    "encoder_repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "encoder_no_repeat_ngram_size": 0,
+    "forced_bos_token_id": None, "forced_eos_token_id": None, "exponential_decay_length_penalty": None,
+    "guidance_scale": None, "watermarking_config": None, "stop_strings": None, "max_time": None,
+}
+_NOT_BATCHED_ARGUMENTS = ("logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn")
+
+
+def _refuse_unbatched_settings(model, kwargs: dict) -> None:
+    for name, neutral in _NOT_BATCHED.items():
+        value = _setting(model, kwargs, name, neutral)
+        if value is not None and value != neutral and not (isinstance(value, list | tuple | dict) and not value):
+            raise ValueError(
+                f"batched speculation with a ReplayCache emits the argmax of the model's logits and does not apply "
+                f"{name}={value!r} (a logits processor or stopping criterion of plain generate()); leave it unset "
+                f"(or {neutral!r}), or decode this batch without prompt_lookup_num_tokens / assistant_model"
+            )
+    for name in _NOT_BATCHED_ARGUMENTS:
+        if kwargs.get(name):
+            raise ValueError(f"batched speculation with a ReplayCache does not run {name}=...; decode this batch "
+                             "without prompt_lookup_num_tokens / assistant_model, or one row at a time")
 
 
 def _batched_lookup(model, cache, drafts: int, args: tuple, kwargs: dict):
@@ -238,6 +263,7 @@ def _batched_lookup(model, cache, drafts: int, args: tuple, kwargs: dict):
         if value not in (plain, None):
             raise ValueError(f"batched prompt lookup with a ReplayCache is greedy only: {name}={value!r} is not "
                              "supported (use batch size 1 for transformers' own assisted generation)")
+    _refuse_unbatched_settings(model, kwargs)
     new = _setting(model, kwargs, "max_new_tokens")
     if new is None:
         raise ValueError("batched prompt lookup needs max_new_tokens")

@@ -85,6 +85,20 @@ class Mamba2Recurrence:
         )
         return y[:, None]
 
+    @staticmethod
+    def kernel_verify(state, ring: Records, origin: torch.Tensor, count: torch.Tensor, tokens: Records,
+                      params: Records) -> torch.Tensor:
+        """A speculative window of T <= 16 tokens through the Triton verify kernel (``hf_replayssm.kernels.
+        mamba2_verify``): float32 outputs [B, T, H, P] from the checkpoint, the ``count`` buffered records and the
+        window's earlier tokens; the window's records appended after them in the ring; no state write. What
+        :meth:`outputs` plus ``ring.append`` give, in one launch."""
+        from .kernels.mamba2_verify import mamba2_verify
+
+        x = tokens["x"]
+        return mamba2_verify(state, ring["x"], ring["dt"], ring["B"], origin, count, x, tokens["dt"], tokens["B"],
+                             tokens["C"], params["A"], params.get("D"),
+                             out=torch.empty(x.shape, dtype=torch.float32, device=x.device))
+
     def slice(self, tokens: Records, start: int, stop: int) -> dict:
         return _slice(tokens, self.per_token, start, stop)
 
@@ -173,6 +187,18 @@ class DeltaRuleRecurrence:
             tokens.get("normalize") is not None, None,
         )
         return o[:, None]
+
+    @staticmethod
+    def kernel_verify(state, ring: Records, origin: torch.Tensor, count: torch.Tensor, tokens: Records,
+                      params: Records) -> torch.Tensor:
+        """A speculative window of T <= 16 tokens through the Triton verify kernel (``hf_replayssm.kernels.
+        delta_verify``); float32 outputs [B, T, Hv, V]; see ``Mamba2Recurrence.kernel_verify``."""
+        from .kernels.delta_verify import delta_verify
+
+        v = tokens["v"]
+        return delta_verify(state, ring["k"], ring["d"], ring["g"], origin, count, tokens["q"], tokens["k"], v,
+                            tokens["beta"], tokens["g"], use_qk_l2norm=params.get("normalize") is not None,
+                            out=torch.empty(v.shape, dtype=torch.float32, device=v.device))
 
     def slice(self, tokens: Records, start: int, stop: int) -> dict:
         return _slice(tokens, self.per_token, start, stop)

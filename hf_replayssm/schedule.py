@@ -32,6 +32,8 @@ from .buffers import ConvRing, RecordRing
 from .precision import CheckpointStore, PrecisionPolicy
 from .static_decode import DevicePositions, mark_static
 
+VERIFY_MAX_WINDOW = 16  # tokens per launch of the Triton verify kernels (their window loop is unrolled)
+
 ChunkFn = Callable[[int, int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 
@@ -80,6 +82,7 @@ class ReplaySchedule:
         self._staged: dict = {}  # boundary position -> StagedCheckpoint inside pending speculative records
         self._params: dict[str, object] = {}  # per-layer constants of the last call (e.g. Mamba-2's A)
         self.backend = "torch"  # "triton": plain decode steps run the family's fused kernel where it applies
+        self.kernel_windows = 0  # speculative window pieces that ran the Triton verify kernel (not in stats())
         self.device: torch.device | None = None
         self.batch_size: int | None = None
         self.state_shape: tuple[int, ...] | None = None
@@ -345,6 +348,11 @@ class ReplaySchedule:
         while index < count:
             boundary = self._boundary(position)
             stop = min(count, index + boundary + length - position)
+            if self._verify_kernel_applies(boundary, position, stop - index):
+                outputs.append(self._kernel_verify(rec.slice(tokens, index, stop)))
+                position += stop - index
+                index = stop
+                continue
             base = self._base(boundary)
             history = ring.read(boundary - self.checkpoint_position, position - boundary)
             y, records = rec.outputs(base.read(), history, rec.slice(tokens, index, stop), self._params)
@@ -353,6 +361,34 @@ class ReplaySchedule:
             position += stop - index
             index = stop
         return outputs
+
+    def _verify_kernel_applies(self, boundary: int, position: int, count: int) -> bool:
+        """Whether the window piece of ``count`` tokens at ``position`` can run the family's Triton verify kernel:
+        the Triton backend, one fp32 checkpoint policy without a read copy (separated policies take the reference,
+        whose outputs read the copy), the stored checkpoint as the piece's base (pieces past a flush boundary read
+        a staged one) with every buffered record before the piece, and at most 16 tokens."""
+        if self.backend != "triton" or getattr(self.recurrence, "kernel_verify", None) is None:
+            return False
+        if not (1 <= count <= VERIFY_MAX_WINDOW) or boundary != self.checkpoint_position or not self.ring.allocated:
+            return False
+        if self.ring.size != position - boundary or self.ring.size + count > self.ring.capacity:
+            return False
+        operands = self.store.kernel_operands()
+        return operands is not None and operands[1] is None
+
+    def _kernel_verify(self, tokens) -> torch.Tensor:
+        """Outputs of a window piece from the stored checkpoint and every buffered record, its records appended as
+        pending, in one launch of the family's verify kernel (no state write; the positions are handed to it as
+        per-row device tensors, all rows at the host's position)."""
+        ring = self.ring
+        state = self.store.kernel_operands()[0]
+        batch = state.shape[0]
+        origin = torch.full((batch,), ring.origin, dtype=torch.int32, device=state.device)
+        count = torch.full((batch,), ring.size, dtype=torch.int32, device=state.device)
+        y = self.recurrence.kernel_verify(state, ring.fields, origin, count, tokens, self._params)
+        ring.extend(self._num_tokens(tokens), pending=True)
+        self.kernel_windows += 1
+        return y
 
     def _commit_staged_or_fold(self, boundary: int) -> None:
         """Make the checkpoint at ``boundary`` the stored one (its staged encodings if any, else a fold)."""

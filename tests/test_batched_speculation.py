@@ -202,3 +202,15 @@ def test_generate_routes_a_batch_with_prompt_lookup(model_type):
     with pytest.raises(ValueError, match="greedy only"):
         model.generate(input_ids, attention_mask=mask, do_sample=True, max_new_tokens=4, prompt_lookup_num_tokens=3,
                        past_key_values=ReplayCache(4))
+    # settings whose logits processors change greedy's choice are refused, not ignored
+    for setting in ({"min_new_tokens": 4}, {"suppress_tokens": [0]}, {"repetition_penalty": 1.3},
+                    {"no_repeat_ngram_size": 2}, {"bad_words_ids": [[5]]}):
+        with pytest.raises(ValueError, match=f"does not apply {next(iter(setting))}="):
+            model.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=4,
+                           prompt_lookup_num_tokens=3, past_key_values=ReplayCache(4), **setting)
+    with pytest.raises(ValueError, match="does not run logits_processor"):
+        from transformers import LogitsProcessorList, MinLengthLogitsProcessor
+
+        model.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=4, prompt_lookup_num_tokens=3,
+                       past_key_values=ReplayCache(4),
+                       logits_processor=LogitsProcessorList([MinLengthLogitsProcessor(20, eos_token_id=2)]))

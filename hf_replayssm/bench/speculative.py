@@ -13,9 +13,9 @@ acceptance, verify forwards, whether every row's tokens equal plain greedy, and 
 SSM layer's state copied once per window position and the accepted one restored, per verify round: measured as
 those copies on the same device, a lower bound). Models: a bundled name (``small-mamba2``, ``small-kda``,
 ``small-gdn``) or a shaped random-weight model (``qwen3_5``, ``nemotron_h``, ``kimi_linear``; ``--tiny`` cuts them
-down). Each arm runs
-once untimed first (same lengths); arms alternate over repeats and the best run counts. The verify windows run the
-torch reference (the Triton verify kernels are not wired in yet), plain greedy the decode-step kernels on CUDA.
+down). Each arm runs once untimed first (same lengths); arms alternate over repeats and the best run counts. On CUDA
+the verify windows run the Triton verify kernels (the part of a window past a flush boundary the torch reference),
+plain greedy the decode-step kernels.
 """
 
 from __future__ import annotations

@@ -241,7 +241,9 @@ class FamilyAdapter:
     recurrence: Callable[[], object]
     # mixer class name -> (model types, {function name: interceptor factory(module) -> (original -> replacement)})
     mixers: dict[str, tuple[str, ...]] = field(default_factory=dict)
-    interceptors: dict[str, Callable] = field(default_factory=dict)
+    interceptors: dict[str, Callable] = field(default_factory=dict)  # the recurrence functions
+    # the mixers' ``causal_conv1d_fn`` gets ``conv_fn_interceptor`` (compiled decode steps: a fused conv)
+    fused_conv: bool = False
 
     def install(self, mixer_cls: type) -> None:
         module = sys.modules[mixer_cls.__module__]
@@ -250,4 +252,6 @@ class FamilyAdapter:
                 intercept(module, fn_name, factory(module))
         if hasattr(module, "causal_conv1d_update"):
             intercept(module, "causal_conv1d_update", conv_update_interceptor(module))
+        if self.fused_conv and hasattr(module, "causal_conv1d_fn"):
+            intercept(module, "causal_conv1d_fn", conv_fn_interceptor(module))
         wrap_mixer_forward(mixer_cls)

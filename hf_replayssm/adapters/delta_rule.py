@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ..recurrences import DeltaRuleRecurrence
-from .base import CallArgs, FamilyAdapter, conv_fn_interceptor, interceptor
+from .base import CallArgs, FamilyAdapter, interceptor
 
 
 def _key_heads(t: torch.Tensor, mixer) -> torch.Tensor:
@@ -82,8 +82,8 @@ GATED_DELTANET = FamilyAdapter(
         "OlmoHybridGatedDeltaNet": ("olmo_hybrid",),
         "LaraMiniGatedDeltaNet": ("lara_mini",),
     },
-    interceptors={"torch_recurrent_gated_delta_rule": _recurrent, "torch_chunk_gated_delta_rule": _chunk,
-                  "causal_conv1d_fn": conv_fn_interceptor},
+    interceptors={"torch_recurrent_gated_delta_rule": _recurrent, "torch_chunk_gated_delta_rule": _chunk},
+    fused_conv=True,
 )
 
 KIMI_DELTA = FamilyAdapter(
@@ -94,6 +94,6 @@ KIMI_DELTA = FamilyAdapter(
         "BailingHybridDeltaAttention": ("bailing_hybrid",),
         "Glm5NextTextLinearAttention": ("glm5_next",),
     },
-    interceptors={"recurrent_kimi_delta_attention": _recurrent, "chunk_kimi_delta_attention": _chunk,
-                  "causal_conv1d_fn": conv_fn_interceptor},
+    interceptors={"recurrent_kimi_delta_attention": _recurrent, "chunk_kimi_delta_attention": _chunk},
+    fused_conv=True,
 )

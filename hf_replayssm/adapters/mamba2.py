@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from ..recurrences import Mamba2Recurrence
-from .base import CallArgs, FamilyAdapter, conv_fn_interceptor, interceptor
+from .base import CallArgs, FamilyAdapter, interceptor
 
 
 def _per_head(t: torch.Tensor | None, dims: int) -> torch.Tensor | None:
@@ -115,6 +115,6 @@ ADAPTER = FamilyAdapter(
     interceptors={
         "mamba2_selective_state_update": _step,
         "mamba2_chunk_scan": _chunk,
-        "causal_conv1d_fn": conv_fn_interceptor,
     },
+    fused_conv=True,
 )

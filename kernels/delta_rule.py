@@ -259,8 +259,9 @@ def _delta_replay_step_kernel(
         due = PHASE == 2
     # PHASE 3 / 4 (a device-phase step split in two launches, flush then replay): each program of a row whose
     # phase is the other launch's skips everything; the replay launch alone updates count (see _replay_step).
-    # (Comparisons of constexprs are constexprs; a bare True/False literal here would not be, and Triton would then
-    # compile both branches of `if is_flush` into the phase-specialised programs.)
+    # (Triton 3.6 turns any bool assigned to a variable into a tensor: `if run` and `if is_flush` are runtime branches
+    # that test a constant where the phase is known at compile time, and the compiler folds the dead branch away;
+    # so every value used after them is defined before them.)
     if PHASE == 3:
         run = due
         is_flush = PHASE == 3

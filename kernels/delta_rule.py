@@ -86,7 +86,9 @@ the caller refreshes it after a flush. Not measured on a GPU yet (``kernels/benc
 Measured on an H200 (triton 3.6, qwen3-next GDN shape 32/16 heads of 128, batch 256, L = 16, before K/V became
 constexpr): standard step 280 us (91-93 % of copy bandwidth; FLA's fused_recurrent 365 us), replay cycle 332 us
 (44 %: the replay program is latency/occupancy-bound, not bandwidth-bound; with no records at all it still takes
-279 us). KDA (kimi-linear): standard 280 us, replay 518 us. See the benchmark ``kernels/bench_delta.py``.
+279 us). KDA (kimi-linear): standard 280 us, replay 518 us. Later (K/V constexpr, host-phase launches): replay
+cycle 226.6 us at batch 256; device phase split in two launches 288.6 us, fused 347.0 us (``BENCHMARKS.md``). See
+the benchmark ``kernels/bench_delta.py``.
 """
 
 from __future__ import annotations

@@ -115,6 +115,13 @@ SCRIPT = textwrap.dedent('''
     routed = other.generate(prompt, do_sample=False, max_new_tokens=16, prompt_lookup_num_tokens=3,
                             past_key_values=cache)
     assert torch.equal(routed[:, : plain.shape[1]], plain) and kernel_windows(cache) > 0
+    # the reference where the kernels do not apply: the torch backend, and separated precision (window outputs
+    # read the low-precision copy, which the verify kernels do not)
+    prompt = torch.cat([tokens[:1, :5]] * 3, dim=1)
+    for backend, policy in (("torch", "fp32"), ("triton", "separated-fp8")):
+        cache = ReplayCache(4, precision=policy, backend=backend)
+        model.generate(prompt, past_key_values=cache, prompt_lookup_num_tokens=3, **GREEDY_KW)
+        assert kernel_windows(cache) == 0 and cache.stats()["rolled_back_tokens"] > 0, (backend, policy)
 
     # separated precision: replays read the fp8 / nvfp4 copy in the kernel (flush steps take the torch path); equal
     # to the torch backend with the same policy up to summation order -- which, once a later layer's checkpoint

@@ -91,3 +91,24 @@ def test_conv_ring_random_writes_rewinds_and_growth_match_the_full_history():
             window = conv.window(kernel)
             assert torch.equal(window, expected), (capacity, kernel, conv.position)
             assert window.untyped_storage().data_ptr() == conv.buffer.untyped_storage().data_ptr()
+
+
+def test_ring_extend_counts_records_a_kernel_wrote_in_append_order():
+    """``extend`` (a verify kernel wrote the records into the slots ``append`` would use): same sequence and counts as
+    ``append``, wrap-around included, and the same overflow error."""
+    ring, reference = RecordRing(5), RecordRing(5)
+    for r in (ring, reference):
+        r.allocate(_records(0, 1))
+        r.append(_records(0, 3), pending=False)
+        r.drop_oldest(2)  # origin 2: the next three slots wrap around the end of the storage
+    slots = (ring.origin + ring.size + torch.arange(3)) % ring.capacity
+    for name, buf in ring.fields.items():  # what the kernel does
+        buf.index_copy_(1, slots, _records(3, 3)[name].to(buf.dtype))
+    ring.extend(3, pending=True)
+    reference.append(_records(3, 3), pending=True)
+    assert _seq(ring) == _seq(reference) == [2, 3, 4, 5]
+    assert (ring.num_committed, ring.num_pending) == (reference.num_committed, reference.num_pending) == (1, 3)
+    ring.extend(1, pending=False)
+    assert (ring.num_committed, ring.num_pending) == (2, 3)
+    with pytest.raises(RuntimeError, match="overflow"):
+        ring.extend(1, pending=True)

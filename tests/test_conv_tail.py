@@ -1,0 +1,52 @@
+"""``ops.short_conv.causal_conv_tail`` (the compiled decode step's conv) against transformers' ``causal_conv1d_fn``
+(``F.conv1d``, what eager decoding runs), on fresh random inputs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_replayssm.ops.short_conv import causal_conv_tail
+
+
+def reference(x, weight, bias, activation, tokens):
+    from transformers.models.qwen3_5.modeling_qwen3_5 import causal_conv1d_fn
+
+    return causal_conv1d_fn(x, weight, bias, activation=activation)[..., -tokens:]
+
+
+@pytest.mark.parametrize("activation", [None, "silu"])
+@pytest.mark.parametrize("with_bias", [True, False])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_matches_conv1d_float32(activation, with_bias, tokens):
+    gen = torch.Generator().manual_seed(tokens * 4 + with_bias * 2 + (activation is None))
+    batch, channels, taps = 3, 40, 4
+    x = torch.randn(batch, channels, taps - 1 + tokens + 2, generator=gen)  # longer than needed: only the tail counts
+    weight = torch.randn(channels, taps, generator=gen)
+    bias = torch.randn(channels, generator=gen) if with_bias else None
+    got = causal_conv_tail(x, weight, bias, activation, tokens)
+    want = reference(x, weight, bias, activation, tokens)
+    assert got.shape == want.shape == (batch, channels, tokens) and got.dtype == want.dtype
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
+def test_bfloat16_within_one_rounding():
+    """bf16 inputs: float32 products and sums rounded once, as F.conv1d: at most one bf16 ulp apart."""
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 64, 5, generator=gen).bfloat16()
+    weight = torch.randn(64, 4, generator=gen).bfloat16()
+    bias = torch.randn(64, generator=gen).bfloat16()
+    got = causal_conv_tail(x, weight, bias, "silu", 2)
+    want = reference(x, weight, bias, "silu", 2)
+    assert got.dtype == torch.bfloat16
+    ulp = want.float().abs().clamp_min(2**-10) * 2**-7
+    assert ((got.float() - want.float()).abs() <= ulp).all()
+
+
+def test_refuses_short_window_and_unknown_activation():
+    x, weight = torch.randn(1, 4, 3), torch.randn(4, 4)
+    with pytest.raises(ValueError, match="4 needed"):
+        causal_conv_tail(x, weight, None, None, 1)
+    with pytest.raises(ValueError, match="not supported"):
+        causal_conv_tail(torch.randn(1, 4, 4), weight, None, "gelu", 1)

@@ -61,21 +61,16 @@ class RecordRing:
         return {name: buf.index_select(1, slots) for name, buf in self.fields.items()}
 
     def append(self, records: Mapping[str, torch.Tensor], pending: bool) -> None:
-        count = next(iter(records.values())).shape[1]
-        if self.size + count > self.capacity:
-            raise RuntimeError(f"ring overflow: {self.size} + {count} > capacity {self.capacity}")
+        count, first = next(iter(records.values())).shape[1], self.size
+        self.extend(count, pending)
         if count:
-            slots = self._slots(self.size, count, next(iter(self.fields.values())).device)
+            slots = self._slots(first, count, next(iter(self.fields.values())).device)
             for name, buf in self.fields.items():  # records may carry fields this ring does not keep
                 buf.index_copy_(1, slots, records[name].to(buf.dtype))
-        if pending:
-            self.num_pending += count
-        else:
-            self.num_committed += count
 
     def extend(self, count: int, pending: bool) -> None:
-        """Count ``count`` records as appended after the newest (a kernel wrote them into the slots ``append`` would
-        have used)."""
+        """Count ``count`` records as appended after the newest (``append`` writes them; a verify kernel writes them
+        into the same slots itself)."""
         if self.size + count > self.capacity:
             raise RuntimeError(f"ring overflow: {self.size} + {count} > capacity {self.capacity}")
         if pending:

@@ -219,15 +219,25 @@ _NOT_BATCHED = {
 _NOT_BATCHED_ARGUMENTS = ("logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn")
 
 
+def _non_neutral_settings(model, kwargs: dict, neutral: dict):
+    """(name, value) of each setting in ``neutral`` that this call sets to something else (None and empty
+    containers count as unset)."""
+    for name, default in neutral.items():
+        value = _setting(model, kwargs, name, default)
+        if value is not None and value != default and not (isinstance(value, list | tuple | dict) and not value):
+            yield name, value
+
+
 def _refuse_unbatched_settings(model, kwargs: dict) -> None:
-    for name, neutral in _NOT_BATCHED.items():
-        value = _setting(model, kwargs, name, neutral)
-        if value is not None and value != neutral and not (isinstance(value, list | tuple | dict) and not value):
-            raise ValueError(
-                f"batched speculation with a ReplayCache emits the argmax of the model's logits and does not apply "
-                f"{name}={value!r} (a logits processor or stopping criterion of plain generate()); leave it unset "
-                f"(or {neutral!r}), or decode this batch without prompt_lookup_num_tokens / assistant_model"
-            )
+    for name, value in _non_neutral_settings(model, kwargs, _PLAIN_GREEDY):
+        raise ValueError(f"batched prompt lookup with a ReplayCache is greedy only: {name}={value!r} is not "
+                         "supported (use batch size 1 for transformers' own assisted generation)")
+    for name, value in _non_neutral_settings(model, kwargs, _NOT_BATCHED):
+        raise ValueError(
+            f"batched speculation with a ReplayCache emits the argmax of the model's logits and does not apply "
+            f"{name}={value!r} (a logits processor or stopping criterion of plain generate()); leave it unset "
+            f"(or {_NOT_BATCHED[name]!r}), or decode this batch without prompt_lookup_num_tokens / assistant_model"
+        )
     for name in _NOT_BATCHED_ARGUMENTS:
         if kwargs.get(name):
             raise ValueError(f"batched speculation with a ReplayCache does not run {name}=...; decode this batch "
@@ -258,11 +268,6 @@ def _batched_lookup(model, cache, drafts: int, args: tuple, kwargs: dict):
                 f"has {assistant.config.get_text_config().vocab_size}; a draft with another tokenizer "
                 "(assistant_tokenizer=...) runs at batch size 1 only"
             )
-    for name, plain in _PLAIN_GREEDY.items():
-        value = _setting(model, kwargs, name, plain)
-        if value not in (plain, None):
-            raise ValueError(f"batched prompt lookup with a ReplayCache is greedy only: {name}={value!r} is not "
-                             "supported (use batch size 1 for transformers' own assisted generation)")
     _refuse_unbatched_settings(model, kwargs)
     new = _setting(model, kwargs, "max_new_tokens")
     if new is None:

@@ -254,10 +254,15 @@ class ReplaySchedule:
             return count == 1 and not self.recording
         return count == 1 and not self.recording and self.tokens_seen > 0 and self._kernel_applies()
 
+    def _kernel_operands(self, entry: str):
+        """The store's kernel operands when the Triton backend runs and the recurrence has the kernel entry point
+        ``entry``; else None."""
+        if self.backend != "triton" or getattr(self.recurrence, entry, None) is None:
+            return None
+        return self.store.kernel_operands()
+
     def _kernel_applies(self) -> bool:
-        if self.backend != "triton" or getattr(self.recurrence, "kernel_step", None) is None:
-            return False
-        operands = self.store.kernel_operands()
+        operands = self._kernel_operands("kernel_step")
         if operands is None:
             return False
         # Separated precision: replay steps read the fp8 / nvfp4 copy in the kernel. A flush step's output reads
@@ -349,14 +354,12 @@ class ReplaySchedule:
             boundary = self._boundary(position)
             stop = min(count, index + boundary + length - position)
             if self._verify_kernel_applies(boundary, position, stop - index):
-                outputs.append(self._kernel_verify(rec.slice(tokens, index, stop)))
-                position += stop - index
-                index = stop
-                continue
-            base = self._base(boundary)
-            history = ring.read(boundary - self.checkpoint_position, position - boundary)
-            y, records = rec.outputs(base.read(), history, rec.slice(tokens, index, stop), self._params)
-            ring.append(records, pending=True)
+                y = self._kernel_verify(rec.slice(tokens, index, stop))
+            else:
+                base = self._base(boundary)
+                history = ring.read(boundary - self.checkpoint_position, position - boundary)
+                y, records = rec.outputs(base.read(), history, rec.slice(tokens, index, stop), self._params)
+                ring.append(records, pending=True)
             outputs.append(y)
             position += stop - index
             index = stop
@@ -367,13 +370,11 @@ class ReplaySchedule:
         the Triton backend, one fp32 checkpoint policy without a read copy (separated policies take the reference,
         whose outputs read the copy), the stored checkpoint as the piece's base (pieces past a flush boundary read
         a staged one) with every buffered record before the piece, and at most 16 tokens."""
-        if self.backend != "triton" or getattr(self.recurrence, "kernel_verify", None) is None:
-            return False
         if not (1 <= count <= VERIFY_MAX_WINDOW) or boundary != self.checkpoint_position or not self.ring.allocated:
             return False
         if self.ring.size != position - boundary or self.ring.size + count > self.ring.capacity:
             return False
-        operands = self.store.kernel_operands()
+        operands = self._kernel_operands("kernel_verify")
         return operands is not None and operands[1] is None
 
     def _kernel_verify(self, tokens) -> torch.Tensor:

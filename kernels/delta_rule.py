@@ -266,12 +266,12 @@ def _delta_replay_step_kernel(
     # so every value used after them is defined before them.)
     if PHASE == 3:
         run = due
-        is_flush = PHASE == 3
+        is_flush = True
     elif PHASE == 4:
         run = count + 1 < BUFFER_LEN
-        is_flush = PHASE == 3
+        is_flush = False
     else:
-        run = PHASE < 3
+        run = True
         is_flush = due
 
     # The one large read: the checkpoint tile. PREFETCH_STATE (replay launch of a split step): issued before the
@@ -554,8 +554,7 @@ def _replay_step(
     served by a program with the registers of its own phase alone; the fused kernel's flush code cost the replay
     rows about a third of their speed. ``_prefetch`` (split only; on: H200, batch 256, 289 us per step with it, 293
     without) loads each checkpoint tile in the replay launch before its row's count arrives (a flushing row's tile
-    is read for nothing). ``_ticket=False`` (diagnostics): count read
-    plainly and left unchanged."""
+    is read for nothing). ``_ticket=False`` (diagnostics): count read plainly and left unchanged."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -591,7 +590,7 @@ def _replay_step(
     positions, strides, host = ((origin, count), (origin.stride(0), count.stride(0)), (0, 0)) if phase == 0 else (
         (state, state), (0, 0), (origin, count))  # host phase: the pointers are unused
     # Kernel phases: the host's phase, or on the device one fused launch (0) or two (3: flushes, then 4: replays).
-    split = (phase == 0) and (True if _split is None else bool(_split))
+    split = phase == 0 and (_split is None or bool(_split))
     launches = (3, 4) if split else (phase,)
 
     def launch(kernel_phase):

@@ -538,7 +538,7 @@ def _replay_step(
     positions = (origin, count) if phase == 0 else (A, A)  # unused pointers in the host-phase kernels
     host = (0, 0) if phase == 0 else (origin, count)
     # Kernel phases: the host's phase, or on the device one fused launch (0) or two (3: flushes, then 4: replays).
-    split = (phase == 0) and (True if _split is None else bool(_split))
+    split = phase == 0 and (_split is None or bool(_split))
     launches = (3, 4) if split else (phase,)
 
     def launch(kernel_phase):

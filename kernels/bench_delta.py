@@ -307,6 +307,14 @@ def _rel(got, want) -> float:
     return ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1)).item()
 
 
+# launch variants of the device-phase step timed (and checked bit for bit against the default) by every run
+VARIANTS = {
+    "prefetch_records": dict(_prefetch_records=True),
+    "count_launch": dict(_count_launch=True),
+    "prefetch_records_count_launch": dict(_prefetch_records=True, _count_launch=True),
+}
+
+
 def check(k, shape, per_key, L, device, fla_step=None, batch=4, read_format=None) -> dict:
     """Replay kernel vs standard kernel over 2L+3 in-phase steps (fp32 tokens), one mixed-phase launch vs the torch
     reference (also with a read copy in ``read_format``), and (when given) the standard kernel vs fla on one step.
@@ -335,8 +343,10 @@ def check(k, shape, per_key, L, device, fla_step=None, batch=4, read_format=None
     mix_batch = max(L, 2)
     mix = ReplayInputs(mix_batch, shape, per_key, L, device, gen, "mixed", cuda=False).copies[0]
     ref = {name: t.clone() for name, t in mix.items()}
+    base = {name: t.clone() for name, t in mix.items()}
     o = k.delta_replay_step(*[mix[n] for n in RING], *[mix[n] for n in TOKEN], buffer_len=L,
                             out=torch.empty(mix["v"].shape, device=device))
+    o_default, after = o.clone(), {name: t.clone() for name, t in mix.items()}
     o_ref = k.delta_replay_step_ref(*[ref[n] for n in RING], *[ref[n] for n in TOKEN], buffer_len=L,
                                     out=torch.empty(mix["v"].shape, device=device))
     result = dict(seq_o_rel_err=err_o, seq_checkpoint_rel_err=err_s, seq_counts_ok=counts_ok,
@@ -345,7 +355,17 @@ def check(k, shape, per_key, L, device, fla_step=None, batch=4, read_format=None
                   mixed_counts_and_keys_ok=bool(torch.equal(mix["count"], ref["count"])
                                                 and torch.equal(mix["ring_k"], ref["ring_k"])
                                                 and torch.equal(mix["ring_g"], ref["ring_g"])))
-    ok = (err_o < 1e-4 and err_s < 1e-5 and counts_ok and result["mixed_o_rel_err"] < 1e-4
+    # the launch variants (records loaded before the positions, counts advanced by their own launch) against the
+    # default launch on the same inputs: bit for bit, outputs, checkpoints, rings and counts
+    variants = {}
+    for name, launch in VARIANTS.items():
+        copy = {n: t.clone() for n, t in base.items()}
+        o_var = k._replay_step(*[copy[n] for n in RING], *[copy[n] for n in TOKEN], buffer_len=L,
+                               out=torch.empty(copy["v"].shape, device=device), **launch)
+        variants[name] = bool(torch.equal(o_var, o_default) and all(
+            torch.equal(copy[n], after[n]) for n in ("state", "ring_k", "ring_d", "ring_g", "count")))
+    result["variants_bitwise_equal_default"] = variants
+    ok = (err_o < 1e-4 and err_s < 1e-5 and counts_ok and result["mixed_o_rel_err"] < 1e-4 and all(variants.values())
           and result["mixed_state_rel_err"] < 1e-5 and result["mixed_ring_d_rel_err"] < 1e-4
           and result["mixed_counts_and_keys_ok"])
     if read_format is not None:  # one mixed-phase launch reading a read copy, against the torch reference
@@ -437,6 +457,9 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
             for prefetch in (True, False):  # the replay launch's tile load before / after the phase test
                 row[f"replay_mixed_prefetch_{'on' if prefetch else 'off'}_us"] = per_step_us(timer(inputs.fn(
                     k._replay_step, _block_v=bv, _num_warps=nw, _prefetch=prefetch)))
+            for variant, launch in VARIANTS.items():
+                row[f"replay_mixed_{variant}_us"] = per_step_us(timer(inputs.fn(
+                    k._replay_step, _block_v=bv, _num_warps=nw, **launch)))
             if args.diag:
                 row["diag_replay_mixed_no_ticket_us"] = per_step_us(timer(inputs.fn(
                     k._replay_step, _block_v=bv, _num_warps=nw, _ticket=False)))
@@ -450,6 +473,9 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
             row["replay_in_phase_us"] = per_step_us(timer(inputs.fn(k._replay_step, _block_v=bv, _num_warps=nw)))
             row["replay_in_phase_fused_us"] = per_step_us(timer(inputs.fn(k._replay_step, _block_v=bv, _num_warps=nw,
                                                                          _split=False)))
+            for variant, launch in VARIANTS.items():
+                row[f"replay_in_phase_{variant}_us"] = per_step_us(timer(inputs.fn(
+                    k._replay_step, _block_v=bv, _num_warps=nw, **launch)))
             # replay with the positions on the host (phase-specialised launches): default config and sweep
             sweep = {}
             for cfg in dict.fromkeys([default_cfg, *[c for c in replay_sweep if c[0] <= max(16, V)]]):

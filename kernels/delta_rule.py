@@ -233,6 +233,7 @@ def _delta_replay_step_kernel(
     READ_FORMAT: tl.constexpr,  # what replay reads: "fp32" the checkpoint, "fp8" / "nvfp4" the read copy
     EXACT_FOLD: tl.constexpr,  # flushes recompute d from the raw v / beta records; replays append them
     PREFETCH_STATE: tl.constexpr,  # PHASE 4 with READ_FORMAT "fp32" only: load the tile before the phase test
+    PREFETCH_RECORDS: tl.constexpr,  # PHASE 4 with RING_PHYSICAL only: load every ring slot before the phase test
 ):
     pid_v = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -281,6 +282,19 @@ def _delta_replay_step_kernel(
                   + offs_k[:, None] * stride_s_k + offs_v[None, :] * stride_s_v)
     if PREFETCH_STATE:
         s_pre = tl.load(state_ptrs, mask=mask_kv, other=0.0)
+    offs_r = tl.arange(0, BLOCK_R)
+    rk_base = ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h
+    rd_base = ring_d_ptr + pid_b * stride_rd_b + pid_h * stride_rd_h
+    rg_base = ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h
+    if PREFETCH_RECORDS:
+        # Likewise the records, by physical slot: all R slots (committed or not: selected below by a `where`, so
+        # whatever an uncommitted slot holds never reaches the arithmetic), so that no load waits for the positions.
+        in_ring = offs_r < ring_size
+        k_pre = tl.load(rk_base + offs_r[:, None] * stride_rk_r + offs_k[None, :] * stride_rk_k,
+                        mask=in_ring[:, None] & mask_k[None, :], other=0.0)
+        d_pre = tl.load(rd_base + offs_r[:, None] * stride_rd_r + offs_v[None, :] * stride_rd_v,
+                        mask=in_ring[:, None] & mask_v[None, :], other=0.0)
+        g_pre = tl.load(rg_base + offs_r * stride_rg_r, mask=in_ring, other=0.0)
     if run:
         if PREFETCH_STATE:
             s0 = s_pre.to(tl.float32)
@@ -310,7 +324,6 @@ def _delta_replay_step_kernel(
         # Committed records: in logical order (position r < count at slot (origin + r) % R), or, for scalar gates read
         # on the device, by physical slot (addresses that need not wait for origin/count; position (slot - origin) % R).
         # Masked loads: nothing but the committed records is read.
-        offs_r = tl.arange(0, BLOCK_R)
         if RING_PHYSICAL:
             slots = offs_r
             pos = (offs_r - origin + ring_size) % ring_size
@@ -318,14 +331,15 @@ def _delta_replay_step_kernel(
         else:
             valid = offs_r < count
             slots = (origin + offs_r) % ring_size
-        rk_base = ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h
-        rd_base = ring_d_ptr + pid_b * stride_rd_b + pid_h * stride_rd_h
-        rg_base = ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h
-        k_r = tl.load(rk_base + slots[:, None] * stride_rk_r + offs_k[None, :] * stride_rk_k,
-                      mask=valid[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+        if PREFETCH_RECORDS:  # (RING_PHYSICAL: slot j is row j of the prefetched tiles)
+            k_r = tl.where(valid[:, None], k_pre.to(tl.float32), 0.0)
+            d_r = tl.where(valid[:, None], d_pre.to(tl.float32), 0.0)
+        else:
+            k_r = tl.load(rk_base + slots[:, None] * stride_rk_r + offs_k[None, :] * stride_rk_k,
+                          mask=valid[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+            d_r = tl.load(rd_base + slots[:, None] * stride_rd_r + offs_v[None, :] * stride_rd_v,
+                          mask=valid[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
         k_r = _l2norm_rows(k_r, USE_QK_L2NORM)
-        d_r = tl.load(rd_base + slots[:, None] * stride_rd_r + offs_v[None, :] * stride_rd_v,
-                      mask=valid[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
         # Gates one record later (position r + 1 < count): s_r = sum_{r<i<count} g_i + g_t as a reverse cumsum, and
         # the decay since the checkpoint c = g_0 + s_0.
         slots_next = (origin + offs_r + 1) % ring_size
@@ -344,7 +358,10 @@ def _delta_replay_step_kernel(
             pk = tl.sum(s0 * (decay * k_t)[:, None], axis=0)
         else:
             if RING_PHYSICAL:
-                g_r = tl.load(rg_base + slots * stride_rg_r, mask=valid, other=0.0).to(tl.float32)
+                if PREFETCH_RECORDS:
+                    g_r = tl.where(valid, g_pre.to(tl.float32), 0.0)
+                else:
+                    g_r = tl.load(rg_base + slots * stride_rg_r, mask=valid, other=0.0).to(tl.float32)
                 after = pos[None, :] > pos[:, None]  # [j, i]: record i comes after record j (invalid g_i are 0)
                 seg = tl.sum(tl.where(after, g_r[None, :], 0.0), axis=1) + g_t  # [R], direct sums
                 decay = tl.exp(tl.sum(g_r, axis=0) + g_t)
@@ -431,6 +448,16 @@ def _delta_replay_step_kernel(
         # exchange, so that it is ordered after every ticket by coherence of count[b] alone.
         if ticket == tl.num_programs(0) * tl.num_programs(2) - 1:
             tl.atomic_xchg(count_ptr + pid_b * stride_count, tl.where(due, 0, count + 1), sem="relaxed")
+
+
+@triton.jit
+def _advance_counts_kernel(count_ptr, stride_count, batch, BUFFER_LEN: tl.constexpr, BLOCK_B: tl.constexpr):
+    """count[b] += 1, or 0 where the step flushed (count[b] + 1 == BUFFER_LEN): a device-phase step's count update
+    as its own launch after the step's kernels, which then read the counts without tickets."""
+    offs = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    mask = offs < batch
+    count = tl.load(count_ptr + offs * stride_count, mask=mask, other=0)
+    tl.store(count_ptr + offs * stride_count, tl.where(count + 1 >= BUFFER_LEN, 0, count + 1), mask=mask)
 
 
 @triton.jit
@@ -545,7 +572,8 @@ def _ring_gate_strides(ring_g: torch.Tensor) -> tuple[int, ...]:
 def _replay_step(
     state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len=16, use_qk_l2norm=True, scale=None,
     out=None, read_copy=None, read_format=None, ring_v=None, ring_beta=None, _block_v=None, _num_warps=None,
-    _flush_dot=None, _ticket=True, _ring_physical=None, _split=None, _prefetch=True,
+    _flush_dot=None, _ticket=True, _ring_physical=None, _split=None, _prefetch=True, _prefetch_records=False,
+    _count_launch=False,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot`` / ``_ring_physical``; ``_split`` (device positions only; default on): the step as two launches,
@@ -554,7 +582,10 @@ def _replay_step(
     served by a program with the registers of its own phase alone; the fused kernel's flush code cost the replay
     rows about a third of their speed. ``_prefetch`` (split only; on: H200, batch 256, 289 us per step with it, 293
     without) loads each checkpoint tile in the replay launch before its row's count arrives (a flushing row's tile
-    is read for nothing). ``_ticket=False`` (diagnostics): count read plainly and left unchanged."""
+    is read for nothing). ``_prefetch_records`` (split, scalar gates): the replay launch also loads every ring slot
+    before the positions arrive and selects the committed records after. ``_count_launch`` (device positions): the
+    kernels read the counts without tickets and a third, one-program-per-1024-rows launch advances them.
+    ``_ticket=False`` (diagnostics): count read plainly and left unchanged."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -592,6 +623,7 @@ def _replay_step(
     # Kernel phases: the host's phase, or on the device one fused launch (0) or two (3: flushes, then 4: replays).
     split = phase == 0 and (_split is None or bool(_split))
     launches = (3, 4) if split else (phase,)
+    count_launch = phase == 0 and bool(_count_launch) and bool(_ticket)
 
     def launch(kernel_phase):
         flush_only = kernel_phase in (2, 3)
@@ -611,7 +643,7 @@ def _replay_step(
             PHASE=kernel_phase,
             GATE_PER_KEY=per_key,
             USE_QK_L2NORM=bool(use_qk_l2norm),
-            TICKET=_ticket,
+            TICKET=bool(_ticket) and not count_launch,
             RING_PHYSICAL=bool(ring_physical),
             BLOCK_K=max(16, triton.next_power_of_2(key_dim)),
             BLOCK_V=block_v,
@@ -621,6 +653,7 @@ def _replay_step(
             READ_FORMAT="fp32" if flush_only else read_format,
             EXACT_FOLD=exact_fold,
             PREFETCH_STATE=kernel_phase == 4 and read_format == "fp32" and bool(_prefetch),
+            PREFETCH_RECORDS=kernel_phase == 4 and bool(ring_physical) and bool(_prefetch_records),
             num_warps=num_warps,
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel
@@ -628,6 +661,9 @@ def _replay_step(
     with _device_guard(v):
         for kernel_phase in launches:  # in stream order: the replay launch (4) reads the counts the flush one read
             launch(kernel_phase)
+        if count_launch:
+            _advance_counts_kernel[(triton.cdiv(batch, 1024),)](count, count.stride(0), batch, BUFFER_LEN=buffer_len,
+                                                                 BLOCK_B=1024)
     return o
 
 

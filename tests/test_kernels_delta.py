@@ -15,8 +15,8 @@ import pytest
 from kernel_harness import HAS_TRITON, run_bench_smoke, run_case, worker_main
 from kernel_harness import assert_close as _close
 
-CASES = ["replay_mixed_gdn_bf16", "replay_mixed_kda", "replay_options", "state_update", "sequence_gdn",
-         "sequence_kda", "buffer_len_one", "host_phase"]
+CASES = ["replay_mixed_gdn_bf16", "replay_launch_variants", "replay_mixed_kda", "replay_options", "state_update",
+         "sequence_gdn", "sequence_kda", "buffer_len_one", "host_phase"]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -81,7 +81,8 @@ def _run_replay(fn, p, origin, count, **kw):
 
 
 def _check_replay(k, device, dtype, *, key_heads, value_heads, key_dim, value_dim, per_key, buffer_len, ring,
-                  origins, counts, block_vs, rel, poison=False, flush_dots=(None,), splits=(None,), **options):
+                  origins, counts, block_vs, rel, poison=False, flush_dots=(None,), splits=(None,), launch=None,
+                  **options):
     import torch
 
     batch = len(counts)
@@ -98,11 +99,11 @@ def _check_replay(k, device, dtype, *, key_heads, value_heads, key_dim, value_di
         q, origin_ref, count_ref = _clone(p), origin.clone(), count.clone()
         out = torch.empty(p["v"].shape, dtype=torch.float32, device=device)  # fp32 output: compare before rounding
         o = _run_replay(k._replay_step, p, origin, count, buffer_len=buffer_len, out=out, _block_v=block_v,
-                        _flush_dot=flush_dot, _split=split, **options)
+                        _flush_dot=flush_dot, _split=split, **(launch or {}), **options)
         o_ref = _run_replay(k.delta_replay_step_ref, q, origin_ref, count_ref, buffer_len=buffer_len,
                             out=torch.empty_like(out), **options)
-        print(f" block_v={block_v} flush_dot={flush_dot} split={split} per_key={per_key} counts={counts} "
-              f"origins={origins} {options}")
+        print(f" block_v={block_v} flush_dot={flush_dot} split={split} {launch or ''} per_key={per_key} "
+              f"counts={counts} origins={origins} {options}")
         assert o is out
         _close("o", o, o_ref, rel)
         _close("state", p["state"], q["state"], 1e-6)
@@ -128,6 +129,24 @@ def case_replay_mixed_gdn_bf16(k, device):
     _check_replay(k, device, torch.bfloat16, key_heads=2, value_heads=4, key_dim=32, value_dim=24, per_key=False,
                   buffer_len=L, ring=L - 1, origins=[4, 3, 4, 2, 4, 1], counts=[0, 1, 2, 3, 4, 5], block_vs=[16, 32],
                   rel=1e-5, poison=True, flush_dots=(True, False), splits=(True, False))
+
+
+def case_replay_launch_variants(k, device):
+    """The device-phase step's launch variants: every ring slot loaded before the positions arrive (committed
+    records selected after; the uncommitted slots hold NaN) and the counts advanced by a launch of their own instead
+    of the tickets; each alone and both, split and fused (GDN gate; KDA ignores the record prefetch), against the
+    reference."""
+    import torch
+
+    L = 6
+    for launch in (dict(_prefetch_records=True), dict(_count_launch=True),
+                   dict(_prefetch_records=True, _count_launch=True)):
+        _check_replay(k, device, torch.bfloat16, key_heads=2, value_heads=4, key_dim=32, value_dim=24, per_key=False,
+                      buffer_len=L, ring=L - 1, origins=[4, 3, 4, 2, 4, 1], counts=[0, 1, 2, 3, 4, 5],
+                      block_vs=[16], rel=1e-5, poison=True, splits=(True, False), launch=launch)
+    _check_replay(k, device, torch.float32, key_heads=2, value_heads=4, key_dim=24, value_dim=32, per_key=True,
+                  buffer_len=5, ring=7, origins=[6, 5, 0, 6, 3], counts=[4, 3, 0, 2, 1], block_vs=[16], rel=1e-5,
+                  poison=True, launch=dict(_prefetch_records=True, _count_launch=True))
 
 
 def case_replay_mixed_kda(k, device):

@@ -309,9 +309,10 @@ def _rel(got, want) -> float:
 
 # launch variants of the device-phase step timed (and checked bit for bit against the default) by every run
 VARIANTS = {
-    "prefetch_records": dict(_prefetch_records=True),
+    "branchless": dict(_branchless=True),
     "count_launch": dict(_count_launch=True),
-    "prefetch_records_count_launch": dict(_prefetch_records=True, _count_launch=True),
+    "branchless_count_launch": dict(_branchless=True, _count_launch=True),
+    "branchless_count_launch_logical_ring": dict(_branchless=True, _count_launch=True, _ring_physical=False),
 }
 
 

@@ -233,7 +233,7 @@ def _delta_replay_step_kernel(
     READ_FORMAT: tl.constexpr,  # what replay reads: "fp32" the checkpoint, "fp8" / "nvfp4" the read copy
     EXACT_FOLD: tl.constexpr,  # flushes recompute d from the raw v / beta records; replays append them
     PREFETCH_STATE: tl.constexpr,  # PHASE 4 with READ_FORMAT "fp32" only: load the tile before the phase test
-    PREFETCH_RECORDS: tl.constexpr,  # PHASE 4 with RING_PHYSICAL only: load every ring slot before the phase test
+    BRANCHLESS: tl.constexpr,  # PHASE 4 only: every program computes; a flushing row's stores are masked off
 ):
     pid_v = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -274,6 +274,16 @@ def _delta_replay_step_kernel(
     else:
         run = True
         is_flush = due
+    # What this program may store: its whole tile, or (BRANCHLESS: the replay launch computes for every row, with
+    # no branch in front of its loads, and drops a flushing row's results) nothing.
+    # (The record fields written by one program per head, V tile 0's, are then written by none: writer_v = -1.)
+    v_store = V
+    writer_v = 0
+    if BRANCHLESS:
+        v_store = tl.where(run, V, 0)
+        writer_v = tl.where(run, 0, -1)
+        run = True
+    store_v = mask_v & (offs_v < v_store)
 
     # The one large read: the checkpoint tile. PREFETCH_STATE (replay launch of a split step): issued before the
     # row's phase is known, so that it does not wait a round trip for count[b]; a flushing row's tile is then read
@@ -286,15 +296,6 @@ def _delta_replay_step_kernel(
     rk_base = ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h
     rd_base = ring_d_ptr + pid_b * stride_rd_b + pid_h * stride_rd_h
     rg_base = ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h
-    if PREFETCH_RECORDS:
-        # Likewise the records, by physical slot: all R slots (committed or not: selected below by a `where`, so
-        # whatever an uncommitted slot holds never reaches the arithmetic), so that no load waits for the positions.
-        in_ring = offs_r < ring_size
-        k_pre = tl.load(rk_base + offs_r[:, None] * stride_rk_r + offs_k[None, :] * stride_rk_k,
-                        mask=in_ring[:, None] & mask_k[None, :], other=0.0)
-        d_pre = tl.load(rd_base + offs_r[:, None] * stride_rd_r + offs_v[None, :] * stride_rd_v,
-                        mask=in_ring[:, None] & mask_v[None, :], other=0.0)
-        g_pre = tl.load(rg_base + offs_r * stride_rg_r, mask=in_ring, other=0.0)
     if run:
         if PREFETCH_STATE:
             s0 = s_pre.to(tl.float32)
@@ -331,15 +332,11 @@ def _delta_replay_step_kernel(
         else:
             valid = offs_r < count
             slots = (origin + offs_r) % ring_size
-        if PREFETCH_RECORDS:  # (RING_PHYSICAL: slot j is row j of the prefetched tiles)
-            k_r = tl.where(valid[:, None], k_pre.to(tl.float32), 0.0)
-            d_r = tl.where(valid[:, None], d_pre.to(tl.float32), 0.0)
-        else:
-            k_r = tl.load(rk_base + slots[:, None] * stride_rk_r + offs_k[None, :] * stride_rk_k,
-                          mask=valid[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-            d_r = tl.load(rd_base + slots[:, None] * stride_rd_r + offs_v[None, :] * stride_rd_v,
-                          mask=valid[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+        k_r = tl.load(rk_base + slots[:, None] * stride_rk_r + offs_k[None, :] * stride_rk_k,
+                      mask=valid[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
         k_r = _l2norm_rows(k_r, USE_QK_L2NORM)
+        d_r = tl.load(rd_base + slots[:, None] * stride_rd_r + offs_v[None, :] * stride_rd_v,
+                      mask=valid[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
         # Gates one record later (position r + 1 < count): s_r = sum_{r<i<count} g_i + g_t as a reverse cumsum, and
         # the decay since the checkpoint c = g_0 + s_0.
         slots_next = (origin + offs_r + 1) % ring_size
@@ -358,10 +355,7 @@ def _delta_replay_step_kernel(
             pk = tl.sum(s0 * (decay * k_t)[:, None], axis=0)
         else:
             if RING_PHYSICAL:
-                if PREFETCH_RECORDS:
-                    g_r = tl.where(valid, g_pre.to(tl.float32), 0.0)
-                else:
-                    g_r = tl.load(rg_base + slots * stride_rg_r, mask=valid, other=0.0).to(tl.float32)
+                g_r = tl.load(rg_base + slots * stride_rg_r, mask=valid, other=0.0).to(tl.float32)
                 after = pos[None, :] > pos[:, None]  # [j, i]: record i comes after record j (invalid g_i are 0)
                 seg = tl.sum(tl.where(after, g_r[None, :], 0.0), axis=1) + g_t  # [R], direct sums
                 decay = tl.exp(tl.sum(g_r, axis=0) + g_t)
@@ -380,7 +374,7 @@ def _delta_replay_step_kernel(
         d_t = beta_t * (v_t - pk)
         o = pq + tl.sum(k_t * q_t, axis=0) * d_t
         tl.store(o_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_v * stride_o_v,
-                 o.to(o_ptr.dtype.element_ty), mask=mask_v)
+                 o.to(o_ptr.dtype.element_ty), mask=store_v)
 
         rv_base = ring_v_ptr + pid_b * stride_rv_b + pid_h * stride_rv_h
         rb_base = ring_beta_ptr + pid_b * stride_rb_b + pid_h * stride_rb_h
@@ -427,8 +421,8 @@ def _delta_replay_step_kernel(
             # V tile 0 of the first value head of its key group.
             slot = (origin + count) % ring_size
             tl.store(rd_base + slot * stride_rd_r + offs_v * stride_rd_v, d_t.to(ring_d_ptr.dtype.element_ty),
-                     mask=mask_v)
-            if pid_v == 0:
+                     mask=store_v)
+            if pid_v == writer_v:
                 if GATE_PER_KEY:
                     tl.store(rg_base + slot * stride_rg_r + offs_k * stride_rg_k, g_t.to(ring_g_ptr.dtype.element_ty),
                              mask=mask_k)
@@ -439,8 +433,8 @@ def _delta_replay_step_kernel(
                              mask=mask_k)
             if EXACT_FOLD:  # the raw inputs a flush recomputes d from: v by every V tile, beta by V tile 0
                 tl.store(rv_base + slot * stride_rv_r + offs_v * stride_rv_v, v_t.to(ring_v_ptr.dtype.element_ty),
-                         mask=mask_v)
-                if pid_v == 0:
+                         mask=store_v)
+                if pid_v == writer_v:
                     tl.store(rb_base + slot * stride_rb_r, beta_t.to(ring_beta_ptr.dtype.element_ty))
 
     if (PHASE == 0 or PHASE == 4) and TICKET:  # noqa: SIM102 (a constexpr test and a runtime test: not one `if`)
@@ -572,7 +566,7 @@ def _ring_gate_strides(ring_g: torch.Tensor) -> tuple[int, ...]:
 def _replay_step(
     state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len=16, use_qk_l2norm=True, scale=None,
     out=None, read_copy=None, read_format=None, ring_v=None, ring_beta=None, _block_v=None, _num_warps=None,
-    _flush_dot=None, _ticket=True, _ring_physical=None, _split=None, _prefetch=True, _prefetch_records=False,
+    _flush_dot=None, _ticket=True, _ring_physical=None, _split=None, _prefetch=True, _branchless=False,
     _count_launch=False,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
@@ -582,8 +576,8 @@ def _replay_step(
     served by a program with the registers of its own phase alone; the fused kernel's flush code cost the replay
     rows about a third of their speed. ``_prefetch`` (split only; on: H200, batch 256, 289 us per step with it, 293
     without) loads each checkpoint tile in the replay launch before its row's count arrives (a flushing row's tile
-    is read for nothing). ``_prefetch_records`` (split, scalar gates): the replay launch also loads every ring slot
-    before the positions arrive and selects the committed records after. ``_count_launch`` (device positions): the
+    is read for nothing). ``_branchless`` (split): the replay launch computes every row, with no branch in front of
+    its loads, and masks a flushing row's stores off. ``_count_launch`` (device positions): the
     kernels read the counts without tickets and a third, one-program-per-1024-rows launch advances them.
     ``_ticket=False`` (diagnostics): count read plainly and left unchanged."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
@@ -653,7 +647,7 @@ def _replay_step(
             READ_FORMAT="fp32" if flush_only else read_format,
             EXACT_FOLD=exact_fold,
             PREFETCH_STATE=kernel_phase == 4 and read_format == "fp32" and bool(_prefetch),
-            PREFETCH_RECORDS=kernel_phase == 4 and bool(ring_physical) and bool(_prefetch_records),
+            BRANCHLESS=kernel_phase == 4 and bool(_branchless),
             num_warps=num_warps,
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel

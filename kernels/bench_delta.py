@@ -307,12 +307,13 @@ def _rel(got, want) -> float:
     return ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1)).item()
 
 
-# launch variants of the device-phase step timed (and checked bit for bit against the default) by every run
+# launch variants of the device-phase step timed by every run next to the default (count launch, records in logical
+# order, tile prefetch) and checked against it on the device: bit for bit, or (other summation order) to 1e-5
 VARIANTS = {
-    "branchless": dict(_branchless=True),
-    "count_launch": dict(_count_launch=True),
-    "branchless_count_launch": dict(_branchless=True, _count_launch=True),
-    "branchless_count_launch_logical_ring": dict(_branchless=True, _count_launch=True, _ring_physical=False),
+    "tickets": (dict(_count_launch=False), True),
+    "branchless": (dict(_branchless=True), True),
+    "no_prefetch": (dict(_prefetch=False), True),
+    "physical_ring": (dict(_ring_physical=True), False),
 }
 
 
@@ -359,13 +360,15 @@ def check(k, shape, per_key, L, device, fla_step=None, batch=4, read_format=None
     # the launch variants (records loaded before the positions, counts advanced by their own launch) against the
     # default launch on the same inputs: bit for bit, outputs, checkpoints, rings and counts
     variants = {}
-    for name, launch in VARIANTS.items():
+    for name, (launch, bitwise) in VARIANTS.items():
         copy = {n: t.clone() for n, t in base.items()}
         o_var = k._replay_step(*[copy[n] for n in RING], *[copy[n] for n in TOKEN], buffer_len=L,
                                out=torch.empty(copy["v"].shape, device=device), **launch)
-        variants[name] = bool(torch.equal(o_var, o_default) and all(
-            torch.equal(copy[n], after[n]) for n in ("state", "ring_k", "ring_d", "ring_g", "count")))
-    result["variants_bitwise_equal_default"] = variants
+        exact = ("ring_k", "ring_g", "count") + (("state", "ring_d") if bitwise else ())
+        close = max([_rel(o_var, o_default)] + [_rel(copy[n], after[n]) for n in ("state", "ring_d")])
+        variants[name] = bool(all(torch.equal(copy[n], after[n]) for n in exact)
+                              and (torch.equal(o_var, o_default) if bitwise else close < 1e-5))
+    result["variants_equal_default"] = variants
     ok = (err_o < 1e-4 and err_s < 1e-5 and counts_ok and result["mixed_o_rel_err"] < 1e-4 and all(variants.values())
           and result["mixed_state_rel_err"] < 1e-5 and result["mixed_ring_d_rel_err"] < 1e-4
           and result["mixed_counts_and_keys_ok"])
@@ -455,10 +458,7 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
             # the same step as one fused launch carrying both phases' code (the layout before the split)
             row["replay_mixed_fused_us"] = per_step_us(timer(inputs.fn(k._replay_step, _block_v=bv, _num_warps=nw,
                                                                       _split=False)))
-            for prefetch in (True, False):  # the replay launch's tile load before / after the phase test
-                row[f"replay_mixed_prefetch_{'on' if prefetch else 'off'}_us"] = per_step_us(timer(inputs.fn(
-                    k._replay_step, _block_v=bv, _num_warps=nw, _prefetch=prefetch)))
-            for variant, launch in VARIANTS.items():
+            for variant, (launch, _) in VARIANTS.items():
                 row[f"replay_mixed_{variant}_us"] = per_step_us(timer(inputs.fn(
                     k._replay_step, _block_v=bv, _num_warps=nw, **launch)))
             if args.diag:
@@ -474,7 +474,7 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
             row["replay_in_phase_us"] = per_step_us(timer(inputs.fn(k._replay_step, _block_v=bv, _num_warps=nw)))
             row["replay_in_phase_fused_us"] = per_step_us(timer(inputs.fn(k._replay_step, _block_v=bv, _num_warps=nw,
                                                                          _split=False)))
-            for variant, launch in VARIANTS.items():
+            for variant, (launch, _) in VARIANTS.items():
                 row[f"replay_in_phase_{variant}_us"] = per_step_us(timer(inputs.fn(
                     k._replay_step, _block_v=bv, _num_warps=nw, **launch)))
             # replay with the positions on the host (phase-specialised launches): default config and sweep

@@ -54,10 +54,11 @@ Design notes:
 * Device phases, split (``PHASE`` 3 then 4, the default for tensor positions): the fused program's register count is
   its flush branch's, which cost every replay program about a third of its speed (H200, batch 256: 348 us per step
   fused vs 227 us with the phase-specialised host launches). Split, the flush launch's programs of replaying rows
-  read ``count[b]`` and exit without touching it; the replay launch (run after it) skips the flushing rows' work
-  but still takes their tickets, and its last ticket per row writes the new count (0 after a flush), so both launches
-  see the same old count. ``PHASE`` 0 keeps both codes in one launch.
-* The per-row phase is read on the device with a variant of the ticket scheme of ``kernels/mamba2.py``: every
+  read ``count[b]`` and exit without touching it; the replay launch (run after it) skips the flushing rows' work;
+  a third launch (one program per 1024 rows) then advances every row's count (0 after a flush), so both step
+  launches see the same old count. ``PHASE`` 0 keeps both codes in one launch.
+* Count tickets (``_count_launch=False``, 10 us per step slower at batch 256 on an H200 than the count launch):
+  the per-row phase is read on the device with a variant of the ticket scheme of ``kernels/mamba2.py``: every
   program reads ``count[b]`` with a plain load (low 16 bits) and then takes one ``atomic_add(count[b], 1 << 16)``
   ticket, whose value it only needs at its end; the program that drew the row's last ticket writes the new count
   (an atomic exchange, which also clears the ticket bits). Each read precedes its own ticket (same address) and
@@ -566,20 +567,21 @@ def _ring_gate_strides(ring_g: torch.Tensor) -> tuple[int, ...]:
 def _replay_step(
     state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len=16, use_qk_l2norm=True, scale=None,
     out=None, read_copy=None, read_format=None, ring_v=None, ring_beta=None, _block_v=None, _num_warps=None,
-    _flush_dot=None, _ticket=True, _ring_physical=None, _split=None, _prefetch=True, _branchless=False,
-    _count_launch=False,
+    _flush_dot=None, _ticket=True, _ring_physical=False, _split=None, _prefetch=True, _branchless=False,
+    _count_launch=True,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
-    ``_flush_dot`` / ``_ring_physical``; ``_split`` (device positions only; default on): the step as two launches,
-    a flush-only program for the rows due (the others exit after reading their count) and then a replay-only one
-    (which also updates every row's count), instead of one fused program that carries both codes. Rows are then
-    served by a program with the registers of its own phase alone; the fused kernel's flush code cost the replay
-    rows about a third of their speed. ``_prefetch`` (split only; on: H200, batch 256, 289 us per step with it, 293
-    without) loads each checkpoint tile in the replay launch before its row's count arrives (a flushing row's tile
-    is read for nothing). ``_branchless`` (split): the replay launch computes every row, with no branch in front of
-    its loads, and masks a flushing row's stores off. ``_count_launch`` (device positions): the
-    kernels read the counts without tickets and a third, one-program-per-1024-rows launch advances them.
-    ``_ticket=False`` (diagnostics): count read plainly and left unchanged."""
+    ``_flush_dot``; ``_split`` (device positions only; default on): the step as a flush-only launch for the rows due
+    (the others exit after reading their count) and then a replay-only one, instead of one fused program that carries
+    both codes (whose flush registers cost the replay rows about a third of their speed). ``_count_launch`` (device
+    positions; default on): the step's kernels read the counts plainly and a third, one-program-per-1024-rows launch
+    advances them; off, the replay program of each row that draws the last count ticket writes its new count (H200,
+    batch 256, the step 10 us slower). ``_ring_physical`` (scalar gates): records read by physical slot, the
+    decays as direct sums over an [R, R] mask, so that no address waits for origin/count (H200, batch 256, 14-22 us
+    slower than reading in logical order). ``_prefetch`` (split): the replay launch loads each checkpoint tile before
+    its row's count arrives (a flushing row's tile is then read for nothing). ``_branchless`` (split): the replay
+    launch computes every row, with no branch in front of its loads, and masks a flushing row's stores off (H200:
+    slower). ``_ticket=False`` (diagnostics): count read plainly and left unchanged."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -622,10 +624,9 @@ def _replay_step(
     def launch(kernel_phase):
         flush_only = kernel_phase in (2, 3)
         # Flush-only programs always fold with the dot (their registers do not throttle replay programs) and read
-        # and write the checkpoint alone; device-read scalar gates are read by physical slot (addresses that do
-        # not wait for origin/count).
+        # and write the checkpoint alone.
         flush_dot = (flush_uses_dot(per_key) or flush_only) if _flush_dot is None else bool(_flush_dot)
-        ring_physical = (kernel_phase in (0, 3, 4) and not per_key) if _ring_physical is None else _ring_physical
+        ring_physical = bool(_ring_physical) and not per_key
         kernel = _delta_replay_step_kernel[grid](
             state, ring_k, ring_d, ring_g, *positions, q, k, v, beta, g, o, *read_operands[:3], *raw_records[:2],
             key_dim, value_dim, ring_size, value_heads // key_heads, scale, *host,

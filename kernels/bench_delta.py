@@ -307,12 +307,13 @@ def _rel(got, want) -> float:
     return ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1)).item()
 
 
-# launch variants of the device-phase step timed by every run next to the default (count launch, records in logical
-# order, tile prefetch) and checked against it on the device: bit for bit, or (other summation order) to 1e-5
+# launch variants of the device-phase step timed by every run next to the default (one fused launch, count launch,
+# records in logical order) and checked against it on the device: bit for bit, or to 1e-5 where the summation order
+# differs (records by physical slot; a split step's flush always folds with tl.dot, KDA's fused flush with a loop)
 VARIANTS = {
     "tickets": (dict(_count_launch=False), True),
-    "branchless": (dict(_branchless=True), True),
-    "no_prefetch": (dict(_prefetch=False), True),
+    "split_branchless": (dict(_split=True, _branchless=True), False),
+    "split_no_prefetch": (dict(_split=True, _prefetch=False), False),
     "physical_ring": (dict(_ring_physical=True), False),
 }
 
@@ -455,9 +456,9 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
             row.update(replay_copies=inputs.n, replay_default_config=_key(default_cfg), replay_best_config=best_cfg,
                        replay_sweep=sweep, replay_mixed_default_us=sweep[_key(default_cfg)]["us"],
                        replay_mixed_us=sweep[best_cfg]["us"])
-            # the same step as one fused launch carrying both phases' code (the layout before the split)
-            row["replay_mixed_fused_us"] = per_step_us(timer(inputs.fn(k._replay_step, _block_v=bv, _num_warps=nw,
-                                                                      _split=False)))
+            # the same step as two launches, flush-only then replay-only
+            row["replay_mixed_split_us"] = per_step_us(timer(inputs.fn(k._replay_step, _block_v=bv, _num_warps=nw,
+                                                                      _split=True)))
             for variant, (launch, _) in VARIANTS.items():
                 row[f"replay_mixed_{variant}_us"] = per_step_us(timer(inputs.fn(
                     k._replay_step, _block_v=bv, _num_warps=nw, **launch)))
@@ -472,8 +473,8 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
             # replay, all rows in phase
             inputs = ReplayInputs(batch, shape, per_key, L, device, gen, "in_phase", cuda)
             row["replay_in_phase_us"] = per_step_us(timer(inputs.fn(k._replay_step, _block_v=bv, _num_warps=nw)))
-            row["replay_in_phase_fused_us"] = per_step_us(timer(inputs.fn(k._replay_step, _block_v=bv, _num_warps=nw,
-                                                                         _split=False)))
+            row["replay_in_phase_split_us"] = per_step_us(timer(inputs.fn(k._replay_step, _block_v=bv, _num_warps=nw,
+                                                                         _split=True)))
             for variant, (launch, _) in VARIANTS.items():
                 row[f"replay_in_phase_{variant}_us"] = per_step_us(timer(inputs.fn(
                     k._replay_step, _block_v=bv, _num_warps=nw, **launch)))

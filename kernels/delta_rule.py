@@ -7,9 +7,8 @@ Entry points (each with a torch reference of the same signature, re-exported her
 * :func:`delta_replay_step` / :func:`delta_replay_step_ref`: one decode token per batch row. Rows whose ring is not
   full compute the output and the token's corrected value from the float32 checkpoint plus the buffered records and
   only append a record; rows that reach ``buffer_len`` fold the records and the token into the checkpoint in place.
-  Decided per row on the device: by default two launches in stream order, a flush-only program for the rows due
-  (the others exit after reading their count) and a replay-only program (which also updates every row's count), so
-  that no program carries the other phase's registers; one fused launch on request.
+  Decided per row on the device: one launch whose programs replay or flush by their row's count, then a small
+  launch that advances the counts (on request the step as a flush-only launch and a replay-only launch).
 * :func:`delta_state_update` / :func:`delta_state_update_ref`: the standard step (read state, update, write in
   place, output), i.e. flash-linear-attention's ``fused_recurrent_gated_delta_rule`` / ``fused_recurrent_kda`` for
   one token with an in-place state.
@@ -51,9 +50,12 @@ Design notes:
   on tensor cores; the default for GDN) or a loop over the records re-read from L1, newest first (fewer registers;
   the default for KDA, whose per-key tiles would spill with the dot), see :func:`flush_uses_dot`. bf16/fp16 inputs
   are upcast to fp32 right after loading (also required by ``TRITON_INTERPRET=1``).
-* Device phases, split (``PHASE`` 3 then 4, the default for tensor positions): the fused program's register count is
-  its flush branch's, which cost every replay program about a third of its speed (H200, batch 256: 348 us per step
-  fused vs 227 us with the phase-specialised host launches). Split, the flush launch's programs of replaying rows
+* Device phases: one fused launch (``PHASE`` 0, the default for tensor positions; H200, batch 256, rows in phase:
+  229 us per step, as fast as the phase-specialised host launches' 227 us) or, on request, split (``PHASE`` 3 then
+  4: 257 us). The fused kernel was first the slower (348 us vs 289 us split) while device-read records were read by
+  physical slot (``RING_PHYSICAL``: decays as direct sums over an [R, R] mask, so that no address waited for the
+  positions); read in logical order, as the host launches do, both got faster and fused won. Split, the flush launch's
+  programs of replaying rows
   read ``count[b]`` and exit without touching it; the replay launch (run after it) skips the flushing rows' work;
   a third launch (one program per 1024 rows) then advances every row's count (0 after a flush), so both step
   launches see the same old count. ``PHASE`` 0 keeps both codes in one launch.
@@ -88,7 +90,8 @@ Measured on an H200 (triton 3.6, qwen3-next GDN shape 32/16 heads of 128, batch 
 constexpr): standard step 280 us (91-93 % of copy bandwidth; FLA's fused_recurrent 365 us), replay cycle 332 us
 (44 %: the replay program is latency/occupancy-bound, not bandwidth-bound; with no records at all it still takes
 279 us). KDA (kimi-linear): standard 280 us, replay 518 us. Later (K/V constexpr, host-phase launches): replay
-cycle 226.6 us at batch 256; device phase split in two launches 288.6 us, fused 347.0 us (``BENCHMARKS.md``). See
+cycle 226.6 us at batch 256; device phase split in two launches 288.6 us, fused 347.0 us; with records in logical
+order and a count launch, fused 241 us with rows in mixed phases, 229 us in phase (``BENCHMARKS.md``). See
 the benchmark ``kernels/bench_delta.py``.
 """
 
@@ -567,13 +570,13 @@ def _ring_gate_strides(ring_g: torch.Tensor) -> tuple[int, ...]:
 def _replay_step(
     state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len=16, use_qk_l2norm=True, scale=None,
     out=None, read_copy=None, read_format=None, ring_v=None, ring_beta=None, _block_v=None, _num_warps=None,
-    _flush_dot=None, _ticket=True, _ring_physical=False, _split=None, _prefetch=True, _branchless=False,
+    _flush_dot=None, _ticket=True, _ring_physical=False, _split=False, _prefetch=True, _branchless=False,
     _count_launch=True,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
-    ``_flush_dot``; ``_split`` (device positions only; default on): the step as a flush-only launch for the rows due
-    (the others exit after reading their count) and then a replay-only one, instead of one fused program that carries
-    both codes (whose flush registers cost the replay rows about a third of their speed). ``_count_launch`` (device
+    ``_flush_dot``; ``_split`` (device positions only): the step as a flush-only launch for the rows due (the others
+    exit after reading their count) and then a replay-only one, instead of one fused program that carries both codes
+    (H200, batch 256: 263 vs 241 us per step with rows in mixed phases). ``_count_launch`` (device
     positions; default on): the step's kernels read the counts plainly and a third, one-program-per-1024-rows launch
     advances them; off, the replay program of each row that draws the last count ticket writes its new count (H200,
     batch 256, the step 10 us slower). ``_ring_physical`` (scalar gates): records read by physical slot, the
@@ -617,7 +620,7 @@ def _replay_step(
     positions, strides, host = ((origin, count), (origin.stride(0), count.stride(0)), (0, 0)) if phase == 0 else (
         (state, state), (0, 0), (origin, count))  # host phase: the pointers are unused
     # Kernel phases: the host's phase, or on the device one fused launch (0) or two (3: flushes, then 4: replays).
-    split = phase == 0 and (_split is None or bool(_split))
+    split = phase == 0 and bool(_split)
     launches = (3, 4) if split else (phase,)
     count_launch = phase == 0 and bool(_count_launch) and bool(_ticket)
 

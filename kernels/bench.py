@@ -276,6 +276,16 @@ class StepInputs:
 # correctness check on the device
 
 
+# launch variants of the device-phase step timed by every run next to the default (split, tickets, physical ring
+# slots) and checked against it on the device: bit for bit (count launch) or to 1e-5
+VARIANTS = {
+    "count_launch": (dict(_count_launch=True), True),
+    "prefetch": (dict(_prefetch=True), True),
+    "fused_count_launch": (dict(_split=False, _count_launch=True), False),
+    "fused_count_launch_logical_ring": (dict(_split=False, _count_launch=True, _ring_physical=False), False),
+}
+
+
 def check(k, heads, head_dim, d_state, groups, L, device, batch=4, read_format=None) -> dict:
     """Replay kernel vs standard kernel over 2L+3 in-phase steps (fp32 tokens), and one mixed-phase launch vs the
     torch reference (also with a read copy in ``read_format``). Returns max errors relative to the output / state
@@ -305,9 +315,20 @@ def check(k, heads, head_dim, d_state, groups, L, device, batch=4, read_format=N
     batch = max(L, 2)
     mix = ReplayInputs(batch, heads, head_dim, d_state, groups, L, device, gen, "mixed", cuda=False).copies[0]
     ref = {kk: v.clone() for kk, v in mix.items()}
+    base = {kk: v.clone() for kk, v in mix.items()}
     args = ["state", "ring_x", "ring_dt", "ring_B", "origin", "count", "x", "dt", "B", "C"]
     y = k.mamba2_replay_step(*[mix[a] for a in args], **p, dt_softplus=True, buffer_len=L,
                              out=torch.empty(mix["x"].shape, device=device))
+    variants = {}
+    for name, (launch, bitwise) in VARIANTS.items():  # each launch variant against the default on the same inputs
+        copy = {kk: v.clone() for kk, v in base.items()}
+        y_var = k._replay_step(*[copy[a] for a in args], **p, dt_softplus=True, buffer_len=L,
+                               out=torch.empty(copy["x"].shape, device=device), **launch)
+        exact = ("ring_x", "ring_dt", "ring_B", "count") + (("state",) if bitwise else ())
+        close = max(((y_var - y).abs().max() / y.abs().max().clamp_min(1)).item(),
+                    ((copy["state"] - mix["state"]).abs().max() / mix["state"].abs().max()).item())
+        variants[name] = bool(all(torch.equal(copy[a], mix[a]) for a in exact)
+                              and (torch.equal(y_var, y) if bitwise else close < 1e-5))
     y_ref = k.mamba2_replay_step_ref(*[ref[a] for a in args], **p, dt_softplus=True, buffer_len=L,
                                      out=torch.empty(mix["x"].shape, device=device))
     mixed_y = ((y - y_ref).abs().max() / y_ref.abs().max().clamp_min(1)).item()
@@ -315,8 +336,9 @@ def check(k, heads, head_dim, d_state, groups, L, device, batch=4, read_format=N
     mixed_ok = torch.equal(mix["count"], ref["count"]) and torch.equal(mix["ring_x"], ref["ring_x"])
     result = dict(seq_y_rel_err=err_y, seq_checkpoint_rel_err=err_s, seq_counts_ok=counts_ok,
                   mixed_y_rel_err=mixed_y, mixed_state_rel_err=mixed_state, mixed_counts_and_records_ok=mixed_ok,
+                  variants_equal_default=variants,
                   ok=bool(err_y < 1e-4 and err_s < 1e-5 and counts_ok and mixed_y < 1e-4 and mixed_state < 1e-5
-                          and mixed_ok))
+                          and mixed_ok and all(variants.values())))
     if read_format is not None:  # one mixed-phase launch reading a read copy, against the torch reference
         mix = ReplayInputs(batch, heads, head_dim, d_state, groups, L, device, gen, "mixed", cuda=False)
         mix.add_read_copies(read_format)
@@ -382,9 +404,9 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                        replay_mixed_us=sweep[best_cfg]["us"])
             # the same step as one fused launch carrying both phases' code (the layout before the split)
             row["replay_mixed_fused_us"] = per_step_us(timer(inputs.fn(k._replay_step, _config=best, _split=False)))
-            for prefetch in (True, False):  # the replay launch's tile load before / after the phase test
-                row[f"replay_mixed_prefetch_{'on' if prefetch else 'off'}_us"] = per_step_us(timer(inputs.fn(
-                    k._replay_step, _config=best, _prefetch=prefetch)))
+            for variant, (launch, _) in VARIANTS.items():
+                row[f"replay_mixed_{variant}_us"] = per_step_us(timer(inputs.fn(
+                    k._replay_step, _config=best, **launch)))
             if args.diag:
                 row["diag_replay_mixed_no_ticket_us"] = per_step_us(timer(inputs.fn(
                     k._replay_step, _config=best, _ticket=False)))
@@ -394,6 +416,9 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
             inputs = ReplayInputs(batch, heads, head_dim, d_state, groups, L, device, gen, "in_phase", cuda)
             row["replay_in_phase_us"] = per_step_us(timer(inputs.fn(k._replay_step, _config=best)))
             row["replay_in_phase_fused_us"] = per_step_us(timer(inputs.fn(k._replay_step, _config=best, _split=False)))
+            for variant, (launch, _) in VARIANTS.items():
+                row[f"replay_in_phase_{variant}_us"] = per_step_us(timer(inputs.fn(
+                    k._replay_step, _config=best, **launch)))
             row["replay_in_phase_default_us"] = (
                 per_step_us(timer(inputs.fn(k.mamba2_replay_step))) if best_cfg != default_key
                 else row["replay_in_phase_us"])

@@ -103,6 +103,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hf_replayssm.kernels.counts import advance_counts
 from hf_replayssm.kernels.read_copy import load_read_tile, read_copy_operands
 from hf_replayssm.ops.delta_step import delta_replay_step_ref, delta_state_update_ref
 from hf_replayssm.ops.positions import host_phase
@@ -449,16 +450,6 @@ def _delta_replay_step_kernel(
 
 
 @triton.jit
-def _advance_counts_kernel(count_ptr, stride_count, batch, BUFFER_LEN: tl.constexpr, BLOCK_B: tl.constexpr):
-    """count[b] += 1, or 0 where the step flushed (count[b] + 1 == BUFFER_LEN): a device-phase step's count update
-    as its own launch after the step's kernels, which then read the counts without tickets."""
-    offs = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
-    mask = offs < batch
-    count = tl.load(count_ptr + offs * stride_count, mask=mask, other=0)
-    tl.store(count_ptr + offs * stride_count, tl.where(count + 1 >= BUFFER_LEN, 0, count + 1), mask=mask)
-
-
-@triton.jit
 def _delta_state_update_kernel(
     state_ptr, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, o_ptr,
     K: tl.constexpr, V: tl.constexpr, kv_ratio, scale,
@@ -660,8 +651,7 @@ def _replay_step(
         for kernel_phase in launches:  # in stream order: the replay launch (4) reads the counts the flush one read
             launch(kernel_phase)
         if count_launch:
-            _advance_counts_kernel[(triton.cdiv(batch, 1024),)](count, count.stride(0), batch, BUFFER_LEN=buffer_len,
-                                                                 BLOCK_B=1024)
+            advance_counts(count, buffer_len)
     return o
 
 

@@ -15,7 +15,8 @@ import pytest
 from kernel_harness import HAS_TRITON, run_bench_smoke, run_case, worker_main
 from kernel_harness import assert_close as _close
 
-CASES = ["replay_mixed_bf16", "replay_fp32_plain", "state_update", "sequence", "buffer_len_one", "host_phase"]
+CASES = ["replay_mixed_bf16", "replay_launch_variants", "replay_fp32_plain", "state_update", "sequence",
+         "buffer_len_one", "host_phase"]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -82,7 +83,7 @@ def _replay_args(p, origin, count):
 
 
 def _check_replay(k, device, dtype, buffer_len, ring, origins, counts, configs, options, rel, poison=False,
-                  splits=(None,)):
+                  splits=(None,), launch=None):
     import torch
 
     batch = len(counts)
@@ -99,10 +100,10 @@ def _check_replay(k, device, dtype, buffer_len, ring, origins, counts, configs, 
         q, origin_ref, count_ref = _clone(p), origin.clone(), count.clone()
         args, kw = _replay_args(p, origin, count)
         out = torch.empty(p["x"].shape, dtype=torch.float32, device=device)  # fp32 output: compare before rounding
-        y = k._replay_step(*args, **kw, buffer_len=buffer_len, out=out, _config=config, _split=split)
+        y = k._replay_step(*args, **kw, buffer_len=buffer_len, out=out, _config=config, _split=split, **(launch or {}))
         args_ref, kw_ref = _replay_args(q, origin_ref, count_ref)
         y_ref = k.mamba2_replay_step_ref(*args_ref, **kw_ref, buffer_len=buffer_len, out=torch.empty_like(out))
-        print(f" config={config} split={split} counts={counts} origins={origins}")
+        print(f" config={config} split={split} {launch or ''} counts={counts} origins={origins}")
         assert y is out
         _close("y", y, y_ref, rel)
         _close("state", p["state"], q["state"], 1e-6)
@@ -129,6 +130,19 @@ def case_replay_mixed_bf16(k, device):
     _check_replay(k, device, torch.bfloat16, L, ring=L - 1, origins=[4, 3, 4, 2, 4, 1], counts=[0, 1, 2, 3, 4, 5],
                   configs=[_cfg(16), _cfg(8, 2, fold_unroll=1)], options=True, rel=2e-6, poison=True,
                   splits=(True, False))
+
+
+def case_replay_launch_variants(k, device):
+    """The device-phase step's launch variants: counts advanced by a launch of their own instead of the tickets,
+    records in logical order instead of by physical slot, each split and fused, against the reference (uncommitted
+    ring slots hold NaN)."""
+    import torch
+
+    L = 6
+    for launch in (dict(_count_launch=True), dict(_ring_physical=False),
+                   dict(_count_launch=True, _ring_physical=False)):
+        _check_replay(k, device, torch.bfloat16, L, ring=L - 1, origins=[4, 3, 4, 2, 4, 1], counts=[0, 1, 2, 3, 4, 5],
+                      configs=[_cfg(16)], options=True, rel=2e-6, poison=True, splits=(True, False), launch=launch)
 
 
 def case_replay_fp32_plain(k, device):

@@ -95,8 +95,9 @@ class ReplayCache(DynamicCache):
             positions through the fused replay-or-flush op (no host integer per step), so ``is_compileable`` is True
             and ``generate(..., compile_config=...)`` captures the decode step (CUDA graphs on a GPU). Plain decoding
             only: a static cache refuses speculative decoding and rollback (attention K/V cannot be cropped).
-            Policies with a float32 checkpoint and no read copy; Mamba-2, Gated DeltaNet and KDA layers (others are
-            refused when the cache binds).
+            Policies with a float32 checkpoint (``fp32``, and the separated ``separated-fp8`` / ``separated-nvfp4``,
+            whose read copy the decode op re-encodes on the device for the rows that flush); Mamba-2, Gated
+            DeltaNet and KDA layers (others are refused when the cache binds).
     """
 
     _replayssm_cache = True  # how the mixer hooks recognise this cache without importing it
@@ -206,7 +207,8 @@ class ReplayCache(DynamicCache):
                 raise ValueError(
                     f"a static ReplayCache (max_cache_len) decodes every SSM layer on device positions, which "
                     f"{type(mixer).__name__} (layer {layer_idx}) with precision {self.policy} cannot (that needs "
-                    "Mamba-2, Gated DeltaNet or KDA layers and a float32-checkpoint policy without a read copy): use "
+                    "Mamba-2, Gated DeltaNet or KDA layers and a float32-checkpoint policy, with an fp8 / nvfp4 "
+                    "read copy or none: fp32, separated-fp8, separated-nvfp4): use "
                     "ReplayCache() without max_cache_len"
                 )
             layers[layer_idx] = layer

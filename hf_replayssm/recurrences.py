@@ -74,15 +74,22 @@ class Mamba2Recurrence:
         return y[:, None]
 
     @staticmethod
-    def device_step(state, ring: Records, origin, count, tokens: Records, buffer_len: int) -> torch.Tensor:
+    def device_step(state, ring: Records, origin, count, tokens: Records, buffer_len: int, read_copy=None,
+                    read_format=None) -> torch.Tensor:
         """One decode token on per-row device positions through the ``hf_replayssm::mamba2_replay_step`` op (the
         fused replay-or-flush kernel on CUDA, the reference elsewhere): what a compiled step traces. ``tokens``
-        carries the per-layer constants too (A, D, dt_bias, dt_softplus, z); y [B, 1, H, P] in x's dtype."""
-        y = torch.ops.hf_replayssm.mamba2_replay_step(
-            state, ring["x"], ring["dt"], ring["B"], origin, count, tokens["x"][:, 0], tokens["dt"][:, 0],
-            tokens["B"][:, 0], tokens["C"][:, 0], tokens["A"], tokens.get("D"), tokens.get("z"),
-            tokens.get("dt_bias"), bool(tokens.get("dt_softplus", False)), buffer_len,
-        )
+        carries the per-layer constants too (A, D, dt_bias, dt_softplus, z); y [B, 1, H, P] in x's dtype. With a
+        read copy (separated precision) the ``..._read_copy`` op, which also re-encodes the copy of flushed rows."""
+        token = (tokens["x"][:, 0], tokens["dt"][:, 0], tokens["B"][:, 0], tokens["C"][:, 0], tokens["A"],
+                 tokens.get("D"), tokens.get("z"), tokens.get("dt_bias"), bool(tokens.get("dt_softplus", False)))
+        positions = (state, ring["x"], ring["dt"], ring["B"], origin, count)
+        if read_copy is None:
+            y = torch.ops.hf_replayssm.mamba2_replay_step(*positions, *token, buffer_len)
+        else:
+            from .kernels.ops import read_copy_parts
+
+            y = torch.ops.hf_replayssm.mamba2_replay_step_read_copy(
+                *positions, *read_copy_parts(read_copy, read_format), read_format, *token, buffer_len)
         return y[:, None]
 
     @staticmethod
@@ -178,14 +185,21 @@ class DeltaRuleRecurrence:
         return o[:, None]
 
     @staticmethod
-    def device_step(state, ring: Records, origin, count, tokens: Records, buffer_len: int) -> torch.Tensor:
+    def device_step(state, ring: Records, origin, count, tokens: Records, buffer_len: int, read_copy=None,
+                    read_format=None) -> torch.Tensor:
         """One decode token on per-row device positions through the ``hf_replayssm::delta_replay_step`` op (see
-        ``Mamba2Recurrence.device_step``); o [B, 1, Hv, V] in v's dtype."""
-        o = torch.ops.hf_replayssm.delta_replay_step(
-            state, ring["k"], ring["d"], ring["g"], origin, count, tokens["q"][:, 0], tokens["k"][:, 0],
-            tokens["v"][:, 0], tokens["beta"][:, 0], tokens["g"][:, 0], buffer_len,
-            tokens.get("normalize") is not None, None,
-        )
+        ``Mamba2Recurrence.device_step``); o [B, 1, Hv, V] in v's dtype. With a read copy the ring keeps the raw
+        v / beta records too (the exact fold of the separated policy)."""
+        token = (tokens["q"][:, 0], tokens["k"][:, 0], tokens["v"][:, 0], tokens["beta"][:, 0], tokens["g"][:, 0],
+                 buffer_len, tokens.get("normalize") is not None, None)
+        if read_copy is None:
+            o = torch.ops.hf_replayssm.delta_replay_step(state, ring["k"], ring["d"], ring["g"], origin, count, *token)
+        else:
+            from .kernels.ops import read_copy_parts
+
+            o = torch.ops.hf_replayssm.delta_replay_step_read_copy(
+                state, ring["k"], ring["d"], ring["g"], ring["v"], ring["beta"], origin, count,
+                *read_copy_parts(read_copy, read_format), read_format, *token)
         return o[:, None]
 
     @staticmethod

@@ -425,12 +425,12 @@ class ReplaySchedule:
         if getattr(self.recurrence, "device_step", None) is None or len(set(self.store.policies)) != 1:
             return False
         policy = self.store.policies[0]
-        return policy.checkpoint_format == "fp32" and policy.read_format is None
+        return policy.checkpoint_format == "fp32" and policy.read_format in (None, "fp8", "nvfp4")
 
     def _device_positions_apply(self) -> bool:
         """Whether plain decode steps from here can run on device positions: a static cache's layer after its
         prefill, outside speculation, whose family has a decode-step op for this store (float32 checkpoint, no read
-        copy) and whose ring holds less than a period."""
+        copy or an fp8 / nvfp4 one) and whose ring holds less than a period."""
         if not self.static or self.recording or not self.store.allocated or not self.tokens_seen:
             return False
         if not self.device_positions_supported() or self._staged or self.ring.num_pending:
@@ -442,15 +442,16 @@ class ReplaySchedule:
 
         window = None if self.conv.buffer is None else self.conv.window(self.conv_kernel)
         self.device_positions.enter(self.ring.origin, self.ring.num_committed, self.batch_size, self.device, window)
-        mark_static(self.store.kernel_operands()[0], *self.ring.fields.values())  # written in place by the op
+        state, read_copy, _ = self.store.kernel_operands()
+        mark_static(state, *(read_copy or {}).values(), *self.ring.fields.values())  # written in place by the op
 
     def _device_step(self, tokens, out_dtype: torch.dtype | None) -> torch.Tensor:
         """One plain decode token on device positions: the fused replay-or-flush op reads and advances them; no
         host integer is read or written (a compiled step may be replayed as a CUDA graph)."""
         positions = self.device_positions
-        state = self.store.kernel_operands()[0]
+        state, read_copy, read_format = self.store.kernel_operands()
         y = self.recurrence.device_step(state, self.ring.fields, positions.origin, positions.count, tokens,
-                                        self.buffer_len)
+                                        self.buffer_len, read_copy=read_copy, read_format=read_format)
         positions.steps.add_(1)
         return y if out_dtype is None else y.to(out_dtype)
 

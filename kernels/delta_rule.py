@@ -239,6 +239,7 @@ def _delta_replay_step_kernel(
     EXACT_FOLD: tl.constexpr,  # flushes recompute d from the raw v / beta records; replays append them
     PREFETCH_STATE: tl.constexpr,  # PHASE 4 with READ_FORMAT "fp32" only: load the tile before the phase test
     BRANCHLESS: tl.constexpr,  # PHASE 4 only: every program computes; a flushing row's stores are masked off
+    FLUSH_READS_COPY: tl.constexpr,  # PHASE 0 with a read copy: a flushing row's o from the copy, as replays
 ):
     pid_v = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -309,8 +310,8 @@ def _delta_replay_step_kernel(
         else:
             # Replaying rows read the decoded read copy (S0^T q and S0^T k come from it), flushing rows the
             # checkpoint: masked loads, so only one of the two costs bandwidth.
-            if PHASE == 0:  # (row masks from comparisons on the tile offsets: a tensor mask & a scalar bool is not a
-                # valid mask under TRITON_INTERPRET=1)
+            if PHASE == 0 and not FLUSH_READS_COPY:  # (row masks from comparisons on the tile offsets: a tensor
+                # mask & a scalar bool is not a valid mask under TRITON_INTERPRET=1)
                 v_flush = tl.where(is_flush, V, 0)  # value columns of the checkpoint to read: all or none
                 s0 = tl.load(state_ptrs, mask=mask_kv & (offs_v[None, :] < v_flush), other=0.0).to(tl.float32)
                 read_mask = mask_kv & (offs_v[None, :] < V - v_flush)
@@ -384,19 +385,24 @@ def _delta_replay_step_kernel(
         rv_base = ring_v_ptr + pid_b * stride_rv_b + pid_h * stride_rv_h
         rb_base = ring_beta_ptr + pid_b * stride_rb_b + pid_h * stride_rb_h
         if is_flush:
+            s_fold = s0
+            if FLUSH_READS_COPY:  # o (stored above) came from the copy; the fold starts from the checkpoint
+                s_fold = tl.load(state_ptrs, mask=mask_kv, other=0.0).to(tl.float32)
             if EXACT_FOLD:
-                s, o = _exact_fold(s0, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k, mask_k,
-                                   offs_v, mask_v, q_t, k_t, v_t, beta_t, g_t, stride_rk_r, stride_rk_k, stride_rg_r,
-                                   stride_rg_k, stride_rv_r, stride_rv_v, stride_rb_r, GATE_PER_KEY, USE_QK_L2NORM)
+                s, o_new = _exact_fold(s_fold, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k,
+                                       mask_k, offs_v, mask_v, q_t, k_t, v_t, beta_t, g_t, stride_rk_r, stride_rk_k,
+                                       stride_rg_r, stride_rg_k, stride_rv_r, stride_rv_v, stride_rb_r, GATE_PER_KEY,
+                                       USE_QK_L2NORM)
                 tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask_kv)
-                tl.store(o_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_v * stride_o_v,
-                         o.to(o_ptr.dtype.element_ty), mask=mask_v)  # replaces the output stored above
+                if not FLUSH_READS_COPY:
+                    tl.store(o_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_v * stride_o_v,
+                             o_new.to(o_ptr.dtype.element_ty), mask=mask_v)  # replaces the output stored above
             else:
                 # S = diag(exp(c)) S0 + sum_j (exp(s_j) * k_j) d_j^T + k_t d_t^T, stored in place.
                 if GATE_PER_KEY:
-                    s = s0 * decay[:, None] + k_t[:, None] * d_t[None, :]
+                    s = s_fold * decay[:, None] + k_t[:, None] * d_t[None, :]
                 else:
-                    s = s0 * decay + k_t[:, None] * d_t[None, :]
+                    s = s_fold * decay + k_t[:, None] * d_t[None, :]
                 if FLUSH_DOT:
                     # The record sum as one [K, R] x [R, BLOCK_V] product (FLUSH_PRECISION "tf32x3": three tensor-core
                     # passes, float32 accuracy; "ieee": exact fp32 FMA, many more registers).
@@ -562,7 +568,7 @@ def _replay_step(
     state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len=16, use_qk_l2norm=True, scale=None,
     out=None, read_copy=None, read_format=None, ring_v=None, ring_beta=None, _block_v=None, _num_warps=None,
     _flush_dot=None, _ticket=True, _ring_physical=False, _split=False, _prefetch=True, _branchless=False,
-    _count_launch=True,
+    _count_launch=True, flush_reads_copy=False,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot``; ``_split`` (device positions only): the step as a flush-only launch for the rows due (the others
@@ -611,6 +617,9 @@ def _replay_step(
     positions, strides, host = ((origin, count), (origin.stride(0), count.stride(0)), (0, 0)) if phase == 0 else (
         (state, state), (0, 0), (origin, count))  # host phase: the pointers are unused
     # Kernel phases: the host's phase, or on the device one fused launch (0) or two (3: flushes, then 4: replays).
+    flush_reads_copy = bool(flush_reads_copy) and read_format != "fp32"
+    if flush_reads_copy and (phase != 0 or _split):
+        raise ValueError("flush_reads_copy needs positions on the device and one fused launch (_split off)")
     split = phase == 0 and bool(_split)
     launches = (3, 4) if split else (phase,)
     count_launch = phase == 0 and bool(_count_launch) and bool(_ticket)
@@ -643,6 +652,7 @@ def _replay_step(
             EXACT_FOLD=exact_fold,
             PREFETCH_STATE=kernel_phase == 4 and read_format == "fp32" and bool(_prefetch),
             BRANCHLESS=kernel_phase == 4 and bool(_branchless),
+            FLUSH_READS_COPY=flush_reads_copy,
             num_warps=num_warps,
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel
@@ -698,6 +708,7 @@ def delta_replay_step(
     read_format: str | None = None,
     ring_v: torch.Tensor | None = None,
     ring_beta: torch.Tensor | None = None,
+    flush_reads_copy: bool = False,
 ) -> torch.Tensor:
     """Fused ReplaySSM decode step for a gated delta rule layer (one launch, phase decided per row on the device).
 
@@ -728,10 +739,11 @@ def delta_replay_step(
     [B, R, Hv, V] (v's dtype) and ``ring_beta`` [B, R, Hv] float32, replaying rows also append the token's raw v
     and beta, and flushing rows recompute every record's corrected value from (k, v, beta, g) against the fp32
     checkpoint, oldest first (the standard step's arithmetic), so no rounding of the copy enters the recurrence;
-    ``o`` of a flushing row is then ``S^T q`` of that state.
+    ``o`` of a flushing row is then ``S^T q`` of that state, or with ``flush_reads_copy`` (device positions) the
+    replay output from the copy and the records (the separated policy's flush step output), the fold unchanged.
     """
     return _replay_step(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len, use_qk_l2norm,
-                        scale, out, read_copy, read_format, ring_v, ring_beta)
+                        scale, out, read_copy, read_format, ring_v, ring_beta, flush_reads_copy=flush_reads_copy)
 
 
 def delta_state_update(

@@ -156,8 +156,9 @@ def _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group
                         stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
                         stride_rdt_b, stride_rdt_r, stride_rdt_h,
                         stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
-                        BLOCK_R: tl.constexpr, RING_PHYSICAL: tl.constexpr):
-    """Replay: y from the checkpoint tile and the ``count`` committed records, then append the token's record."""
+                        BLOCK_R: tl.constexpr, RING_PHYSICAL: tl.constexpr, append=True):
+    """Replay: y from the checkpoint tile and the ``count`` committed records, then append the token's record
+    (unless ``append`` is false: a flushing row's output from the read copy, FLUSH_READS_COPY)."""
     x_r, B_r, w, lam = _mamba2_records(
         ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin, count, ring_size, offs_p, offs_n, mask_p,
         mask_n, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b, stride_rdt_r,
@@ -166,11 +167,13 @@ def _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group
     bc_m = tl.sum(B_f * C_f, axis=0)
     y = (tl.exp(lam) * tl.sum(s0 * C_f[None, :], axis=1) + tl.sum((w * bc)[:, None] * x_r, axis=0)
          + (dt_m * bc_m) * x_f)
-    # Append the token's record: x by every P tile, dt by P tile 0, B by P tile 0 of the group's first head.
+    # Append the token's record: x by every P tile, dt by P tile 0, B by P tile 0 of the group's first head (no
+    # writer at all, writer_p = -1, and no x lanes when not appending).
     slot = (origin + count) % ring_size
+    writer_p = tl.where(append, 0, -1)
     tl.store(ring_x_ptr + pid_b * stride_rx_b + slot * stride_rx_r + h * stride_rx_h + offs_p * stride_rx_p,
-             x_m.to(ring_x_ptr.dtype.element_ty), mask=mask_p)
-    if pid_p == 0:
+             x_m.to(ring_x_ptr.dtype.element_ty), mask=mask_p & (offs_p < tl.where(append, 2147483647, 0)))
+    if pid_p == writer_p:
         tl.store(ring_dt_ptr + pid_b * stride_rdt_b + slot * stride_rdt_r + h * stride_rdt_h,
                  dt_m.to(ring_dt_ptr.dtype.element_ty))
         if h % heads_per_group == 0:
@@ -259,6 +262,7 @@ def _mamba2_replay_step_kernel(
     BLOCK_R: tl.constexpr,
     READ_FORMAT: tl.constexpr,  # what replay reads: "fp32" the checkpoint, "fp8" / "nvfp4" the read copy
     PREFETCH_STATE: tl.constexpr,  # PHASE 4 with READ_FORMAT "fp32" only: load the tile before the phase test
+    FLUSH_READS_COPY: tl.constexpr,  # PHASE 0 with a read copy: a flushing row's y from the copy, as replays
 ):
     pid_p = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -301,7 +305,7 @@ def _mamba2_replay_step_kernel(
             s0 = s_pre.to(tl.float32)
         elif READ_FORMAT == "fp32" or PHASE == 2 or PHASE == 3:
             s0 = tl.load(state_ptrs, mask=mask_pn, other=0.0).to(tl.float32)
-        elif PHASE == 1 or PHASE == 4:  # replay only: the decoded read copy, the checkpoint is not read
+        elif PHASE == 1 or PHASE == 4 or FLUSH_READS_COPY:  # the decoded read copy (FLUSH_READS_COPY: every row's)
             s0 = load_read_tile(rc_values_ptr, rc_scales_ptr, rc_tensor_scale_ptr, pid_b, h, offs_p, offs_n, mask_pn,
                                 stride_rcv_b, stride_rcv_h, stride_rcv_p, stride_rcv_n,
                                 stride_rcs_b, stride_rcs_h, stride_rcs_p, stride_rcs_n, stride_rct_b, READ_FORMAT)
@@ -352,6 +356,21 @@ def _mamba2_replay_step_kernel(
                                    A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b,
                                    stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
                                    FOLD_UNROLL, FLUSH_DOT, FLUSH_PRECISION, BLOCK_R)
+        elif FLUSH_READS_COPY:
+            # Every row's y from the copy by the replay arithmetic (the separated policy's flush step output); a
+            # flushing row appends nothing and folds into the checkpoint, read now, instead.
+            y = _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count,
+                                    ring_size, heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m, x_f, B_f, C_f,
+                                    dt_m, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
+                                    stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g,
+                                    stride_rB_n, BLOCK_R, RING_PHYSICAL, count + 1 < BUFFER_LEN)
+            if count + 1 >= BUFFER_LEN:
+                s_ck = tl.load(state_ptrs, mask=mask_pn, other=0.0).to(tl.float32)
+                _mamba2_flush_math(s_ck, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group,
+                                   origin, count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m, la_m,
+                                   A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b, stride_rdt_r,
+                                   stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n, FOLD_UNROLL, False,
+                                   FLUSH_PRECISION, BLOCK_R)
         else:
             is_flush = count + 1 >= BUFFER_LEN
             if is_flush:
@@ -502,7 +521,7 @@ def _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias):
 def _replay_step(
     state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=None, z=None, dt_bias=None,
     dt_softplus=False, buffer_len=16, out=None, read_copy=None, read_format=None, _config=None, _ticket=True,
-    _ring_physical=None, _split=None, _prefetch=False, _count_launch=False,
+    _ring_physical=None, _split=None, _prefetch=False, _count_launch=False, flush_reads_copy=False,
 ):
     """:func:`mamba2_replay_step` with a launch-configuration override (``_config``: dict with ``block_p`` and/or
     ``num_warps``) and, for diagnostics only, ``_ticket=False`` (count read plainly and left unchanged) and
@@ -542,7 +561,10 @@ def _replay_step(
     positions = (origin, count) if phase == 0 else (A, A)  # unused pointers in the host-phase kernels
     host = (0, 0) if phase == 0 else (origin, count)
     # Kernel phases: the host's phase, or on the device one fused launch (0) or two (3: flushes, then 4: replays).
-    split = phase == 0 and (_split is None or bool(_split))
+    flush_reads_copy = bool(flush_reads_copy) and read_format != "fp32"
+    if flush_reads_copy and (phase != 0 or _split):
+        raise ValueError("flush_reads_copy needs positions on the device and one fused launch (_split off)")
+    split = phase == 0 and (_split is None or bool(_split)) and not flush_reads_copy
     launches = (3, 4) if split else (phase,)
     count_launch = phase == 0 and bool(_count_launch) and bool(_ticket)
 
@@ -577,6 +599,7 @@ def _replay_step(
             BLOCK_R=max(16, triton.next_power_of_2(ring_size)) if flush_dot else block_r,
             READ_FORMAT="fp32" if kernel_phase in (2, 3) else read_format,
             PREFETCH_STATE=kernel_phase == 4 and read_format == "fp32" and bool(_prefetch),
+            FLUSH_READS_COPY=flush_reads_copy,
             num_warps=cfg["num_warps"],
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel
@@ -634,6 +657,7 @@ def mamba2_replay_step(
     out: torch.Tensor | None = None,
     read_copy: dict[str, torch.Tensor] | None = None,
     read_format: str | None = None,
+    flush_reads_copy: bool = False,
 ) -> torch.Tensor:
     """Fused ReplaySSM decode step (one launch, phase decided per row on the device).
 
@@ -657,9 +681,12 @@ def mamba2_replay_step(
     rows then take the state term ``S0 C`` from the copy, decoded in registers, and never read ``state``; flushing
     rows read and write ``state`` as without a copy and do **not** re-encode the copy: after a flush the caller must
     refresh the copy from the new checkpoint (e.g. ``CheckpointStore.write``) before the next replay step.
+    ``flush_reads_copy`` (device positions, with a copy): a flushing row's ``y`` comes from the copy and the
+    records by the replay arithmetic (the separated policy's flush step output) rather than from the new state; its
+    checkpoint is folded as without it (one fused launch).
     """
     return _replay_step(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, dt_softplus,
-                        buffer_len, out, read_copy, read_format)
+                        buffer_len, out, read_copy, read_format, flush_reads_copy=flush_reads_copy)
 
 
 def mamba2_state_update(

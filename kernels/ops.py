@@ -13,6 +13,13 @@ Ops (namespace ``hf_replayssm``; signatures of the Triton wrappers without ``out
   buffer_len=16, use_qk_l2norm=True, scale=None) -> o [B, Hv, V]``; writes state, ring_k, ring_d, ring_g, count.
 * ``torch.ops.hf_replayssm.delta_state_update(state, q, k, v, beta, g, use_qk_l2norm=True, scale=None)
   -> o [B, Hv, V]``; writes state.
+* ``mamba2_replay_step_read_copy(state, ring_x, ring_dt, ring_B, origin, count, rc_values, rc_scales,
+  rc_tensor_scale, rc_row, read_format, x, ...)`` and ``delta_replay_step_read_copy(state, ring_k, ring_d, ring_g,
+  ring_v, ring_beta, origin, count, rc_values, ..., read_format, q, ...)``: the replay steps under separated
+  precision (a float32 checkpoint, an fp8 / nvfp4 read copy that replays read, passed as its tensors, see
+  :func:`read_copy_parts`); they also re-encode the copy of every row that flushed (``count`` 0 after the step), so
+  a compiled step keeps the copy current without the host. The delta rule's also writes the raw v / beta records of
+  the exact fold.
 
 Each op returns a fresh contiguous tensor in the dtype of x (Mamba-2) or v (delta rule). ``origin`` is only read.
 
@@ -41,6 +48,10 @@ _MAMBA2_TOKEN = "Tensor x, Tensor dt, Tensor B, Tensor C, Tensor A, Tensor? D=No
                 "Tensor? dt_bias=None, bool dt_softplus=False"
 _DELTA_TOKEN = "Tensor q, Tensor k, Tensor v, Tensor beta, Tensor g"
 _DELTA_OPTIONS = "bool use_qk_l2norm=True, float? scale=None"
+# Separated precision (a float32 checkpoint and an fp8 / nvfp4 read copy the replays read): the copy's tensors in a
+# fixed order (fp8: codes, scale; nvfp4: packed, block_scale, tensor_scale, row), re-encoded by the op for the rows
+# that flushed.
+_READ_COPY = "Tensor(f!) rc_values, Tensor(g!) rc_scales, Tensor(h!)? rc_tensor_scale, Tensor? rc_row, str read_format"
 SCHEMAS = {
     "mamba2_replay_step": "(Tensor(a!) state, Tensor(b!) ring_x, Tensor(c!) ring_dt, Tensor(d!) ring_B, "
                           f"Tensor origin, Tensor(e!) count, {_MAMBA2_TOKEN}, int buffer_len=16) -> Tensor",
@@ -49,12 +60,22 @@ SCHEMAS = {
                          f"Tensor origin, Tensor(e!) count, {_DELTA_TOKEN}, int buffer_len=16, {_DELTA_OPTIONS}) "
                          "-> Tensor",
     "delta_state_update": f"(Tensor(a!) state, {_DELTA_TOKEN}, {_DELTA_OPTIONS}) -> Tensor",
+    "mamba2_replay_step_read_copy": "(Tensor(a!) state, Tensor(b!) ring_x, Tensor(c!) ring_dt, Tensor(d!) ring_B, "
+                                    f"Tensor origin, Tensor(e!) count, {_READ_COPY}, {_MAMBA2_TOKEN}, "
+                                    "int buffer_len=16) -> Tensor",
+    "delta_replay_step_read_copy": "(Tensor(a!) state, Tensor(b!) ring_k, Tensor(c!) ring_d, Tensor(d!) ring_g, "
+                                   "Tensor(i!) ring_v, Tensor(j!) ring_beta, Tensor origin, Tensor(e!) count, "
+                                   f"{_READ_COPY}, {_DELTA_TOKEN}, int buffer_len=16, {_DELTA_OPTIONS}) -> Tensor",
 }
 MUTATES = {
     "mamba2_replay_step": ("state", "ring_x", "ring_dt", "ring_B", "count"),
     "mamba2_state_update": ("state",),
     "delta_replay_step": ("state", "ring_k", "ring_d", "ring_g", "count"),
     "delta_state_update": ("state",),
+    "mamba2_replay_step_read_copy": ("state", "ring_x", "ring_dt", "ring_B", "count", "rc_values", "rc_scales",
+                                     "rc_tensor_scale"),
+    "delta_replay_step_read_copy": ("state", "ring_k", "ring_d", "ring_g", "ring_v", "ring_beta", "count",
+                                    "rc_values", "rc_scales", "rc_tensor_scale"),
 }
 
 
@@ -147,6 +168,37 @@ def _fresh(like: torch.Tensor) -> torch.Tensor:
     return like.new_empty(like.shape)
 
 
+def read_copy_parts(read_copy: dict, read_format: str) -> tuple:
+    """(rc_values, rc_scales, rc_tensor_scale, rc_row): a store's read copy as the ``*_read_copy`` ops take it."""
+    if read_format == "fp8":
+        return read_copy["codes"], read_copy["scale"], None, None
+    if read_format == "nvfp4":
+        return read_copy["packed"], read_copy["block_scale"], read_copy["tensor_scale"], read_copy["row"]
+    raise ValueError(f"read_format must be 'fp8' or 'nvfp4', got {read_format!r}")
+
+
+def _read_copy(rc_values, rc_scales, rc_tensor_scale, rc_row, read_format, state) -> dict:
+    """The encoding dict back from the op's arguments, checked against the checkpoint ``state``."""
+    from hf_replayssm.ops.read_copy import check_read_copy
+
+    if read_format == "fp8":
+        read_copy = {"codes": rc_values, "scale": rc_scales}
+    elif read_format == "nvfp4":
+        if rc_tensor_scale is None or rc_row is None:
+            raise ValueError("an nvfp4 read copy needs rc_tensor_scale and rc_row")
+        read_copy = {"packed": rc_values, "block_scale": rc_scales, "tensor_scale": rc_tensor_scale, "row": rc_row}
+    else:
+        raise ValueError(f"read_format must be 'fp8' or 'nvfp4', got {read_format!r}")
+    check_read_copy(read_copy, read_format, state)
+    return read_copy
+
+
+def _check_raw_records(ring_v, ring_beta, ring_d) -> None:
+    batch, ring_size, value_heads, value_dim = ring_d.shape
+    _expect("ring_v", ring_v, (batch, ring_size, value_heads, value_dim), "[B, R, Hv, V]", ring_d.device)
+    _expect("ring_beta", ring_beta, (batch, ring_size, value_heads), "[B, R, Hv]", ring_d.device)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # ops: the decorated function is the implementation for every device without a specific kernel (the reference)
 
@@ -205,6 +257,54 @@ def delta_state_update(
     return delta_state_update_ref(state, q, k, v, beta, g, use_qk_l2norm, scale, out=_fresh(v))
 
 
+@torch.library.custom_op(f"{NAMESPACE}::mamba2_replay_step_read_copy",
+                         mutates_args=MUTATES["mamba2_replay_step_read_copy"],
+                         schema=SCHEMAS["mamba2_replay_step_read_copy"])
+def mamba2_replay_step_read_copy(
+    state: torch.Tensor, ring_x: torch.Tensor, ring_dt: torch.Tensor, ring_B: torch.Tensor, origin: torch.Tensor,
+    count: torch.Tensor, rc_values: torch.Tensor, rc_scales: torch.Tensor, rc_tensor_scale: torch.Tensor | None,
+    rc_row: torch.Tensor | None, read_format: str, x: torch.Tensor, dt: torch.Tensor, B: torch.Tensor,
+    C: torch.Tensor, A: torch.Tensor, D: torch.Tensor | None = None, z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None, dt_softplus: bool = False, buffer_len: int = 16,
+) -> torch.Tensor:
+    """:func:`mamba2_replay_step` under separated precision: replaying rows read the read copy, and the copy of each
+    row that flushed is re-encoded from its new checkpoint (``reencode_read_copy``), so the next step reads it."""
+    from hf_replayssm.ops.read_copy import reencode_read_copy_ref
+
+    _check_mamba2_replay(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, buffer_len)
+    read_copy = _read_copy(rc_values, rc_scales, rc_tensor_scale, rc_row, read_format, state)
+    y = mamba2_replay_step_ref(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias,
+                               dt_softplus, buffer_len, out=_fresh(x), read_copy=read_copy, read_format=read_format,
+                               flush_reads_copy=True)
+    reencode_read_copy_ref(state, read_copy, read_format, count == 0)
+    return y
+
+
+@torch.library.custom_op(f"{NAMESPACE}::delta_replay_step_read_copy",
+                         mutates_args=MUTATES["delta_replay_step_read_copy"],
+                         schema=SCHEMAS["delta_replay_step_read_copy"])
+def delta_replay_step_read_copy(
+    state: torch.Tensor, ring_k: torch.Tensor, ring_d: torch.Tensor, ring_g: torch.Tensor, ring_v: torch.Tensor,
+    ring_beta: torch.Tensor, origin: torch.Tensor, count: torch.Tensor, rc_values: torch.Tensor,
+    rc_scales: torch.Tensor, rc_tensor_scale: torch.Tensor | None, rc_row: torch.Tensor | None, read_format: str,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor, buffer_len: int = 16,
+    use_qk_l2norm: bool = True, scale: float | None = None,
+) -> torch.Tensor:
+    """:func:`delta_replay_step` under separated precision: replaying rows read the read copy and append the raw v
+    and beta, flushing rows recompute the corrected values against the float32 checkpoint (exact fold), and the copy
+    of each row that flushed is re-encoded from its new checkpoint."""
+    from hf_replayssm.ops.read_copy import reencode_read_copy_ref
+
+    _check_delta_replay(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len)
+    _check_raw_records(ring_v, ring_beta, ring_d)
+    read_copy = _read_copy(rc_values, rc_scales, rc_tensor_scale, rc_row, read_format, state)
+    o = delta_replay_step_ref(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len,
+                              use_qk_l2norm, scale, out=_fresh(v), read_copy=read_copy, read_format=read_format,
+                              ring_v=ring_v, ring_beta=ring_beta, flush_reads_copy=True)
+    reencode_read_copy_ref(state, read_copy, read_format, count == 0)
+    return o
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # CUDA: the Triton kernels (imported lazily: triton is optional on CPU installs)
 
@@ -241,6 +341,36 @@ def _delta_state_update_triton(state, q, k, v, beta, g, use_qk_l2norm=True, scal
     return kernel(state, q, k, v, beta, g, use_qk_l2norm, scale, out=_fresh(v))
 
 
+def _mamba2_replay_step_read_copy_triton(state, ring_x, ring_dt, ring_B, origin, count, rc_values, rc_scales,
+                                         rc_tensor_scale, rc_row, read_format, x, dt, B, C, A, D=None, z=None,
+                                         dt_bias=None, dt_softplus=False, buffer_len=16):
+    from .mamba2 import mamba2_replay_step as kernel
+    from .read_copy_encode import reencode_read_copy
+
+    _check_mamba2_replay(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, buffer_len)
+    read_copy = _read_copy(rc_values, rc_scales, rc_tensor_scale, rc_row, read_format, state)
+    y = kernel(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, dt_softplus,
+               buffer_len, out=_fresh(x), read_copy=read_copy, read_format=read_format, flush_reads_copy=True)
+    reencode_read_copy(state, read_copy, read_format, count == 0)  # after the count update: 0 = flushed now
+    return y
+
+
+def _delta_replay_step_read_copy_triton(state, ring_k, ring_d, ring_g, ring_v, ring_beta, origin, count, rc_values,
+                                        rc_scales, rc_tensor_scale, rc_row, read_format, q, k, v, beta, g,
+                                        buffer_len=16, use_qk_l2norm=True, scale=None):
+    from .delta_rule import delta_replay_step as kernel
+    from .read_copy_encode import reencode_read_copy
+
+    _check_delta_replay(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len)
+    _check_raw_records(ring_v, ring_beta, ring_d)
+    read_copy = _read_copy(rc_values, rc_scales, rc_tensor_scale, rc_row, read_format, state)
+    o = kernel(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len, use_qk_l2norm, scale,
+               out=_fresh(v), read_copy=read_copy, read_format=read_format, ring_v=ring_v, ring_beta=ring_beta,
+               flush_reads_copy=True)
+    reencode_read_copy(state, read_copy, read_format, count == 0)
+    return o
+
+
 # op -> its Triton implementation, registered for "cuda" below. Tests register them for "cpu" too (in a subprocess
 # with TRITON_INTERPRET=1) to run the Triton path through the op without a GPU.
 TRITON_IMPLS = {
@@ -248,6 +378,8 @@ TRITON_IMPLS = {
     mamba2_state_update: _mamba2_state_update_triton,
     delta_replay_step: _delta_replay_step_triton,
     delta_state_update: _delta_state_update_triton,
+    mamba2_replay_step_read_copy: _mamba2_replay_step_read_copy_triton,
+    delta_replay_step_read_copy: _delta_replay_step_read_copy_triton,
 }
 for _op, _impl in TRITON_IMPLS.items():
     _op.register_kernel("cuda")(_impl)
@@ -280,4 +412,21 @@ def _(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len
 @delta_state_update.register_fake
 def _(state, q, k, v, beta, g, use_qk_l2norm=True, scale=None):
     _check_delta(state, q, k, v, beta, g)
+    return _fresh(v)
+
+
+@mamba2_replay_step_read_copy.register_fake
+def _(state, ring_x, ring_dt, ring_B, origin, count, rc_values, rc_scales, rc_tensor_scale, rc_row, read_format, x,
+      dt, B, C, A, D=None, z=None, dt_bias=None, dt_softplus=False, buffer_len=16):
+    _check_mamba2_replay(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, buffer_len)
+    _read_copy(rc_values, rc_scales, rc_tensor_scale, rc_row, read_format, state)
+    return _fresh(x)
+
+
+@delta_replay_step_read_copy.register_fake
+def _(state, ring_k, ring_d, ring_g, ring_v, ring_beta, origin, count, rc_values, rc_scales, rc_tensor_scale, rc_row,
+      read_format, q, k, v, beta, g, buffer_len=16, use_qk_l2norm=True, scale=None):
+    _check_delta_replay(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len)
+    _check_raw_records(ring_v, ring_beta, ring_d)
+    _read_copy(rc_values, rc_scales, rc_tensor_scale, rc_row, read_format, state)
     return _fresh(v)

@@ -131,6 +131,39 @@ def test_manual_steps_views_and_a_continuation(model_type):
         assert layer.schedule.device_positions.active and layer.tokens_seen == 30
 
 
+@pytest.mark.parametrize("model_type", FAMILIES)
+@pytest.mark.parametrize("policy", ["separated-fp8", "separated-nvfp4"])
+def test_static_cache_with_a_read_copy(model_type, policy):
+    """Separated precision on device positions: replays read the read copy, the decode op re-encodes the copy of
+    the rows that flushed (no host write), so the static cache decodes like a dynamic cache with the same policy
+    (eager and compiled), and its copy after the run is the encoding of its checkpoint."""
+    from hf_replayssm.precision.formats import get_format
+
+    model = _model(model_type)
+    prompt = _prompt(model)
+    dynamic = model.generate(prompt, past_key_values=ReplayCache(4, precision=policy), **GREEDY)
+    cache = ReplayCache(4, precision=policy, max_cache_len=prompt.shape[1] + NEW)
+    out = model.generate(prompt, past_key_values=cache, **GREEDY)
+    assert all(layer.schedule.device_positions.active for layer in cache.replay_layers.values())
+    assert torch.equal(out.sequences, dynamic.sequences)
+    assert max_logit_diff(out.logits, dynamic.logits) < 1e-4
+    fmt = policy.removeprefix("separated-")
+    for layer in cache.replay_layers.values():
+        state, read_copy, read_format = layer.schedule.store.kernel_operands()
+        assert read_format == fmt
+        expected = get_format(fmt).encode(state)
+        for name, tensor in read_copy.items():
+            if name != "row":
+                assert torch.equal(tensor.view(torch.uint8) if tensor.dtype == torch.float8_e4m3fn else tensor,
+                                   expected[name]), (name, layer)
+    torch._dynamo.reset()
+    compiled_cache = ReplayCache(4, precision=policy, max_cache_len=prompt.shape[1] + NEW)
+    compiled = model.generate(prompt, past_key_values=compiled_cache, compile_config=_compile_config(), **GREEDY)
+    assert torch.equal(compiled.sequences, out.sequences)
+    assert max_logit_diff(compiled.logits, out.logits) < 1e-5
+    assert compiled_cache.stats() == cache.stats()
+
+
 def test_static_cache_refuses_what_it_cannot_do():
     model = _model("qwen3_5_text")
     prompt = _prompt(model, rows=1)
@@ -142,7 +175,7 @@ def test_static_cache_refuses_what_it_cannot_do():
     with pytest.raises(RollbackError, match="static"):
         cache.crop(-1)
     with pytest.raises(ValueError, match="float32-checkpoint"):  # it would decode eagerly, and transformers'
-        ReplayCache(4, precision="separated-fp8", max_cache_len=64).bind(model)  # masks need a compileable cache
+        ReplayCache(4, precision="shared-fp8", max_cache_len=64).bind(model)  # masks need a compileable cache
     with pytest.raises(ValueError, match="ShortConv"):
         ReplayCache(4, max_cache_len=64).bind(_model("lfm2"))
     with pytest.raises(ValueError, match="max_cache_len"):

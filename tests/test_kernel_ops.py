@@ -105,6 +105,42 @@ def delta_inputs(op: str, *, per_key: bool, dtype=torch.float32, device="cpu", s
     return p
 
 
+def with_read_copy(p: dict, read_format: str, *, delta: bool, seed=7) -> dict:
+    """``p`` (a replay op's inputs) plus a read copy of its checkpoint in ``read_format`` as the ``*_read_copy`` ops
+    take it (and, for the delta rule, the raw v / beta records of the exact fold)."""
+    from hf_replayssm.precision.formats import get_format
+
+    gen = torch.Generator().manual_seed(seed)
+    values, scales, tensor_scale, row = ops.read_copy_parts(get_format(read_format).encode(p["state"]), read_format)
+    p.update(rc_values=values, rc_scales=scales, rc_tensor_scale=tensor_scale, rc_row=row, read_format=read_format)
+    if delta:
+        ring_d = p["ring_d"]
+        p.update(ring_v=_rand(gen, *ring_d.shape, device=ring_d.device, dtype=p["v"].dtype),
+                 ring_beta=torch.rand(ring_d.shape[:3], generator=gen).to(ring_d.device))
+    return p
+
+
+def _read_copy_reference(step_ref):
+    """The separated ops' documented semantics, from the references: the step (flushing rows' outputs from the copy)
+    then the copy of each row that flushed (count 0 afterwards) re-encoded from its new checkpoint."""
+    from hf_replayssm.ops.read_copy import reencode_read_copy_ref
+
+    def reference(rc_values, rc_scales, rc_tensor_scale, rc_row, read_format, **p):
+        if read_format == "fp8":
+            read_copy = {"codes": rc_values, "scale": rc_scales}
+        else:
+            read_copy = {"packed": rc_values, "block_scale": rc_scales, "tensor_scale": rc_tensor_scale,
+                         "row": rc_row}
+        y = step_ref(**p, read_copy=read_copy, read_format=read_format, flush_reads_copy=True)
+        reencode_read_copy_ref(p["state"], read_copy, read_format, p["count"] == 0)
+        return y
+
+    return reference
+
+
+REFERENCES["mamba2_replay_step_read_copy"] = _read_copy_reference(mamba2_replay_step_ref)
+REFERENCES["delta_replay_step_read_copy"] = _read_copy_reference(delta_replay_step_ref)
+
 # name -> (op name, inputs)
 CASES = {
     "mamba2_replay_options_bf16": ("mamba2_replay_step", lambda **kw: mamba2_inputs(
@@ -121,6 +157,12 @@ CASES = {
         "delta_state_update", per_key=False, **kw)),
     "delta_state_update_kda": ("delta_state_update", lambda **kw: delta_inputs(
         "delta_state_update", per_key=True, **kw)),
+    "mamba2_replay_read_copy_nvfp4": ("mamba2_replay_step_read_copy", lambda **kw: with_read_copy(mamba2_inputs(
+        "mamba2_replay_step", options=True, **kw), "nvfp4", delta=False)),
+    "delta_replay_read_copy_gdn_fp8": ("delta_replay_step_read_copy", lambda **kw: with_read_copy(delta_inputs(
+        "delta_replay_step", per_key=False, dtype=torch.bfloat16, **kw), "fp8", delta=True)),
+    "delta_replay_read_copy_kda_nvfp4": ("delta_replay_step_read_copy", lambda **kw: with_read_copy(delta_inputs(
+        "delta_replay_step", per_key=True, **kw), "nvfp4", delta=True)),
 }
 
 
@@ -164,8 +206,10 @@ def test_op_equals_reference(case):
         assert torch.equal(got_args[key], want_args[key]), key
         if not torch.equal(got_args[key], before):
             changed.add(key)
-    # the op wrote only what it declares, and these inputs exercise every declared write
-    assert changed == set(ops.MUTATES[name]), (changed, ops.MUTATES[name])
+    # the op wrote only what it declares, and these inputs exercise every declared write (that they pass: an fp8
+    # read copy has no tensor scale)
+    declared = {key for key in ops.MUTATES[name] if p.get(key) is not None}
+    assert changed == declared, (changed, declared)
 
 
 @pytest.mark.parametrize("case", CASES)
@@ -290,7 +334,24 @@ def test_triton_impls_through_ops():
 
 
 TRITON_CASES = ["mamba2_replay_options_bf16", "mamba2_state_update", "delta_replay_kda_options",
-                "delta_state_update_gdn"]  # one per op: the kernels themselves are tested in test_kernels_*.py
+                "delta_state_update_gdn", "mamba2_replay_read_copy_nvfp4", "delta_replay_read_copy_gdn_fp8"]
+# (one per op: the kernels themselves are tested in test_kernels_*.py)
+
+
+def _check_reencoded(before: dict, after: dict) -> None:
+    """A ``*_read_copy`` op's copy after the step: rows with count 0 (flushed) hold the encoding of their new
+    checkpoint, bit for bit; the other rows' copy is unchanged."""
+    from hf_replayssm.precision.formats import get_format
+
+    encoded = ops.read_copy_parts(get_format(after["read_format"]).encode(after["state"]), after["read_format"])
+    flushed = after["count"] == 0
+    assert flushed.any() and not flushed.all()
+    for key, fresh in zip(("rc_values", "rc_scales", "rc_tensor_scale"), encoded, strict=False):
+        if after[key] is None:
+            continue
+        got = after[key].view(torch.uint8) if after[key].dtype == torch.float8_e4m3fn else after[key]
+        assert torch.equal(got[flushed], fresh[flushed]), key
+        assert torch.equal(got[~flushed], before[key][~flushed]), key
 
 
 def case_triton_impls(module, device):
@@ -312,9 +373,12 @@ def case_triton_impls(module, device):
         want = REFERENCES[name](**want_args)
         print(case)
         _close("out", y.float(), want.float(), 1e-2 if y.dtype == torch.bfloat16 else 2e-5)
-        for key in [key for key in (*ops.MUTATES[name], "origin") if key in p]:
+        if "read_format" in p:  # the copy: the exact encoding of the op's own new checkpoint on the rows that
+            _check_reencoded(p, got_args)  # flushed (the reference's checkpoint differs in the last bits)
+        for key in [key for key in (*ops.MUTATES[name], "origin") if key in p and not key.startswith("rc_")]:
             t = want_args[key]
-            if key in ("count", "origin", "ring_x", "ring_B", "ring_k"):  # positions and copied records: exact
+            if key in ("count", "origin", "ring_x", "ring_B", "ring_k", "ring_v"):
+                # positions and copied records: exact
                 assert torch.equal(got_args[key], t), key
             else:
                 _close(key, got_args[key], t, 2e-5)

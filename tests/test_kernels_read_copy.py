@@ -24,7 +24,7 @@ from kernel_harness import HAS_TRITON, load_kernel_module, run_case, worker_main
 from kernel_harness import assert_close as _close
 
 CASES = ["mamba2_device", "mamba2_host_phase", "gdn_device", "kda_device", "delta_host_phase", "delta_exact_fold",
-         "bad_read_copy"]
+         "flush_reads_copy", "bad_read_copy"]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -226,6 +226,41 @@ def case_delta_host_phase(_, device):
         for count in (2, 5):  # replay-only with records, flush-only
             _check(_Family(name), device, read_format, origins=(3 * count + 2) % 5, counts=count, buffer_len=6,
                    seed=10 + count)
+
+
+def case_flush_reads_copy(_, device):
+    """flush_reads_copy (the separated policy's flush step on device positions): a flushing row's output is the replay
+    output from the copy, its checkpoint folded as without the option; kernel == reference, mixed phases, every
+    family (the delta rule with the exact fold's raw records); flush rows' outputs differ from the default's (from the
+    new state), replay rows', checkpoints, rings and counts do not."""
+    import torch
+
+    for name, read_format in (("mamba2", "fp8"), ("mamba2", "nvfp4"), ("gdn", "fp8"), ("kda", "nvfp4")):
+        family = _Family(name)
+        p = family.inputs(device, 4, seed=40)
+        if name != "mamba2":
+            p["ring_v"], p["ring_beta"] = _raw_rings(p)
+        copy, _ = _store_copy(p["state"], read_format)
+        counts = [5, 2, 4, 5]
+        flush = torch.tensor([c + 1 >= 6 for c in counts], device=device)
+        runs = {}
+        for label, fn, option in (("kernel", family.kernel, True), ("ref", family.ref, True),
+                                  ("default", family.kernel, False)):
+            q = _clone(p)
+            raw = {n: q.pop(n) for n in ("ring_v", "ring_beta") if n in q}
+            origin, count = _positions([1, 4, 0, 3], counts, device)
+            y = fn(q, origin, count, 6, read_copy={n: t.clone() for n, t in copy.items()}, read_format=read_format,
+                   flush_reads_copy=option, **raw)
+            runs[label] = (y, q, count)
+        print(f" {name} {read_format} flush_reads_copy, flush rows {flush.tolist()}")
+        (y, got, count), (y_ref, want, count_ref), (y_def, default, count_def) = (runs[k] for k in runs)
+        _close("y vs reference", y, y_ref, REL)
+        assert torch.equal(count, count_ref) and torch.equal(count, count_def)
+        for n in ("state", *family.rings):
+            torch.testing.assert_close(got[n], want[n], rtol=2e-6, atol=2e-6)
+            torch.testing.assert_close(got[n], default[n], rtol=0, atol=0)
+        torch.testing.assert_close(y[~flush], y_def[~flush], rtol=0, atol=0)
+        assert (y[flush] - y_def[flush]).abs().max() > 1e-4  # the copy's rounding shows in the flush outputs
 
 
 def _raw_rings(p):

@@ -101,6 +101,7 @@ def delta_replay_step_ref(
     read_format: str | None = None,
     ring_v: torch.Tensor | None = None,
     ring_beta: torch.Tensor | None = None,
+    flush_reads_copy: bool = False,
 ) -> torch.Tensor:
     """One ReplaySSM decode step per batch row (replay or flush, decided per row from ``count``).
 
@@ -121,6 +122,10 @@ def delta_replay_step_ref(
     token's raw v and beta; flushing rows recompute the corrected values of the records and the token from them
     against ``state`` (sequentially, like :meth:`DeltaRuleRecurrence.fold` with ``exact``) instead of folding
     ``ring_d``.
+
+    ``flush_reads_copy`` (with a read copy): a flushing row's ``o`` is the replay output from the copy and the
+    records (what the separated policy's flush step outputs, as ReplayCache's torch path computes it) instead of
+    ``S^T q`` of the new state; the fold is unchanged.
     """
     if (ring_v is None) != (ring_beta is None):
         raise ValueError("ring_v and ring_beta come together (the raw records of an exact fold)")
@@ -154,7 +159,12 @@ def delta_replay_step_ref(
                                         all_beta, all_g)
             new_state = delta_fold(state[b : b + 1], all_k, all_d, all_g)[0]
             state[b].copy_(new_state)
-            outs.append(torch.einsum("hkv,hk->hv", new_state, qn[b]))
+            if flush_reads_copy and read_copy is not None:
+                o, _ = delta_replay(read_state[b : b + 1], hist_k, hist_d, hist_g, qn[b, None, None], tok_k,
+                                    v[b, None, None], beta32[b, None, None], tok_g)
+                outs.append(o[0, 0])
+            else:
+                outs.append(torch.einsum("hkv,hk->hv", new_state, qn[b]))
             set_row_count(count, b, 0)
         else:
             outs.append(o[0, 0])

@@ -86,6 +86,7 @@ def mamba2_replay_step_ref(
     out: torch.Tensor | None = None,
     read_copy: dict[str, torch.Tensor] | None = None,
     read_format: str | None = None,
+    flush_reads_copy: bool = False,
 ) -> torch.Tensor:
     """One ReplaySSM decode step per batch row (replay or flush, decided per row from ``count``).
 
@@ -100,7 +101,9 @@ def mamba2_replay_step_ref(
     own count). Returns y [B, H, P] (``*= silu(z)`` when z is given) in x's dtype, or writes it into ``out``.
 
     ``read_copy`` / ``read_format`` ("fp8", "nvfp4"): replaying rows read the decoded copy instead of ``state``
-    (separated precision, see :mod:`.read_copy`); flushing rows use ``state`` and leave the copy as it is.
+    (separated precision, see :mod:`.read_copy`); flushing rows use ``state`` and leave the copy as it is, except
+    that with ``flush_reads_copy`` their ``y`` is the replay output from the copy and the records (the separated
+    policy's flush step, as ReplayCache's torch path computes it) instead of ``S C + D x`` of the new state.
     """
     batch, ring_size = ring_x.shape[:2]
     num_heads = x.shape[1]
@@ -121,9 +124,13 @@ def mamba2_replay_step_ref(
                 A,
             )[0]
             state[b].copy_(new_state)
-            y = torch.einsum("hpn,hn->hp", new_state, _heads(C[b].float(), num_heads))
-            if D is not None:
-                y = y + D.float()[:, None] * x[b].float()
+            if flush_reads_copy and read_copy is not None:
+                y = ssd_replay(read_state[b : b + 1], hist_x, hist_dt, hist_B, tok_x, tok_dt, tok_B, C[b, None, None],
+                               A, D)[0, 0]
+            else:
+                y = torch.einsum("hpn,hn->hp", new_state, _heads(C[b].float(), num_heads))
+                if D is not None:
+                    y = y + D.float()[:, None] * x[b].float()
             set_row_count(count, b, 0)
         else:
             y = ssd_replay(read_state[b : b + 1], hist_x, hist_dt, hist_B, tok_x, tok_dt, tok_B, C[b, None, None], A, D)

@@ -10,6 +10,9 @@ state ``[B, H, A, C]`` whose rows are its last dim ``C`` (d_state for Mamba-2, t
   [B, H, A, nb] uint8 (E4M3 bits), ``tensor_scale`` [B] float32, ``row`` 0-d, with nb = ceil(C / 16).
 
 ``row`` is never read here (reading a device tensor would synchronise): the row length is the state's last dim.
+
+:func:`reencode_read_copy_ref` refreshes the copy of selected batch rows from the checkpoint (the reference of the
+device op ``hf_replayssm.kernels.read_copy_encode.reencode_read_copy``).
 """
 
 from __future__ import annotations
@@ -70,3 +73,46 @@ def decode_read_copy(read_copy: dict | None, read_format: str | None, state: tor
     if decoded.shape != state.shape:  # nvfp4: its ``row`` entry disagrees with the state's row length
         raise ValueError(f"read copy decodes to {list(decoded.shape)}, the state is {list(state.shape)}")
     return decoded
+
+
+def check_select(select: torch.Tensor, state: torch.Tensor) -> None:
+    """``select`` [B] int32 or bool, on the state's device: the batch rows whose read copy a re-encode rewrites."""
+    if not isinstance(select, torch.Tensor):
+        raise TypeError(f"select must be a [B] int32 or bool tensor, got {type(select).__name__}")
+    if tuple(select.shape) != (state.shape[0],):
+        raise ValueError(f"select must have shape [{state.shape[0]}] (one entry per batch row), got "
+                         f"{list(select.shape)}")
+    if select.dtype not in (torch.int32, torch.bool):
+        raise ValueError(f"select must be torch.int32 or torch.bool, got {select.dtype}")
+    if select.device != state.device:
+        raise ValueError(f"select is on {select.device}, the state on {state.device}")
+
+
+def check_reencode(state: torch.Tensor, read_copy: dict, read_format: str, select: torch.Tensor) -> str:
+    """Validate the arguments of a read-copy re-encode; returns the read format ("fp8" or "nvfp4")."""
+    if not isinstance(state, torch.Tensor) or state.dim() != 4:
+        raise ValueError(f"state must be a [B, H, A, C] tensor, got {getattr(state, 'shape', type(state).__name__)}")
+    if state.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"state must be float32 (or bf16 / fp16), got {state.dtype}")
+    if read_copy is None:
+        raise ValueError("re-encoding needs a read_copy (an fp8 or nvfp4 encoding dict)")
+    fmt = check_read_copy(read_copy, read_format, state)
+    check_select(select, state)
+    return fmt
+
+
+def reencode_read_copy_ref(state: torch.Tensor, read_copy: dict, read_format: str, select: torch.Tensor) -> None:
+    """Re-encode, in place, the read copy of the batch rows ``b`` with ``select[b] != 0`` from the checkpoint
+    ``state`` [B, H, A, C]: their entries become ``get_format(read_format).encode(state[b:b + 1])``; the other rows'
+    bytes (and ``row``) are left as they are. A reference: it reads ``select`` on the host (a sync) and loops over the
+    selected rows."""
+    fmt = check_reencode(state, read_copy, read_format, select)
+    encoder = get_format(fmt)
+    names = ("codes", "scale") if fmt == "fp8" else ("packed", "block_scale", "tensor_scale")
+    for b in torch.nonzero(select).flatten().tolist():
+        encoding = encoder.encode(state[b:b + 1])
+        for name in names:
+            target = read_copy[name]
+            if target.dtype == torch.float8_e4m3fn:
+                target = target.view(torch.uint8)  # E4M3 bits either way
+            target[b].copy_(encoding[name][0])

@@ -1,0 +1,294 @@
+"""Re-encoding the low-precision read copy of a checkpoint on the device, for the batch rows that just flushed.
+
+Entry point (torch reference of the same signature, re-exported here from :mod:`hf_replayssm.ops.read_copy`):
+
+* :func:`reencode_read_copy` / :func:`reencode_read_copy_ref`: ``state`` [B, H, A, C] (the float32 checkpoint, any
+  strides; rows = its last dim C), ``read_copy`` its encoding dict (layouts in :mod:`hf_replayssm.ops.read_copy`),
+  ``select`` [B] int32 or bool on the device. Every batch row ``b`` with ``select[b] != 0`` gets its copy rewritten
+  in place, bit-identical to ``get_format(read_format).encode(state)`` for that row on the same device; the other
+  rows' bytes are not touched. No host sync (``select`` is read by the programs), so it can sit in a CUDA graph.
+
+Launches (grid axis 2 = batch row; a program of a row not selected loads ``select[b]`` and does nothing else):
+
+* ``fp8``: one launch, grid ``(cdiv(A, BLOCK_A), H, B)``; a program owns whole rows (a ``[BLOCK_A, next_pow2(C)]``
+  tile): row amax, ``scale = amax / 448`` (1 for an all-zero row), ``codes = E4M3(x / scale)`` saturating at +-448.
+* ``nvfp4``: the sequence scale needs the amax of the whole batch row first, hence two launches: (1) grid
+  ``(cdiv(H A, BLOCK_R), B)``, each program's tile amax merged by ``atomic_max`` on the float's int32 bits into a
+  zeroed [B] scratch (non-negative floats order like their bits); (2) grid ``(cdiv(A, BLOCK_A), H, B)`` over tiles
+  ``[BLOCK_A, nb, 16]`` loaded as even / odd elements (the two nibbles of a byte): ``tensor_scale = amax / 2688``
+  (or 1), per 16-element block ``bits = E4M3(block amax / 6 / tensor_scale)``, ``block_scale = decode(bits) *
+  tensor_scale``, codes = E2M1 of ``x / block_scale`` (0 where the block scale is 0) rounded to nearest with ties to
+  the even code (the comparisons below reproduce ``e2m1_encode``'s bucketize tie rule), saturating at +-6, the sign
+  bit only on non-zero codes. Storage padding (C not a multiple of 16) encodes zeros. Program (0, 0, b) writes
+  ``tensor_scale[b]``.
+
+Bit identity with torch (the arithmetic is the encoders' operation for operation):
+
+* Divisions by tensors use ``tl.div_rn`` (IEEE round to nearest, as torch; Triton's ``/`` is approximate on GPUs).
+* Divisions by Python constants (448, 6, 2688) differ by device in eager torch: on CPU a true division, on CUDA a
+  multiplication by the float32 reciprocal (ATen's ``div_true_kernel_cuda`` does this for CPU-scalar divisors, which
+  changes the last bit in about half the cases). ``SCALAR_RECIPROCAL`` (constexpr) follows the state's device.
+* E4M3: on GPUs the hardware conversion (``cvt.rn.satfinite.e4m3x2.f32``, round to nearest even) after clamping to
+  +-448, as torch clamps; under ``TRITON_INTERPRET=1`` (and on GPUs older than sm_89, which have no fp8 conversion)
+  an exact integer version (``FP8_CONVERT`` "soft"), since the interpreter's float8 cast rounds ties away from zero
+  and loses mantissa carries. Block scales are decoded from
+  their bits arithmetically (exact on both).
+
+NaN states are not handled specially (torch's encoders keep them NaN; the kernels may not). Not measured on a GPU.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from hf_replayssm.ops.read_copy import check_reencode, reencode_read_copy_ref
+
+__all__ = ["reencode_launch_config", "reencode_read_copy", "reencode_read_copy_ref"]
+
+TILE_ELEMENTS = 4096  # float32 elements per program tile (32 per thread at 4 warps)
+NUM_WARPS = 4
+
+
+def _float32_reciprocal(d: float) -> float:
+    """fl32(1 / d), as ATen computes ``opmath_t(1) / scalar`` for a float32 tensor divided by a CPU scalar on CUDA."""
+    return (torch.ones((), dtype=torch.float32) / d).item()  # CPU: an IEEE float32 division
+
+
+_FP8_MAX = tl.constexpr(448.0)
+_INV_FP8_MAX = tl.constexpr(_float32_reciprocal(448.0))
+_INV_SIX = tl.constexpr(_float32_reciprocal(6.0))
+_INV_NVFP4_TENSOR = tl.constexpr(_float32_reciprocal(6.0 * 448.0))
+_E4M3_MIN_NORMAL_BITS = tl.constexpr(0x3C800000)  # float32 bits of 2^-6, the smallest normal E4M3 magnitude
+
+
+@triton.jit
+def _div_const(x, d: tl.constexpr, inv_d: tl.constexpr, SCALAR_RECIPROCAL: tl.constexpr):
+    """``x / d`` for a Python-constant divisor, as eager torch computes it on the device (see the module docstring)."""
+    if SCALAR_RECIPROCAL:
+        return x * inv_d
+    else:
+        return tl.div_rn(x, tl.zeros_like(x) + d)  # (div_rn does not broadcast)
+
+
+@triton.jit
+def _e4m3_bits(v, FP8_CONVERT: tl.constexpr):
+    """float32 -> E4M3 (fn) bit patterns (int32 0..255): clamp to +-448, round to nearest even (sign kept on zeros).
+
+    "soft": normals (>= 2^-6) keep 3 mantissa bits by adding 0x7FFFF + the kept lsb to the float's bits (a carry
+    bumps the exponent), then rebias 127 -> 7; smaller values are multiples of 2^-9: |v| 2^9 (exact) rounded to an
+    integer 0..8, ties to even (8 is the bit pattern of 2^-6)."""
+    v = tl.minimum(tl.maximum(v, -_FP8_MAX), _FP8_MAX)
+    if FP8_CONVERT == "hw":
+        return v.to(tl.float8e4nv, fp_downcast_rounding="rtne").to(tl.uint8, bitcast=True).to(tl.int32)
+    else:
+        u = v.to(tl.int32, bitcast=True)
+        sign = (u >> 24) & 0x80
+        mag = u & 0x7FFFFFFF
+        normal = ((mag + 0x7FFFF + ((mag >> 20) & 1)) >> 20) - (120 << 3)
+        t = tl.abs(v) * 512.0
+        q = t.to(tl.int32)  # floor: t >= 0
+        frac = t - q.to(tl.float32)
+        q += ((frac > 0.5) | ((frac == 0.5) & ((q & 1) == 1))).to(tl.int32)
+        return tl.where(mag >= _E4M3_MIN_NORMAL_BITS, normal, q) | sign
+
+
+@triton.jit
+def _e4m3_value(bits):
+    """Non-negative E4M3 bit patterns (int32 0..126) -> float32, exactly: (8 + m) 2^(e - 10), or m 2^-9 (e = 0)."""
+    exponent = bits >> 3
+    mantissa = bits & 7
+    normal = (((exponent + 120) << 23) | (mantissa << 20)).to(tl.float32, bitcast=True)
+    return tl.where(exponent == 0, mantissa.to(tl.float32) * 0.001953125, normal)
+
+
+@triton.jit
+def _e2m1_codes(x):
+    """float32 -> E2M1 codes (int32 0..15). The magnitude code counts the midpoints 0.25, 0.75, ..., 5 below |x|;
+    at a midpoint torch's bucketize gives the lower code and ties-to-even then bumps odd ones (midpoints 0.75, 1.75,
+    3.5), so those three count when reached (>=), the others only when passed (>). Sign bit 3 only on non-zero
+    codes."""
+    m = tl.abs(x)
+    code = ((m > 0.25).to(tl.int32) + (m >= 0.75).to(tl.int32) + (m > 1.25).to(tl.int32)
+            + (m >= 1.75).to(tl.int32) + (m > 2.5).to(tl.int32) + (m >= 3.5).to(tl.int32)
+            + (m > 5.0).to(tl.int32))
+    return tl.where((x < 0) & (code != 0), code + 8, code)
+
+
+@triton.jit
+def _fp8_encode_kernel(
+    state_ptr, select_ptr, codes_ptr, scale_ptr,
+    A,
+    stride_x_b, stride_x_h, stride_x_a, stride_x_c,
+    stride_q_b, stride_q_h, stride_q_a, stride_q_c,
+    stride_s_b, stride_s_h, stride_s_a,
+    stride_sel,
+    C: tl.constexpr,
+    BLOCK_A: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    SCALAR_RECIPROCAL: tl.constexpr,
+    FP8_CONVERT: tl.constexpr,
+):
+    pid_a = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    if tl.load(select_ptr + b * stride_sel) != 0:
+        offs_a = pid_a * BLOCK_A + tl.arange(0, BLOCK_A)
+        offs_c = tl.arange(0, BLOCK_C)
+        mask = (offs_a[:, None] < A) & (offs_c[None, :] < C)
+        x = tl.load(state_ptr + b * stride_x_b + h * stride_x_h + offs_a[:, None] * stride_x_a
+                    + offs_c[None, :] * stride_x_c, mask=mask, other=0.0).to(tl.float32)
+        amax = tl.max(tl.abs(x), axis=1)
+        scale = tl.where(amax > 0, _div_const(amax, _FP8_MAX, _INV_FP8_MAX, SCALAR_RECIPROCAL), 1.0)
+        codes = _e4m3_bits(tl.div_rn(x, tl.broadcast_to(scale[:, None], (BLOCK_A, BLOCK_C))), FP8_CONVERT)
+        tl.store(codes_ptr + b * stride_q_b + h * stride_q_h + offs_a[:, None] * stride_q_a
+                 + offs_c[None, :] * stride_q_c, codes.to(tl.uint8), mask=mask)
+        tl.store(scale_ptr + b * stride_s_b + h * stride_s_h + offs_a * stride_s_a, scale, mask=offs_a < A)
+
+
+@triton.jit
+def _row_amax_kernel(
+    state_ptr, select_ptr, amax_ptr,
+    A, rows,
+    stride_x_b, stride_x_h, stride_x_a, stride_x_c,
+    stride_sel,
+    C: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """amax_ptr[b] (int32 bits, zeroed by the caller) = max(itself, max |x| over this program's rows of batch row b);
+    rows = H A, flattened as r = h A + a."""
+    pid_r = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    if tl.load(select_ptr + b * stride_sel) != 0:
+        offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
+        offs_c = tl.arange(0, BLOCK_C)
+        row_off = (offs_r // A) * stride_x_h + (offs_r % A) * stride_x_a
+        mask = (offs_r[:, None] < rows) & (offs_c[None, :] < C)
+        x = tl.load(state_ptr + b * stride_x_b + row_off[:, None] + offs_c[None, :] * stride_x_c,
+                    mask=mask, other=0.0).to(tl.float32)
+        amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+        tl.atomic_max(amax_ptr + b, amax.to(tl.int32, bitcast=True), sem="relaxed")
+
+
+@triton.jit
+def _nvfp4_encode_kernel(
+    state_ptr, select_ptr, amax_ptr, packed_ptr, block_scale_ptr, tensor_scale_ptr,
+    A,
+    stride_x_b, stride_x_h, stride_x_a, stride_x_c,
+    stride_p_b, stride_p_h, stride_p_a, stride_p_c,
+    stride_bs_b, stride_bs_h, stride_bs_a, stride_bs_c,
+    stride_t_b,
+    stride_sel,
+    C: tl.constexpr,
+    NB: tl.constexpr,
+    BLOCK_A: tl.constexpr,
+    BLOCK_NB: tl.constexpr,
+    SCALAR_RECIPROCAL: tl.constexpr,
+    FP8_CONVERT: tl.constexpr,
+):
+    pid_a = tl.program_id(0)
+    h = tl.program_id(1)
+    b = tl.program_id(2).to(tl.int64)
+    if tl.load(select_ptr + b * stride_sel) != 0:
+        amax = tl.load(amax_ptr + b).to(tl.float32, bitcast=True)
+        g = tl.where(amax > 0, _div_const(amax, 2688.0, _INV_NVFP4_TENSOR, SCALAR_RECIPROCAL), 1.0)
+        if (pid_a == 0) & (h == 0):
+            tl.store(tensor_scale_ptr + b * stride_t_b, g)
+
+        # [BLOCK_A, BLOCK_NB, 8] tiles of the even and odd elements: element c = 16 nb + 2 p (+ 1)
+        offs_a = pid_a * BLOCK_A + tl.arange(0, BLOCK_A)
+        offs_nb = tl.arange(0, BLOCK_NB)
+        offs_p = tl.arange(0, 8)
+        a3 = offs_a[:, None, None]
+        c_even = offs_nb[None, :, None] * 16 + 2 * offs_p[None, None, :]
+        x_base = state_ptr + b * stride_x_b + h * stride_x_h + a3 * stride_x_a
+        x_even = tl.load(x_base + c_even * stride_x_c, mask=(a3 < A) & (c_even < C), other=0.0).to(tl.float32)
+        x_odd = tl.load(x_base + (c_even + 1) * stride_x_c, mask=(a3 < A) & (c_even + 1 < C),
+                        other=0.0).to(tl.float32)
+
+        block_amax = tl.maximum(tl.max(tl.abs(x_even), axis=2), tl.max(tl.abs(x_odd), axis=2))  # [BLOCK_A, BLOCK_NB]
+        t = _div_const(block_amax, 6.0, _INV_SIX, SCALAR_RECIPROCAL)
+        bits = _e4m3_bits(tl.div_rn(t, tl.broadcast_to(g, (BLOCK_A, BLOCK_NB))), FP8_CONVERT)
+        block_scale = (_e4m3_value(bits) * g)[:, :, None]
+        divisor = tl.broadcast_to(tl.where(block_scale > 0, block_scale, 1.0), (BLOCK_A, BLOCK_NB, 8))
+        zero = block_scale == 0  # (block scales are >= 0)
+        code_even = _e2m1_codes(tl.where(zero, 0.0, tl.div_rn(x_even, divisor)))
+        code_odd = _e2m1_codes(tl.where(zero, 0.0, tl.div_rn(x_odd, divisor)))
+
+        store = (a3 < A) & (offs_nb[None, :, None] < NB)
+        p_base = packed_ptr + b * stride_p_b + h * stride_p_h + a3 * stride_p_a
+        tl.store(p_base + (offs_nb[None, :, None] * 8 + offs_p[None, None, :]) * stride_p_c,
+                 (code_even | (code_odd << 4)).to(tl.uint8), mask=store)
+        tl.store(block_scale_ptr + b * stride_bs_b + h * stride_bs_h + offs_a[:, None] * stride_bs_a
+                 + offs_nb[None, :] * stride_bs_c, bits.to(tl.uint8),
+                 mask=(offs_a[:, None] < A) & (offs_nb[None, :] < NB))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# launch configuration and wrapper
+
+
+def reencode_launch_config(rows: int, row_width: int) -> int:
+    """Rows per program for ``rows`` rows whose tile is ``row_width`` (a power of two) wide: a tile of about
+    ``TILE_ELEMENTS`` elements, at least one row."""
+    return max(1, min(triton.next_power_of_2(max(rows, 1)), TILE_ELEMENTS // row_width))
+
+
+def _device_guard(t: torch.Tensor):
+    return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
+
+
+def _as_bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.bool) else t
+
+
+def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, select: torch.Tensor, *,
+                       _block_a: int | None = None, _scalar_reciprocal: bool | None = None,
+                       _fp8_convert: str | None = None) -> None:
+    """Rewrite in place the read copy of the batch rows ``b`` with ``select[b] != 0`` from the checkpoint ``state``
+    [B, H, A, C]: bit-identical to ``get_format(read_format).encode(state)`` for those rows; other rows' bytes are
+    untouched. No host sync. Private overrides (tests): ``_block_a`` rows per program, ``_scalar_reciprocal``
+    (default: the state is on CUDA), ``_fp8_convert`` "hw" / "soft" (default: "hw" on sm_89+ GPUs)."""
+    fmt = check_reencode(state, read_copy, read_format, select)
+    if state.numel() == 0:
+        return
+    batch, heads, rows_a, row = state.shape
+    recip = state.is_cuda if _scalar_reciprocal is None else _scalar_reciprocal
+    convert = _fp8_convert
+    if convert is None:  # the hardware conversion where there is one (sm_89+), not the interpreter's cast
+        interpreted = os.environ.get("TRITON_INTERPRET", "0") == "1"
+        native = state.is_cuda and torch.cuda.get_device_capability(state.device) >= (8, 9)
+        convert = "hw" if native and not interpreted else "soft"
+    if convert not in ("hw", "soft"):
+        raise ValueError(f"_fp8_convert must be 'hw' or 'soft', got {convert!r}")
+    select = _as_bits(select)
+    with _device_guard(state):
+        if fmt == "fp8":
+            codes, scale = _as_bits(read_copy["codes"]), read_copy["scale"]
+            block_c = triton.next_power_of_2(row)
+            block_a = _block_a or reencode_launch_config(rows_a, block_c)
+            _fp8_encode_kernel[(triton.cdiv(rows_a, block_a), heads, batch)](
+                state, select, codes, scale, rows_a, *state.stride(), *codes.stride(), *scale.stride()[:3],
+                select.stride(0), C=row, BLOCK_A=block_a, BLOCK_C=block_c, SCALAR_RECIPROCAL=recip,
+                FP8_CONVERT=convert, num_warps=NUM_WARPS)
+            return
+        packed, block_scale = read_copy["packed"], _as_bits(read_copy["block_scale"])
+        tensor_scale = read_copy["tensor_scale"]
+        blocks = block_scale.shape[-1]
+        block_nb = triton.next_power_of_2(blocks)
+        amax = torch.zeros(batch, dtype=torch.int32, device=state.device)
+        block_c = triton.next_power_of_2(row)
+        block_r = reencode_launch_config(heads * rows_a, block_c)
+        _row_amax_kernel[(triton.cdiv(heads * rows_a, block_r), batch)](
+            state, select, amax, rows_a, heads * rows_a, *state.stride(), select.stride(0), C=row, BLOCK_R=block_r,
+            BLOCK_C=block_c, num_warps=NUM_WARPS)
+        block_a = _block_a or reencode_launch_config(rows_a, block_nb * 16)
+        _nvfp4_encode_kernel[(triton.cdiv(rows_a, block_a), heads, batch)](
+            state, select, amax, packed, block_scale, tensor_scale, rows_a, *state.stride(), *packed.stride(),
+            *block_scale.stride(), tensor_scale.stride(0), select.stride(0), C=row, NB=blocks, BLOCK_A=block_a,
+            BLOCK_NB=block_nb, SCALAR_RECIPROCAL=recip, FP8_CONVERT=convert, num_warps=NUM_WARPS)

@@ -1,0 +1,363 @@
+"""Device re-encode of a read copy (``hf_replayssm.kernels.read_copy_encode``) against the torch encoders.
+
+For fp8 and nvfp4, the kernel's copy of every selected batch row must equal, bit for bit, what
+``get_format(fmt).encode(state)`` gives for that row; every byte of the other rows (pre-filled with 0xAB) must be
+untouched; and the kernel must agree with ``reencode_read_copy_ref`` exactly. Cases: rows of 16, 24 (storage padding
+for nvfp4) and 64, A not a power of two (several row tiles, the last partial), strided states and copies, select
+patterns (none / all / mixed, int32 / bool, strided), exact rounding ties of E4M3 and E2M1, all-zero rows and blocks,
+block scales that underflow, huge and tiny magnitudes; the CUDA-eager arithmetic (divisions by Python constants as
+reciprocal multiplications) against a torch emulation of it; errors.
+
+Runs in subprocesses under ``TRITON_INTERPRET=1`` like ``tests/test_kernels_read_copy.py`` (there the fp8 conversion
+is the kernel's exact integer version: the interpreter's own float8 cast does not round to nearest even);
+``REPLAYSSM_KERNEL_TEST_DEVICE=cuda`` runs the same checks on a GPU (hardware conversion). The reference alone is
+also tested in-process on CPU.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from kernel_harness import HAS_TRITON, run_case, worker_main
+
+CASES = ["fp8_rows", "nvfp4_rows", "select_patterns", "strided", "fp8_ties", "nvfp4_ties", "cuda_arithmetic",
+         "bad_inputs"]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+@pytest.mark.parametrize("case", CASES)
+def test_reencode_kernel(case):
+    run_case(__file__, case)
+
+
+def test_reference_cpu():
+    """The reference alone (no triton): selected rows re-encoded exactly, the others' bytes untouched."""
+    import torch
+
+    from hf_replayssm.ops.read_copy import reencode_read_copy_ref
+
+    state = _state(batch=3, heads=2, rows=3, row=24, seed=7)
+    for fmt in ("fp8", "nvfp4"):
+        for select in ([1, 0, 1], [0, 0, 0], [1, 1, 1]):
+            for dtype in (torch.int32, torch.bool):
+                copy = _sentinel_copy(state, fmt, fp8_views=dtype == torch.bool)
+                reencode_read_copy_ref(state, copy, fmt, torch.tensor(select, dtype=dtype))
+                _assert_reencoded(copy, state, fmt, select)
+
+
+def test_reference_errors():
+    from hf_replayssm.ops.read_copy import reencode_read_copy_ref
+
+    _check_errors(reencode_read_copy_ref, "cpu")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# shared helpers (also used in the subprocess)
+
+SENTINEL = 0xAB  # every byte of a copy before the call
+
+
+def _state(batch, heads, rows, row, seed, scales=None, device="cpu"):
+    """Random float32 state [B, H, A, C], batch row b scaled by ``scales[b]``."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(batch, heads, rows, row, generator=gen)
+    if scales is not None:
+        x = x * torch.tensor(scales, dtype=torch.float32).view(-1, 1, 1, 1)
+    return x.to(device)
+
+
+def _bits(t):
+    """The tensor's bits as an integer tensor of the same shape (float32 -> int32, float8 -> uint8)."""
+    import torch
+
+    return {torch.float32: lambda: t.view(torch.int32), torch.float8_e4m3fn: lambda: t.view(torch.uint8)}.get(
+        t.dtype, lambda: t)()
+
+
+def _sentinel_copy(state, fmt, fp8_views=False):
+    """A read copy for ``state`` whose every byte is 0xAB (``fp8_views``: E4M3 entries as float8_e4m3fn)."""
+    import torch
+
+    from hf_replayssm.precision.formats import get_format
+
+    shapes = {n: t for n, t in get_format(fmt).encode(state[:1]).items()}
+    copy = {}
+    for name, t in shapes.items():
+        if name == "row":
+            copy[name] = t.clone()
+            continue
+        shape = (state.shape[0], *t.shape[1:])
+        raw = torch.full((*shape, t.element_size()), SENTINEL, dtype=torch.uint8, device=state.device)
+        copy[name] = raw.view(t.dtype).squeeze(-1)
+        if fp8_views and name in ("codes", "block_scale"):
+            copy[name] = copy[name].view(torch.float8_e4m3fn)
+    return copy
+
+
+def _assert_reencoded(copy, state, fmt, select, want=None):
+    """Rows with select != 0 hold ``want`` (default: the torch encoding of ``state``), the others only 0xAB bytes."""
+    import torch
+
+    from hf_replayssm.precision.formats import get_format
+
+    want = get_format(fmt).encode(state) if want is None else want
+    for name, t in copy.items():
+        if name == "row":  # never written
+            assert int(t) == state.shape[-1]
+            continue
+        got = _bits(t)
+        for b, sel in enumerate(select):
+            if sel:
+                assert torch.equal(got[b], _bits(want[name])[b]), (fmt, name, b)
+            else:
+                untouched = got[b].reshape(-1).contiguous().view(torch.uint8)
+                assert bool((untouched == SENTINEL).all()), (fmt, name, b, "overwritten")
+
+
+def _bad_calls(device):
+    """(label, call arguments after the function, expected error type, message) of invalid re-encodes."""
+    import torch
+
+    from hf_replayssm.precision.formats import get_format
+
+    state = _state(2, 1, 3, 16, seed=0, device=device)
+    fp8, nv = get_format("fp8").encode(state), get_format("nvfp4").encode(state)
+    sel = torch.ones(2, dtype=torch.int32, device=device)
+    return [
+        ("select shape", (state, fp8, "fp8", sel[:1]), ValueError, "must have shape [2]"),
+        ("select 2-d", (state, fp8, "fp8", sel[:, None]), ValueError, "must have shape [2]"),
+        ("select int64", (state, fp8, "fp8", sel.long()), ValueError, "torch.int32 or torch.bool"),
+        ("select float", (state, nv, "nvfp4", sel.float()), ValueError, "torch.int32 or torch.bool"),
+        ("select device", (state, fp8, "fp8", torch.ones(2, dtype=torch.int32, device="meta")), ValueError,
+         "select is on meta"),
+        ("select list", (state, fp8, "fp8", [1, 1]), TypeError, "select must be"),
+        ("no copy", (state, None, "fp8", sel), ValueError, "needs a read_copy"),
+        ("fp32 format", (state, fp8, "fp32", sel), ValueError, "needs read_format"),
+        ("format mismatch", (state, fp8, "nvfp4", sel), ValueError, "has entries"),
+        ("codes dtype", (state, dict(fp8, codes=fp8["codes"].float()), "fp8", sel), ValueError, "must be torch.uint8"),
+        ("packed row", (state, dict(nv, packed=nv["packed"][..., :-1]), "nvfp4", sel), ValueError,
+         "must have shape"),
+        ("state 3-d", (state[0], fp8, "fp8", sel), ValueError, "[B, H, A, C]"),
+        ("state int", (state.int(), fp8, "fp8", sel), ValueError, "must be float32"),
+    ]
+
+
+def _check_errors(fn, device):
+    for label, args, error, message in _bad_calls(device):
+        with pytest.raises(error) as info:
+            fn(*args)
+        assert message in str(info.value), (label, str(info.value))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# worker side (runs in the subprocess)
+
+
+def _check(module, state, fmt, select, select_dtype="int32", fp8_views=False, want=None, **options):
+    """One kernel call and one reference call on fresh sentinel copies: both exact on the selected rows, untouched
+    elsewhere, equal to each other."""
+    import torch
+
+    dtype = {"int32": torch.int32, "bool": torch.bool}[select_dtype]
+    sel = torch.tensor(select, dtype=dtype, device=state.device)
+    got, ref = _sentinel_copy(state, fmt, fp8_views), _sentinel_copy(state, fmt, fp8_views)
+    module.reencode_read_copy(state, got, fmt, sel, **options)
+    if want is None:
+        module.reencode_read_copy_ref(state, ref, fmt, sel)
+        for name in got:
+            assert torch.equal(_bits(got[name]), _bits(ref[name])), (fmt, name, "kernel vs reference")
+    _assert_reencoded(got, state, fmt, select, want)
+
+
+def _row_mix(device, row, rows=5):
+    """Batch rows of ordinary, tiny (fp8 subnormal codes), huge and zero magnitudes, with zero (h, a) rows and a
+    zero 16-element block."""
+    state = _state(5, 2, rows, row, seed=row, scales=[1.0, 1e-30, 3e36, 0.0, 250.0], device=device)
+    state[0, 1, 2] = 0.0  # one all-zero row
+    state[4, 0, :, :16] = 0.0  # all-zero nvfp4 blocks
+    state[4, 1, 0, 3] = 2e4  # one outlier: the other blocks' scales are small (some underflow E4M3)
+    return state
+
+
+def _rows_case(module, device, fmt):
+    for row in (16, 24, 64):
+        state = _row_mix(device, row)
+        for block_a, select_dtype in ((2, "int32"), (None, "bool")):  # 3 row tiles (the last partial) / 1 tile
+            _check(module, state, fmt, [1, 1, 0, 1, 1], select_dtype, _block_a=block_a)
+        print(f" {fmt} C={row}: ok")
+
+
+def case_fp8_rows(module, device):
+    _rows_case(module, device, "fp8")
+
+
+def case_nvfp4_rows(module, device):
+    _rows_case(module, device, "nvfp4")
+    state = _row_mix(device, 24)
+    state[2] = 0.0  # a selected all-zero batch row: tensor scale 1
+    _check(module, state, "nvfp4", [0, 0, 1, 0, 1])
+
+
+def case_select_patterns(module, device):
+    import torch
+
+    state = _state(4, 1, 3, 24, seed=3, device=device)
+    for fmt in ("fp8", "nvfp4"):
+        for select in ([0, 0, 0, 0], [1, 1, 1, 1], [0, 1, 0, 1], [1, 0, 0, 0]):
+            for select_dtype in ("int32", "bool"):
+                _check(module, state, fmt, select, select_dtype)
+        # any non-zero int selects; a strided select
+        pool = torch.tensor([5, 9, 0, 9, -1, 9, 0, 9], dtype=torch.int32, device=device)
+        got, ref = _sentinel_copy(state, fmt), _sentinel_copy(state, fmt)
+        module.reencode_read_copy(state, got, fmt, pool[::2])
+        module.reencode_read_copy_ref(state, ref, fmt, pool[::2])
+        _assert_reencoded(got, state, fmt, [1, 0, 1, 0])
+        _assert_reencoded(ref, state, fmt, [1, 0, 1, 0])
+        print(f" {fmt}: select patterns ok")
+
+
+def case_strided(module, device):
+    """A transposed slice of a pool as the state (row stride 1 along A, C stride A) and copies that are slices of
+    larger pools (E4M3 entries as float8_e4m3fn views); bf16 states (upcast exactly)."""
+    import torch
+
+    from hf_replayssm.precision.formats import get_format
+
+    pool = _state(6, 3, 24, 5, seed=11, scales=[1, 2, 3, 4, 5, 6], device=device)  # [6, H, C, A]
+    state = pool[1:5].transpose(-1, -2)  # [4, 3, 5, 24]
+    assert not state.is_contiguous()
+    select = [1, 0, 1, 1]
+    sel = torch.tensor(select, dtype=torch.int32, device=device)
+    for fmt in ("fp8", "nvfp4"):
+        big = _sentinel_copy(torch.cat([state, state]), fmt, fp8_views=True)  # batch 8
+        views = {n: (t if n == "row" else t[1::2]) for n, t in big.items()}  # every other batch row
+        ref = _sentinel_copy(state, fmt)
+        module.reencode_read_copy(state, views, fmt, sel, _block_a=2)
+        module.reencode_read_copy_ref(state, ref, fmt, sel)
+        _assert_reencoded(views, state, fmt, select)
+        for name in ref:
+            assert torch.equal(_bits(views[name]), _bits(ref[name])), (fmt, name)
+        for name, t in big.items():  # the pool rows around the views are untouched
+            if name != "row":
+                assert bool((_bits(t[0::2]).contiguous().view(torch.uint8) == SENTINEL).all()), (fmt, name)
+        half = state.to(torch.bfloat16)
+        _check(module, half, fmt, select, want=get_format(fmt).encode(half.float()))
+        print(f" {fmt}: strided state and copies, bf16 state ok")
+
+
+def _e4m3_tie_values():
+    """Positive float32 values around every E4M3 rounding decision: each representable value, the midpoints between
+    neighbours (ties to even, including subnormal ones and mantissa carries such as 1.9375 -> 2) and the float32
+    numbers either side of each midpoint."""
+    import torch
+
+    grid = torch.arange(0, 127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()  # 0 .. 448
+    mids = (grid[1:] + grid[:-1]) / 2  # exact: few significant bits
+    up, down = torch.nextafter(mids, mids + 1), torch.nextafter(mids, mids - 1)
+    return torch.cat([grid, mids, up, down, mids[:1] / 2, torch.tensor([2.0**-12, 1e-40])])
+
+
+def case_fp8_ties(module, device):
+    """Rows whose amax is 448 (scale 1: codes are E4M3 of the values themselves) holding every rounding decision of
+    E4M3, both signs."""
+    import torch
+
+    values = _e4m3_tie_values()
+    values = torch.cat([values, -values])
+    row = 64
+    per_row = row - 1
+    rows = -(-values.numel() // per_row)
+    values = torch.cat([values, torch.zeros(rows * per_row - values.numel())]).view(rows, per_row)
+    state = torch.cat([torch.full((rows, 1), 448.0), values], dim=1)[None, None].to(device)  # [1, 1, rows, 64]
+    _check(module, state, "fp8", [1])
+    codes = _bits(_sentinel_copy(state, "fp8")["codes"])
+    module.reencode_read_copy(state, dict(codes=codes, scale=torch.empty(1, 1, rows, 1, device=device)), "fp8",
+                              torch.ones(1, dtype=torch.int32, device=device))
+    assert codes[0, 0, 0, 1].item() == 0 and codes[0, 0, 0, 0].item() == 0x7E  # 0 -> 0x00, 448 -> 0x7E
+    print(f" fp8: {2 * values.numel()} tie values over {rows} rows ok")
+
+
+def _nvfp4_tie_state(device):
+    """[2, 1, 4, 72]. Batch row 0 has amax 2688 (tensor scale 1). Block 0 holds the E2M1 midpoints 0.25 .. 5 of both
+    signs with block amax 6 (block scale 1: scaled values are the values); block 1 the same halved (block scale
+    0.5); blocks 2-3 have amaxes 6 m for E4M3 midpoints m, so their block scales are E4M3 ties (one of them only
+    without reciprocal arithmetic, see :func:`case_cuda_arithmetic`); block 4 holds 2688
+    (half of it storage padding). Batch row 1 is row 0 times 3."""
+    import torch
+
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    block0 = torch.cat([torch.tensor([6.0]), mids, -mids, torch.tensor([0.0])])  # 16
+    block_amax = 6 * torch.tensor([1.0625, 1.9375, 3 * 2.0**-10, 2.0**-10, 5 * 2.0**-10, 1.0625 * 2.0**-6, 0, 432.0])
+    block_amax[6] = 7.124999523162842  # b / 6 rounds to the E4M3 tie 1.1875, b * fl32(1 / 6) above it (CUDA eager)
+    blocks2_3 = (torch.linspace(-1, 1, 16) * block_amax[:, None]).view(4, 32)
+    row = torch.cat([block0, block0 / 2], dim=0)  # 32
+    rows = torch.cat([row.expand(4, 32), blocks2_3, torch.zeros(4, 16)], dim=1)  # [4, 80]
+    rows[0, 64] = 2688.0
+    rows[1, 70] = -2688.0
+    state = torch.stack([rows, rows * 3]).unsqueeze(1).contiguous()  # [2, 1, 4, 80]
+    return state[..., :72].to(device)  # C = 72: the last block half padding
+
+
+def case_nvfp4_ties(module, device):
+    _check(module, _nvfp4_tie_state(device), "nvfp4", [1, 1])
+    print(" nvfp4: E2M1 and E4M3 ties ok")
+
+
+def _cuda_eager_encode(x, fmt):
+    """The torch encoders with every division by a Python constant done as CUDA eager torch does it: a
+    multiplication by the float32 reciprocal (``formats.py`` arithmetic otherwise)."""
+    import torch
+
+    from hf_replayssm.precision.formats import FP8_MAX, NVFP4_BLOCK, e2m1_encode, e4m3_decode, e4m3_encode, pack_nibbles
+
+    def inv(d):
+        return torch.ones((), dtype=torch.float32, device=x.device) / d  # an exact float32 division
+
+    x = x.float()
+    if fmt == "fp8":
+        amax = x.abs().amax(dim=-1, keepdim=True)
+        scale = torch.where(amax > 0, amax * inv(FP8_MAX), torch.ones_like(amax))
+        return {"codes": e4m3_encode(x / scale), "scale": scale}
+    x = torch.nn.functional.pad(x, (0, (-x.shape[-1]) % NVFP4_BLOCK))
+    blocks = x.unflatten(-1, (-1, NVFP4_BLOCK))
+    amax = x.abs().flatten(1).amax(dim=1)
+    tensor_scale = torch.where(amax > 0, amax * inv(6.0 * FP8_MAX), torch.ones_like(amax))
+    g = tensor_scale.view(-1, 1, 1, 1, 1)
+    bits = e4m3_encode(blocks.abs().amax(dim=-1, keepdim=True) * inv(6.0) / g)
+    block_scale = e4m3_decode(bits) * g
+    scaled = torch.where(block_scale > 0, blocks / torch.where(block_scale > 0, block_scale, 1.0), 0.0)
+    return {"packed": pack_nibbles(e2m1_encode(scaled).flatten(-2)), "block_scale": bits.squeeze(-1),
+            "tensor_scale": tensor_scale}
+
+
+def case_cuda_arithmetic(module, device):
+    """``_scalar_reciprocal=True`` (the default on CUDA) equals the emulated CUDA-eager encoders, which differ from
+    the CPU encoders on these inputs (so the mode matters); on a GPU also the real encoder (the default path)."""
+    import torch
+
+    from hf_replayssm.precision.formats import get_format
+
+    for fmt, state, must_differ in (("fp8", _row_mix(device, 24), True), ("nvfp4", _row_mix(device, 24), True),
+                                    ("nvfp4", _nvfp4_tie_state(device), True)):
+        want = _cuda_eager_encode(state, fmt)
+        plain = get_format(fmt).encode(state.cpu())
+        differs = [n for n in want if not torch.equal(_bits(want[n]).cpu(), _bits(plain[n]))]
+        assert differs or not must_differ, (fmt, "the emulation should differ from the CPU encoder somewhere")
+        select = [1, 0, 1, 1, 1][:state.shape[0]]
+        _check(module, state, fmt, select, want=want, _scalar_reciprocal=True)
+        if state.is_cuda:
+            _check(module, state, fmt, select, want=want)
+        print(f" {fmt}: reciprocal arithmetic ok (differs from CPU division in {differs})")
+
+
+def case_bad_inputs(module, device):
+    _check_errors(module.reencode_read_copy, device)
+    _check_errors(module.reencode_read_copy_ref, device)
+    print(f" {len(_bad_calls(device))} bad calls rejected by the kernel and the reference")
+
+
+if __name__ == "__main__":
+    worker_main("read_copy_encode", globals(), sys.argv[1])

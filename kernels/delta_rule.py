@@ -83,8 +83,10 @@ computed against the copy, as the torch path's separated policy does for its out
 records would let the copy's rounding into the checkpoint, so the separated policy also passes ``ring_v`` /
 ``ring_beta`` (exact fold, ``EXACT_FOLD``): replays append the raw v and beta too, and the flush recomputes every
 corrected value against the fp32 checkpoint with the standard step's arithmetic, oldest record first (a serial loop
-over at most L - 1 records, once per L steps), as the torch path's ``exact`` fold does. Nothing re-encodes the copy:
-the caller refreshes it after a flush. Not measured on a GPU yet (``kernels/bench_delta.py --read-format``).
+over at most L - 1 records, once per L steps), as the torch path's ``exact`` fold does. This kernel does not
+re-encode the copy: the caller refreshes it after a flush (the ``delta_replay_step_read_copy`` op of
+``kernels/ops.py`` does, with ``kernels/read_copy_encode.py``, for the rows that flushed). Not measured on a GPU yet
+(``kernels/bench_delta.py --read-format``).
 
 Measured on an H200 (triton 3.6, qwen3-next GDN shape 32/16 heads of 128, batch 256, L = 16, before K/V became
 constexpr): standard step 280 us (91-93 % of copy bandwidth; FLA's fused_recurrent 365 us), replay cycle 332 us

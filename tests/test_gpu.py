@@ -169,3 +169,36 @@ def test_cuda_compiled_static_cache_with_cuda_graphs(model_type):
     assert torch.equal(out.sequences, stock.sequences) and torch.equal(out.sequences, eager.sequences)
     assert max_logit_diff(out.logits, eager.logits) < 1e-4
     assert max_logit_diff(out.logits, stock.logits) < 1e-4
+
+
+@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text", "kimi_linear"])
+@pytest.mark.parametrize("policy", ["separated-fp8", "separated-nvfp4"])
+def test_cuda_static_cache_with_a_read_copy(model_type, policy):
+    """Separated precision in a static cache on CUDA (the decode op's Triton kernels, the read copy re-encoded on the
+    device for the rows that flush): the same tokens as a dynamic cache with the same policy, eager and compiled
+    (CUDA graphs), logits within 1e-4, and the copy afterwards the encoding of the checkpoint as torch computes it on
+    CUDA (whose division by a Python scalar is a reciprocal multiply, which the kernel reproduces)."""
+    pytest.importorskip("triton")
+    from hf_replayssm.precision.formats import get_format
+
+    model = _cuda(model_type)
+    prompt = torch.randint(3, 120, (2, 9), device="cuda")
+    kw = dict(GREEDY, max_new_tokens=40, min_new_tokens=40)
+    dynamic = model.generate(prompt, past_key_values=ReplayCache(16, precision=policy), **kw)
+    eager = model.generate(prompt, past_key_values=ReplayCache(16, precision=policy, max_cache_len=49),
+                           disable_compile=True, **kw)
+    torch._dynamo.reset()
+    cache = ReplayCache(16, precision=policy, max_cache_len=49)
+    out = model.generate(prompt, past_key_values=cache, **kw)
+    assert getattr(model, "_compiled_call", None) is not None
+    for run in (eager, out):
+        assert torch.equal(run.sequences, dynamic.sequences)
+        assert max_logit_diff(run.logits, dynamic.logits) < 1e-4
+    fmt = policy.removeprefix("separated-")
+    for layer in cache.replay_layers.values():
+        state, read_copy, _ = layer.schedule.store.kernel_operands()
+        expected = get_format(fmt).encode(state)
+        for name, tensor in read_copy.items():
+            if name != "row":
+                got = tensor.view(torch.uint8) if tensor.dtype == torch.float8_e4m3fn else tensor
+                assert torch.equal(got, expected[name]), name

@@ -1,8 +1,15 @@
-"""Triton kernels for ReplaySSM (shipped as ``hf_replayssm.kernels``).
+"""Triton kernels for ReplaySSM (shipped as ``hf_replayssm.kernels``); each entry point has a torch reference of the
+same signature in ``hf_replayssm.ops`` and tests comparing the two (``tests/test_kernels_*.py``, under the Triton
+interpreter on CPU).
 
-Not implemented yet: every ``ReplayCache`` currently runs the pure-torch reference in ``hf_replayssm.ops``
-(``backend="auto"`` resolves to ``"torch"``). Each kernel added here comes with its torch reference and a test
-comparing the two.
+* ``mamba2`` / ``delta_rule`` (Gated DeltaNet and KDA): the replay-or-flush decode step (phase per row, from host
+  ints or read on the device) and the standard step; ``mamba2_verify`` / ``delta_verify``: speculative windows.
+* ``read_copy``: decoding an fp8 / nvfp4 read copy in registers; ``read_copy_encode``: re-encoding it on the device
+  for the rows that flushed; ``counts``: a device-phase step's count update.
+* ``ops``: the decode steps as torch custom ops (what a compiled step traces); ``bench*``: ``hf-replayssm bench
+  kernels``.
+
+``ReplayCache(backend="auto")`` runs them on CUDA when triton imports, the torch references elsewhere.
 """
 
 # This folder sits at the top of the repository, so with the repository root on sys.path (``python -m pytest`` or

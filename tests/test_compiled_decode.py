@@ -164,6 +164,28 @@ def test_static_cache_with_a_read_copy(model_type, policy):
     assert compiled_cache.stats() == cache.stats()
 
 
+@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text"])
+def test_static_read_copy_as_a_user_would_use_it(model_type):
+    """A static cache with a read copy through a continuation (the positions go back to the host for the new
+    prompt tokens, which read the copy the device re-encoded), reset() and reuse compiled, each equal to a dynamic
+    cache with the same policy."""
+    model = _model(model_type)
+    prompt = _prompt(model)
+    kw = dict(do_sample=False, max_new_tokens=9, min_new_tokens=9)
+    dynamic = ReplayCache(4, precision="separated-nvfp4")
+    first_d = model.generate(prompt, past_key_values=dynamic, **kw)
+    second_d = model.generate(first_d, past_key_values=dynamic, **kw)
+    cache = ReplayCache(4, precision="separated-nvfp4", max_cache_len=prompt.shape[1] + 18)
+    first = model.generate(prompt, past_key_values=cache, **kw)
+    second = model.generate(first, past_key_values=cache, **kw)
+    assert torch.equal(first, first_d) and torch.equal(second, second_d)
+    assert cache.stats() == dynamic.stats()
+    cache.reset()
+    torch._dynamo.reset()
+    again = model.generate(prompt, past_key_values=cache, compile_config=_compile_config(), **kw)
+    assert torch.equal(again, first)
+
+
 def test_static_cache_refuses_what_it_cannot_do():
     model = _model("qwen3_5_text")
     prompt = _prompt(model, rows=1)
@@ -290,7 +312,8 @@ class _HostReads:
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)
-def test_decode_steps_add_no_host_reads(model_type, monkeypatch):
+@pytest.mark.parametrize("policy", ["fp32", "separated-nvfp4"])
+def test_decode_steps_add_no_host_reads(model_type, policy, monkeypatch):
     """What a decode step of a static ReplayCache reads on the host, beyond what stock static decoding reads:
     nothing (a compiled step could not be captured in a CUDA graph otherwise). Counted per extra generated token:
     generate itself reads a value per step in either arm."""
@@ -307,5 +330,6 @@ def test_decode_steps_add_no_host_reads(model_type, monkeypatch):
         return (counts[1] - counts[0]) / 8
 
     stock = per_token(lambda: dict(cache_implementation="static"))
-    replay = per_token(lambda: dict(past_key_values=ReplayCache(4, max_cache_len=prompt.shape[1] + 14)))
+    replay = per_token(lambda: dict(past_key_values=ReplayCache(4, precision=policy,
+                                                               max_cache_len=prompt.shape[1] + 14)))
     assert replay == stock, (replay, stock)

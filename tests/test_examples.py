@@ -162,3 +162,30 @@ def test_quickstart_notebook():
     outputs = "".join(o.get("text", "") for cell in notebook.cells for o in cell.get("outputs", []))
     assert "identical tokens: True" in outputs
     assert "assisted by a hybrid draft model: identical tokens" in outputs
+
+
+def test_precision_study_notebook(tmp_path):
+    """The precision-study notebook on the bundled small-gdn: a short KL study (fp32 arm exactly 0, JSON and PNG
+    written) and GPQA through lm-eval on the synthetic fixture for two policies, compared question by question."""
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    pytest.importorskip("lm_eval")
+    notebook = nbformat.read(ROOT / "examples" / "precision_study.ipynb", as_version=4)
+    params = next(cell for cell in notebook.cells if cell.cell_type == "code" and "GPQA_PATH = " in cell.source)
+    fixture = ROOT / "tests" / "fixtures" / "gpqa_synthetic.csv"
+    params.source += (f"\nKL_TOKENS = 40\nGPQA_PATH = {str(fixture)!r}\nGPQA_POLICIES = ['fp32', 'shared-nvfp4']"
+                      f"\nGPQA_LIMIT = 3\nMAX_GEN_TOKS = 8\nOUT = {str(tmp_path)!r}")
+    client = nbclient.NotebookClient(notebook, timeout=900, kernel_name="python3",
+                                     resources={"metadata": {"path": str(ROOT / "examples")}})
+    client.execute()
+    outputs = "".join(o.get("text", "") for cell in notebook.cells for o in cell.get("outputs", []))
+    kl = json.loads((tmp_path / "kl" / "kl.json").read_text())
+    assert kl["meta"]["tokens"] == 40 and kl["meta"]["model"] == "small-gdn"
+    assert kl["policies"]["fp32"]["mean_kl"] == 0.0
+    assert all(kl["policies"][p]["mean_kl"] > 0 for p in ("separated-nvfp4", "shared-nvfp4"))
+    assert (tmp_path / "kl" / "kl.png").stat().st_size > 0
+    assert "fp32: mean KL 0.000e+00" in outputs
+    for policy in ("fp32", "shared-nvfp4"):
+        assert any((tmp_path / "gpqa" / policy).rglob("results_*.json")), policy
+        assert f"{policy}: " in outputs and "/3 correct" in outputs
+    assert "| arm | exact_match |" in outputs and "| `shared-nvfp4` |" in outputs and "McNemar p" in outputs

@@ -202,3 +202,32 @@ def test_cuda_static_cache_with_a_read_copy(model_type, policy):
             if name != "row":
                 got = tensor.view(torch.uint8) if tensor.dtype == torch.float8_e4m3fn else tensor
                 assert torch.equal(got, expected[name]), name
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text"])
+def test_device_map_across_two_gpus(tmp_path, model_type):
+    """device_map="auto" over two GPUs (a small budget on the first puts layers on both): the same tokens as the
+    model on one GPU, logits within 1e-4, and every SSM layer's ReplaySSM buffers on its own layer's GPU."""
+    from transformers import AutoModelForCausalLM
+
+    model = tiny_model(model_type, initializer_range=0.2)
+    model.save_pretrained(tmp_path)
+    dispatched = AutoModelForCausalLM.from_pretrained(tmp_path, device_map="auto",
+                                                      max_memory={0: "300KB", 1: "2GB"}).eval()
+    assert {str(torch.device("cuda", d) if isinstance(d, int) else d) for d in dispatched.hf_device_map.values()} >= {
+        "cuda:0", "cuda:1"}, dispatched.hf_device_map
+    single = model.cuda()
+    prompt = torch.randint(3, 120, (2, 7), device="cuda")
+    for buffer_len in (4, 16):
+        reference = single.generate(prompt, past_key_values=ReplayCache(buffer_len=buffer_len), **GREEDY)
+        cache = ReplayCache(buffer_len=buffer_len)
+        out = dispatched.generate(prompt.to(dispatched.device), past_key_values=cache, **GREEDY)
+        assert torch.equal(out.sequences.to(reference.sequences.device), reference.sequences)
+        assert max_logit_diff([x.to("cuda:0") for x in out.logits], reference.logits) < 1e-4
+        layers = dispatched.model.layers
+        for idx, layer in cache.replay_layers.items():
+            home = next(layers[idx].parameters()).device
+            assert layer.checkpoint.device == home, (idx, layer.checkpoint.device, home)
+            if layer.conv.buffer is not None:
+                assert layer.conv.buffer.device == home, idx

@@ -56,12 +56,14 @@ def _save_models(root: Path) -> list[Path]:
     return model_dirs
 
 
-def _start_ranks(out_dir: Path, model_dirs: list[Path]) -> subprocess.Popen:
-    """Start the worker on WORLD_SIZE CPU ranks (the caller computes its references meanwhile); their output goes
-    to ``out_dir/torchrun.log`` (a pipe nobody reads could fill and stall them)."""
+def _start_ranks(out_dir: Path, model_dirs: list[Path], gpus: bool = False) -> subprocess.Popen:
+    """Start the worker on WORLD_SIZE ranks, CPU (gloo) or, with ``gpus``, one GPU each (NCCL); the caller computes
+    its references on the CPU meanwhile. Their output goes to ``out_dir/torchrun.log`` (a pipe nobody reads could
+    fill and stall them)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parents[1]), os.environ.get("PYTHONPATH", "")])}
-    env["CUDA_VISIBLE_DEVICES"] = ""  # CPU ranks (gloo) even on a GPU machine: the references run on the CPU
+    if not gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # CPU ranks (gloo) even on a GPU machine: the references run on the CPU
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={WORLD_SIZE}",
                str(WORKER), str(out_dir), *map(str, model_dirs)]
     with open(out_dir / "torchrun.log", "w") as log:
@@ -80,12 +82,12 @@ def _wait_ranks(proc: subprocess.Popen, out_dir: Path) -> None:
         pytest.fail(f"torchrun exited {proc.returncode}\n{errors or (out_dir / 'torchrun.log').read_text()[-4000:]}")
 
 
-def _run_tp(root: Path) -> dict:
+def _run_tp(root: Path, gpus: bool = False) -> dict:
     """{model_type: {"single": single-process generations, "model": that model, "ranks": [rank 0, rank 1 results]}}."""
     out_dir = root / "out"
     out_dir.mkdir()
     model_dirs = _save_models(root)
-    proc = _start_ranks(out_dir, model_dirs)
+    proc = _start_ranks(out_dir, model_dirs, gpus)
     results = {}
     try:
         for model_type, model_dir in zip(MODEL_TYPES, model_dirs, strict=True):
@@ -144,6 +146,19 @@ def _check_qwen3_5_cache_shapes(entry: dict) -> None:
 def test_tensor_parallel_generation_with_replay_cache(tmp_path):
     _require_tp_support()
     results = _run_tp(tmp_path)
+    for model_type, entry in results.items():
+        _check_matches_single_process(model_type, entry)
+    _check_qwen3_5_cache_shapes(results["qwen3_5_text"])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < WORLD_SIZE
+                    or not torch.distributed.is_nccl_available(), reason="needs two CUDA devices and NCCL")
+def test_tensor_parallel_on_two_gpus(tmp_path):
+    """The same on two GPUs (one rank each, NCCL), against the single-process CPU reference: the tokens, logits
+    within float32 rounding (TF32 off in the ranks), the same schedules."""
+    _require_tp_support()
+    results = _run_tp(tmp_path, gpus=True)
     for model_type, entry in results.items():
         _check_matches_single_process(model_type, entry)
     _check_qwen3_5_cache_shapes(results["qwen3_5_text"])

@@ -1,7 +1,7 @@
 """Per-rank script of the tensor-parallel test, run under ``torchrun`` (``tests/test_tensor_parallel.py``).
 
 Usage: ``torchrun --nproc-per-node 2 tests/tp_worker.py OUT_DIR MODEL_DIR [MODEL_DIR ...]``. Loads each saved tiny
-model with ``DistributedConfig(tp_plan="auto")`` (on CPU transformers initialises the gloo backend itself),
+model with ``DistributedConfig(tp_plan="auto")`` (transformers initialises gloo on CPU ranks, NCCL on GPU ones),
 generates greedily from ``MODEL_DIR/prompt.pt`` with a stock cache and with ReplayCaches, and writes each rank's
 results to ``OUT_DIR/{MODEL_DIR name}.rank{r}.pt``. An exception is written to ``OUT_DIR/rank{r}.err`` (the test
 shows it) before re-raising. One launch serves every model: starting the ranks costs more than the models.
@@ -27,9 +27,10 @@ def greedy(model, prompt, cache, **kwargs):
 
     if cache is not None:
         kwargs[cache_argument(model)] = cache
+    prompt = prompt.to(model.device)
     with torch.no_grad():
         out = model.generate(prompt, attention_mask=torch.ones_like(prompt), **kwargs, **GREEDY_KW)
-    return out.sequences, torch.stack(out.logits, dim=1)
+    return out.sequences.cpu(), torch.stack(out.logits, dim=1).cpu()
 
 
 def local_shapes(model) -> dict[str, tuple]:
@@ -90,6 +91,9 @@ def run(out_dir: Path, model_dirs: list[Path]) -> None:
 
 def main() -> None:
     out_dir, model_dirs = Path(sys.argv[1]), [Path(arg) for arg in sys.argv[2:]]
+    # GPU ranks (NCCL): float32 matmuls and convolutions at float32 precision, to compare with a CPU reference
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
     try:
         run(out_dir, model_dirs)
     except BaseException:

@@ -312,7 +312,6 @@ def _rel(got, want) -> float:
 # differs (records by physical slot; a split step's flush always folds with tl.dot, KDA's fused flush with a loop)
 VARIANTS = {
     "tickets": (dict(_count_launch=False), True),
-    "split_branchless": (dict(_split=True, _branchless=True), False),
     "split_no_prefetch": (dict(_split=True, _prefetch=False), False),
     "physical_ring": (dict(_ring_physical=True), False),
 }

@@ -240,7 +240,6 @@ def _delta_replay_step_kernel(
     READ_FORMAT: tl.constexpr,  # what replay reads: "fp32" the checkpoint, "fp8" / "nvfp4" the read copy
     EXACT_FOLD: tl.constexpr,  # flushes recompute d from the raw v / beta records; replays append them
     PREFETCH_STATE: tl.constexpr,  # PHASE 4 with READ_FORMAT "fp32" only: load the tile before the phase test
-    BRANCHLESS: tl.constexpr,  # PHASE 4 only: every program computes; a flushing row's stores are masked off
     FLUSH_READS_COPY: tl.constexpr,  # PHASE 0 with a read copy: a flushing row's o from the copy, as replays
 ):
     pid_v = tl.program_id(0)
@@ -282,16 +281,6 @@ def _delta_replay_step_kernel(
     else:
         run = True
         is_flush = due
-    # What this program may store: its whole tile, or (BRANCHLESS: the replay launch computes for every row, with
-    # no branch in front of its loads, and drops a flushing row's results) nothing.
-    # (The record fields written by one program per head, V tile 0's, are then written by none: writer_v = -1.)
-    v_store = V
-    writer_v = 0
-    if BRANCHLESS:
-        v_store = tl.where(run, V, 0)
-        writer_v = tl.where(run, 0, -1)
-        run = True
-    store_v = mask_v & (offs_v < v_store)
 
     # The one large read: the checkpoint tile. PREFETCH_STATE (replay launch of a split step): issued before the
     # row's phase is known, so that it does not wait a round trip for count[b]; a flushing row's tile is then read
@@ -382,7 +371,7 @@ def _delta_replay_step_kernel(
         d_t = beta_t * (v_t - pk)
         o = pq + tl.sum(k_t * q_t, axis=0) * d_t
         tl.store(o_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_v * stride_o_v,
-                 o.to(o_ptr.dtype.element_ty), mask=store_v)
+                 o.to(o_ptr.dtype.element_ty), mask=mask_v)
 
         rv_base = ring_v_ptr + pid_b * stride_rv_b + pid_h * stride_rv_h
         rb_base = ring_beta_ptr + pid_b * stride_rb_b + pid_h * stride_rb_h
@@ -434,8 +423,8 @@ def _delta_replay_step_kernel(
             # V tile 0 of the first value head of its key group.
             slot = (origin + count) % ring_size
             tl.store(rd_base + slot * stride_rd_r + offs_v * stride_rd_v, d_t.to(ring_d_ptr.dtype.element_ty),
-                     mask=store_v)
-            if pid_v == writer_v:
+                     mask=mask_v)
+            if pid_v == 0:
                 if GATE_PER_KEY:
                     tl.store(rg_base + slot * stride_rg_r + offs_k * stride_rg_k, g_t.to(ring_g_ptr.dtype.element_ty),
                              mask=mask_k)
@@ -446,8 +435,8 @@ def _delta_replay_step_kernel(
                              mask=mask_k)
             if EXACT_FOLD:  # the raw inputs a flush recomputes d from: v by every V tile, beta by V tile 0
                 tl.store(rv_base + slot * stride_rv_r + offs_v * stride_rv_v, v_t.to(ring_v_ptr.dtype.element_ty),
-                         mask=store_v)
-                if pid_v == writer_v:
+                         mask=mask_v)
+                if pid_v == 0:
                     tl.store(rb_base + slot * stride_rb_r, beta_t.to(ring_beta_ptr.dtype.element_ty))
 
     if (PHASE == 0 or PHASE == 4) and TICKET:  # noqa: SIM102 (a constexpr test and a runtime test: not one `if`)
@@ -569,7 +558,7 @@ def _ring_gate_strides(ring_g: torch.Tensor) -> tuple[int, ...]:
 def _replay_step(
     state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len=16, use_qk_l2norm=True, scale=None,
     out=None, read_copy=None, read_format=None, ring_v=None, ring_beta=None, _block_v=None, _num_warps=None,
-    _flush_dot=None, _ticket=True, _ring_physical=False, _split=False, _prefetch=True, _branchless=False,
+    _flush_dot=None, _ticket=True, _ring_physical=False, _split=False, _prefetch=True,
     _count_launch=True, flush_reads_copy=False,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
@@ -581,9 +570,8 @@ def _replay_step(
     batch 256, the step 10 us slower). ``_ring_physical`` (scalar gates): records read by physical slot, the
     decays as direct sums over an [R, R] mask, so that no address waits for origin/count (H200, batch 256, 14-22 us
     slower than reading in logical order). ``_prefetch`` (split): the replay launch loads each checkpoint tile before
-    its row's count arrives (a flushing row's tile is then read for nothing). ``_branchless`` (split): the replay
-    launch computes every row, with no branch in front of its loads, and masks a flushing row's stores off (H200:
-    slower). ``_ticket=False`` (diagnostics): count read plainly and left unchanged."""
+    its row's count arrives (a flushing row's tile is then read for nothing). ``_ticket=False`` (diagnostics): count
+    read plainly and left unchanged."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -653,7 +641,6 @@ def _replay_step(
             READ_FORMAT="fp32" if flush_only else read_format,
             EXACT_FOLD=exact_fold,
             PREFETCH_STATE=kernel_phase == 4 and read_format == "fp32" and bool(_prefetch),
-            BRANCHLESS=kernel_phase == 4 and bool(_branchless),
             FLUSH_READS_COPY=flush_reads_copy,
             num_warps=num_warps,
         )

@@ -133,20 +133,19 @@ def case_replay_mixed_gdn_bf16(k, device):
 
 def case_replay_launch_variants(k, device):
     """The device-phase step's launch variants besides the default (count launch, records in logical order): count
-    tickets instead of the count launch, a replay launch that computes every row and masks a flushing row's stores
-    off (here the flushing rows' records are all committed and the others' uncommitted slots hold NaN), records read
-    by physical slot, and combinations; split and fused; GDN and KDA gates; against the reference."""
+    tickets instead of the count launch, records read by physical slot, both, and the split step without the tile
+    prefetch; split and fused; GDN and KDA gates; uncommitted ring slots hold NaN; against the reference."""
     import torch
 
     L = 6
-    for launch in (dict(_count_launch=False), dict(_branchless=True), dict(_ring_physical=True),
-                   dict(_branchless=True, _count_launch=False, _ring_physical=True), dict(_prefetch=False)):
+    for launch in (dict(_count_launch=False), dict(_ring_physical=True), dict(_count_launch=False, _ring_physical=True),
+                   dict(_prefetch=False)):
         _check_replay(k, device, torch.bfloat16, key_heads=2, value_heads=4, key_dim=32, value_dim=24, per_key=False,
                       buffer_len=L, ring=L - 1, origins=[4, 3, 4, 2, 4, 1], counts=[0, 1, 2, 3, 4, 5],
                       block_vs=[16], rel=1e-5, poison=True, splits=(True, False), launch=launch)
     _check_replay(k, device, torch.float32, key_heads=2, value_heads=4, key_dim=24, value_dim=32, per_key=True,
                   buffer_len=5, ring=7, origins=[6, 5, 0, 6, 3], counts=[4, 3, 0, 2, 1], block_vs=[16], rel=1e-5,
-                  poison=True, splits=(True, False), launch=dict(_branchless=True, _count_launch=False))
+                  poison=True, splits=(True, False), launch=dict(_count_launch=False))
 
 
 def case_replay_mixed_kda(k, device):

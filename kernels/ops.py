@@ -169,26 +169,27 @@ def _fresh(like: torch.Tensor) -> torch.Tensor:
 
 
 def read_copy_parts(read_copy: dict, read_format: str) -> tuple:
-    """(rc_values, rc_scales, rc_tensor_scale, rc_row): a store's read copy as the ``*_read_copy`` ops take it."""
-    if read_format == "fp8":
-        return read_copy["codes"], read_copy["scale"], None, None
-    if read_format == "nvfp4":
-        return read_copy["packed"], read_copy["block_scale"], read_copy["tensor_scale"], read_copy["row"]
-    raise ValueError(f"read_format must be 'fp8' or 'nvfp4', got {read_format!r}")
+    """(rc_values, rc_scales, rc_tensor_scale, rc_row): a store's read copy as the ``*_read_copy`` ops take it (None
+    for the entries the format has not)."""
+    from hf_replayssm.ops.read_copy import READ_COPY_ENTRIES
+
+    if read_format not in READ_COPY_ENTRIES:
+        raise ValueError(f"read_format must be 'fp8' or 'nvfp4', got {read_format!r}")
+    parts = tuple(read_copy[name] for name in READ_COPY_ENTRIES[read_format])
+    return parts + (None,) * (4 - len(parts))
 
 
 def _read_copy(rc_values, rc_scales, rc_tensor_scale, rc_row, read_format, state) -> dict:
     """The encoding dict back from the op's arguments, checked against the checkpoint ``state``."""
-    from hf_replayssm.ops.read_copy import check_read_copy
+    from hf_replayssm.ops.read_copy import READ_COPY_ENTRIES, check_read_copy
 
-    if read_format == "fp8":
-        read_copy = {"codes": rc_values, "scale": rc_scales}
-    elif read_format == "nvfp4":
-        if rc_tensor_scale is None or rc_row is None:
-            raise ValueError("an nvfp4 read copy needs rc_tensor_scale and rc_row")
-        read_copy = {"packed": rc_values, "block_scale": rc_scales, "tensor_scale": rc_tensor_scale, "row": rc_row}
-    else:
+    if read_format not in READ_COPY_ENTRIES:
         raise ValueError(f"read_format must be 'fp8' or 'nvfp4', got {read_format!r}")
+    names = READ_COPY_ENTRIES[read_format]
+    parts = (rc_values, rc_scales, rc_tensor_scale, rc_row)[: len(names)]
+    if any(part is None for part in parts):
+        raise ValueError(f"an {read_format} read copy needs rc_tensor_scale and rc_row")
+    read_copy = dict(zip(names, parts, strict=True))
     check_read_copy(read_copy, read_format, state)
     return read_copy
 
@@ -257,6 +258,33 @@ def delta_state_update(
     return delta_state_update_ref(state, q, k, v, beta, g, use_qk_l2norm, scale, out=_fresh(v))
 
 
+def _mamba2_read_copy_step(step, reencode, state, ring_x, ring_dt, ring_B, origin, count, rc_values, rc_scales,
+                           rc_tensor_scale, rc_row, read_format, x, dt, B, C, A, D, z, dt_bias, dt_softplus,
+                           buffer_len):
+    """The separated Mamba-2 step with ``step`` (the kernel or its reference; a flush step's output from the copy),
+    then the copy of the rows that flushed (count 0 after the step) re-encoded by ``reencode``."""
+    _check_mamba2_replay(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, buffer_len)
+    read_copy = _read_copy(rc_values, rc_scales, rc_tensor_scale, rc_row, read_format, state)
+    y = step(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, dt_softplus, buffer_len,
+             out=_fresh(x), read_copy=read_copy, read_format=read_format, flush_reads_copy=True)
+    reencode(state, read_copy, read_format, count == 0)
+    return y
+
+
+def _delta_read_copy_step(step, reencode, state, ring_k, ring_d, ring_g, ring_v, ring_beta, origin, count, rc_values,
+                          rc_scales, rc_tensor_scale, rc_row, read_format, q, k, v, beta, g, buffer_len, use_qk_l2norm,
+                          scale):
+    """The separated delta-rule step (exact fold from the raw v / beta records) with ``step``, then the re-encode."""
+    _check_delta_replay(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len)
+    _check_raw_records(ring_v, ring_beta, ring_d)
+    read_copy = _read_copy(rc_values, rc_scales, rc_tensor_scale, rc_row, read_format, state)
+    o = step(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len, use_qk_l2norm, scale,
+             out=_fresh(v), read_copy=read_copy, read_format=read_format, ring_v=ring_v, ring_beta=ring_beta,
+             flush_reads_copy=True)
+    reencode(state, read_copy, read_format, count == 0)
+    return o
+
+
 @torch.library.custom_op(f"{NAMESPACE}::mamba2_replay_step_read_copy",
                          mutates_args=MUTATES["mamba2_replay_step_read_copy"],
                          schema=SCHEMAS["mamba2_replay_step_read_copy"])
@@ -271,13 +299,9 @@ def mamba2_replay_step_read_copy(
     row that flushed is re-encoded from its new checkpoint (``reencode_read_copy``), so the next step reads it."""
     from hf_replayssm.ops.read_copy import reencode_read_copy_ref
 
-    _check_mamba2_replay(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, buffer_len)
-    read_copy = _read_copy(rc_values, rc_scales, rc_tensor_scale, rc_row, read_format, state)
-    y = mamba2_replay_step_ref(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias,
-                               dt_softplus, buffer_len, out=_fresh(x), read_copy=read_copy, read_format=read_format,
-                               flush_reads_copy=True)
-    reencode_read_copy_ref(state, read_copy, read_format, count == 0)
-    return y
+    return _mamba2_read_copy_step(mamba2_replay_step_ref, reencode_read_copy_ref, state, ring_x, ring_dt, ring_B,
+                                  origin, count, rc_values, rc_scales, rc_tensor_scale, rc_row, read_format, x, dt, B,
+                                  C, A, D, z, dt_bias, dt_softplus, buffer_len)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::delta_replay_step_read_copy",
@@ -295,14 +319,9 @@ def delta_replay_step_read_copy(
     of each row that flushed is re-encoded from its new checkpoint."""
     from hf_replayssm.ops.read_copy import reencode_read_copy_ref
 
-    _check_delta_replay(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len)
-    _check_raw_records(ring_v, ring_beta, ring_d)
-    read_copy = _read_copy(rc_values, rc_scales, rc_tensor_scale, rc_row, read_format, state)
-    o = delta_replay_step_ref(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len,
-                              use_qk_l2norm, scale, out=_fresh(v), read_copy=read_copy, read_format=read_format,
-                              ring_v=ring_v, ring_beta=ring_beta, flush_reads_copy=True)
-    reencode_read_copy_ref(state, read_copy, read_format, count == 0)
-    return o
+    return _delta_read_copy_step(delta_replay_step_ref, reencode_read_copy_ref, state, ring_k, ring_d, ring_g, ring_v,
+                                 ring_beta, origin, count, rc_values, rc_scales, rc_tensor_scale, rc_row, read_format,
+                                 q, k, v, beta, g, buffer_len, use_qk_l2norm, scale)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -347,12 +366,9 @@ def _mamba2_replay_step_read_copy_triton(state, ring_x, ring_dt, ring_B, origin,
     from .mamba2 import mamba2_replay_step as kernel
     from .read_copy_encode import reencode_read_copy
 
-    _check_mamba2_replay(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, buffer_len)
-    read_copy = _read_copy(rc_values, rc_scales, rc_tensor_scale, rc_row, read_format, state)
-    y = kernel(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, dt_softplus,
-               buffer_len, out=_fresh(x), read_copy=read_copy, read_format=read_format, flush_reads_copy=True)
-    reencode_read_copy(state, read_copy, read_format, count == 0)  # after the count update: 0 = flushed now
-    return y
+    return _mamba2_read_copy_step(kernel, reencode_read_copy, state, ring_x, ring_dt, ring_B, origin, count, rc_values,
+                                  rc_scales, rc_tensor_scale, rc_row, read_format, x, dt, B, C, A, D, z, dt_bias,
+                                  dt_softplus, buffer_len)
 
 
 def _delta_replay_step_read_copy_triton(state, ring_k, ring_d, ring_g, ring_v, ring_beta, origin, count, rc_values,
@@ -361,14 +377,9 @@ def _delta_replay_step_read_copy_triton(state, ring_k, ring_d, ring_g, ring_v, r
     from .delta_rule import delta_replay_step as kernel
     from .read_copy_encode import reencode_read_copy
 
-    _check_delta_replay(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len)
-    _check_raw_records(ring_v, ring_beta, ring_d)
-    read_copy = _read_copy(rc_values, rc_scales, rc_tensor_scale, rc_row, read_format, state)
-    o = kernel(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len, use_qk_l2norm, scale,
-               out=_fresh(v), read_copy=read_copy, read_format=read_format, ring_v=ring_v, ring_beta=ring_beta,
-               flush_reads_copy=True)
-    reencode_read_copy(state, read_copy, read_format, count == 0)
-    return o
+    return _delta_read_copy_step(kernel, reencode_read_copy, state, ring_k, ring_d, ring_g, ring_v, ring_beta, origin,
+                                 count, rc_values, rc_scales, rc_tensor_scale, rc_row, read_format, q, k, v, beta, g,
+                                 buffer_len, use_qk_l2norm, scale)
 
 
 # op -> its Triton implementation, registered for "cuda" below. Tests register them for "cpu" too (in a subprocess

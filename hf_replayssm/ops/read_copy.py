@@ -24,6 +24,8 @@ import torch
 from hf_replayssm.precision.formats import NVFP4_BLOCK, get_format
 
 READ_FORMATS = ("fp32", "fp8", "nvfp4")
+# the entries of a read copy's encoding dict per format, in the order the decode-step ops take them
+READ_COPY_ENTRIES = {"fp8": ("codes", "scale"), "nvfp4": ("packed", "block_scale", "tensor_scale", "row")}
 
 
 def _expect(name: str, t: torch.Tensor, shape: tuple[int, ...], dtypes: tuple[torch.dtype, ...], device) -> None:
@@ -49,7 +51,7 @@ def check_read_copy(read_copy: dict | None, read_format: str | None, state: torc
     if not isinstance(read_copy, dict):
         raise TypeError(f"read_copy must be a dict of tensors (a store encoding), got {type(read_copy).__name__}")
     batch, outer, row = state.shape[0], tuple(state.shape[:-1]), state.shape[-1]
-    keys = {"fp8": {"codes", "scale"}, "nvfp4": {"packed", "block_scale", "tensor_scale", "row"}}[read_format]
+    keys = set(READ_COPY_ENTRIES[read_format])
     if set(read_copy) != keys:
         raise ValueError(f"a {read_format} read copy has entries {sorted(keys)}, got {sorted(read_copy)}")
     if read_format == "fp8":
@@ -108,7 +110,7 @@ def reencode_read_copy_ref(state: torch.Tensor, read_copy: dict, read_format: st
     selected rows."""
     fmt = check_reencode(state, read_copy, read_format, select)
     encoder = get_format(fmt)
-    names = ("codes", "scale") if fmt == "fp8" else ("packed", "block_scale", "tensor_scale")
+    names = [name for name in READ_COPY_ENTRIES[fmt] if name != "row"]  # ``row`` is the same for every batch row
     for b in torch.nonzero(select).flatten().tolist():
         encoding = encoder.encode(state[b:b + 1])
         for name in names:

@@ -123,14 +123,11 @@ def with_read_copy(p: dict, read_format: str, *, delta: bool, seed=7) -> dict:
 def _read_copy_reference(step_ref):
     """The separated ops' documented semantics, from the references: the step (flushing rows' outputs from the copy)
     then the copy of each row that flushed (count 0 afterwards) re-encoded from its new checkpoint."""
-    from hf_replayssm.ops.read_copy import reencode_read_copy_ref
+    from hf_replayssm.ops.read_copy import READ_COPY_ENTRIES, reencode_read_copy_ref
 
     def reference(rc_values, rc_scales, rc_tensor_scale, rc_row, read_format, **p):
-        if read_format == "fp8":
-            read_copy = {"codes": rc_values, "scale": rc_scales}
-        else:
-            read_copy = {"packed": rc_values, "block_scale": rc_scales, "tensor_scale": rc_tensor_scale,
-                         "row": rc_row}
+        read_copy = dict(zip(READ_COPY_ENTRIES[read_format], (rc_values, rc_scales, rc_tensor_scale, rc_row),
+                             strict=False))
         y = step_ref(**p, read_copy=read_copy, read_format=read_format, flush_reads_copy=True)
         reencode_read_copy_ref(p["state"], read_copy, read_format, p["count"] == 0)
         return y

@@ -118,6 +118,20 @@ def _torch_step_fn():
 # timing
 
 
+def _device_read_copy_times(k, inputs: ReplayInputs, timer: Timer, read_format: str, phase: str, per_step_us,
+                            **launch) -> dict:
+    """The separated policy's compiled decode step (device positions, the read copy re-encoded on the device for the
+    rows that flush), with and without the re-encode, per step in us; adds the read copies to ``inputs``."""
+    from .read_copy_encode import reencode_read_copy
+
+    if "read_copy" not in inputs.copies[0]:
+        inputs.add_read_copies(read_format)
+    return {f"replay_{phase}_read_copy_us": per_step_us(timer(inputs.device_read_copy_fn(
+                k._replay_step, reencode_read_copy, read_format, **launch))),
+            f"replay_{phase}_read_copy_no_reencode_us": per_step_us(timer(inputs.device_read_copy_fn(
+                k._replay_step, None, read_format, **launch)))}
+
+
 def _phase_times(k, inputs: ReplayInputs, timer: Timer, L: int, cfg) -> dict:
     """Single-launch replay time with every row at one count (0, L/2, L-2: replay; L-1: flush), in us. Each timed
     graph resets ``count`` first (a tiny copy, timed alone and subtracted)."""
@@ -227,6 +241,22 @@ class ReplayInputs:
 
         for c in self.copies:
             c["read_copy"] = get_format(read_format).encode(c["state"])
+
+    def device_read_copy_fn(self, step, reencode, read_format: str, **launch):
+        """The compiled decode step of the separated policy (``mamba2_replay_step_read_copy``): the device-phase
+        launch reading the copy (a flushing row's output from the copy too), then ``reencode`` (None: skipped) of
+        the copy of the rows that flushed (``count`` 0 after the step)."""
+        def run():
+            for i in range(self.L):
+                c = self.copies[i % self.n]
+                step(c["state"], c["ring_x"], c["ring_dt"], c["ring_B"], c["origin"], c["count"], c["x"], c["dt"],
+                     c["B"], c["C"], self.params["A"], D=self.params["D"], dt_bias=self.params["dt_bias"],
+                     dt_softplus=True, buffer_len=self.L, out=c["out"], read_copy=c["read_copy"],
+                     read_format=read_format, flush_reads_copy=True, **launch)
+                if reencode is not None:
+                    reencode(c["state"], c["read_copy"], read_format, c["count"] == 0)
+
+        return run
 
     def host_fn(self, step, only: int | None = None, read_format: str | None = None, **launch):
         """A cycle with every row at one position known on the host (plain batched decoding): L - 1 replay-only
@@ -411,6 +441,9 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                 row["diag_replay_mixed_no_ticket_us"] = per_step_us(timer(inputs.fn(
                     k._replay_step, _config=best, _ticket=False)))
                 row["diag_replay_phase_us"] = _phase_times(k, inputs, timer, L, best)
+            if args.read_format is not None:
+                row.update(_device_read_copy_times(k, inputs, timer, args.read_format, "mixed", per_step_us,
+                                                   _config=best))
             del inputs
             # replay, all rows in phase
             inputs = ReplayInputs(batch, heads, head_dim, d_state, groups, L, device, gen, "in_phase", cuda)
@@ -441,6 +474,8 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                 row["read_format"] = args.read_format
                 row["replay_host_read_copy_us"] = per_step_us(timer(inputs.host_fn(
                     k._replay_step, read_format=args.read_format, _config=cfg)))
+                row.update(_device_read_copy_times(k, inputs, timer, args.read_format, "in_phase", per_step_us,
+                                                   _config=best))
             del inputs
             # standard kernel
             inputs = StepInputs(batch, heads, head_dim, d_state, groups, L, device, gen, cuda)
@@ -463,7 +498,7 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
             arms = [("replay_mixed", "replay"), ("replay_in_phase", "replay"), ("replay_host", "replay"),
                     ("standard", "standard"), ("torch", "standard")]
             if args.read_format is not None:
-                arms.append(("replay_host_read_copy", "replay_read_copy"))
+                arms += [(f"replay_{arm}_read_copy", "replay_read_copy") for arm in ("host", "mixed", "in_phase")]
             for key, model in arms:
                 gbps = nbytes[model] / (row[f"{key}_us"] * 1e-6) / 1e9
                 row[f"{key}_GBps"] = gbps
@@ -476,7 +511,9 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
             row["speedup_replay_vs_torch"] = row["torch_us"] / row["replay_mixed_us"]
             row["speedup_replay_host_vs_standard"] = row["standard_us"] / row["replay_host_us"]
             if args.read_format is not None:
-                row["speedup_replay_host_read_copy_vs_standard"] = row["standard_us"] / row["replay_host_read_copy_us"]
+                for arm in ("host", "mixed", "in_phase"):
+                    row[f"speedup_replay_{arm}_read_copy_vs_standard"] = (row["standard_us"]
+                                                                          / row[f"replay_{arm}_read_copy_us"])
             rows.append(row)
             _print_row(row, header=len(rows) == 1)
     return rows, checks
@@ -498,10 +535,14 @@ def _print_row(r, header):
           f"{100 * r['replay_host_frac_of_copy_bw']:>4.0f}% of copy BW, "
           f"x std {r['speedup_replay_host_vs_standard']:.2f} "
           f"[{r['replay_host_best_config']}]", flush=True)
-    if "replay_host_read_copy_us" in r:
-        print(f"{'':<16}{'':>6} | host-phase replay reading a {r['read_format']} copy "
-              f"{r['replay_host_read_copy_us']:>9.2f} us {100 * r['replay_host_read_copy_frac_of_copy_bw']:>4.0f}% "
-              f"of copy BW (model), x std {r['speedup_replay_host_read_copy_vs_standard']:.2f}", flush=True)
+    for arm, label in (("host", "host-phase"), ("mixed", "device-phase, mixed"), ("in_phase", "device, in phase")):
+        if f"replay_{arm}_read_copy_us" in r:
+            print(f"{'':<16}{'':>6} | {label} replay reading a {r['read_format']} copy "
+                  f"{r[f'replay_{arm}_read_copy_us']:>9.2f} us "
+                  f"{100 * r[f'replay_{arm}_read_copy_frac_of_copy_bw']:>4.0f}% of copy BW (model), "
+                  f"x std {r[f'speedup_replay_{arm}_read_copy_vs_standard']:.2f}"
+                  + (f" ({r[f'replay_{arm}_read_copy_no_reencode_us']:.2f} us without the re-encode)"
+                     if arm != "host" else ""), flush=True)
 
 
 def main(argv: list[str] | None = None) -> dict:

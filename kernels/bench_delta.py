@@ -226,6 +226,21 @@ class ReplayInputs:
             c["ring_v"] = torch.randn(c["ring_d"].shape, device=c["ring_d"].device).bfloat16()
             c["ring_beta"] = torch.rand(c["ring_d"].shape[:3], device=c["ring_d"].device)
 
+    def device_read_copy_fn(self, step, reencode, read_format: str, **launch):
+        """The compiled decode step of the separated policy (``delta_replay_step_read_copy``): the device-phase
+        launch reading the copy (a flushing row's output from the copy too), then ``reencode`` (None: skipped) of
+        the copy of the rows that flushed (``count`` 0 after the step)."""
+        def run():
+            for i in range(self.L):
+                c = self.copies[i % self.n]
+                step(*[c[n] for n in RING], *[c[n] for n in TOKEN], buffer_len=self.L, out=c["out"],
+                     read_copy=c["read_copy"], read_format=read_format, flush_reads_copy=True, ring_v=c["ring_v"],
+                     ring_beta=c["ring_beta"], **launch)
+                if reencode is not None:
+                    reencode(c["state"], c["read_copy"], read_format, c["count"] == 0)
+
+        return run
+
     def host_fn(self, step, only: int | None = None, read_format: str | None = None, **launch):
         """A cycle with every row at one position known on the host (plain batched decoding): L - 1 replay-only
         launches and one flush-only launch (the phase-specialised kernels); ``only``: L launches at that count.
@@ -276,6 +291,20 @@ class StepInputs:
                 step(c["state"], *[c[n] for n in TOKEN])
 
         return run
+
+
+def _device_read_copy_times(k, inputs: ReplayInputs, timer: Timer, read_format: str, phase: str, per_step_us,
+                            **launch) -> dict:
+    """The separated policy's compiled decode step (device positions, the read copy re-encoded on the device for the
+    rows that flush), with and without the re-encode, per step in us; adds the read copies to ``inputs``."""
+    from .read_copy_encode import reencode_read_copy
+
+    if "read_copy" not in inputs.copies[0]:
+        inputs.add_read_copies(read_format)
+    return {f"replay_{phase}_read_copy_us": per_step_us(timer(inputs.device_read_copy_fn(
+                k._replay_step, reencode_read_copy, read_format, **launch))),
+            f"replay_{phase}_read_copy_no_reencode_us": per_step_us(timer(inputs.device_read_copy_fn(
+                k._replay_step, None, read_format, **launch)))}
 
 
 def _phase_times(k, inputs: ReplayInputs, timer: Timer, L: int, cfg) -> dict:
@@ -468,6 +497,9 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                 other = not k.flush_uses_dot(per_key)
                 row[f"diag_replay_mixed_flush_{'dot' if other else 'loop'}_us"] = per_step_us(timer(inputs.fn(
                     k._replay_step, _block_v=bv, _num_warps=nw, _flush_dot=other)))
+            if args.read_format is not None:
+                row.update(_device_read_copy_times(k, inputs, timer, args.read_format, "mixed", per_step_us,
+                                                   _block_v=bv, _num_warps=nw))
             del inputs
             # replay, all rows in phase
             inputs = ReplayInputs(batch, shape, per_key, L, device, gen, "in_phase", cuda)
@@ -496,6 +528,8 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                 row["read_format"] = args.read_format
                 row["replay_host_read_copy_us"] = per_step_us(timer(inputs.host_fn(
                     k._replay_step, read_format=args.read_format, _block_v=hbv, _num_warps=hnw)))
+                row.update(_device_read_copy_times(k, inputs, timer, args.read_format, "in_phase", per_step_us,
+                                                   _block_v=bv, _num_warps=nw))
             del inputs
             # standard kernel, fla, torch
             inputs = StepInputs(batch, shape, per_key, L, device, gen, cuda)
@@ -517,7 +551,7 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
             arms_bytes = [("replay_mixed", "replay"), ("replay_in_phase", "replay"), ("replay_host", "replay"),
                           ("standard", "standard"), ("fla", "standard"), ("torch", "standard")]
             if args.read_format is not None:
-                arms_bytes.append(("replay_host_read_copy", "replay_read_copy"))
+                arms_bytes += [(f"replay_{arm}_read_copy", "replay_read_copy") for arm in ("host", "mixed", "in_phase")]
             for key, model in arms_bytes:
                 if row.get(f"{key}_us"):
                     gbps = nbytes[model] / (row[f"{key}_us"] * 1e-6) / 1e9
@@ -536,7 +570,9 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
             if row.get("torch_us"):
                 row["speedup_replay_vs_torch"] = row["torch_us"] / row["replay_mixed_us"]
             if args.read_format is not None:
-                row["speedup_replay_host_read_copy_vs_standard"] = row["standard_us"] / row["replay_host_read_copy_us"]
+                for arm in ("host", "mixed", "in_phase"):
+                    row[f"speedup_replay_{arm}_read_copy_vs_standard"] = (row["standard_us"]
+                                                                          / row[f"replay_{arm}_read_copy_us"])
             rows.append(row)
             _print_row(row, header=len(rows) == 1)
     return rows, checks, arms
@@ -566,10 +602,14 @@ def _print_row(r, header):
           f"{100 * r['replay_host_frac_of_copy_bw']:>4.0f}% of copy BW, "
           f"x std {r['speedup_replay_host_vs_standard']:.2f}, x fla {_fmt(r['speedup_replay_host_vs_fla'], 5)} "
           f"[{r['replay_host_best_config']}]", flush=True)
-    if "replay_host_read_copy_us" in r:
-        print(f"{'':<14}{'':>6} | host-phase replay reading a {r['read_format']} copy "
-              f"{r['replay_host_read_copy_us']:>9.2f} us {100 * r['replay_host_read_copy_frac_of_copy_bw']:>4.0f}% "
-              f"of copy BW (model), x std {r['speedup_replay_host_read_copy_vs_standard']:.2f}", flush=True)
+    for arm, label in (("host", "host-phase"), ("mixed", "device-phase, mixed"), ("in_phase", "device, in phase")):
+        if f"replay_{arm}_read_copy_us" in r:
+            print(f"{'':<14}{'':>6} | {label} replay reading a {r['read_format']} copy "
+                  f"{r[f'replay_{arm}_read_copy_us']:>9.2f} us "
+                  f"{100 * r[f'replay_{arm}_read_copy_frac_of_copy_bw']:>4.0f}% of copy BW (model), "
+                  f"x std {r[f'speedup_replay_{arm}_read_copy_vs_standard']:.2f}"
+                  + (f" ({r[f'replay_{arm}_read_copy_no_reencode_us']:.2f} us without the re-encode)"
+                     if arm != "host" else ""), flush=True)
 
 
 def main(argv: list[str] | None = None) -> dict:

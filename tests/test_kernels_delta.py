@@ -28,13 +28,19 @@ def test_kernel_matches_reference(case):
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 @pytest.mark.parametrize("family", ["gdn", "kda"])
 def test_bench_smoke(tmp_path, family):
-    data, stdout = run_bench_smoke("bench_delta", ["--family", family], tmp_path / "bench.json")
+    read = ["--read-format", "nvfp4"] if family == "gdn" else []  # the separated-precision arms on one family
+    data, stdout = run_bench_smoke("bench_delta", ["--family", family, *read], tmp_path / "bench.json")
     assert data["results"], data
     row = data["results"][0]
-    for key in ("replay_mixed_us", "replay_in_phase_us", "standard_us", "torch_us", "speedup_replay_vs_standard"):
+    keys = ["replay_mixed_us", "replay_in_phase_us", "standard_us", "torch_us", "speedup_replay_vs_standard"]
+    if read:
+        keys += [f"replay_{arm}_read_copy_us" for arm in ("host", "mixed", "in_phase")]
+        keys += ["replay_in_phase_read_copy_no_reencode_us", "speedup_replay_mixed_read_copy_vs_standard"]
+    for key in keys:
         assert row[key] > 0, (key, row)
     assert all(check["ok"] for check in data["checks"].values()), data["checks"]
     assert "replay step" in stdout  # the printed table
+    assert ("device, in phase replay reading a nvfp4 copy" in stdout) == bool(read)
 
 
 # ---------------------------------------------------------------------------------------------------------------

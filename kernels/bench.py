@@ -126,10 +126,12 @@ def _device_read_copy_times(k, inputs: ReplayInputs, timer: Timer, read_format: 
 
     if "read_copy" not in inputs.copies[0]:
         inputs.add_read_copies(read_format)
-    return {f"replay_{phase}_read_copy_us": per_step_us(timer(inputs.device_read_copy_fn(
-                k._replay_step, reencode_read_copy, read_format, **launch))),
-            f"replay_{phase}_read_copy_no_reencode_us": per_step_us(timer(inputs.device_read_copy_fn(
-                k._replay_step, None, read_format, **launch)))}
+    out = {f"replay_{phase}_read_copy_us": per_step_us(timer(inputs.device_read_copy_fn(
+        k._replay_step, reencode_read_copy, read_format, **launch)))}
+    out[f"replay_{phase}_read_copy_kernel"] = dict(launch=str(launch), **_compiled_info(k, "replay"))
+    out[f"replay_{phase}_read_copy_no_reencode_us"] = per_step_us(timer(inputs.device_read_copy_fn(
+        k._replay_step, None, read_format, **launch)))
+    return out
 
 
 def _phase_times(k, inputs: ReplayInputs, timer: Timer, L: int, cfg) -> dict:
@@ -374,6 +376,7 @@ def check(k, heads, head_dim, d_state, groups, L, device, batch=4, read_format=N
         mix.add_read_copies(read_format)
         mix = mix.copies[0]
         ref = {kk: v.clone() for kk, v in mix.items() if kk != "read_copy"}
+        pre = {kk: v.clone() for kk, v in mix.items() if kk != "read_copy"}
         read = dict(read_copy=mix.pop("read_copy"), read_format=read_format)
         y = k.mamba2_replay_step(*[mix[a] for a in args], **p, dt_softplus=True, buffer_len=L,
                                  out=torch.empty(mix["x"].shape, device=device), **read)
@@ -383,6 +386,11 @@ def check(k, heads, head_dim, d_state, groups, L, device, batch=4, read_format=N
         same = torch.equal(mix["count"], ref["count"]) and torch.equal(mix["ring_x"], ref["ring_x"])
         result.update(read_copy_format=read_format, read_copy_mixed_y_rel_err=err, read_copy_mixed_ok=same,
                       ok=bool(result["ok"] and err < 1e-4 and same))
+        if read_format == "nvfp4":  # the byte-tile load: the same values, so the same step
+            y_pairs = k._replay_step(*[pre[a] for a in args], **p, dt_softplus=True, buffer_len=L,
+                                     out=torch.empty(mix["x"].shape, device=device), _nvfp4_pairs=True, **read)
+            err = ((y_pairs - y).abs().max() / y.abs().max().clamp_min(1)).item()
+            result.update(read_copy_nvfp4_pairs_rel_err=err, ok=bool(result["ok"] and err < 1e-6))
     return result
 
 
@@ -470,12 +478,27 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                         k._replay_step, only=c, _config=cfg))) for c in (L // 2, L - 1)}
             if args.read_format is not None:  # separated precision: replay launches read the low-precision copy
                 inputs.add_read_copies(args.read_format)
-                cfg = _cfg_dict(configs.get(best_host, default_cfg))
                 row["read_format"] = args.read_format
-                row["replay_host_read_copy_us"] = per_step_us(timer(inputs.host_fn(
-                    k._replay_step, read_format=args.read_format, _config=cfg)))
+                read_sweep, read_cfgs = {}, {}  # the fp32 host-phase best, and with --read-copy-sweep the sweep
+                for cfg in dict.fromkeys([configs.get(best_host, default_cfg),
+                                          *(REPLAY_SWEEP if args.read_copy_sweep else [])]):
+                    t = timer(inputs.host_fn(k._replay_step, read_format=args.read_format, _config=_cfg_dict(cfg)))
+                    read_sweep[_cfg_name(cfg)] = dict(us=per_step_us(t), **t, **_compiled_info(k, "replay_phase1"))
+                    read_cfgs[_cfg_name(cfg)] = cfg
+                best_read = min(read_sweep, key=lambda c: read_sweep[c]["us"])
+                row.update(replay_host_read_copy_sweep=read_sweep, replay_host_read_copy_best_config=best_read,
+                           replay_host_read_copy_us=read_sweep[best_read]["us"])
+                read_cfg = _cfg_dict(read_cfgs[best_read])
                 row.update(_device_read_copy_times(k, inputs, timer, args.read_format, "in_phase", per_step_us,
-                                                   _config=best))
+                                                   _config=read_cfg))
+                if args.read_format == "nvfp4":  # the copy's bytes loaded once as a byte tile
+                    row["replay_host_read_copy_nvfp4_pairs_us"] = per_step_us(timer(inputs.host_fn(
+                        k._replay_step, read_format="nvfp4", _config=read_cfg, _nvfp4_pairs=True)))
+                    row["replay_host_read_copy_nvfp4_pairs_kernel"] = _compiled_info(k, "replay_phase1")
+                    row.update({f"{key}_nvfp4_pairs" if not key.endswith("_us") else
+                                key.replace("_us", "_nvfp4_pairs_us"): value for key, value in _device_read_copy_times(
+                                    k, inputs, timer, "nvfp4", "in_phase", per_step_us, _config=read_cfg,
+                                    _nvfp4_pairs=True).items()})
             del inputs
             # standard kernel
             inputs = StepInputs(batch, heads, head_dim, d_state, groups, L, device, gen, cuda)
@@ -543,6 +566,10 @@ def _print_row(r, header):
                   f"x std {r[f'speedup_replay_{arm}_read_copy_vs_standard']:.2f}"
                   + (f" ({r[f'replay_{arm}_read_copy_no_reencode_us']:.2f} us without the re-encode)"
                      if arm != "host" else ""), flush=True)
+    if "replay_host_read_copy_nvfp4_pairs_us" in r:
+        print(f"{'':<16}{'':>6} | nvfp4 copy loaded as byte pairs: host-phase "
+              f"{r['replay_host_read_copy_nvfp4_pairs_us']:.2f} us, device, in phase "
+              f"{r['replay_in_phase_read_copy_nvfp4_pairs_us']:.2f} us", flush=True)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -554,6 +581,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batches", default=None, help=f"comma-separated batch sizes (default {BATCHES})")
     parser.add_argument("--buffer-len", type=int, default=None, help="L (default 16; 4 with --smoke)")
     parser.add_argument("--no-sweep", action="store_true", help="time only the default launch configurations")
+    parser.add_argument("--read-copy-sweep", action="store_true",
+                        help="with --read-format: time the read-copy replay over the replay launch sweep too")
     parser.add_argument("--no-check", action="store_true", help="skip the on-device correctness check")
     parser.add_argument("--diag", action="store_true", help="also time single phases and a no-ticket variant")
     parser.add_argument("--read-format", choices=["fp8", "nvfp4"], default=None,

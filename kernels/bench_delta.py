@@ -301,10 +301,12 @@ def _device_read_copy_times(k, inputs: ReplayInputs, timer: Timer, read_format: 
 
     if "read_copy" not in inputs.copies[0]:
         inputs.add_read_copies(read_format)
-    return {f"replay_{phase}_read_copy_us": per_step_us(timer(inputs.device_read_copy_fn(
-                k._replay_step, reencode_read_copy, read_format, **launch))),
-            f"replay_{phase}_read_copy_no_reencode_us": per_step_us(timer(inputs.device_read_copy_fn(
-                k._replay_step, None, read_format, **launch)))}
+    out = {f"replay_{phase}_read_copy_us": per_step_us(timer(inputs.device_read_copy_fn(
+        k._replay_step, reencode_read_copy, read_format, **launch)))}
+    out[f"replay_{phase}_read_copy_kernel"] = dict(launch=str(launch), **_compiled_info(k, "replay"))
+    out[f"replay_{phase}_read_copy_no_reencode_us"] = per_step_us(timer(inputs.device_read_copy_fn(
+        k._replay_step, None, read_format, **launch)))
+    return out
 
 
 def _phase_times(k, inputs: ReplayInputs, timer: Timer, L: int, cfg) -> dict:
@@ -407,12 +409,18 @@ def check(k, shape, per_key, L, device, fla_step=None, batch=4, read_format=None
         mix = mix.copies[0]
         read = dict(read_copy=mix.pop("read_copy"), read_format=read_format)
         ref = {name: t.clone() for name, t in mix.items()}
+        pre = {name: t.clone() for name, t in mix.items()}
         o = k.delta_replay_step(*[mix[n] for n in RING], *[mix[n] for n in TOKEN], buffer_len=L,
                                 out=torch.empty(mix["v"].shape, device=device), **read)
         o_ref = k.delta_replay_step_ref(*[ref[n] for n in RING], *[ref[n] for n in TOKEN], buffer_len=L,
                                         out=torch.empty(mix["v"].shape, device=device), **read)
         result.update(read_copy_format=read_format, read_copy_mixed_o_rel_err=_rel(o, o_ref),
                       read_copy_mixed_ring_d_rel_err=_rel(mix["ring_d"], ref["ring_d"]))
+        if read_format == "nvfp4":  # the byte-tile load: the same values, so the same step
+            o_pairs = k._replay_step(*[pre[n] for n in RING], *[pre[n] for n in TOKEN], buffer_len=L,
+                                     out=torch.empty(mix["v"].shape, device=device), _nvfp4_pairs=True, **read)
+            result["read_copy_nvfp4_pairs_rel_err"] = _rel(o_pairs, o)
+            ok = ok and result["read_copy_nvfp4_pairs_rel_err"] < 1e-6
         ok = ok and result["read_copy_mixed_o_rel_err"] < 1e-4 and result["read_copy_mixed_ring_d_rel_err"] < 1e-4
     if fla_step is not None:
         tok = _tokens(batch, Hv, Hk, K, V, per_key, device, gen)
@@ -524,12 +532,28 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                         k._replay_step, only=c, _block_v=hbv, _num_warps=hnw))) for c in (L // 2, L - 1)}
             if args.read_format is not None:  # separated precision: replay launches read the low-precision copy
                 inputs.add_read_copies(args.read_format)
-                hbv, hnw = (int(x) for x in best_host.split("x"))
                 row["read_format"] = args.read_format
-                row["replay_host_read_copy_us"] = per_step_us(timer(inputs.host_fn(
-                    k._replay_step, read_format=args.read_format, _block_v=hbv, _num_warps=hnw)))
+                read_sweep = {}  # the fp32 host-phase best, and with --read-copy-sweep the replay sweep
+                candidates = [_key(c) for c in REPLAY_SWEEP if c[0] <= max(16, V)] if args.read_copy_sweep else []
+                for key in dict.fromkeys([best_host, *candidates]):
+                    rbv, rnw = (int(x) for x in key.split("x"))
+                    t = timer(inputs.host_fn(k._replay_step, read_format=args.read_format, _block_v=rbv,
+                                             _num_warps=rnw))
+                    read_sweep[key] = dict(us=per_step_us(t), **t, **_compiled_info(k, "replay_phase1"))
+                best_read = min(read_sweep, key=lambda c: read_sweep[c]["us"])
+                row.update(replay_host_read_copy_sweep=read_sweep, replay_host_read_copy_best_config=best_read,
+                           replay_host_read_copy_us=read_sweep[best_read]["us"])
+                rbv, rnw = (int(x) for x in best_read.split("x"))
                 row.update(_device_read_copy_times(k, inputs, timer, args.read_format, "in_phase", per_step_us,
-                                                   _block_v=bv, _num_warps=nw))
+                                                   _block_v=rbv, _num_warps=rnw))
+                if args.read_format == "nvfp4":  # the copy's bytes loaded once as a byte tile
+                    row["replay_host_read_copy_nvfp4_pairs_us"] = per_step_us(timer(inputs.host_fn(
+                        k._replay_step, read_format="nvfp4", _block_v=rbv, _num_warps=rnw, _nvfp4_pairs=True)))
+                    row["replay_host_read_copy_nvfp4_pairs_kernel"] = _compiled_info(k, "replay_phase1")
+                    row.update({f"{key}_nvfp4_pairs" if not key.endswith("_us") else
+                                key.replace("_us", "_nvfp4_pairs_us"): value for key, value in _device_read_copy_times(
+                                    k, inputs, timer, "nvfp4", "in_phase", per_step_us, _block_v=rbv, _num_warps=rnw,
+                                    _nvfp4_pairs=True).items()})
             del inputs
             # standard kernel, fla, torch
             inputs = StepInputs(batch, shape, per_key, L, device, gen, cuda)
@@ -610,6 +634,10 @@ def _print_row(r, header):
                   f"x std {r[f'speedup_replay_{arm}_read_copy_vs_standard']:.2f}"
                   + (f" ({r[f'replay_{arm}_read_copy_no_reencode_us']:.2f} us without the re-encode)"
                      if arm != "host" else ""), flush=True)
+    if "replay_host_read_copy_nvfp4_pairs_us" in r:
+        print(f"{'':<14}{'':>6} | nvfp4 copy loaded as byte pairs: host-phase "
+              f"{r['replay_host_read_copy_nvfp4_pairs_us']:.2f} us, device, in phase "
+              f"{r['replay_in_phase_read_copy_nvfp4_pairs_us']:.2f} us", flush=True)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -622,6 +650,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--batches", default=None, help=f"comma-separated batch sizes (default {BATCHES})")
     parser.add_argument("--buffer-len", type=int, default=None, help="L (default 16; 4 with --smoke)")
     parser.add_argument("--no-sweep", action="store_true", help="time only the default launch configurations")
+    parser.add_argument("--read-copy-sweep", action="store_true",
+                        help="with --read-format: time the read-copy replay over the replay launch sweep too")
     parser.add_argument("--no-check", action="store_true", help="skip the on-device correctness check")
     parser.add_argument("--no-fla", action="store_true", help="skip the flash-linear-attention arm")
     parser.add_argument("--no-torch", action="store_true", help="skip the transformers torch arm")

@@ -306,12 +306,16 @@ def _delta_replay_step_kernel(
                 v_flush = tl.where(is_flush, V, 0)  # value columns of the checkpoint to read: all or none
                 s0 = tl.load(state_ptrs, mask=mask_kv & (offs_v[None, :] < v_flush), other=0.0).to(tl.float32)
                 read_mask = mask_kv & (offs_v[None, :] < V - v_flush)
+                read_rows = offs_k < tl.where(is_flush, 0, K)
             else:
                 s0 = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)
                 read_mask = mask_kv
+                read_rows = mask_k
             s0 += load_read_tile(rc_values_ptr, rc_scales_ptr, rc_tensor_scale_ptr, pid_b, pid_h, offs_k, offs_v,
-                                 read_mask, stride_rcv_b, stride_rcv_h, stride_rcv_k, stride_rcv_v,
-                                 stride_rcs_b, stride_rcs_h, stride_rcs_k, stride_rcs_v, stride_rct_b, READ_FORMAT)
+                                 read_mask, read_rows, pid_v * BLOCK_V, V,
+                                 stride_rcv_b, stride_rcv_h, stride_rcv_k, stride_rcv_v,
+                                 stride_rcs_b, stride_rcs_h, stride_rcs_k, stride_rcs_v, stride_rct_b,
+                                 READ_FORMAT, BLOCK_V)
 
         k_raw, q_t, k_t, v_t, beta_t, g_t = _load_token(
             q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, pid_b, pid_h, hk, offs_k, mask_k, offs_v, mask_v, scale,
@@ -560,6 +564,7 @@ def _replay_step(
     out=None, read_copy=None, read_format=None, ring_v=None, ring_beta=None, _block_v=None, _num_warps=None,
     _flush_dot=None, _ticket=True, _ring_physical=False, _split=False, _prefetch=True,
     _count_launch=True, flush_reads_copy=False,
+    _nvfp4_pairs=False,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot``; ``_split`` (device positions only): the step as a flush-only launch for the rows due (the others
@@ -571,7 +576,8 @@ def _replay_step(
     decays as direct sums over an [R, R] mask, so that no address waits for origin/count (H200, batch 256, 14-22 us
     slower than reading in logical order). ``_prefetch`` (split): the replay launch loads each checkpoint tile before
     its row's count arrives (a flushing row's tile is then read for nothing). ``_ticket=False`` (diagnostics): count
-    read plainly and left unchanged."""
+    read plainly and left unchanged. ``_nvfp4_pairs`` (an nvfp4 read copy): load the copy's bytes once as a byte
+    tile and interleave the decoded nibbles, instead of one byte load per nibble (same values)."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -586,6 +592,8 @@ def _replay_step(
     assert 1 <= buffer_len < (1 << _TICKET_SHIFT), "buffer_len out of range"
     assert ring_size >= max(buffer_len - 1, 1), f"ring capacity {ring_size} < max(buffer_len - 1, 1)"
     read_format, read_operands = read_copy_operands(read_copy, read_format, state)
+    # the nvfp4 tile loaded byte by byte per nibble, or as whole bytes (see kernels/read_copy.py)
+    kernel_read_format = "nvfp4_pairs" if read_format == "nvfp4" and _nvfp4_pairs else read_format
     exact_fold = ring_v is not None or ring_beta is not None
     if exact_fold:
         if ring_v is None or ring_beta is None:
@@ -638,7 +646,7 @@ def _replay_step(
             BLOCK_R=max(16, triton.next_power_of_2(ring_size)),  # >= 16: the flush's tl.dot needs it on the GPU
             FLUSH_DOT=flush_dot,
             FLUSH_PRECISION=FLUSH_PRECISION,
-            READ_FORMAT="fp32" if flush_only else read_format,
+            READ_FORMAT="fp32" if flush_only else kernel_read_format,
             EXACT_FOLD=exact_fold,
             PREFETCH_STATE=kernel_phase == 4 and read_format == "fp32" and bool(_prefetch),
             FLUSH_READS_COPY=flush_reads_copy,

@@ -307,8 +307,9 @@ def _mamba2_replay_step_kernel(
             s0 = tl.load(state_ptrs, mask=mask_pn, other=0.0).to(tl.float32)
         elif PHASE == 1 or PHASE == 4 or FLUSH_READS_COPY:  # the decoded read copy (FLUSH_READS_COPY: every row's)
             s0 = load_read_tile(rc_values_ptr, rc_scales_ptr, rc_tensor_scale_ptr, pid_b, h, offs_p, offs_n, mask_pn,
-                                stride_rcv_b, stride_rcv_h, stride_rcv_p, stride_rcv_n,
-                                stride_rcs_b, stride_rcs_h, stride_rcs_p, stride_rcs_n, stride_rct_b, READ_FORMAT)
+                                mask_p, 0, N, stride_rcv_b, stride_rcv_h, stride_rcv_p, stride_rcv_n,
+                                stride_rcs_b, stride_rcs_h, stride_rcs_p, stride_rcs_n, stride_rct_b, READ_FORMAT,
+                                BLOCK_N)
         else:
             # The row's phase decides which tile is read (masked loads: only one of the two costs bandwidth), so
             # here the tile waits one round trip for the count.
@@ -317,9 +318,10 @@ def _mamba2_replay_step_kernel(
             n_flush = tl.where((count_raw & 0xFFFF) + 1 >= BUFFER_LEN, N, 0)  # state columns to read: all or none
             s0 = tl.load(state_ptrs, mask=mask_pn & (offs_n[None, :] < n_flush), other=0.0).to(tl.float32)
             s0 += load_read_tile(rc_values_ptr, rc_scales_ptr, rc_tensor_scale_ptr, pid_b, h, offs_p, offs_n,
-                                 mask_pn & (offs_n[None, :] < N - n_flush), stride_rcv_b, stride_rcv_h, stride_rcv_p,
+                                 mask_pn & (offs_n[None, :] < N - n_flush), offs_p < tl.where(n_flush == N, 0, P),
+                                 0, N, stride_rcv_b, stride_rcv_h, stride_rcv_p,
                                  stride_rcv_n, stride_rcs_b, stride_rcs_h, stride_rcs_p, stride_rcs_n, stride_rct_b,
-                                 READ_FORMAT)
+                                 READ_FORMAT, BLOCK_N)
         # The token: every load before any arithmetic on a loaded value.
         dt_raw = tl.load(dt_ptr + pid_b * stride_dt_b + h * stride_dt_h)
         if HAS_DT_BIAS:
@@ -522,6 +524,7 @@ def _replay_step(
     state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=None, z=None, dt_bias=None,
     dt_softplus=False, buffer_len=16, out=None, read_copy=None, read_format=None, _config=None, _ticket=True,
     _ring_physical=None, _split=None, _prefetch=False, _count_launch=False, flush_reads_copy=False,
+    _nvfp4_pairs=False,
 ):
     """:func:`mamba2_replay_step` with a launch-configuration override (``_config``: dict with ``block_p`` and/or
     ``num_warps``) and, for diagnostics only, ``_ticket=False`` (count read plainly and left unchanged) and
@@ -533,8 +536,10 @@ def _replay_step(
     checkpoint tile in the replay launch before its row's count arrives (a flushing row's tile is read for
     nothing). ``_count_launch`` (device positions): the step's kernels read the counts plainly and a launch of its
     own advances them afterwards (``kernels/counts.py``), instead of count tickets; with records in logical order
-    (``_ring_physical=False``) and one fused launch this made the GDN step 1.2x faster on an H200, not measured
-    for Mamba-2 yet."""
+    (``_ring_physical=False``) and one fused launch this made the GDN step 1.2x faster on an H200, but not the
+    Mamba-2 one (H200, batch 256: 450.7 vs 433.4 us split, 560.3 fused). ``_nvfp4_pairs`` (an nvfp4 read copy):
+    load the copy's bytes once as a byte tile and interleave the decoded nibbles, instead of one byte load per
+    nibble (same values)."""
     batch, heads, head_dim, d_state, groups = _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias)
     ring_size = ring_x.shape[1]
     assert ring_x.shape == (batch, ring_size, heads, head_dim), f"ring_x must be [B, R, H, P], got {ring_x.shape}"
@@ -547,6 +552,8 @@ def _replay_step(
     assert 1 <= buffer_len < (1 << _TICKET_SHIFT), "buffer_len out of range"
     assert ring_size >= max(buffer_len - 1, 1), f"ring capacity {ring_size} < max(buffer_len - 1, 1)"
     read_format, read_operands = read_copy_operands(read_copy, read_format, state)
+    # the nvfp4 tile loaded byte by byte per nibble, or as whole bytes (see kernels/read_copy.py)
+    kernel_read_format = "nvfp4_pairs" if read_format == "nvfp4" and _nvfp4_pairs else read_format
     y = torch.empty_like(x) if out is None else out
     assert y.shape == x.shape
     cfg = dict(replay_launch_config(batch, heads, head_dim, d_state), **(_config or {}))
@@ -597,7 +604,7 @@ def _replay_step(
             BLOCK_P=cfg["block_p"],
             BLOCK_N=triton.next_power_of_2(d_state),
             BLOCK_R=max(16, triton.next_power_of_2(ring_size)) if flush_dot else block_r,
-            READ_FORMAT="fp32" if kernel_phase in (2, 3) else read_format,
+            READ_FORMAT="fp32" if kernel_phase in (2, 3) else kernel_read_format,
             PREFETCH_STATE=kernel_phase == 4 and read_format == "fp32" and bool(_prefetch),
             FLUSH_READS_COPY=flush_reads_copy,
             num_warps=cfg["num_warps"],

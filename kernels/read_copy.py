@@ -53,18 +53,34 @@ def _e2m1_to_float(nibble):
 
 
 @triton.jit
-def load_read_tile(values_ptr, scales_ptr, tensor_scale_ptr, pid_b, h, offs_a, offs_c, mask,
-                   stride_v_b, stride_v_h, stride_v_a, stride_v_c,
+def load_read_tile(values_ptr, scales_ptr, tensor_scale_ptr, pid_b, h, offs_a, offs_c, mask, row_mask, c_start,
+                   row_len, stride_v_b, stride_v_h, stride_v_a, stride_v_c,
                    stride_s_b, stride_s_h, stride_s_a, stride_s_c, stride_t_b,
-                   READ_FORMAT: tl.constexpr):
-    """The decoded float32 tile ``[len(offs_a), len(offs_c)]`` of head ``h`` of batch row ``pid_b`` (0 where
-    ``mask`` is false) of a read copy in ``READ_FORMAT`` ("fp8" or "nvfp4")."""
+                   READ_FORMAT: tl.constexpr, BLOCK_C: tl.constexpr):
+    """The decoded float32 tile ``[len(offs_a), BLOCK_C]`` of head ``h`` of batch row ``pid_b`` (0 where ``mask``
+    is false) of a read copy in ``READ_FORMAT`` ("fp8", "nvfp4" or "nvfp4_pairs"). ``offs_c`` = ``c_start +
+    arange(BLOCK_C)``; ``mask`` = ``row_mask[:, None] & (offs_c < row_len)`` (the rows that read the copy, the row
+    length): fp8 loads one scale per row under ``row_mask`` rather than one per element.
+
+    "nvfp4" has each lane load the byte of its own nibble (two loads per byte, not vectorised); "nvfp4_pairs" loads
+    a ``[BLOCK_A, BLOCK_C // 2]`` byte tile once (contiguous, vectorisable), decodes both nibbles and interleaves them
+    (``tl.join`` + ``tl.reshape``: a register shuffle the compiler may route through shared memory). Same values;
+    which one is faster is the kernel bench's ``nvfp4_pairs`` variant. ``c_start`` must be even for the pairs."""
     v_base = values_ptr + pid_b * stride_v_b + h * stride_v_h + offs_a[:, None] * stride_v_a
     s_base = scales_ptr + pid_b * stride_s_b + h * stride_s_h + offs_a[:, None] * stride_s_a
     if READ_FORMAT == "fp8":
         codes = tl.load(v_base + offs_c[None, :] * stride_v_c, mask=mask, other=0.0)
-        row_scale = tl.load(s_base + offs_c[None, :] * 0, mask=mask, other=0.0)  # the row's scale, per element
+        row_scale = tl.load(s_base, mask=row_mask[:, None], other=0.0)  # [BLOCK_A, 1]
         return codes.to(tl.float32) * row_scale
+    elif READ_FORMAT == "nvfp4_pairs":
+        offs_j = c_start // 2 + tl.arange(0, BLOCK_C // 2)  # byte j holds elements 2j (low nibble) and 2j + 1
+        byte_mask = row_mask[:, None] & (offs_j[None, :] * 2 < row_len)  # an odd row's last high nibble is padding
+        byte = tl.load(v_base + offs_j[None, :] * stride_v_c, mask=byte_mask, other=0).to(tl.int32)
+        block_scale = tl.load(s_base + (offs_j // 8)[None, :] * stride_s_c, mask=byte_mask, other=0.0).to(tl.float32)
+        tensor_scale = tl.load(tensor_scale_ptr + pid_b * stride_t_b)
+        low = (_e2m1_to_float(byte & 0xF) * block_scale) * tensor_scale
+        high = (_e2m1_to_float(byte >> 4) * block_scale) * tensor_scale
+        return tl.reshape(tl.join(low, high), [offs_a.shape[0], BLOCK_C])
     else:
         byte = tl.load(v_base + (offs_c // 2)[None, :] * stride_v_c, mask=mask, other=0).to(tl.int32)
         nibble = (byte >> ((offs_c % 2) * 4)[None, :]) & 0xF

@@ -27,15 +27,17 @@ def test_kernel_matches_reference(case):
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_bench_smoke(tmp_path):
-    data, stdout = run_bench_smoke("bench", ["--family", "mamba2", "--read-format", "fp8"], tmp_path / "bench.json")
+    data, stdout = run_bench_smoke("bench", ["--family", "mamba2", "--read-format", "nvfp4"], tmp_path / "bench.json")
     assert data["results"], data
     row = data["results"][0]
     for key in ("replay_mixed_us", "replay_in_phase_us", "standard_us", "torch_us", "speedup_replay_vs_standard",
                 *(f"replay_{arm}_read_copy_us" for arm in ("host", "mixed", "in_phase")),
-                "replay_mixed_read_copy_no_reencode_us", "speedup_replay_in_phase_read_copy_vs_standard"):
+                "replay_mixed_read_copy_no_reencode_us", "speedup_replay_in_phase_read_copy_vs_standard",
+                "replay_host_read_copy_nvfp4_pairs_us", "replay_in_phase_read_copy_nvfp4_pairs_us"):
         assert row[key] > 0, (key, row)
-    assert data["checks"]["smoke"]["read_copy_mixed_ok"], data["checks"]
-    assert "replay step" in stdout and "device-phase, mixed replay reading a fp8 copy" in stdout
+    assert data["checks"]["smoke"]["read_copy_mixed_ok"] and data["checks"]["smoke"]["ok"], data["checks"]
+    assert data["checks"]["smoke"]["read_copy_nvfp4_pairs_rel_err"] < 1e-6, data["checks"]
+    assert "replay step" in stdout and "device-phase, mixed replay reading a nvfp4 copy" in stdout
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from kernel_harness import HAS_TRITON, load_kernel_module, run_case, worker_main
 from kernel_harness import assert_close as _close
 
 CASES = ["mamba2_device", "mamba2_host_phase", "gdn_device", "kda_device", "delta_host_phase", "delta_exact_fold",
-         "flush_reads_copy", "bad_read_copy"]
+         "flush_reads_copy", "nvfp4_pairs", "bad_read_copy"]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -263,6 +263,42 @@ def case_flush_reads_copy(_, device):
             torch.testing.assert_close(got[n], default[n], **same)
         torch.testing.assert_close(y[~flush], y_def[~flush], **same)
         assert (y[flush] - y_def[flush]).abs().max() > 1e-4  # the copy's rounding shows in the flush outputs
+
+
+def case_nvfp4_pairs(_, device):
+    """``_nvfp4_pairs`` (the nvfp4 copy loaded as a byte tile, both nibbles decoded and interleaved) against the
+    default per-nibble load: the same outputs, checkpoints, rings and counts (bit for bit on CPU), with device
+    positions (mixed phases, with and without flush_reads_copy) and host positions (replay-only launches), every
+    family, and an odd Mamba-2 row length (the last byte's high nibble is storage padding)."""
+    import torch
+
+    exact = device == "cpu"
+    tol = dict(rtol=0, atol=0) if exact else dict(rtol=1e-6, atol=1e-6)
+    launches = [([1, 4, 0, 3], [5, 2, 4, 5], True), ([1, 4, 0, 3], [5, 2, 4, 5], False), (2, 3, False),
+                (4, 0, False)]
+    for name, d_state in (("mamba2", 20), ("mamba2", 21), ("gdn", None), ("kda", None)):
+        family = _Family(name)
+        p = _mamba2_inputs(device, 4, seed=50, d_state=d_state) if name == "mamba2" else family.inputs(device, 4, 50)
+        if name != "mamba2":
+            p["ring_v"], p["ring_beta"] = _raw_rings(p)
+        copy, _ = _store_copy(p["state"], "nvfp4")
+        for origins, counts, reads_copy in launches:
+            runs = []
+            for pairs in (False, True):
+                q = _clone(p)
+                raw = {n: q.pop(n) for n in ("ring_v", "ring_beta") if n in q}
+                origin, count = _positions(origins, counts, device)
+                y = family.kernel(q, origin, count, 6, read_copy={n: t.clone() for n, t in copy.items()},
+                                  read_format="nvfp4", _nvfp4_pairs=pairs, flush_reads_copy=reads_copy, **raw)
+                runs.append((y, q, count))
+            print(f" {name} d_state={d_state} counts={counts} flush_reads_copy={reads_copy}")
+            (y, got, count), (y_pairs, got_pairs, count_pairs) = runs
+            assert torch.isfinite(y).all()
+            torch.testing.assert_close(y_pairs, y, **tol)
+            for n in ("state", *family.rings):
+                torch.testing.assert_close(got_pairs[n], got[n], **tol)
+            if isinstance(count, torch.Tensor):
+                assert torch.equal(count_pairs, count)
 
 
 def _raw_rings(p):

@@ -416,11 +416,11 @@ def check(k, shape, per_key, L, device, fla_step=None, batch=4, read_format=None
                                         out=torch.empty(mix["v"].shape, device=device), **read)
         result.update(read_copy_format=read_format, read_copy_mixed_o_rel_err=_rel(o, o_ref),
                       read_copy_mixed_ring_d_rel_err=_rel(mix["ring_d"], ref["ring_d"]))
-        if read_format == "nvfp4":  # the byte-tile load: the same values, so the same step
-            o_pairs = k._replay_step(*[pre[n] for n in RING], *[pre[n] for n in TOKEN], buffer_len=L,
-                                     out=torch.empty(mix["v"].shape, device=device), _nvfp4_pairs=True, **read)
-            result["read_copy_nvfp4_pairs_rel_err"] = _rel(o_pairs, o)
-            ok = ok and result["read_copy_nvfp4_pairs_rel_err"] < 1e-6
+        if read_format == "nvfp4":  # the per-nibble load: the same values, so the same step
+            o_nibbles = k._replay_step(*[pre[n] for n in RING], *[pre[n] for n in TOKEN], buffer_len=L,
+                                     out=torch.empty(mix["v"].shape, device=device), _nvfp4_pairs=False, **read)
+            result["read_copy_nvfp4_nibbles_rel_err"] = _rel(o_nibbles, o)
+            ok = ok and result["read_copy_nvfp4_nibbles_rel_err"] < 1e-6
         ok = ok and result["read_copy_mixed_o_rel_err"] < 1e-4 and result["read_copy_mixed_ring_d_rel_err"] < 1e-4
     if fla_step is not None:
         tok = _tokens(batch, Hv, Hk, K, V, per_key, device, gen)
@@ -546,14 +546,14 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                 rbv, rnw = (int(x) for x in best_read.split("x"))
                 row.update(_device_read_copy_times(k, inputs, timer, args.read_format, "in_phase", per_step_us,
                                                    _block_v=rbv, _num_warps=rnw))
-                if args.read_format == "nvfp4":  # the copy's bytes loaded once as a byte tile
-                    row["replay_host_read_copy_nvfp4_pairs_us"] = per_step_us(timer(inputs.host_fn(
-                        k._replay_step, read_format="nvfp4", _block_v=rbv, _num_warps=rnw, _nvfp4_pairs=True)))
-                    row["replay_host_read_copy_nvfp4_pairs_kernel"] = _compiled_info(k, "replay_phase1")
-                    row.update({f"{key}_nvfp4_pairs" if not key.endswith("_us") else
-                                key.replace("_us", "_nvfp4_pairs_us"): value for key, value in _device_read_copy_times(
-                                    k, inputs, timer, "nvfp4", "in_phase", per_step_us, _block_v=rbv, _num_warps=rnw,
-                                    _nvfp4_pairs=True).items()})
+                if args.read_format == "nvfp4":  # the former load: a byte load per nibble
+                    row["replay_host_read_copy_nvfp4_nibbles_us"] = per_step_us(timer(inputs.host_fn(
+                        k._replay_step, read_format="nvfp4", _block_v=rbv, _num_warps=rnw, _nvfp4_pairs=False)))
+                    row["replay_host_read_copy_nvfp4_nibbles_kernel"] = _compiled_info(k, "replay_phase1")
+                    nibbles = _device_read_copy_times(k, inputs, timer, "nvfp4", "in_phase", per_step_us,
+                                                      _block_v=rbv, _num_warps=rnw, _nvfp4_pairs=False)
+                    row.update({key.replace("_us", "_nvfp4_nibbles_us") if key.endswith("_us") else
+                                f"{key}_nvfp4_nibbles": value for key, value in nibbles.items()})
             del inputs
             # standard kernel, fla, torch
             inputs = StepInputs(batch, shape, per_key, L, device, gen, cuda)
@@ -634,10 +634,10 @@ def _print_row(r, header):
                   f"x std {r[f'speedup_replay_{arm}_read_copy_vs_standard']:.2f}"
                   + (f" ({r[f'replay_{arm}_read_copy_no_reencode_us']:.2f} us without the re-encode)"
                      if arm != "host" else ""), flush=True)
-    if "replay_host_read_copy_nvfp4_pairs_us" in r:
-        print(f"{'':<14}{'':>6} | nvfp4 copy loaded as byte pairs: host-phase "
-              f"{r['replay_host_read_copy_nvfp4_pairs_us']:.2f} us, device, in phase "
-              f"{r['replay_in_phase_read_copy_nvfp4_pairs_us']:.2f} us", flush=True)
+    if "replay_host_read_copy_nvfp4_nibbles_us" in r:
+        print(f"{'':<14}{'':>6} | nvfp4 copy loaded per nibble (the former load): host-phase "
+              f"{r['replay_host_read_copy_nvfp4_nibbles_us']:.2f} us, device, in phase "
+              f"{r['replay_in_phase_read_copy_nvfp4_nibbles_us']:.2f} us", flush=True)
 
 
 def main(argv: list[str] | None = None) -> dict:

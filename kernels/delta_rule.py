@@ -85,8 +85,9 @@ records would let the copy's rounding into the checkpoint, so the separated poli
 corrected value against the fp32 checkpoint with the standard step's arithmetic, oldest record first (a serial loop
 over at most L - 1 records, once per L steps), as the torch path's ``exact`` fold does. This kernel does not
 re-encode the copy: the caller refreshes it after a flush (the ``delta_replay_step_read_copy`` op of
-``kernels/ops.py`` does, with ``kernels/read_copy_encode.py``, for the rows that flushed). Not measured on a GPU yet
-(``kernels/bench_delta.py --read-format``).
+``kernels/ops.py`` does, with ``kernels/read_copy_encode.py``, for the rows that flushed). Measured (H200, Qwen3-Next
+shape, batch 256, ``--read-format``): slower than the fp32 replay (host-phase cycle fp8 311 us, nvfp4 673 us, fp32
+228 us): the decode's registers and instructions, not bytes, set the time (``BENCHMARKS.md``).
 
 Measured on an H200 (triton 3.6, qwen3-next GDN shape 32/16 heads of 128, batch 256, L = 16, before K/V became
 constexpr): standard step 280 us (91-93 % of copy bandwidth; FLA's fused_recurrent 365 us), replay cycle 332 us
@@ -315,7 +316,7 @@ def _delta_replay_step_kernel(
                                  read_mask, read_rows, pid_v * BLOCK_V, V,
                                  stride_rcv_b, stride_rcv_h, stride_rcv_k, stride_rcv_v,
                                  stride_rcs_b, stride_rcs_h, stride_rcs_k, stride_rcs_v, stride_rct_b,
-                                 READ_FORMAT, BLOCK_V)
+                                 READ_FORMAT, BLOCK_V, False)  # fp8 scales per element (faster here)
 
         k_raw, q_t, k_t, v_t, beta_t, g_t = _load_token(
             q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, pid_b, pid_h, hk, offs_k, mask_k, offs_v, mask_v, scale,
@@ -564,7 +565,7 @@ def _replay_step(
     out=None, read_copy=None, read_format=None, ring_v=None, ring_beta=None, _block_v=None, _num_warps=None,
     _flush_dot=None, _ticket=True, _ring_physical=False, _split=False, _prefetch=True,
     _count_launch=True, flush_reads_copy=False,
-    _nvfp4_pairs=False,
+    _nvfp4_pairs=True,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot``; ``_split`` (device positions only): the step as a flush-only launch for the rows due (the others
@@ -576,8 +577,9 @@ def _replay_step(
     decays as direct sums over an [R, R] mask, so that no address waits for origin/count (H200, batch 256, 14-22 us
     slower than reading in logical order). ``_prefetch`` (split): the replay launch loads each checkpoint tile before
     its row's count arrives (a flushing row's tile is then read for nothing). ``_ticket=False`` (diagnostics): count
-    read plainly and left unchanged. ``_nvfp4_pairs`` (an nvfp4 read copy): load the copy's bytes once as a byte
-    tile and interleave the decoded nibbles, instead of one byte load per nibble (same values)."""
+    read plainly and left unchanged. ``_nvfp4_pairs`` (an nvfp4 read copy; default on): load the copy's bytes once
+    as a byte tile and interleave the decoded nibbles; off, one byte load per nibble (same values; H200, batch 256,
+    host-phase cycle 712 vs 673 us)."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]

@@ -61,8 +61,10 @@ Design notes:
   ``kernels/read_copy.py``; the replay-only kernel then never reads the fp32 checkpoint. The flush-only kernel is
   unchanged (the copy is not passed to it). The fused kernel loads the row's count before its state tile (one
   extra round trip) and reads either the checkpoint (flush rows) or the copy (replay rows) through masked loads.
-  Nothing re-encodes the copy: the caller refreshes it after a flush. Not measured on a GPU yet
-  (``kernels/bench.py --read-format``).
+  Nothing re-encodes the copy: the caller refreshes it after a flush. Measured (H200, Nemotron-H-8B shape, batch
+  256, ``--read-format``): host-phase cycle with an fp8 copy 257 us (2.15x the standard step; fp32 replay 345 us),
+  nvfp4 672 us; the device-phase kernels reading a copy are slower (fp8 557 us in phase, nvfp4 1088 us, with
+  register spills): see ``BENCHMARKS.md``.
 * Measured on an H200 (``python -m hf_replayssm.kernels.bench``; cold L2, CUDA graphs, averaged over whole cycles
   of L=16), Nemotron-H-8B shape, batch 256: host-phase cycle 345 us vs 553 us for this module's standard step
   (1.60x, 82 % of copy bandwidth; replay-only launch 334 us, flush-only 750 us); the fused device-phase kernel
@@ -309,7 +311,7 @@ def _mamba2_replay_step_kernel(
             s0 = load_read_tile(rc_values_ptr, rc_scales_ptr, rc_tensor_scale_ptr, pid_b, h, offs_p, offs_n, mask_pn,
                                 mask_p, 0, N, stride_rcv_b, stride_rcv_h, stride_rcv_p, stride_rcv_n,
                                 stride_rcs_b, stride_rcs_h, stride_rcs_p, stride_rcs_n, stride_rct_b, READ_FORMAT,
-                                BLOCK_N)
+                                BLOCK_N, True)  # fp8 scales per row (faster here)
         else:
             # The row's phase decides which tile is read (masked loads: only one of the two costs bandwidth), so
             # here the tile waits one round trip for the count.
@@ -321,7 +323,7 @@ def _mamba2_replay_step_kernel(
                                  mask_pn & (offs_n[None, :] < N - n_flush), offs_p < tl.where(n_flush == N, 0, P),
                                  0, N, stride_rcv_b, stride_rcv_h, stride_rcv_p,
                                  stride_rcv_n, stride_rcs_b, stride_rcs_h, stride_rcs_p, stride_rcs_n, stride_rct_b,
-                                 READ_FORMAT, BLOCK_N)
+                                 READ_FORMAT, BLOCK_N, True)
         # The token: every load before any arithmetic on a loaded value.
         dt_raw = tl.load(dt_ptr + pid_b * stride_dt_b + h * stride_dt_h)
         if HAS_DT_BIAS:
@@ -524,7 +526,7 @@ def _replay_step(
     state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=None, z=None, dt_bias=None,
     dt_softplus=False, buffer_len=16, out=None, read_copy=None, read_format=None, _config=None, _ticket=True,
     _ring_physical=None, _split=None, _prefetch=False, _count_launch=False, flush_reads_copy=False,
-    _nvfp4_pairs=False,
+    _nvfp4_pairs=True,
 ):
     """:func:`mamba2_replay_step` with a launch-configuration override (``_config``: dict with ``block_p`` and/or
     ``num_warps``) and, for diagnostics only, ``_ticket=False`` (count read plainly and left unchanged) and
@@ -537,9 +539,9 @@ def _replay_step(
     nothing). ``_count_launch`` (device positions): the step's kernels read the counts plainly and a launch of its
     own advances them afterwards (``kernels/counts.py``), instead of count tickets; with records in logical order
     (``_ring_physical=False``) and one fused launch this made the GDN step 1.2x faster on an H200, but not the
-    Mamba-2 one (H200, batch 256: 450.7 vs 433.4 us split, 560.3 fused). ``_nvfp4_pairs`` (an nvfp4 read copy):
-    load the copy's bytes once as a byte tile and interleave the decoded nibbles, instead of one byte load per
-    nibble (same values)."""
+    Mamba-2 one (H200, batch 256: 450.7 vs 433.4 us split, 560.3 fused). ``_nvfp4_pairs`` (an nvfp4 read copy; default
+    on): load the copy's bytes once as a byte tile and interleave the decoded nibbles; off, one byte load per nibble
+    (same values; H200, batch 256, host-phase cycle 1088 vs 672 us)."""
     batch, heads, head_dim, d_state, groups = _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias)
     ring_size = ring_x.shape[1]
     assert ring_x.shape == (batch, ring_size, heads, head_dim), f"ring_x must be [B, R, H, P], got {ring_x.shape}"

@@ -8,8 +8,13 @@ decoded to float32, never materialising a decoded state in memory.
 * ``fp8``: codes (viewed as ``float8_e4m3fn``: the hardware conversion decodes them) times the row's float32 scale.
 * ``nvfp4``: element ``c`` is nibble ``c % 2`` of byte ``c // 2`` (E2M1: sign bit 3, exponent bits 2-1, mantissa
   bit 0), times its block's E4M3 scale (block ``c // 16``), times the batch row's float32 scale, multiplied in that
-  order, as the torch decoder does, so both give bit-identical values. Each byte is loaded by the two lanes that
-  decode its nibbles (same cache line: no extra DRAM traffic, only more load instructions).
+  order, as the torch decoder does, so both give bit-identical values. By default a byte tile is loaded once and
+  both nibbles decoded and interleaved (``nvfp4_pairs``); the alternative, each byte loaded by the two lanes that
+  decode its nibbles, issues twice the (unvectorised) loads and was slower on the H200.
+
+Measured on an H200 (batch 256, ``hf-replayssm bench kernels --read-format``; ``BENCHMARKS.md``): these kernels are
+not byte-bound but instruction- and register-bound (up to 255 registers per thread), so reading 1 or 0.56 bytes per
+element instead of 4 does not yet make them faster than the fp32 replay, except Mamba-2 with fp8.
 """
 
 from __future__ import annotations
@@ -56,21 +61,27 @@ def _e2m1_to_float(nibble):
 def load_read_tile(values_ptr, scales_ptr, tensor_scale_ptr, pid_b, h, offs_a, offs_c, mask, row_mask, c_start,
                    row_len, stride_v_b, stride_v_h, stride_v_a, stride_v_c,
                    stride_s_b, stride_s_h, stride_s_a, stride_s_c, stride_t_b,
-                   READ_FORMAT: tl.constexpr, BLOCK_C: tl.constexpr):
+                   READ_FORMAT: tl.constexpr, BLOCK_C: tl.constexpr, SCALE_PER_ROW: tl.constexpr):
     """The decoded float32 tile ``[len(offs_a), BLOCK_C]`` of head ``h`` of batch row ``pid_b`` (0 where ``mask``
     is false) of a read copy in ``READ_FORMAT`` ("fp8", "nvfp4" or "nvfp4_pairs"). ``offs_c`` = ``c_start +
     arange(BLOCK_C)``; ``mask`` = ``row_mask[:, None] & (offs_c < row_len)`` (the rows that read the copy, the row
-    length): fp8 loads one scale per row under ``row_mask`` rather than one per element.
+    length). fp8 scales: ``SCALE_PER_ROW`` loads one per row under ``row_mask`` ([BLOCK_A, 1], broadcast), else one
+    per element under ``mask``. Which is faster depends on the kernel's tile layout (H200, batch 256, host-phase
+    cycle: Mamba-2 257 us per row vs 361 per element; GDN 463 per row vs 311 per element), so each family picks.
 
     "nvfp4" has each lane load the byte of its own nibble (two loads per byte, not vectorised); "nvfp4_pairs" loads
     a ``[BLOCK_A, BLOCK_C // 2]`` byte tile once (contiguous, vectorisable), decodes both nibbles and interleaves them
     (``tl.join`` + ``tl.reshape``: a register shuffle the compiler may route through shared memory). Same values;
-    which one is faster is the kernel bench's ``nvfp4_pairs`` variant. ``c_start`` must be even for the pairs."""
+    the pairs were faster in every H200 measurement (batch 256, host-phase cycle: Mamba-2 672 vs 1088 us, GDN 673
+    vs 712), so the kernels use them unless told otherwise (``_nvfp4_pairs=False``). ``c_start`` must be even."""
     v_base = values_ptr + pid_b * stride_v_b + h * stride_v_h + offs_a[:, None] * stride_v_a
     s_base = scales_ptr + pid_b * stride_s_b + h * stride_s_h + offs_a[:, None] * stride_s_a
     if READ_FORMAT == "fp8":
         codes = tl.load(v_base + offs_c[None, :] * stride_v_c, mask=mask, other=0.0)
-        row_scale = tl.load(s_base, mask=row_mask[:, None], other=0.0)  # [BLOCK_A, 1]
+        if SCALE_PER_ROW:
+            row_scale = tl.load(s_base, mask=row_mask[:, None], other=0.0)  # [BLOCK_A, 1]
+        else:
+            row_scale = tl.load(s_base + offs_c[None, :] * 0, mask=mask, other=0.0)  # the row's scale, per element
         return codes.to(tl.float32) * row_scale
     elif READ_FORMAT == "nvfp4_pairs":
         offs_j = c_start // 2 + tl.arange(0, BLOCK_C // 2)  # byte j holds elements 2j (low nibble) and 2j + 1

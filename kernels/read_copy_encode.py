@@ -34,7 +34,11 @@ Bit identity with torch (the arithmetic is the encoders' operation for operation
   and loses mantissa carries. Block scales are decoded from
   their bits arithmetically (exact on both).
 
-NaN states are not handled specially (torch's encoders keep them NaN; the kernels may not). Not measured on a GPU.
+NaN states are not handled specially (torch's encoders keep them NaN; the kernels may not). Bit-identical to
+torch's encoders on the H200 (``tests/test_kernels_read_copy_encode.py`` with ``REPLAYSSM_KERNEL_TEST_DEVICE=cuda``).
+Cost there (GDN Qwen3-Next shape, batch 256, every row flushing together once per 16 steps): about 31 us per step
+(fp8) and 84 us (nvfp4) averaged over the cycle, mostly programs of rows not selected, which load ``select[b]`` and
+exit at every step: a compact grid over the selected rows is the next step.
 """
 
 from __future__ import annotations

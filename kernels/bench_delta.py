@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -294,10 +295,11 @@ class StepInputs:
 
 
 def _device_read_copy_times(k, inputs: ReplayInputs, timer: Timer, read_format: str, phase: str, per_step_us,
-                            **launch) -> dict:
+                            compact: bool = True, **launch) -> dict:
     """The separated policy's compiled decode step (device positions, the read copy re-encoded on the device for the
-    rows that flush), with and without the re-encode, per step in us; adds the read copies to ``inputs``."""
-    from .read_copy_encode import reencode_read_copy
+    rows that flush), with and without the re-encode, and (``compact``) with the re-encode's compact grid, per step
+    in us; adds the read copies to ``inputs``."""
+    from .read_copy_encode import COMPACT_PROGRAMS_PER_ROW, reencode_read_copy
 
     if "read_copy" not in inputs.copies[0]:
         inputs.add_read_copies(read_format)
@@ -306,6 +308,10 @@ def _device_read_copy_times(k, inputs: ReplayInputs, timer: Timer, read_format: 
     out[f"replay_{phase}_read_copy_kernel"] = dict(launch=str(launch), **_compiled_info(k, "replay"))
     out[f"replay_{phase}_read_copy_no_reencode_us"] = per_step_us(timer(inputs.device_read_copy_fn(
         k._replay_step, None, read_format, **launch)))
+    if compact:  # P programs per batch row looping over its row tiles, instead of one program per row tile
+        out[f"replay_{phase}_read_copy_compact_reencode_us"] = per_step_us(timer(inputs.device_read_copy_fn(
+            k._replay_step, functools.partial(reencode_read_copy, _programs_per_row=COMPACT_PROGRAMS_PER_ROW),
+            read_format, **launch)))
     return out
 
 
@@ -551,7 +557,8 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                         k._replay_step, read_format="nvfp4", _block_v=rbv, _num_warps=rnw, _nvfp4_pairs=False)))
                     row["replay_host_read_copy_nvfp4_nibbles_kernel"] = _compiled_info(k, "replay_phase1")
                     nibbles = _device_read_copy_times(k, inputs, timer, "nvfp4", "in_phase", per_step_us,
-                                                      _block_v=rbv, _num_warps=rnw, _nvfp4_pairs=False)
+                                                      compact=False, _block_v=rbv, _num_warps=rnw,
+                                                      _nvfp4_pairs=False)
                     row.update({key.replace("_us", "_nvfp4_nibbles_us") if key.endswith("_us") else
                                 f"{key}_nvfp4_nibbles": value for key, value in nibbles.items()})
             del inputs
@@ -632,7 +639,8 @@ def _print_row(r, header):
                   f"{r[f'replay_{arm}_read_copy_us']:>9.2f} us "
                   f"{100 * r[f'replay_{arm}_read_copy_frac_of_copy_bw']:>4.0f}% of copy BW (model), "
                   f"x std {r[f'speedup_replay_{arm}_read_copy_vs_standard']:.2f}"
-                  + (f" ({r[f'replay_{arm}_read_copy_no_reencode_us']:.2f} us without the re-encode)"
+                  + (f" ({r[f'replay_{arm}_read_copy_no_reencode_us']:.2f} us without the re-encode, "
+                     f"{r[f'replay_{arm}_read_copy_compact_reencode_us']:.2f} us with its compact grid)"
                      if arm != "host" else ""), flush=True)
     if "replay_host_read_copy_nvfp4_nibbles_us" in r:
         print(f"{'':<14}{'':>6} | nvfp4 copy loaded per nibble (the former load): host-phase "

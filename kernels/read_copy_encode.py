@@ -21,6 +21,11 @@ Launches (grid axis 2 = batch row; a program of a row not selected loads ``selec
   the even code (the comparisons below reproduce ``e2m1_encode``'s bucketize tie rule), saturating at +-6, the sign
   bit only on non-zero codes. Storage padding (C not a multiple of 16) encodes zeros. Program (0, 0, b) writes
   ``tensor_scale[b]``.
+* Compact grids (private ``_programs_per_row=P``; not the default, tested under the interpreter only): every launch
+  above gets ``(min(P, tiles), B)`` programs instead; program p of a selected batch row loops over its tiles of
+  flattened rows (r = h A + a) ``p, p + P, ...`` (the same per-tile code, so the same bits), so a row not selected
+  costs P programs per launch, not one per tile; nvfp4's program p = 0 writes ``tensor_scale[b]``, and an amax
+  program merges its tiles into one ``atomic_max``.
 
 Bit identity with torch (the arithmetic is the encoders' operation for operation):
 
@@ -38,7 +43,8 @@ NaN states are not handled specially (torch's encoders keep them NaN; the kernel
 torch's encoders on the H200 (``tests/test_kernels_read_copy_encode.py`` with ``REPLAYSSM_KERNEL_TEST_DEVICE=cuda``).
 Cost there (GDN Qwen3-Next shape, batch 256, every row flushing together once per 16 steps): about 31 us per step
 (fp8) and 84 us (nvfp4) averaged over the cycle, mostly programs of rows not selected, which load ``select[b]`` and
-exit at every step: a compact grid over the selected rows is the next step.
+exit at every step: the compact grids above are meant to cut that (not measured yet; ``COMPACT_PROGRAMS_PER_ROW``
+is a candidate P).
 """
 
 from __future__ import annotations
@@ -52,10 +58,13 @@ import triton.language as tl
 
 from hf_replayssm.ops.read_copy import check_reencode, reencode_read_copy_ref
 
-__all__ = ["reencode_launch_config", "reencode_read_copy", "reencode_read_copy_ref"]
+__all__ = ["COMPACT_PROGRAMS_PER_ROW", "reencode_launch_config", "reencode_read_copy", "reencode_read_copy_ref"]
 
 TILE_ELEMENTS = 4096  # float32 elements per program tile (32 per thread at 4 warps)
 NUM_WARPS = 4
+# A candidate ``_programs_per_row`` for the compact grids, NOT measured and not the default: chosen so that B / 16
+# flushing batch rows still give a few programs per SM on a 132-SM GPU (16 per row: 2 per SM at B = 256).
+COMPACT_PROGRAMS_PER_ROW = 16
 
 
 def _float32_reciprocal(d: float) -> float:
@@ -123,6 +132,107 @@ def _e2m1_codes(x):
     return tl.where((x < 0) & (code != 0), code + 8, code)
 
 
+# ---------------------------------------------------------------------------------------------------------------
+# per-tile math, shared by the two grids: a tile is BLOCK rows of batch row b given by their head h and index a
+# (h a scalar in the default grid, a vector in the compact one); row_mask marks the rows that exist
+
+
+@triton.jit
+def _fp8_encode_rows(
+    state_ptr, codes_ptr, scale_ptr, b, h, a, row_mask,
+    stride_x_b, stride_x_h, stride_x_a, stride_x_c,
+    stride_q_b, stride_q_h, stride_q_a, stride_q_c,
+    stride_s_b, stride_s_h, stride_s_a,
+    C: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    SCALAR_RECIPROCAL: tl.constexpr,
+    FP8_CONVERT: tl.constexpr,
+):
+    """codes and scale of a [BLOCK, BLOCK_C] tile of whole rows."""
+    offs_c = tl.arange(0, BLOCK_C)
+    mask = row_mask[:, None] & (offs_c[None, :] < C)
+    x_row = h * stride_x_h + a * stride_x_a
+    x = tl.load(state_ptr + b * stride_x_b + x_row[:, None] + offs_c[None, :] * stride_x_c, mask=mask,
+                other=0.0).to(tl.float32)
+    amax = tl.max(tl.abs(x), axis=1)
+    scale = tl.where(amax > 0, _div_const(amax, _FP8_MAX, _INV_FP8_MAX, SCALAR_RECIPROCAL), 1.0)
+    codes = _e4m3_bits(tl.div_rn(x, tl.broadcast_to(scale[:, None], (BLOCK, BLOCK_C))), FP8_CONVERT)
+    q_row = h * stride_q_h + a * stride_q_a
+    tl.store(codes_ptr + b * stride_q_b + q_row[:, None] + offs_c[None, :] * stride_q_c, codes.to(tl.uint8),
+             mask=mask)
+    tl.store(scale_ptr + b * stride_s_b + h * stride_s_h + a * stride_s_a, scale, mask=row_mask)
+
+
+@triton.jit
+def _rows_amax(
+    state_ptr, b, offs_r, A, rows,
+    stride_x_b, stride_x_h, stride_x_a, stride_x_c,
+    C: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """max |x| (float32 scalar, >= 0) over the flattened rows offs_r (r = h A + a, those < rows) of batch row b."""
+    offs_c = tl.arange(0, BLOCK_C)
+    row_off = (offs_r // A) * stride_x_h + (offs_r % A) * stride_x_a
+    mask = (offs_r[:, None] < rows) & (offs_c[None, :] < C)
+    x = tl.load(state_ptr + b * stride_x_b + row_off[:, None] + offs_c[None, :] * stride_x_c,
+                mask=mask, other=0.0).to(tl.float32)
+    return tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+
+
+@triton.jit
+def _nvfp4_tensor_scale(amax_ptr, b, SCALAR_RECIPROCAL: tl.constexpr):
+    """The sequence (tensor) scale of batch row b from its amax bits."""
+    amax = tl.load(amax_ptr + b).to(tl.float32, bitcast=True)
+    return tl.where(amax > 0, _div_const(amax, 2688.0, _INV_NVFP4_TENSOR, SCALAR_RECIPROCAL), 1.0)
+
+
+@triton.jit
+def _nvfp4_encode_rows(
+    state_ptr, packed_ptr, block_scale_ptr, b, h, a, row_mask, g,
+    stride_x_b, stride_x_h, stride_x_a, stride_x_c,
+    stride_p_b, stride_p_h, stride_p_a, stride_p_c,
+    stride_bs_b, stride_bs_h, stride_bs_a, stride_bs_c,
+    C: tl.constexpr,
+    NB: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCK_NB: tl.constexpr,
+    SCALAR_RECIPROCAL: tl.constexpr,
+    FP8_CONVERT: tl.constexpr,
+):
+    """Packed codes and block scales of BLOCK rows under the tensor scale g."""
+    # [BLOCK, BLOCK_NB, 8] tiles of the even and odd elements: element c = 16 nb + 2 p (+ 1)
+    offs_nb = tl.arange(0, BLOCK_NB)
+    offs_p = tl.arange(0, 8)
+    rows3 = row_mask[:, None, None]
+    c_even = offs_nb[None, :, None] * 16 + 2 * offs_p[None, None, :]
+    x_row = h * stride_x_h + a * stride_x_a
+    x_base = state_ptr + b * stride_x_b + x_row[:, None, None]
+    x_even = tl.load(x_base + c_even * stride_x_c, mask=rows3 & (c_even < C), other=0.0).to(tl.float32)
+    x_odd = tl.load(x_base + (c_even + 1) * stride_x_c, mask=rows3 & (c_even + 1 < C), other=0.0).to(tl.float32)
+
+    block_amax = tl.maximum(tl.max(tl.abs(x_even), axis=2), tl.max(tl.abs(x_odd), axis=2))  # [BLOCK, BLOCK_NB]
+    t = _div_const(block_amax, 6.0, _INV_SIX, SCALAR_RECIPROCAL)
+    bits = _e4m3_bits(tl.div_rn(t, tl.broadcast_to(g, (BLOCK, BLOCK_NB))), FP8_CONVERT)
+    block_scale = (_e4m3_value(bits) * g)[:, :, None]
+    divisor = tl.broadcast_to(tl.where(block_scale > 0, block_scale, 1.0), (BLOCK, BLOCK_NB, 8))
+    zero = block_scale == 0  # (block scales are >= 0)
+    code_even = _e2m1_codes(tl.where(zero, 0.0, tl.div_rn(x_even, divisor)))
+    code_odd = _e2m1_codes(tl.where(zero, 0.0, tl.div_rn(x_odd, divisor)))
+
+    p_row = h * stride_p_h + a * stride_p_a
+    byte = offs_nb[None, :, None] * 8 + offs_p[None, None, :]
+    tl.store(packed_ptr + b * stride_p_b + p_row[:, None, None] + byte * stride_p_c,
+             (code_even | (code_odd << 4)).to(tl.uint8), mask=rows3 & (offs_nb[None, :, None] < NB))
+    bs_row = h * stride_bs_h + a * stride_bs_a
+    tl.store(block_scale_ptr + b * stride_bs_b + bs_row[:, None] + offs_nb[None, :] * stride_bs_c, bits.to(tl.uint8),
+             mask=row_mask[:, None] & (offs_nb[None, :] < NB))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# default grids: one program per row tile of one head (amax: of the flattened rows) per batch row
+
+
 @triton.jit
 def _fp8_encode_kernel(
     state_ptr, select_ptr, codes_ptr, scale_ptr,
@@ -142,16 +252,11 @@ def _fp8_encode_kernel(
     b = tl.program_id(2).to(tl.int64)
     if tl.load(select_ptr + b * stride_sel) != 0:
         offs_a = pid_a * BLOCK_A + tl.arange(0, BLOCK_A)
-        offs_c = tl.arange(0, BLOCK_C)
-        mask = (offs_a[:, None] < A) & (offs_c[None, :] < C)
-        x = tl.load(state_ptr + b * stride_x_b + h * stride_x_h + offs_a[:, None] * stride_x_a
-                    + offs_c[None, :] * stride_x_c, mask=mask, other=0.0).to(tl.float32)
-        amax = tl.max(tl.abs(x), axis=1)
-        scale = tl.where(amax > 0, _div_const(amax, _FP8_MAX, _INV_FP8_MAX, SCALAR_RECIPROCAL), 1.0)
-        codes = _e4m3_bits(tl.div_rn(x, tl.broadcast_to(scale[:, None], (BLOCK_A, BLOCK_C))), FP8_CONVERT)
-        tl.store(codes_ptr + b * stride_q_b + h * stride_q_h + offs_a[:, None] * stride_q_a
-                 + offs_c[None, :] * stride_q_c, codes.to(tl.uint8), mask=mask)
-        tl.store(scale_ptr + b * stride_s_b + h * stride_s_h + offs_a * stride_s_a, scale, mask=offs_a < A)
+        _fp8_encode_rows(state_ptr, codes_ptr, scale_ptr, b, h, offs_a, offs_a < A,
+                         stride_x_b, stride_x_h, stride_x_a, stride_x_c,
+                         stride_q_b, stride_q_h, stride_q_a, stride_q_c,
+                         stride_s_b, stride_s_h, stride_s_a,
+                         C, BLOCK_A, BLOCK_C, SCALAR_RECIPROCAL, FP8_CONVERT)
 
 
 @triton.jit
@@ -170,12 +275,8 @@ def _row_amax_kernel(
     b = tl.program_id(1).to(tl.int64)
     if tl.load(select_ptr + b * stride_sel) != 0:
         offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
-        offs_c = tl.arange(0, BLOCK_C)
-        row_off = (offs_r // A) * stride_x_h + (offs_r % A) * stride_x_a
-        mask = (offs_r[:, None] < rows) & (offs_c[None, :] < C)
-        x = tl.load(state_ptr + b * stride_x_b + row_off[:, None] + offs_c[None, :] * stride_x_c,
-                    mask=mask, other=0.0).to(tl.float32)
-        amax = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+        amax = _rows_amax(state_ptr, b, offs_r, A, rows, stride_x_b, stride_x_h, stride_x_a, stride_x_c,
+                          C, BLOCK_C)
         tl.atomic_max(amax_ptr + b, amax.to(tl.int32, bitcast=True), sem="relaxed")
 
 
@@ -199,38 +300,99 @@ def _nvfp4_encode_kernel(
     h = tl.program_id(1)
     b = tl.program_id(2).to(tl.int64)
     if tl.load(select_ptr + b * stride_sel) != 0:
-        amax = tl.load(amax_ptr + b).to(tl.float32, bitcast=True)
-        g = tl.where(amax > 0, _div_const(amax, 2688.0, _INV_NVFP4_TENSOR, SCALAR_RECIPROCAL), 1.0)
+        g = _nvfp4_tensor_scale(amax_ptr, b, SCALAR_RECIPROCAL)
         if (pid_a == 0) & (h == 0):
             tl.store(tensor_scale_ptr + b * stride_t_b, g)
-
-        # [BLOCK_A, BLOCK_NB, 8] tiles of the even and odd elements: element c = 16 nb + 2 p (+ 1)
         offs_a = pid_a * BLOCK_A + tl.arange(0, BLOCK_A)
-        offs_nb = tl.arange(0, BLOCK_NB)
-        offs_p = tl.arange(0, 8)
-        a3 = offs_a[:, None, None]
-        c_even = offs_nb[None, :, None] * 16 + 2 * offs_p[None, None, :]
-        x_base = state_ptr + b * stride_x_b + h * stride_x_h + a3 * stride_x_a
-        x_even = tl.load(x_base + c_even * stride_x_c, mask=(a3 < A) & (c_even < C), other=0.0).to(tl.float32)
-        x_odd = tl.load(x_base + (c_even + 1) * stride_x_c, mask=(a3 < A) & (c_even + 1 < C),
-                        other=0.0).to(tl.float32)
+        _nvfp4_encode_rows(state_ptr, packed_ptr, block_scale_ptr, b, h, offs_a, offs_a < A, g,
+                           stride_x_b, stride_x_h, stride_x_a, stride_x_c,
+                           stride_p_b, stride_p_h, stride_p_a, stride_p_c,
+                           stride_bs_b, stride_bs_h, stride_bs_a, stride_bs_c,
+                           C, NB, BLOCK_A, BLOCK_NB, SCALAR_RECIPROCAL, FP8_CONVERT)
 
-        block_amax = tl.maximum(tl.max(tl.abs(x_even), axis=2), tl.max(tl.abs(x_odd), axis=2))  # [BLOCK_A, BLOCK_NB]
-        t = _div_const(block_amax, 6.0, _INV_SIX, SCALAR_RECIPROCAL)
-        bits = _e4m3_bits(tl.div_rn(t, tl.broadcast_to(g, (BLOCK_A, BLOCK_NB))), FP8_CONVERT)
-        block_scale = (_e4m3_value(bits) * g)[:, :, None]
-        divisor = tl.broadcast_to(tl.where(block_scale > 0, block_scale, 1.0), (BLOCK_A, BLOCK_NB, 8))
-        zero = block_scale == 0  # (block scales are >= 0)
-        code_even = _e2m1_codes(tl.where(zero, 0.0, tl.div_rn(x_even, divisor)))
-        code_odd = _e2m1_codes(tl.where(zero, 0.0, tl.div_rn(x_odd, divisor)))
 
-        store = (a3 < A) & (offs_nb[None, :, None] < NB)
-        p_base = packed_ptr + b * stride_p_b + h * stride_p_h + a3 * stride_p_a
-        tl.store(p_base + (offs_nb[None, :, None] * 8 + offs_p[None, None, :]) * stride_p_c,
-                 (code_even | (code_odd << 4)).to(tl.uint8), mask=store)
-        tl.store(block_scale_ptr + b * stride_bs_b + h * stride_bs_h + offs_a[:, None] * stride_bs_a
-                 + offs_nb[None, :] * stride_bs_c, bits.to(tl.uint8),
-                 mask=(offs_a[:, None] < A) & (offs_nb[None, :] < NB))
+# ---------------------------------------------------------------------------------------------------------------
+# compact grids (P, B): program p of batch row b loads select[b] once and, if selected, takes the tiles of BLOCK_R
+# flattened rows (r = h A + a) t = p, p + P, p + 2P, ... (a runtime loop: one compiled kernel for any tile count)
+
+
+@triton.jit
+def _fp8_encode_compact_kernel(
+    state_ptr, select_ptr, codes_ptr, scale_ptr,
+    A, rows,
+    stride_x_b, stride_x_h, stride_x_a, stride_x_c,
+    stride_q_b, stride_q_h, stride_q_a, stride_q_c,
+    stride_s_b, stride_s_h, stride_s_a,
+    stride_sel,
+    C: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+    SCALAR_RECIPROCAL: tl.constexpr,
+    FP8_CONVERT: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    if tl.load(select_ptr + b * stride_sel) != 0:
+        for t in range(pid, tl.cdiv(rows, BLOCK_R), tl.num_programs(0)):
+            offs_r = t * BLOCK_R + tl.arange(0, BLOCK_R)
+            _fp8_encode_rows(state_ptr, codes_ptr, scale_ptr, b, offs_r // A, offs_r % A, offs_r < rows,
+                             stride_x_b, stride_x_h, stride_x_a, stride_x_c,
+                             stride_q_b, stride_q_h, stride_q_a, stride_q_c,
+                             stride_s_b, stride_s_h, stride_s_a,
+                             C, BLOCK_R, BLOCK_C, SCALAR_RECIPROCAL, FP8_CONVERT)
+
+
+@triton.jit
+def _row_amax_compact_kernel(
+    state_ptr, select_ptr, amax_ptr,
+    A, rows,
+    stride_x_b, stride_x_h, stride_x_a, stride_x_c,
+    stride_sel,
+    C: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """As :func:`_row_amax_kernel`, one ``atomic_max`` per program over all of its tiles."""
+    pid = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    if tl.load(select_ptr + b * stride_sel) != 0:
+        amax = tl.zeros((), dtype=tl.float32)  # amaxes are >= 0: 0 is neutral
+        for t in range(pid, tl.cdiv(rows, BLOCK_R), tl.num_programs(0)):
+            offs_r = t * BLOCK_R + tl.arange(0, BLOCK_R)
+            amax = tl.maximum(amax, _rows_amax(state_ptr, b, offs_r, A, rows, stride_x_b, stride_x_h, stride_x_a,
+                                               stride_x_c, C, BLOCK_C))
+        tl.atomic_max(amax_ptr + b, amax.to(tl.int32, bitcast=True), sem="relaxed")
+
+
+@triton.jit
+def _nvfp4_encode_compact_kernel(
+    state_ptr, select_ptr, amax_ptr, packed_ptr, block_scale_ptr, tensor_scale_ptr,
+    A, rows,
+    stride_x_b, stride_x_h, stride_x_a, stride_x_c,
+    stride_p_b, stride_p_h, stride_p_a, stride_p_c,
+    stride_bs_b, stride_bs_h, stride_bs_a, stride_bs_c,
+    stride_t_b,
+    stride_sel,
+    C: tl.constexpr,
+    NB: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_NB: tl.constexpr,
+    SCALAR_RECIPROCAL: tl.constexpr,
+    FP8_CONVERT: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    b = tl.program_id(1).to(tl.int64)
+    if tl.load(select_ptr + b * stride_sel) != 0:
+        g = _nvfp4_tensor_scale(amax_ptr, b, SCALAR_RECIPROCAL)
+        if pid == 0:
+            tl.store(tensor_scale_ptr + b * stride_t_b, g)
+        for t in range(pid, tl.cdiv(rows, BLOCK_R), tl.num_programs(0)):
+            offs_r = t * BLOCK_R + tl.arange(0, BLOCK_R)
+            _nvfp4_encode_rows(state_ptr, packed_ptr, block_scale_ptr, b, offs_r // A, offs_r % A, offs_r < rows, g,
+                               stride_x_b, stride_x_h, stride_x_a, stride_x_c,
+                               stride_p_b, stride_p_h, stride_p_a, stride_p_c,
+                               stride_bs_b, stride_bs_h, stride_bs_a, stride_bs_c,
+                               C, NB, BLOCK_R, BLOCK_NB, SCALAR_RECIPROCAL, FP8_CONVERT)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -253,15 +415,22 @@ def _as_bits(t: torch.Tensor) -> torch.Tensor:
 
 def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, select: torch.Tensor, *,
                        _block_a: int | None = None, _scalar_reciprocal: bool | None = None,
-                       _fp8_convert: str | None = None) -> None:
+                       _fp8_convert: str | None = None, _programs_per_row: int | None = None) -> None:
     """Rewrite in place the read copy of the batch rows ``b`` with ``select[b] != 0`` from the checkpoint ``state``
     [B, H, A, C]: bit-identical to ``get_format(read_format).encode(state)`` for those rows; other rows' bytes are
-    untouched. No host sync. Private overrides (tests): ``_block_a`` rows per program, ``_scalar_reciprocal``
-    (default: the state is on CUDA), ``_fp8_convert`` "hw" / "soft" (default: "hw" on sm_89+ GPUs)."""
+    untouched. No host sync. Private overrides (tests): ``_block_a`` rows per program tile (default grid: of the
+    encode launches; compact grid: of every launch, over the flattened H A rows), ``_scalar_reciprocal`` (default:
+    the state is on CUDA), ``_fp8_convert`` "hw" / "soft" (default: "hw" on sm_89+ GPUs), ``_programs_per_row`` P:
+    compact grids of ``(min(P, tiles), B)`` programs looping over a batch row's tiles (default None: one program
+    per tile, see the module docstring; :data:`COMPACT_PROGRAMS_PER_ROW` is a candidate P)."""
     fmt = check_reencode(state, read_copy, read_format, select)
+    programs = _programs_per_row
+    if programs is not None and (isinstance(programs, bool) or not isinstance(programs, int) or programs < 1):
+        raise ValueError(f"_programs_per_row must be None or an int >= 1, got {programs!r}")
     if state.numel() == 0:
         return
     batch, heads, rows_a, row = state.shape
+    rows = heads * rows_a
     recip = state.is_cuda if _scalar_reciprocal is None else _scalar_reciprocal
     convert = _fp8_convert
     if convert is None:  # the hardware conversion where there is one (sm_89+), not the interpreter's cast
@@ -271,28 +440,47 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
     if convert not in ("hw", "soft"):
         raise ValueError(f"_fp8_convert must be 'hw' or 'soft', got {convert!r}")
     select = _as_bits(select)
+
+    def compact(row_width: int) -> tuple[tuple[int, int], int]:
+        """(grid, BLOCK_R) of a compact launch over tiles of flattened rows ``row_width`` wide."""
+        block_r = _block_a or reencode_launch_config(rows, row_width)
+        return (min(programs, triton.cdiv(rows, block_r)), batch), block_r  # no program without a tile
+
     with _device_guard(state):
+        block_c = triton.next_power_of_2(row)
         if fmt == "fp8":
             codes, scale = _as_bits(read_copy["codes"]), read_copy["scale"]
-            block_c = triton.next_power_of_2(row)
-            block_a = _block_a or reencode_launch_config(rows_a, block_c)
-            _fp8_encode_kernel[(triton.cdiv(rows_a, block_a), heads, batch)](
-                state, select, codes, scale, rows_a, *state.stride(), *codes.stride(), *scale.stride()[:3],
-                select.stride(0), C=row, BLOCK_A=block_a, BLOCK_C=block_c, SCALAR_RECIPROCAL=recip,
-                FP8_CONVERT=convert, num_warps=NUM_WARPS)
+            strides = (*state.stride(), *codes.stride(), *scale.stride()[:3], select.stride(0))
+            if programs is None:
+                block_a = _block_a or reencode_launch_config(rows_a, block_c)
+                _fp8_encode_kernel[(triton.cdiv(rows_a, block_a), heads, batch)](
+                    state, select, codes, scale, rows_a, *strides, C=row, BLOCK_A=block_a, BLOCK_C=block_c,
+                    SCALAR_RECIPROCAL=recip, FP8_CONVERT=convert, num_warps=NUM_WARPS)
+            else:
+                grid, block_r = compact(block_c)
+                _fp8_encode_compact_kernel[grid](
+                    state, select, codes, scale, rows_a, rows, *strides, C=row, BLOCK_R=block_r, BLOCK_C=block_c,
+                    SCALAR_RECIPROCAL=recip, FP8_CONVERT=convert, num_warps=NUM_WARPS)
             return
         packed, block_scale = read_copy["packed"], _as_bits(read_copy["block_scale"])
         tensor_scale = read_copy["tensor_scale"]
         blocks = block_scale.shape[-1]
         block_nb = triton.next_power_of_2(blocks)
         amax = torch.zeros(batch, dtype=torch.int32, device=state.device)
-        block_c = triton.next_power_of_2(row)
-        block_r = reencode_launch_config(heads * rows_a, block_c)
-        _row_amax_kernel[(triton.cdiv(heads * rows_a, block_r), batch)](
-            state, select, amax, rows_a, heads * rows_a, *state.stride(), select.stride(0), C=row, BLOCK_R=block_r,
-            BLOCK_C=block_c, num_warps=NUM_WARPS)
-        block_a = _block_a or reencode_launch_config(rows_a, block_nb * 16)
-        _nvfp4_encode_kernel[(triton.cdiv(rows_a, block_a), heads, batch)](
-            state, select, amax, packed, block_scale, tensor_scale, rows_a, *state.stride(), *packed.stride(),
-            *block_scale.stride(), tensor_scale.stride(0), select.stride(0), C=row, NB=blocks, BLOCK_A=block_a,
-            BLOCK_NB=block_nb, SCALAR_RECIPROCAL=recip, FP8_CONVERT=convert, num_warps=NUM_WARPS)
+        amax_args = (state, select, amax, rows_a, rows, *state.stride(), select.stride(0))
+        encode_args = (state, select, amax, packed, block_scale, tensor_scale, rows_a)
+        strides = (*state.stride(), *packed.stride(), *block_scale.stride(), tensor_scale.stride(0), select.stride(0))
+        consts = dict(C=row, NB=blocks, BLOCK_NB=block_nb, SCALAR_RECIPROCAL=recip, FP8_CONVERT=convert,
+                      num_warps=NUM_WARPS)
+        if programs is None:
+            block_r = reencode_launch_config(rows, block_c)
+            _row_amax_kernel[(triton.cdiv(rows, block_r), batch)](
+                *amax_args, C=row, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=NUM_WARPS)
+            block_a = _block_a or reencode_launch_config(rows_a, block_nb * 16)
+            _nvfp4_encode_kernel[(triton.cdiv(rows_a, block_a), heads, batch)](
+                *encode_args, *strides, BLOCK_A=block_a, **consts)
+        else:
+            grid, block_r = compact(block_c)
+            _row_amax_compact_kernel[grid](*amax_args, C=row, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=NUM_WARPS)
+            grid, block_r = compact(block_nb * 16)
+            _nvfp4_encode_compact_kernel[grid](*encode_args, rows, *strides, BLOCK_R=block_r, **consts)

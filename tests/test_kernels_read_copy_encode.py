@@ -6,7 +6,9 @@ untouched; and the kernel must agree with ``reencode_read_copy_ref`` exactly. Ca
 for nvfp4) and 64, A not a power of two (several row tiles, the last partial), strided states and copies, select
 patterns (none / all / mixed, int32 / bool, strided), exact rounding ties of E4M3 and E2M1, all-zero rows and blocks,
 block scales that underflow, huge and tiny magnitudes; the CUDA-eager arithmetic (divisions by Python constants as
-reciprocal multiplications) against a torch emulation of it; errors.
+reciprocal multiplications) against a torch emulation of it; errors. The private compact grids
+(``_programs_per_row`` P = 1, 3, 16: P programs per batch row looping over its row tiles) get the same checks on
+tile counts that are not multiples of P, and must equal the default grid's bytes; P < 1 is rejected.
 
 Runs in subprocesses under ``TRITON_INTERPRET=1`` like ``tests/test_kernels_read_copy.py`` (there the fp8 conversion
 is the kernel's exact integer version: the interpreter's own float8 cast does not round to nearest even);
@@ -22,7 +24,7 @@ import pytest
 from kernel_harness import HAS_TRITON, run_case, worker_main
 
 CASES = ["fp8_rows", "nvfp4_rows", "select_patterns", "strided", "fp8_ties", "nvfp4_ties", "cuda_arithmetic",
-         "bad_inputs"]
+         "compact_grid", "bad_inputs"]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -222,6 +224,10 @@ def case_select_patterns(module, device):
 def case_strided(module, device):
     """A transposed slice of a pool as the state (row stride 1 along A, C stride A) and copies that are slices of
     larger pools (E4M3 entries as float8_e4m3fn views); bf16 states (upcast exactly)."""
+    _strided_checks(module, device)
+
+
+def _strided_checks(module, device, **options):
     import torch
 
     from hf_replayssm.precision.formats import get_format
@@ -235,7 +241,7 @@ def case_strided(module, device):
         big = _sentinel_copy(torch.cat([state, state]), fmt, fp8_views=True)  # batch 8
         views = {n: (t if n == "row" else t[1::2]) for n, t in big.items()}  # every other batch row
         ref = _sentinel_copy(state, fmt)
-        module.reencode_read_copy(state, views, fmt, sel, _block_a=2)
+        module.reencode_read_copy(state, views, fmt, sel, _block_a=2, **options)
         module.reencode_read_copy_ref(state, ref, fmt, sel)
         _assert_reencoded(views, state, fmt, select)
         for name in ref:
@@ -244,8 +250,8 @@ def case_strided(module, device):
             if name != "row":
                 assert bool((_bits(t[0::2]).contiguous().view(torch.uint8) == SENTINEL).all()), (fmt, name)
         half = state.to(torch.bfloat16)
-        _check(module, half, fmt, select, want=get_format(fmt).encode(half.float()))
-        print(f" {fmt}: strided state and copies, bf16 state ok")
+        _check(module, half, fmt, select, want=get_format(fmt).encode(half.float()), **options)
+        print(f" {fmt}: strided state and copies, bf16 state ok {options}")
 
 
 def _e4m3_tie_values():
@@ -353,10 +359,53 @@ def case_cuda_arithmetic(module, device):
         print(f" {fmt}: reciprocal arithmetic ok (differs from CPU division in {differs})")
 
 
+def case_compact_grid(module, device):
+    """``_programs_per_row`` P (compact grids): tiles of flattened rows, some spanning two heads, tile counts that are
+    not multiples of P (or below P), select patterns, strided inputs, ties and the CUDA-eager arithmetic: exact
+    like the default grid, whose bytes they equal."""
+    import torch
+
+    state = _row_mix(device, 24)  # [5, 2, 5, 24]: 10 flattened rows per batch row
+    # (P, _block_a, select, dtype); _block_a 2: 5 tiles per batch row (the third spans both heads), 4: 3 tiles (the
+    # second spans both heads, the last partial), None: one tile
+    runs = ((1, 2, [1, 0, 0, 1, 0], "int32"), (1, 4, [0, 0, 0, 0, 0], "bool"), (3, 2, [0, 1, 0, 0, 1], "bool"),
+            (3, 4, [1, 1, 1, 1, 1], "int32"), (3, None, [0, 0, 0, 0, 0], "int32"), (16, 4, [1, 0, 1, 0, 0], "bool"),
+            (16, None, [0, 0, 0, 1, 1], "int32"))
+    for fmt in ("fp8", "nvfp4"):
+        for programs, block_a, select, select_dtype in runs:
+            _check(module, state, fmt, select, select_dtype, _block_a=block_a, _programs_per_row=programs)
+        sel = torch.tensor([1, 0, 0, 0, 1], dtype=torch.int32, device=device)
+        default, compact = _sentinel_copy(state, fmt), _sentinel_copy(state, fmt)
+        module.reencode_read_copy(state, default, fmt, sel, _block_a=2)
+        module.reencode_read_copy(state, compact, fmt, sel, _block_a=2, _programs_per_row=3)
+        for name in default:
+            assert torch.equal(_bits(compact[name]), _bits(default[name])), (fmt, name, "compact vs default grid")
+        pool = torch.tensor([5, 0, 0, 9, -1, 9, 0, 9, 0, 0], dtype=torch.int32, device=device)
+        got = _sentinel_copy(state, fmt)
+        module.reencode_read_copy(state, got, fmt, pool[::2], _block_a=4, _programs_per_row=3)  # strided select
+        _assert_reencoded(got, state, fmt, [1, 0, 1, 0, 0])
+        _check(module, state, fmt, [0, 0, 1, 1, 1], want=_cuda_eager_encode(state, fmt), _scalar_reciprocal=True,
+               _programs_per_row=3)
+        print(f" {fmt}: compact grids ok")
+    _strided_checks(module, device, _programs_per_row=3)  # 15 flattened rows: 8 tiles of 2
+    _check(module, _nvfp4_tie_state(device), "nvfp4", [1, 1], _block_a=1, _programs_per_row=3)  # 4 tiles of 1
+    print(" nvfp4: ties ok on compact grids")
+
+
 def case_bad_inputs(module, device):
+    import torch
+
     _check_errors(module.reencode_read_copy, device)
     _check_errors(module.reencode_read_copy_ref, device)
     print(f" {len(_bad_calls(device))} bad calls rejected by the kernel and the reference")
+    state = _state(2, 1, 3, 16, seed=0, device=device)
+    sel = torch.ones(2, dtype=torch.int32, device=device)
+    for programs in (0, -1, 2.0, True):
+        copy = _sentinel_copy(state, "fp8")
+        with pytest.raises(ValueError, match="_programs_per_row must be None or an int >= 1"):
+            module.reencode_read_copy(state, copy, "fp8", sel, _programs_per_row=programs)
+        _assert_reencoded(copy, state, "fp8", [0, 0])  # nothing written
+    print(" _programs_per_row < 1 (or not an int) rejected")
 
 
 if __name__ == "__main__":

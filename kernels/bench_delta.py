@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import functools
 import json
 import os
 import platform
@@ -59,12 +58,12 @@ from pathlib import Path
 import torch
 
 if __package__:
-    from .bench_common import Timer, copy_bandwidth, load_kernels
+    from .bench_common import Timer, copy_bandwidth, device_read_copy_times, load_kernels, print_read_copy_rows
     from .bench_common import compiled_info as _compiled_info
     from .bench_common import json_default as _json_default
     from .bench_common import num_copies as _num_copies
 else:  # run as a script from a checkout: python kernels/bench.py
-    from bench_common import Timer, copy_bandwidth, load_kernels
+    from bench_common import Timer, copy_bandwidth, device_read_copy_times, load_kernels, print_read_copy_rows
     from bench_common import compiled_info as _compiled_info
     from bench_common import json_default as _json_default
     from bench_common import num_copies as _num_copies
@@ -294,27 +293,6 @@ class StepInputs:
         return run
 
 
-def _device_read_copy_times(k, inputs: ReplayInputs, timer: Timer, read_format: str, phase: str, per_step_us,
-                            compact: bool = True, **launch) -> dict:
-    """The separated policy's compiled decode step (device positions, the read copy re-encoded on the device for the
-    rows that flush), with and without the re-encode, and (``compact``) with the re-encode's compact grid, per step
-    in us; adds the read copies to ``inputs``."""
-    from .read_copy_encode import COMPACT_PROGRAMS_PER_ROW, reencode_read_copy
-
-    if "read_copy" not in inputs.copies[0]:
-        inputs.add_read_copies(read_format)
-    out = {f"replay_{phase}_read_copy_us": per_step_us(timer(inputs.device_read_copy_fn(
-        k._replay_step, reencode_read_copy, read_format, **launch)))}
-    out[f"replay_{phase}_read_copy_kernel"] = dict(launch=str(launch), **_compiled_info(k, "replay"))
-    out[f"replay_{phase}_read_copy_no_reencode_us"] = per_step_us(timer(inputs.device_read_copy_fn(
-        k._replay_step, None, read_format, **launch)))
-    if compact:  # P programs per batch row looping over its row tiles, instead of one program per row tile
-        out[f"replay_{phase}_read_copy_compact_reencode_us"] = per_step_us(timer(inputs.device_read_copy_fn(
-            k._replay_step, functools.partial(reencode_read_copy, _programs_per_row=COMPACT_PROGRAMS_PER_ROW),
-            read_format, **launch)))
-    return out
-
-
 def _phase_times(k, inputs: ReplayInputs, timer: Timer, L: int, cfg) -> dict:
     """Single-launch replay time with every row at one count (0, L/2, L-2: replay; L-1: flush), in us. Each timed
     graph resets ``count`` first (a tiny copy, timed alone and subtracted)."""
@@ -512,7 +490,7 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                 row[f"diag_replay_mixed_flush_{'dot' if other else 'loop'}_us"] = per_step_us(timer(inputs.fn(
                     k._replay_step, _block_v=bv, _num_warps=nw, _flush_dot=other)))
             if args.read_format is not None:
-                row.update(_device_read_copy_times(k, inputs, timer, args.read_format, "mixed", per_step_us,
+                row.update(device_read_copy_times(k, inputs, timer, args.read_format, "mixed", per_step_us,
                                                    _block_v=bv, _num_warps=nw))
             del inputs
             # replay, all rows in phase
@@ -550,13 +528,13 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                 row.update(replay_host_read_copy_sweep=read_sweep, replay_host_read_copy_best_config=best_read,
                            replay_host_read_copy_us=read_sweep[best_read]["us"])
                 rbv, rnw = (int(x) for x in best_read.split("x"))
-                row.update(_device_read_copy_times(k, inputs, timer, args.read_format, "in_phase", per_step_us,
+                row.update(device_read_copy_times(k, inputs, timer, args.read_format, "in_phase", per_step_us,
                                                    _block_v=rbv, _num_warps=rnw))
                 if args.read_format == "nvfp4":  # the former load: a byte load per nibble
                     row["replay_host_read_copy_nvfp4_nibbles_us"] = per_step_us(timer(inputs.host_fn(
                         k._replay_step, read_format="nvfp4", _block_v=rbv, _num_warps=rnw, _nvfp4_pairs=False)))
                     row["replay_host_read_copy_nvfp4_nibbles_kernel"] = _compiled_info(k, "replay_phase1")
-                    nibbles = _device_read_copy_times(k, inputs, timer, "nvfp4", "in_phase", per_step_us,
+                    nibbles = device_read_copy_times(k, inputs, timer, "nvfp4", "in_phase", per_step_us,
                                                       compact=False, _block_v=rbv, _num_warps=rnw,
                                                       _nvfp4_pairs=False)
                     row.update({key.replace("_us", "_nvfp4_nibbles_us") if key.endswith("_us") else
@@ -633,19 +611,7 @@ def _print_row(r, header):
           f"{100 * r['replay_host_frac_of_copy_bw']:>4.0f}% of copy BW, "
           f"x std {r['speedup_replay_host_vs_standard']:.2f}, x fla {_fmt(r['speedup_replay_host_vs_fla'], 5)} "
           f"[{r['replay_host_best_config']}]", flush=True)
-    for arm, label in (("host", "host-phase"), ("mixed", "device-phase, mixed"), ("in_phase", "device, in phase")):
-        if f"replay_{arm}_read_copy_us" in r:
-            print(f"{'':<14}{'':>6} | {label} replay reading a {r['read_format']} copy "
-                  f"{r[f'replay_{arm}_read_copy_us']:>9.2f} us "
-                  f"{100 * r[f'replay_{arm}_read_copy_frac_of_copy_bw']:>4.0f}% of copy BW (model), "
-                  f"x std {r[f'speedup_replay_{arm}_read_copy_vs_standard']:.2f}"
-                  + (f" ({r[f'replay_{arm}_read_copy_no_reencode_us']:.2f} us without the re-encode, "
-                     f"{r[f'replay_{arm}_read_copy_compact_reencode_us']:.2f} us with its compact grid)"
-                     if arm != "host" else ""), flush=True)
-    if "replay_host_read_copy_nvfp4_nibbles_us" in r:
-        print(f"{'':<14}{'':>6} | nvfp4 copy loaded per nibble (the former load): host-phase "
-              f"{r['replay_host_read_copy_nvfp4_nibbles_us']:.2f} us, device, in phase "
-              f"{r['replay_in_phase_read_copy_nvfp4_nibbles_us']:.2f} us", flush=True)
+    print_read_copy_rows(r, 14)
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -1,0 +1,211 @@
+"""Registers and spills of the decode-step kernels, compiled for a GPU on a machine without one.
+
+A kernel's register count decides how many of its programs an SM holds, and a spill puts its tile in local memory;
+on the H200 both explained why the read-copy kernels are slow (``BENCHMARKS.md``). They are decided at compile
+time, so they can be read without a GPU: :func:`compile_launches` runs a kernel module's Python wrapper on CPU
+tensors with the module's Triton kernels replaced by recorders, compiles every recorded launch for ``sm_<arch>``
+(Triton's ``warmup`` under a stand-in driver that reports that target; the wrapper's arguments give the same
+specialisation as on the device: dtypes, 16-byte alignment, ints equal to 1), assembles the PTX with the ptxas that
+Triton bundles (``-v``; the build Triton itself uses for that architecture first) and parses its report. With the
+Triton version of the GPU machine (3.6) the counts are the bench's on the H200 within one register (GDN replay,
+rows in mixed phases, 166 vs 167; GDN replay-only reading an fp8 copy 168 = 168, nvfp4 254 vs 255; Mamba-2 fused
+step reading an fp8 copy 200 = 200). Counts, not times: what a configuration costs in occupancy and spills, to
+choose which ones the GPU should time.
+
+Uses Triton internals (``triton.runtime.driver.set_active``, ``JITFunction.warmup``, the bundled ptxas); a Triton
+without them raises a clear error. Command line (a table over launch configurations and read formats)::
+
+    python -m hf_replayssm.kernels.registers --family gdn --arch 90
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Callable
+from types import ModuleType
+
+import torch
+import triton
+
+__all__ = ["compile_launches", "main"]
+
+
+class _TargetDriver:
+    """Stands in for Triton's active driver while compiling: the target and a device / stream number only."""
+
+    def __init__(self, arch: int):
+        from triton.backends.compiler import GPUTarget
+
+        self.target = GPUTarget("cuda", arch, 32)
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+
+class _Recorder:
+    """Takes a kernel's place in its module: ``kernel[grid](*args, **kwargs)`` records the launch instead."""
+
+    def __init__(self, kernel, launches: list):
+        self.kernel, self.launches = kernel, launches
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: self.launches.append((self.kernel, args, kwargs))
+
+
+def _ptxas_report(ptx: str, arch: int) -> dict:
+    """Registers and spill bytes from the bundled ptxas (-v); the first of its ptxas builds that takes this PTX."""
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    errors = []
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        for name in ("ptxas", "ptxas-blackwell"):
+            exe = os.path.join(bin_dir, name)
+            if not os.path.exists(exe):
+                continue
+            done = subprocess.run([exe, f"-arch=sm_{arch}a" if arch >= 90 else f"-arch=sm_{arch}", "-v", path, "-o",
+                                   os.path.join(tmp, "kernel.cubin")], capture_output=True, text=True)
+            text = done.stdout + done.stderr
+            regs = re.search(r"Used (\d+) registers", text)
+            if done.returncode == 0 and regs:
+                spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
+                return dict(registers=int(regs.group(1)), spill_store_bytes=int(spills.group(1)) if spills else 0,
+                            spill_load_bytes=int(spills.group(2)) if spills else 0, ptxas=name)
+            errors.append(f"{name}: {text.strip()[-300:]}")
+    raise RuntimeError("no bundled ptxas assembled the kernel: " + " | ".join(errors or [f"none in {bin_dir}"]))
+
+
+def compile_launches(module: ModuleType, kernel_names: list[str], call: Callable[[], object], arch: int = 90,
+                     skip: tuple[str, ...] = ()) -> list[dict]:
+    """Run ``call()`` (which calls ``module``'s wrapper on CPU tensors) with the Triton kernels ``kernel_names`` of
+    ``module`` recording their launches, and module functions named in ``skip`` (e.g. a count-update launch) doing
+    nothing; compile each launch for ``sm_<arch>``. Returns, per launch: the kernel's name, its constexpr arguments
+    (and ``num_warps``), registers, spill store / load bytes and the ptxas used."""
+    from triton.runtime import driver
+
+    if not hasattr(driver, "set_active") or not hasattr(triton.runtime.JITFunction, "warmup"):
+        raise RuntimeError(f"triton {triton.__version__} lacks driver.set_active / JITFunction.warmup")
+    launches: list = []
+    saved = {name: getattr(module, name) for name in (*kernel_names, *skip)}
+    try:
+        for name in kernel_names:
+            setattr(module, name, _Recorder(saved[name], launches))
+        for name in skip:
+            setattr(module, name, lambda *args, **kwargs: None)
+        call()
+    finally:
+        for name, value in saved.items():
+            setattr(module, name, value)
+    results = []
+    previous = driver._active
+    driver.set_active(_TargetDriver(arch))
+    try:
+        for kernel, args, kwargs in launches:
+            compiled = kernel.warmup(*args, grid=(1,), **kwargs)
+            kernel.device_caches.clear()  # nothing compiled for the stand-in target stays behind
+            constexprs = {k: v for k, v in kwargs.items() if k.isupper() or k == "num_warps"}
+            results.append(dict(kernel=kernel.__name__, **constexprs, **_ptxas_report(compiled.asm["ptx"], arch)))
+    finally:
+        driver.set_active(previous)
+    return results
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# the replay kernels of each family over launch configurations and read formats
+
+
+def _read(state: torch.Tensor, fmt: str) -> dict:
+    from hf_replayssm.precision.formats import get_format
+
+    return {} if fmt == "fp32" else dict(read_copy=get_format(fmt).encode(state), read_format=fmt)
+
+
+def _positions(device_phase: bool, batch: int):
+    """Host positions (a replay-only launch with 3 records) or device ones (one row replaying, one flushing)."""
+    if not device_phase:
+        return 0, 3
+    return torch.zeros(batch, dtype=torch.int32), torch.tensor([3, 15] * (batch // 2), dtype=torch.int32)
+
+
+def _gdn_call(fmt: str, device_phase: bool, block_v: int, num_warps: int):
+    from hf_replayssm.kernels import delta_rule
+
+    batch, value_heads, key_heads, dim, ring = 2, 32, 16, 128, 15  # Qwen3-Next's GDN shape
+
+    def call():
+        state = torch.randn(batch, value_heads, dim, dim)
+        read = _read(state, fmt)
+        if read:  # the separated policy's exact fold, and (device positions) the flush output from the copy
+            read.update(ring_v=torch.randn(batch, ring, value_heads, dim).bfloat16(),
+                        ring_beta=torch.rand(batch, ring, value_heads), flush_reads_copy=device_phase)
+        delta_rule._replay_step(
+            state, torch.randn(batch, ring, key_heads, dim).bfloat16(), torch.randn(batch, ring, value_heads, dim),
+            -torch.rand(batch, ring, value_heads), *_positions(device_phase, batch),
+            torch.randn(batch, key_heads, dim).bfloat16(), torch.randn(batch, key_heads, dim).bfloat16(),
+            torch.randn(batch, value_heads, dim).bfloat16(), torch.rand(batch, value_heads).bfloat16(),
+            -torch.rand(batch, value_heads), buffer_len=16, out=torch.empty(batch, value_heads, dim),
+            _block_v=block_v, _num_warps=num_warps, **read)
+
+    return delta_rule, ["_delta_replay_step_kernel"], call
+
+
+def _mamba2_call(fmt: str, device_phase: bool, block_p: int, num_warps: int):
+    from hf_replayssm.kernels import mamba2
+
+    batch, heads, head_dim, d_state, groups, ring = 2, 128, 64, 128, 8, 15  # Nemotron-H-8B's Mamba-2 shape
+
+    def call():
+        state = torch.randn(batch, heads, head_dim, d_state)
+        read = _read(state, fmt)
+        if read:
+            read["flush_reads_copy"] = device_phase
+        mamba2._replay_step(
+            state, torch.randn(batch, ring, heads, head_dim).bfloat16(), torch.rand(batch, ring, heads),
+            torch.randn(batch, ring, groups, d_state).bfloat16(), *_positions(device_phase, batch),
+            torch.randn(batch, heads, head_dim).bfloat16(), torch.rand(batch, heads).bfloat16(),
+            torch.randn(batch, groups, d_state).bfloat16(), torch.randn(batch, groups, d_state).bfloat16(),
+            -torch.rand(heads), D=torch.rand(heads), dt_bias=torch.rand(heads), dt_softplus=True, buffer_len=16,
+            out=torch.empty(batch, heads, head_dim), _config=dict(block_p=block_p, num_warps=num_warps), **read)
+
+    return mamba2, ["_mamba2_replay_step_kernel"], call
+
+
+FAMILIES = {"gdn": (_gdn_call, [(64, 4), (32, 4), (32, 2), (16, 2)]),
+            "mamba2": (_mamba2_call, [(32, 2), (16, 2), (16, 4), (8, 2)])}
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--family", choices=sorted(FAMILIES), default="gdn")
+    parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: Hopper, the H200)")
+    parser.add_argument("--formats", default="fp32,fp8,nvfp4")
+    args = parser.parse_args(argv)
+    make_call, configs = FAMILIES[args.family]
+    rows = []
+    print(f"{args.family}, sm_{args.arch}, triton {triton.__version__}: registers / spill bytes per launch")
+    for tile, num_warps in configs:
+        for fmt in args.formats.split(","):
+            for device_phase in (False, True):
+                module, kernels, call = make_call(fmt, device_phase, tile, num_warps)
+                for r in compile_launches(module, kernels, call, args.arch, skip=("advance_counts",)):
+                    r.update(tile=tile, read=fmt, positions="device" if device_phase else "host")
+                    rows.append(r)
+                    print(f"  tile {tile:>3} x {num_warps} warps  {fmt:>5}  {r['positions']:>6} positions  phase "
+                          f"{r.get('PHASE')}  {r['registers']:>3} registers  {r['spill_store_bytes']:>4} B spilled",
+                          flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

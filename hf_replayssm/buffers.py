@@ -17,6 +17,16 @@ from collections.abc import Mapping
 import torch
 
 
+def host_index(values: list[list[int]], device: torch.device) -> torch.Tensor:
+    """An int64 index tensor built on the host, on ``device``. On CUDA through pinned memory and a non-blocking copy:
+    a copy from pageable memory synchronises the stream (the host waits for the device to drain its queue), once per
+    layer and rollback otherwise. The caching host allocator keeps the pinned block until the copy has run."""
+    host = torch.tensor(values, dtype=torch.int64)
+    if device.type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 class RecordRing:
     """Circular buffer of ``capacity`` records per batch row; one tensor per record field."""
 
@@ -91,8 +101,7 @@ class RecordRing:
         # batch-64 speculative run on the H200)
         rows = [row for row, count in enumerate(counts) for _ in range(count)]
         slots = [(self.origin + self.size - count + j) % self.capacity for count in counts for j in range(count)]
-        device = next(iter(self.fields.values())).device
-        index = torch.tensor([rows, slots], device=device)
+        index = host_index([rows, slots], next(iter(self.fields.values())).device)
         for name, value in values.items():
             if name in self.fields:
                 self.fields[name][index[0], index[1]] = value
@@ -239,7 +248,7 @@ class ConvRing:
         source = [end - count - kernel + j for _, count in moved for j in range(kernel)]
         target = [end - kernel + j for _ in moved for j in range(kernel)]
         if rows:
-            index = torch.tensor([rows, source, target], device=self.buffer.device)
+            index = host_index([rows, source, target], self.buffer.device)
             self.buffer[index[0], :, index[2]] = self.buffer[index[0], :, index[1]]
         self.oldest = max(self.oldest, self.position - kernel)
 

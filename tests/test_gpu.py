@@ -3,6 +3,7 @@
 import pytest
 import torch
 from conftest import SUPPORTED, cache_kwarg, decode, get_model, max_logit_diff
+from transformers import DynamicCache
 
 from hf_replayssm import PRESETS, ReplayCache
 from hf_replayssm.tiny import tiny_model
@@ -205,6 +206,47 @@ def test_cuda_static_cache_with_a_read_copy(model_type, policy):
             if name != "row":
                 got = tensor.view(torch.uint8) if tensor.dtype == torch.float8_e4m3fn else tensor
                 assert torch.equal(got, expected[name]), name
+
+
+@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text"])
+def test_cuda_batched_speculation_rows_equal_rows_alone(model_type):
+    """Batched speculation on CUDA: a drafter right up to a random place per round, so rows accept different numbers
+    of drafts and roll back per row (neutral records and conv windows moved through indices copied from pinned
+    memory, without a host synchronisation); every row equals its own greedy decoding."""
+    from hf_replayssm.batched import batched_prompt_lookup
+
+    get_model(model_type)
+    model = tiny_model(model_type, seed=0, initializer_range=0.2).cuda()  # logit gaps far above float32 rounding
+    generator = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(3, model.config.vocab_size, (n,), generator=generator).tolist() for n in (10, 7, 9)]
+    new = 14
+    truth = []
+    for prompt in prompts:  # plain greedy decoding of the row alone with a stock cache: raw argmax, no end of sequence
+        stock, tokens = DynamicCache(config=model.config), list(prompt)
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt], device="cuda"), past_key_values=stock, use_cache=True).logits
+            for _ in range(new):
+                tokens.append(int(logits[0, -1].argmax()))
+                logits = model(torch.tensor([[tokens[-1]]], device="cuda"), past_key_values=stock,
+                               use_cache=True).logits
+        truth.append(tokens)
+    rng = torch.Generator().manual_seed(11)
+
+    def drafter(row, tokens, count):
+        upcoming = truth[row][len(tokens) : len(tokens) + count]
+        wrong = int(torch.randint(0, count + 1, (1,), generator=rng))
+        return [t if i != wrong else (t + 1) % model.config.vocab_size for i, t in enumerate(upcoming)]
+
+    width = max(map(len, prompts))
+    input_ids = torch.tensor([[1] * (width - len(p)) + p for p in prompts], device="cuda")
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device="cuda")
+    cache = ReplayCache(buffer_len=4)
+    result = batched_prompt_lookup(model, input_ids, attention_mask=mask, max_new_tokens=new, num_draft_tokens=3,
+                                   drafter=drafter, cache=cache)
+    for prompt, tokens, expected in zip(prompts, result.new_tokens, truth, strict=True):
+        assert tokens == expected[len(prompt) :]
+    assert 0 < result.accepted < result.drafted
+    assert cache.stats()["rolled_back_tokens"] > 0
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")

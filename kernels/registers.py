@@ -15,7 +15,7 @@ choose which ones the GPU should time.
 Uses Triton internals (``triton.runtime.driver.set_active``, ``JITFunction.warmup``, the bundled ptxas); a Triton
 without them raises a clear error. Command line (a table over launch configurations and read formats)::
 
-    python -m hf_replayssm.kernels.registers --family gdn --arch 90
+    python -m hf_replayssm.kernels.registers --family gdn --arch 90   # or kda, mamba2
 """
 
 from __future__ import annotations
@@ -138,10 +138,12 @@ def _positions(device_phase: bool, batch: int):
     return torch.zeros(batch, dtype=torch.int32), torch.tensor([3, 15] * (batch // 2), dtype=torch.int32)
 
 
-def _gdn_call(fmt: str, device_phase: bool, block_v: int, num_warps: int):
+def _delta_call(fmt: str, device_phase: bool, block_v: int, num_warps: int, per_key: bool):
     from hf_replayssm.kernels import delta_rule
 
-    batch, value_heads, key_heads, dim, ring = 2, 32, 16, 128, 15  # Qwen3-Next's GDN shape
+    # Qwen3-Next's GDN shape; Kimi-Linear's KDA: 32 heads of 128, a decay per key channel
+    batch, value_heads, key_heads, dim, ring = 2, 32, 32 if per_key else 16, 128, 15
+    gate = (value_heads, dim) if per_key else (value_heads,)
 
     def call():
         state = torch.randn(batch, value_heads, dim, dim)
@@ -151,10 +153,10 @@ def _gdn_call(fmt: str, device_phase: bool, block_v: int, num_warps: int):
                         ring_beta=torch.rand(batch, ring, value_heads), flush_reads_copy=device_phase)
         delta_rule._replay_step(
             state, torch.randn(batch, ring, key_heads, dim).bfloat16(), torch.randn(batch, ring, value_heads, dim),
-            -torch.rand(batch, ring, value_heads), *_positions(device_phase, batch),
+            -torch.rand(batch, ring, *gate), *_positions(device_phase, batch),
             torch.randn(batch, key_heads, dim).bfloat16(), torch.randn(batch, key_heads, dim).bfloat16(),
             torch.randn(batch, value_heads, dim).bfloat16(), torch.rand(batch, value_heads).bfloat16(),
-            -torch.rand(batch, value_heads), buffer_len=16, out=torch.empty(batch, value_heads, dim),
+            -torch.rand(batch, *gate), buffer_len=16, out=torch.empty(batch, value_heads, dim),
             _block_v=block_v, _num_warps=num_warps, **read)
 
     return delta_rule, ["_delta_replay_step_kernel"], call
@@ -181,7 +183,16 @@ def _mamba2_call(fmt: str, device_phase: bool, block_p: int, num_warps: int):
     return mamba2, ["_mamba2_replay_step_kernel"], call
 
 
+def _gdn_call(fmt: str, device_phase: bool, block_v: int, num_warps: int):
+    return _delta_call(fmt, device_phase, block_v, num_warps, per_key=False)
+
+
+def _kda_call(fmt: str, device_phase: bool, block_v: int, num_warps: int):
+    return _delta_call(fmt, device_phase, block_v, num_warps, per_key=True)
+
+
 FAMILIES = {"gdn": (_gdn_call, [(64, 4), (32, 4), (32, 2), (16, 2)]),
+            "kda": (_kda_call, [(64, 4), (32, 4), (32, 2), (16, 2)]),
             "mamba2": (_mamba2_call, [(32, 2), (16, 2), (16, 4), (8, 2)])}
 
 

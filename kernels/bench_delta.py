@@ -489,9 +489,11 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                 other = not k.flush_uses_dot(per_key)
                 row[f"diag_replay_mixed_flush_{'dot' if other else 'loop'}_us"] = per_step_us(timer(inputs.fn(
                     k._replay_step, _block_v=bv, _num_warps=nw, _flush_dot=other)))
-            if args.read_format is not None:
+            if args.read_format is not None:  # the read-copy kernels at their device-phase default launch
+                dbv, dnw = k.replay_launch_config(batch, Hv, K, V, per_key, args.read_format, device_phase=True)
+                row["replay_device_read_copy_config"] = _key((dbv, dnw))
                 row.update(device_read_copy_times(k, inputs, timer, args.read_format, "mixed", per_step_us,
-                                                   _block_v=bv, _num_warps=nw))
+                                                   _block_v=dbv, _num_warps=dnw))
             del inputs
             # replay, all rows in phase
             inputs = ReplayInputs(batch, shape, per_key, L, device, gen, "in_phase", cuda)
@@ -517,19 +519,23 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
             if args.read_format is not None:  # separated precision: replay launches read the low-precision copy
                 inputs.add_read_copies(args.read_format)
                 row["read_format"] = args.read_format
-                read_sweep = {}  # the fp32 host-phase best, and with --read-copy-sweep the replay sweep
+                # the read-copy default, the fp32 host-phase best, and with --read-copy-sweep the replay sweep
+                read_default = _key(k.replay_launch_config(batch, Hv, K, V, per_key, args.read_format))
+                read_sweep = {}
                 candidates = [_key(c) for c in REPLAY_SWEEP if c[0] <= max(16, V)] if args.read_copy_sweep else []
-                for key in dict.fromkeys([best_host, *candidates]):
+                for key in dict.fromkeys([read_default, best_host, *candidates]):
                     rbv, rnw = (int(x) for x in key.split("x"))
                     t = timer(inputs.host_fn(k._replay_step, read_format=args.read_format, _block_v=rbv,
                                              _num_warps=rnw))
                     read_sweep[key] = dict(us=per_step_us(t), **t, **_compiled_info(k, "replay_phase1"))
                 best_read = min(read_sweep, key=lambda c: read_sweep[c]["us"])
                 row.update(replay_host_read_copy_sweep=read_sweep, replay_host_read_copy_best_config=best_read,
-                           replay_host_read_copy_us=read_sweep[best_read]["us"])
+                           replay_host_read_copy_us=read_sweep[best_read]["us"],
+                           replay_host_read_copy_default_config=read_default,
+                           replay_host_read_copy_default_us=read_sweep[read_default]["us"])
                 rbv, rnw = (int(x) for x in best_read.split("x"))
                 row.update(device_read_copy_times(k, inputs, timer, args.read_format, "in_phase", per_step_us,
-                                                   _block_v=rbv, _num_warps=rnw))
+                                                   _block_v=dbv, _num_warps=dnw))
                 if args.read_format == "nvfp4":  # the former load: a byte load per nibble
                     row["replay_host_read_copy_nvfp4_nibbles_us"] = per_step_us(timer(inputs.host_fn(
                         k._replay_step, read_format="nvfp4", _block_v=rbv, _num_warps=rnw, _nvfp4_pairs=False)))

@@ -499,16 +499,26 @@ def _delta_state_update_kernel(
 
 
 def replay_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: int,
-                         per_key_gate: bool = False) -> tuple[int, int]:
+                         per_key_gate: bool = False, read_format: str | None = None,
+                         device_phase: bool = False) -> tuple[int, int]:
     """(BLOCK_V, num_warps) for the replay step. Wide V tiles amortise the per-program record work (the keys and
     gates of the ring are normalised / decayed by every V tile of a head); 64 x 4 warps measured best on an H200
     for K = V = 128 at batch 256 (GDN and KDA). The tile is halved (down to 16) while the grid would have fewer than
-    ~8 programs per H200 SM."""
+    ~8 programs per H200 SM.
+
+    Scalar-gate launches that read a low-precision copy (``read_format`` fp8 / nvfp4) decode it in registers and
+    take a 32 x 2 tile instead (H200, Qwen3-Next, batch 256, host-phase cycle: fp8 278 vs 314 us, nvfp4 487 vs
+    667 us; the nvfp4 64 x 4 kernel sits at 255 registers). With device positions (one fused launch that also
+    flushes) only nvfp4 does (in-phase cycle 681 vs 802 us); fp8 keeps 64 x 4 there (364 vs 438 us)."""
     block_k = triton.next_power_of_2(key_dim)
     block_v = min(triton.next_power_of_2(value_dim), max(16, 8192 // block_k))
     while block_v > 16 and batch * value_heads * triton.cdiv(value_dim, block_v) < 1024:
         block_v //= 2
-    return max(block_v, 16), 4
+    block_v, num_warps = max(block_v, 16), 4
+    reads_copy = read_format not in (None, "fp32")
+    if reads_copy and not per_key_gate and (not device_phase or read_format == "nvfp4") and block_v > 32:
+        block_v, num_warps = 32, 2
+    return block_v, num_warps
 
 
 def flush_uses_dot(per_key_gate: bool) -> bool:
@@ -610,7 +620,8 @@ def _replay_step(
     assert o.shape == v.shape
     scale = key_dim ** -0.5 if scale is None else float(scale)
 
-    block_v, num_warps = replay_launch_config(batch, value_heads, key_dim, value_dim, per_key)
+    block_v, num_warps = replay_launch_config(batch, value_heads, key_dim, value_dim, per_key, read_format,
+                                              device_phase=phase == 0)
     block_v, num_warps = _block_v or block_v, _num_warps or num_warps
     grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
     assert grid[0] * value_heads < (1 << (31 - _TICKET_SHIFT)), "too many programs per row for the count ticket"

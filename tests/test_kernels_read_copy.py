@@ -33,6 +33,23 @@ def test_read_copy_kernel(case):
     run_case(__file__, case)
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_delta_read_copy_launch_config():
+    """The measured launch rule (H200, Qwen3-Next shape, batch 256): scalar-gate replay launches that read a copy
+    take 32 x 2 tiles, except fp8 with device positions; fp32 launches, per-key gates (KDA) and small grids are
+    untouched."""
+    k = load_kernel_module("delta_rule")
+    shape = (256, 32, 128, 128)
+    assert k.replay_launch_config(*shape) == (64, 4)
+    assert k.replay_launch_config(*shape, read_format="fp32") == (64, 4)
+    assert k.replay_launch_config(*shape, read_format="fp8") == (32, 2)
+    assert k.replay_launch_config(*shape, read_format="nvfp4") == (32, 2)
+    assert k.replay_launch_config(*shape, read_format="nvfp4", device_phase=True) == (32, 2)
+    assert k.replay_launch_config(*shape, read_format="fp8", device_phase=True) == (64, 4)
+    assert k.replay_launch_config(*shape, per_key_gate=True, read_format="fp8") == (64, 4)
+    assert k.replay_launch_config(2, 4, 128, 128, read_format="fp8") == (16, 4)  # small grid: halved to 16 first
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # worker side (runs in the subprocess)
 

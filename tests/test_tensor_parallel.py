@@ -159,8 +159,8 @@ def test_tensor_parallel_generation_with_replay_cache(tmp_path):
 def test_tensor_parallel_on_two_gpus(tmp_path):
     """The same on two GPUs (one rank each, NCCL), against the single-process CPU reference: the tokens, logits
     within float32 rounding (TF32 off in the ranks), the same schedules. The ranks' ReplayCaches run the torch
-    backend (the kernels have GPU tests of their own): with Triton the H200 runs did not finish inside 150-170 s,
-    not diagnosed (compiling every kernel variant in both ranks is the suspect)."""
+    backend (the kernels have GPU tests of their own); the static-cache arm runs with ``disable_compile`` (on CUDA
+    generate() would compile the forward by itself, which outlasted the 240 s limit on the H200)."""
     _require_tp_support()
     results = _run_tp(tmp_path, gpus=True)
     for model_type, entry in results.items():

@@ -58,14 +58,15 @@ def replay_caches(prompt_len: int) -> dict:
     only in transformers), rejected drafts rolled back by ``crop``."""
     from hf_replayssm import ReplayCache
 
-    # the GPU test runs the torch reference in its ranks: what it checks is the NCCL machinery; with Triton its H200
-    # runs did not finish inside 150-170 s (not diagnosed; compiling every kernel variant in both ranks is the suspect)
+    # the GPU test runs the torch reference in its ranks: what it checks is the NCCL machinery
     backend = os.environ.get("REPLAYSSM_TP_BACKEND", "auto")
     return {
         "replay": (ReplayCache(backend=backend), {}, None),
         "replay_l4": (ReplayCache(buffer_len=4, backend=backend), {}, None),
-        "replay_static": (ReplayCache(buffer_len=4, max_cache_len=prompt_len + NEW_TOKENS, backend=backend), {},
-                          None),
+        # eager: on CUDA, generate() compiles the forward by itself for a compileable cache, which in both ranks of
+        # three sharded models outlasted the test's limit on the H200 (240 s); compiled decoding has its own tests
+        "replay_static": (ReplayCache(buffer_len=4, max_cache_len=prompt_len + NEW_TOKENS, backend=backend),
+                          {"disable_compile": True}, None),
         "replay_lookup": (ReplayCache(buffer_len=4, backend=backend), {"prompt_lookup_num_tokens": 3}, 1),
     }
 

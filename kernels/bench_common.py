@@ -147,7 +147,8 @@ def device_read_copy_times(k, inputs, timer: Timer, read_format: str, phase: str
                            **launch) -> dict:
     """The separated policy's compiled decode step (device positions, the read copy re-encoded on the device for the
     rows that flush) of a family's kernels module ``k`` over ``inputs`` (a bench's ``ReplayInputs``), with and without
-    the re-encode, and (``compact``) with the re-encode's compact grid, per step in us; adds the read copies to
+    the re-encode, and (``compact``) with the re-encode's per-tile grid (the default is its compact grid), per step
+    in us; adds the read copies to
     ``inputs``."""
     encode = load_kernels("read_copy_encode")
     if "read_copy" not in inputs.copies[0]:
@@ -157,11 +158,10 @@ def device_read_copy_times(k, inputs, timer: Timer, read_format: str, phase: str
     out[f"replay_{phase}_read_copy_kernel"] = dict(launch=str(launch), **compiled_info(k, "replay"))
     out[f"replay_{phase}_read_copy_no_reencode_us"] = per_step_us(timer(inputs.device_read_copy_fn(
         k._replay_step, None, read_format, **launch)))
-    if compact:  # P programs per batch row looping over its row tiles, instead of one program per row tile
-        compact_encode = functools.partial(encode.reencode_read_copy,
-                                           _programs_per_row=encode.COMPACT_PROGRAMS_PER_ROW)
-        out[f"replay_{phase}_read_copy_compact_reencode_us"] = per_step_us(timer(inputs.device_read_copy_fn(
-            k._replay_step, compact_encode, read_format, **launch)))
+    if compact:  # the former default: one program per row tile, instead of P per batch row looping over its tiles
+        per_tile_encode = functools.partial(encode.reencode_read_copy, _programs_per_row=None)
+        out[f"replay_{phase}_read_copy_per_tile_reencode_us"] = per_step_us(timer(inputs.device_read_copy_fn(
+            k._replay_step, per_tile_encode, read_format, **launch)))
     return out
 
 
@@ -174,7 +174,7 @@ def print_read_copy_rows(r: dict, pad: int) -> None:
                   f"{100 * r[f'replay_{arm}_read_copy_frac_of_copy_bw']:>4.0f}% of copy BW (model), "
                   f"x std {r[f'speedup_replay_{arm}_read_copy_vs_standard']:.2f}"
                   + (f" ({r[f'replay_{arm}_read_copy_no_reencode_us']:.2f} us without the re-encode, "
-                     f"{r[f'replay_{arm}_read_copy_compact_reencode_us']:.2f} us with its compact grid)"
+                     f"{r[f'replay_{arm}_read_copy_per_tile_reencode_us']:.2f} us with its per-tile grid)"
                      if arm != "host" else ""), flush=True)
     if "replay_host_read_copy_nvfp4_nibbles_us" in r:
         print(f"{'':<{pad}}{'':>6} | nvfp4 copy loaded per nibble (the former load): host-phase "

@@ -21,7 +21,8 @@ Launches (grid axis 2 = batch row; a program of a row not selected loads ``selec
   the even code (the comparisons below reproduce ``e2m1_encode``'s bucketize tie rule), saturating at +-6, the sign
   bit only on non-zero codes. Storage padding (C not a multiple of 16) encodes zeros. Program (0, 0, b) writes
   ``tensor_scale[b]``.
-* Compact grids (private ``_programs_per_row=P``; not the default, tested under the interpreter only): every launch
+* Compact grids (the default, ``_programs_per_row=P`` with P = ``COMPACT_PROGRAMS_PER_ROW``; ``None`` gives the
+  per-tile grids above): every launch
   above gets ``(min(P, tiles), B)`` programs instead; program p of a selected batch row loops over its tiles of
   flattened rows (r = h A + a) ``p, p + P, ...`` (the same per-tile code, so the same bits), so a row not selected
   costs P programs per launch, not one per tile; nvfp4's program p = 0 writes ``tensor_scale[b]``, and an amax
@@ -41,10 +42,13 @@ Bit identity with torch (the arithmetic is the encoders' operation for operation
 
 NaN states are not handled specially (torch's encoders keep them NaN; the kernels may not). Bit-identical to
 torch's encoders on the H200 (``tests/test_kernels_read_copy_encode.py`` with ``REPLAYSSM_KERNEL_TEST_DEVICE=cuda``).
-Cost there (GDN Qwen3-Next shape, batch 256, every row flushing together once per 16 steps): about 31 us per step
-(fp8) and 84 us (nvfp4) averaged over the cycle, mostly programs of rows not selected, which load ``select[b]`` and
-exit at every step: the compact grids above are meant to cut that (not measured yet; ``COMPACT_PROGRAMS_PER_ROW``
-is a candidate P).
+Cost there (batch 256, every row flushing together once per 16 steps, averaged over the cycle; H200 run 30), per
+step, per-tile grids / compact grids (P = 16): GDN Qwen3-Next fp8 31 / 16 us, nvfp4 84 / 54 us; Mamba-2
+Nemotron-H-8B fp8 59 / 26 us, nvfp4 162 / 96 us. The per-tile grids launch one program per tile for every row at
+every step, and the rows not selected load ``select[b]`` and exit. With rows in mixed phases (a quarter of them
+flushing at each step; the bench's "mixed" case, which decoding does not produce: rows share one flush grid) the
+compact grids were slower (fp8 2-4 us, nvfp4 43-85 us per step): a flushing row's tiles are then done by 16 programs
+in turn instead of all at once.
 """
 
 from __future__ import annotations
@@ -62,8 +66,9 @@ __all__ = ["COMPACT_PROGRAMS_PER_ROW", "reencode_launch_config", "reencode_read_
 
 TILE_ELEMENTS = 4096  # float32 elements per program tile (32 per thread at 4 warps)
 NUM_WARPS = 4
-# A candidate ``_programs_per_row`` for the compact grids, NOT measured and not the default: chosen so that B / 16
-# flushing batch rows still give a few programs per SM on a 132-SM GPU (16 per row: 2 per SM at B = 256).
+# ``_programs_per_row`` of the default compact grids: B / 16 flushing batch rows still give a few programs per SM on
+# a 132-SM GPU (16 per row: 2 per SM at B = 256). Measured faster than the per-tile grids on an H200 with every row
+# flushing together (see the module docstring).
 COMPACT_PROGRAMS_PER_ROW = 16
 
 
@@ -415,14 +420,15 @@ def _as_bits(t: torch.Tensor) -> torch.Tensor:
 
 def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, select: torch.Tensor, *,
                        _block_a: int | None = None, _scalar_reciprocal: bool | None = None,
-                       _fp8_convert: str | None = None, _programs_per_row: int | None = None) -> None:
+                       _fp8_convert: str | None = None,
+                       _programs_per_row: int | None = COMPACT_PROGRAMS_PER_ROW) -> None:
     """Rewrite in place the read copy of the batch rows ``b`` with ``select[b] != 0`` from the checkpoint ``state``
     [B, H, A, C]: bit-identical to ``get_format(read_format).encode(state)`` for those rows; other rows' bytes are
     untouched. No host sync. Private overrides (tests): ``_block_a`` rows per program tile (default grid: of the
     encode launches; compact grid: of every launch, over the flattened H A rows), ``_scalar_reciprocal`` (default:
     the state is on CUDA), ``_fp8_convert`` "hw" / "soft" (default: "hw" on sm_89+ GPUs), ``_programs_per_row`` P:
-    compact grids of ``(min(P, tiles), B)`` programs looping over a batch row's tiles (default None: one program
-    per tile, see the module docstring; :data:`COMPACT_PROGRAMS_PER_ROW` is a candidate P)."""
+    compact grids of ``(min(P, tiles), B)`` programs looping over a batch row's tiles (default
+    :data:`COMPACT_PROGRAMS_PER_ROW`; None: one program per tile, see the module docstring)."""
     fmt = check_reencode(state, read_copy, read_format, select)
     programs = _programs_per_row
     if programs is not None and (isinstance(programs, bool) or not isinstance(programs, int) or programs < 1):

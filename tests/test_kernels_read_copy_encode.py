@@ -6,9 +6,10 @@ untouched; and the kernel must agree with ``reencode_read_copy_ref`` exactly. Ca
 for nvfp4) and 64, A not a power of two (several row tiles, the last partial), strided states and copies, select
 patterns (none / all / mixed, int32 / bool, strided), exact rounding ties of E4M3 and E2M1, all-zero rows and blocks,
 block scales that underflow, huge and tiny magnitudes; the CUDA-eager arithmetic (divisions by Python constants as
-reciprocal multiplications) against a torch emulation of it; errors. The private compact grids
-(``_programs_per_row`` P = 1, 3, 16: P programs per batch row looping over its row tiles) get the same checks on
-tile counts that are not multiples of P, and must equal the default grid's bytes; P < 1 is rejected.
+reciprocal multiplications) against a torch emulation of it; errors. The cases run the default compact grids (P = 16
+programs per batch row looping over its row tiles); ``compact_grid`` also runs P = 1, 3, 16 on tile counts that are
+not multiples of P and the per-tile grids (``_programs_per_row=None``), whose bytes the compact ones must equal; P < 1
+is rejected.
 
 Runs in subprocesses under ``TRITON_INTERPRET=1`` like ``tests/test_kernels_read_copy.py`` (there the fp8 conversion
 is the kernel's exact integer version: the interpreter's own float8 cast does not round to nearest even);
@@ -370,16 +371,17 @@ def case_compact_grid(module, device):
     # second spans both heads, the last partial), None: one tile
     runs = ((1, 2, [1, 0, 0, 1, 0], "int32"), (1, 4, [0, 0, 0, 0, 0], "bool"), (3, 2, [0, 1, 0, 0, 1], "bool"),
             (3, 4, [1, 1, 1, 1, 1], "int32"), (3, None, [0, 0, 0, 0, 0], "int32"), (16, 4, [1, 0, 1, 0, 0], "bool"),
-            (16, None, [0, 0, 0, 1, 1], "int32"))
+            (16, None, [0, 0, 0, 1, 1], "int32"), (None, 2, [0, 1, 0, 0, 1], "bool"),
+            (None, 4, [1, 1, 1, 1, 1], "int32"), (None, None, [1, 0, 0, 1, 0], "int32"))
     for fmt in ("fp8", "nvfp4"):
         for programs, block_a, select, select_dtype in runs:
             _check(module, state, fmt, select, select_dtype, _block_a=block_a, _programs_per_row=programs)
         sel = torch.tensor([1, 0, 0, 0, 1], dtype=torch.int32, device=device)
         default, compact = _sentinel_copy(state, fmt), _sentinel_copy(state, fmt)
-        module.reencode_read_copy(state, default, fmt, sel, _block_a=2)
+        module.reencode_read_copy(state, default, fmt, sel, _block_a=2, _programs_per_row=None)  # per-tile grid
         module.reencode_read_copy(state, compact, fmt, sel, _block_a=2, _programs_per_row=3)
         for name in default:
-            assert torch.equal(_bits(compact[name]), _bits(default[name])), (fmt, name, "compact vs default grid")
+            assert torch.equal(_bits(compact[name]), _bits(default[name])), (fmt, name, "compact vs per-tile grid")
         pool = torch.tensor([5, 0, 0, 9, -1, 9, 0, 9, 0, 0], dtype=torch.int32, device=device)
         got = _sentinel_copy(state, fmt)
         module.reencode_read_copy(state, got, fmt, pool[::2], _block_a=4, _programs_per_row=3)  # strided select

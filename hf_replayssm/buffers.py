@@ -17,6 +17,17 @@ from collections.abc import Mapping
 import torch
 
 
+def shared_index(memo: dict | None, key: tuple, build) -> torch.Tensor:
+    """``build()``, or the tensor it gave for ``key`` earlier in ``memo``. Every SSM layer of a cache has the same ring
+    and conv geometry, so one per-row rollback builds each index once for all of them (``memo`` lives for one
+    call), not once per layer: a host-built index costs a list, a tensor and a copy to the device."""
+    if memo is None:
+        return build()
+    if key not in memo:
+        memo[key] = build()
+    return memo[key]
+
+
 def host_index(values: list[list[int]], device: torch.device) -> torch.Tensor:
     """An int64 index tensor built on the host, on ``device``. On CUDA through pinned memory and a non-blocking copy:
     a copy from pageable memory synchronises the stream (the host waits for the device to drain its queue), once per
@@ -88,20 +99,27 @@ class RecordRing:
         else:
             self.num_committed += count
 
-    def overwrite_newest(self, counts: list[int], values: Mapping[str, float]) -> None:
+    def overwrite_newest(self, counts: list[int], values: Mapping[str, float], memo: dict | None = None) -> None:
         """Set the fields named in ``values`` of row r's newest ``counts[r]`` records to those values (fields this
-        ring does not keep are skipped)."""
-        most = max(counts, default=0)
-        if most > self.size:
-            raise RuntimeError(f"cannot overwrite {most} records, only {self.size} buffered")
+        ring does not keep are skipped). ``memo`` (one dict per rollback, shared by the layers): reuse the index
+        another ring of the same geometry built for the same ``counts``."""
+        most, size = max(counts, default=0), self.size
+        if most > size:
+            raise RuntimeError(f"cannot overwrite {most} records, only {size} buffered")
         if not most:
             return
         # One host-built (row, slot) index and one indexed write per field for the whole batch: a rollback is a few
         # launches per layer whatever the batch (a loop over rows launched rows x fields small copies, a third of a
         # batch-64 speculative run on the H200)
-        rows = [row for row, count in enumerate(counts) for _ in range(count)]
-        slots = [(self.origin + self.size - count + j) % self.capacity for count in counts for j in range(count)]
-        index = host_index([rows, slots], next(iter(self.fields.values())).device)
+        device = next(iter(self.fields.values())).device
+        end = self.origin + size
+
+        def build() -> torch.Tensor:
+            rows = [row for row, count in enumerate(counts) for _ in range(count)]
+            slots = [(end - count + j) % self.capacity for count in counts for j in range(count)]
+            return host_index([rows, slots], device)
+
+        index = shared_index(memo, ("ring", end % self.capacity, self.capacity, device), build)
         for name, value in values.items():
             if name in self.fields:
                 self.fields[name][index[0], index[1]] = value
@@ -232,10 +250,11 @@ class ConvRing:
         self.position = position
         self.oldest = max(0, position - kernel)
 
-    def compact_rows(self, dropped: list[int], kernel: int) -> None:
+    def compact_rows(self, dropped: list[int], kernel: int, memo: dict | None = None) -> None:
         """Per-row rollback without moving the shared position: row r's newest ``dropped[r]`` inputs are forgotten
         by moving its last ``kernel`` kept inputs into the window before the position (batched speculation, where
-        rows accept different numbers of drafts and the dropped slots stay behind as neutral tokens)."""
+        rows accept different numbers of drafts and the dropped slots stay behind as neutral tokens). ``memo``: as
+        in ``RecordRing.overwrite_newest``."""
         assert self.buffer is not None
         if max(dropped) > self.rewindable(kernel):
             raise RuntimeError(f"conv window cannot drop {max(dropped)} inputs of a row "
@@ -243,12 +262,15 @@ class ConvRing:
         end = self.position - self.base
         # row r's window becomes its `kernel` inputs before its dropped ones: one host-built index, one gather and
         # one indexed write for the whole batch (rows that drop nothing are left alone)
-        moved = [(row, count) for row, count in enumerate(dropped) if count]
-        rows = [row for row, _ in moved for _ in range(kernel)]
-        source = [end - count - kernel + j for _, count in moved for j in range(kernel)]
-        target = [end - kernel + j for _ in moved for j in range(kernel)]
-        if rows:
-            index = host_index([rows, source, target], self.buffer.device)
+        if any(dropped):
+            def build() -> torch.Tensor:
+                moved = [(row, count) for row, count in enumerate(dropped) if count]
+                rows = [row for row, _ in moved for _ in range(kernel)]
+                source = [end - count - kernel + j for _, count in moved for j in range(kernel)]
+                target = [end - kernel + j for _ in moved for j in range(kernel)]
+                return host_index([rows, source, target], self.buffer.device)
+
+            index = shared_index(memo, ("conv", end, kernel, self.buffer.device), build)
             self.buffer[index[0], :, index[2]] = self.buffer[index[0], :, index[1]]
         self.oldest = max(self.oldest, self.position - kernel)
 

@@ -433,8 +433,9 @@ class ReplayCache(DynamicCache):
             if max(dropped, default=0) > depth:
                 raise RollbackError(f"SSM layer {idx}: a row cannot drop {max(dropped)} tokens, only the last {depth} "
                                     "fed while recording (activate_past_recording) can be dropped")
+        memo = {}  # index tensors built once for every layer of the same geometry
         for layer in self.replay_layers.values():
-            layer.schedule.drop_rows_newest(dropped)
+            layer.schedule.drop_rows_newest(dropped, memo)
 
     def _layers_with_state(self) -> list:
         """Layers to crop / reorder: stock linear layers that never ran (5.17 uses them for nemotron_h's mlp/moe

@@ -112,3 +112,49 @@ def test_ring_extend_counts_records_a_kernel_wrote_in_append_order():
     assert (ring.num_committed, ring.num_pending) == (2, 3)
     with pytest.raises(RuntimeError, match="overflow"):
         ring.extend(1, pending=True)
+
+
+def test_per_row_rollback_shares_indices_only_between_equal_geometries():
+    """One rollback's memo: rings and conv windows of the same geometry reuse one index tensor and end as they would
+    alone; a ring whose newest slot differs (other origin) or a conv window with another kernel builds its own."""
+    counts = [2, 0, 3]
+
+    def ring_at(origin):
+        ring = RecordRing(6)
+        ring.allocate(_records(0, 1, batch=3))
+        ring.append(_records(0, origin + 1, batch=3), pending=False)
+        ring.drop_oldest(origin)  # one committed record left, the oldest at slot `origin`
+        ring.append(_records(10, 4, batch=3), pending=True)
+        return ring
+
+    def conv_with(seed):
+        conv = ConvRing(8)
+        inputs = torch.randn(3, 2, 9, generator=torch.Generator().manual_seed(seed))
+        conv.allocate(inputs[..., :1])
+        conv.write(inputs)
+        return conv
+
+    memo = {}
+    alone, shared, other = ring_at(1), ring_at(1), ring_at(2)
+    alone.overwrite_newest(counts, {"dt": -1.0})
+    shared.overwrite_newest(counts, {"dt": -1.0}, memo)
+    assert len(memo) == 1
+    again = ring_at(1)
+    again.overwrite_newest(counts, {"dt": -1.0}, memo)
+    other.overwrite_newest(counts, {"dt": -1.0}, memo)
+    assert len(memo) == 2  # the same geometry reused its index; another origin built its own
+    for ring in (shared, again):
+        assert torch.equal(ring.fields["dt"], alone.fields["dt"]) and torch.equal(ring.fields["x"], alone.fields["x"])
+    assert other.read()["dt"][:, -4:].tolist() == [[10, 11, -1, -1], [10, 11, 12, 13], [10, -1, -1, -1]]
+
+    conv_alone, conv_shared, conv_wide = conv_with(0), conv_with(1), conv_with(2)
+    reference_shared, reference_wide = conv_with(1), conv_with(2)
+    conv_alone.compact_rows(counts, kernel=3, memo=memo)
+    conv_shared.compact_rows(counts, kernel=3, memo=memo)
+    conv_wide.compact_rows(counts, kernel=4, memo=memo)
+    reference_shared.compact_rows(counts, kernel=3)
+    reference_wide.compact_rows(counts, kernel=4)
+    assert len(memo) == 4
+    assert torch.equal(conv_shared.buffer, reference_shared.buffer)
+    assert torch.equal(conv_wide.buffer, reference_wide.buffer)
+    assert not torch.equal(conv_alone.buffer, reference_shared.buffer)  # other inputs: the memo shares indices only

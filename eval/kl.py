@@ -8,7 +8,11 @@
    per prompt) step in lockstep with the arm rows in the same cache, so the reference log-probabilities are never
    stored. By default one cache per policy (rows: references + that policy on every prompt); with ``batch_rows``
    every policy is a group of rows of one cache. An ``"fp32"`` control arm is always run (added if missing): its
-   log-probabilities must equal the reference rows' exactly, or the run fails with ``ApparatusError``.
+   log-probabilities must equal the reference rows' exactly, or the run fails with ``ApparatusError``. With
+   ``window`` W > 1, W tokens per forward go through the speculative-window path (each token still reads the
+   checkpoint at its own flush boundary plus the records before it, as a decode step does): W times fewer forwards,
+   the same outputs up to the float rounding of batched matmuls. On the CPU teacher forcing runs on one thread (a
+   matmul's rows split between threads can round differently, which the exact control would catch).
 3. **Numerics.** KL(P_fp32 || P_policy) over the full vocabulary from float32 log-softmax, summed in float64, computed
    online on the device; per step only the per-arm scalars are kept (KL, top-1 agreement, |delta log p| of the
    trajectory's token), so memory per step is constant (nothing O(tokens x vocab)).
@@ -20,7 +24,8 @@
     from hf_replayssm.eval.kl import kl_study
     result = kl_study(model, tokenizer, ["separated-nvfp4", "shared-nvfp4"], tokens=4096, out="kl-run")
 
-    hf-replayssm eval kl --model tiny-mamba2 --policies bf16,separated-nvfp4,shared-nvfp4 --tokens 32768 --out kl-run
+    hf-replayssm eval kl --model small-gdn --policies bf16,separated-nvfp4,shared-nvfp4 --tokens 32768 --window 16 \
+        --batch-rows --out kl-run
 """
 
 from __future__ import annotations
@@ -165,16 +170,44 @@ def reference_trajectory(model, prompt_ids: torch.Tensor, tokens: int, sample: b
 
 
 # ---------------------------------------------------------------------------------------------------- teacher forcing
+@contextlib.contextmanager
+def _one_cpu_thread(device: torch.device):
+    """On the CPU, one intra-op thread: with several, a batched matmul splits its rows between threads and the
+    partitions can round differently, so an fp32 control row would not equal its reference row bit for bit
+    (small-gdn, 12 rows, 2 threads: from the first decode step). GPU kernels give every row the same reduction."""
+    if device.type != "cpu" or torch.get_num_threads() == 1:
+        yield
+        return
+    saved = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(saved)
+
+
 @torch.no_grad()
 def teacher_force(model, sequence: torch.Tensor, prompt_len: int, arms: list[tuple[int, str, object]],
                   buffer_len: int = 16, progress: bool = True, desc: str = "teacher forcing",
-                  check_every: int = 256) -> dict[tuple[int, str], dict]:
+                  check_every: int = 256, window: int = 1) -> dict[tuple[int, str], dict]:
     """Per-position metrics of ``arms`` [(prompt index, name, policy)], all rows of one ReplayCache.
 
     Rows: the fp32 reference of every prompt the arms use, then one row per arm. Returns {(prompt, name): {"kl":
     float64 [T], "agree": bool [T], "gap": float64 [T], "ref_match": bool [T]}} on the CPU. Raises ApparatusError if
     an fp32 control arm's log-probabilities ever differ from its reference row's.
+
+    ``window`` W > 1 feeds W trajectory tokens per forward through the cache's speculative-window path (past
+    recording on, every window committed whole): each token's output is computed from the checkpoint at its own
+    flush boundary plus the records before it, as one decode step computes it (the exactness that speculative
+    decoding relies on), in W times fewer forwards. Only the float rounding of the batched matmuls differs.
     """
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        raise ValueError(f"window must be an int >= 1, got {window!r}")
+    with _one_cpu_thread(sequence.device):
+        return _teacher_force(model, sequence, prompt_len, arms, buffer_len, progress, desc, check_every, window)
+
+
+def _teacher_force(model, sequence, prompt_len, arms, buffer_len, progress, desc, check_every, window):
     device = sequence.device
     key = cache_argument(model)
     used = sorted({p for p, _, _ in arms})
@@ -200,10 +233,15 @@ def teacher_force(model, sequence: torch.Tensor, prompt_len: int, arms: list[tup
                                  "the decode path is not exact, so the KL of the other arms cannot be trusted")
 
     cache = ReplayCache(buffer_len=buffer_len, precision=[CONTROL] * len(used) + [policy for _, _, policy in arms])
-    extra = {"logits_to_keep": 1} if "logits_to_keep" in _forward_parameters(model) else {}
-    logits = model(batch[:, :prompt_len], use_cache=True, **extra, **{key: cache}).logits[:, -1]
-    for pos in tqdm(range(positions), desc=desc, disable=not progress, leave=False, dynamic_ncols=True):
-        logp = torch.log_softmax(logits.float(), dim=-1)
+    keeps_logits = "logits_to_keep" in _forward_parameters(model)
+    extra = {"logits_to_keep": 1} if keeps_logits else {}
+    logits = model(batch[:, :prompt_len], use_cache=True, **extra, **{key: cache}).logits[:, -1:]
+    pending = []  # logits [R, V] of the positions to score, in order
+    bar = tqdm(total=positions, desc=desc, disable=not progress, leave=False, dynamic_ncols=True)
+    for pos in range(positions):
+        if not pending:
+            pending = list(logits.unbind(1))
+        logp = torch.log_softmax(pending.pop(0).float(), dim=-1)
         ref, arm = logp[ref_idx], logp[arm_idx]
         differs |= (ref != arm).any(dim=-1)
         ref64 = ref.double()
@@ -215,9 +253,18 @@ def teacher_force(model, sequence: torch.Tensor, prompt_len: int, arms: list[tup
         ref_match[:, pos] = ref_top == target.squeeze(1)
         if check_every and (pos + 1) % check_every == 0:
             check(pos)
-        if pos + 1 < positions:
-            step = batch[:, prompt_len + pos : prompt_len + pos + 1]
-            logits = model(step, use_cache=True, **extra, **{key: cache}).logits[:, -1]
+        bar.update()
+        if pos + 1 < positions and not pending:
+            count = min(window, positions - 1 - pos)
+            step = batch[:, prompt_len + pos : prompt_len + pos + count]
+            if window > 1:  # the speculative-window path: past recording on for this forward
+                cache.activate_past_recording()
+                logits = model(step, use_cache=True, **({"logits_to_keep": count} if keeps_logits else {}),
+                               **{key: cache}).logits[:, -count:]
+                cache.deactivate_past_recording()  # commits the window: nothing of it is rolled back
+            else:
+                logits = model(step, use_cache=True, **extra, **{key: cache}).logits[:, -1:]
+    bar.close()
     check(positions - 1)
     kl, agree, gap, ref_match = kl.cpu(), agree.cpu(), gap.cpu(), ref_match.cpu()
     # clones: a row view would carry (and torch.save would write) every arm's storage into each arm's file
@@ -317,7 +364,8 @@ def plot(result: dict, path: str | Path) -> None:
 # ---------------------------------------------------------------------------------------------------- the study
 def kl_study(model, tokenizer=None, policies=DEFAULT_POLICIES, tokens: int = 1024, prompts=None, *,
              out: str | Path | None = None, sample: bool = False, seed: int = 0, batch_rows: bool = False,
-             buffer_len: int = 16, progress: bool = True, resume: bool = False, model_name: str | None = None) -> dict:
+             buffer_len: int = 16, progress: bool = True, resume: bool = False, model_name: str | None = None,
+             window: int = 1) -> dict:
     """Teacher-forced KL(P_fp32 || P_policy) of each policy over ``tokens`` positions from several prompts.
 
     Args:
@@ -329,6 +377,9 @@ def kl_study(model, tokenizer=None, policies=DEFAULT_POLICIES, tokens: int = 102
         sample / seed: seeded sampling (the model's generation config) instead of greedy for the reference.
         batch_rows: every policy as rows of one cache (one forward per step); default one cache per policy.
         resume: reuse the trajectory and the finished arms found under ``out`` (they must match this study).
+        window: trajectory tokens per teacher-forcing forward (default 1: one decode step per token). W > 1 runs
+            the speculative-window path (see :func:`teacher_force`): W times fewer forwards, the same outputs up to
+            float rounding (on the bundled models, mean KL per policy within 1 % of W = 1).
 
     Returns the JSON document: {"meta": ..., "bins": [[start, stop], ...], "policies": {name: {"mean_kl", "se",
     "median", "p99", "p999", "max", "top1_agreement", "ref_token_logprob_gap", "per_prompt_mean_kl", "binned_kl",
@@ -337,7 +388,7 @@ def kl_study(model, tokenizer=None, policies=DEFAULT_POLICIES, tokens: int = 102
     with _no_tf32():
         return _kl_study(model, tokenizer, policies, tokens, prompts, out=out, sample=sample, seed=seed,
                          batch_rows=batch_rows, buffer_len=buffer_len, progress=progress, resume=resume,
-                         model_name=model_name)
+                         model_name=model_name, window=window)
 
 
 @contextlib.contextmanager
@@ -352,7 +403,7 @@ def _no_tf32():
 
 @torch.no_grad()
 def _kl_study(model, tokenizer, policies, tokens, prompts, *, out, sample, seed, batch_rows, buffer_len, progress,
-              resume, model_name) -> dict:
+              resume, model_name, window) -> dict:
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
         raise ValueError(f"tokens must be an int >= 1, got {tokens!r}")
     if resume and out is None:
@@ -400,8 +451,9 @@ def _kl_study(model, tokenizer, policies, tokens, prompts, *, out, sample, seed,
         return out / "arms" / f"p{prompt:03d}-{_slug(name)}.pt"
 
     def arm_key(prompt: int, name: str) -> dict:
-        return {"format": ARM_FORMAT, "trajectory": trajectory, "prompt": prompt, "policy": name,
-                "buffer_len": buffer_len, "dtype": str(dtype)}
+        key = {"format": ARM_FORMAT, "trajectory": trajectory, "prompt": prompt, "policy": name,
+               "buffer_len": buffer_len, "dtype": str(dtype)}
+        return key if window == 1 else {**key, "window": window}  # arms saved before windows existed stay valid
 
     records: dict[tuple[int, str], dict] = {}
     todo = []
@@ -422,7 +474,7 @@ def _kl_study(model, tokenizer, policies, tokens, prompts, *, out, sample, seed,
     for group in groups:
         label = "all policies" if batch_rows else group[0][1]
         done = teacher_force(model, sequence, prompt_len, group, buffer_len=buffer_len, progress=progress,
-                             desc=f"{label} ({len(group)} arms)")
+                             desc=f"{label} ({len(group)} arms)", window=window)
         for (prompt, name), metrics in done.items():
             records[(prompt, name)] = metrics
             if out is not None:
@@ -437,6 +489,7 @@ def _kl_study(model, tokenizer, policies, tokens, prompts, *, out, sample, seed,
             "model": model_name, "policies": names, "control_added": control_added, "tokens": tokens,
             "positions": positions, "prompts": texts, "n_prompts": n_prompts, "prompt_tokens": prompt_len,
             "buffer_len": buffer_len, "sample": sample, "seed": seed_used, "batch_rows": batch_rows,
+            "window": window,
             "device": device.type, "dtype": str(dtype).removeprefix("torch."),
             "kl": "KL(P_fp32 || P_policy), full vocabulary, float32 log-softmax, float64 sums, teacher-forced",
             # how often the lockstep fp32 reference's argmax is the trajectory's token (1.0 for greedy up to ties)
@@ -472,6 +525,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--batch-rows", action="store_true",
                         help="all policies as batch rows of one cache (default: one cache per policy)")
     parser.add_argument("--buffer-len", type=int, default=16, help="ReplayCache buffer length (default 16)")
+    parser.add_argument("--window", type=int, default=1,
+                        help="trajectory tokens per teacher-forcing forward through the speculative-window path "
+                             "(default 1: one decode step per token; 16 is 16x fewer forwards, the same outputs "
+                             "up to float rounding)")
     parser.add_argument("--device", default=None, help="torch device (default cuda if available, else cpu)")
     parser.add_argument("--dtype", choices=list(DTYPES), default="float32", help="model weights dtype")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -486,6 +543,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--tokens must be at least 1")
     if args.buffer_len < 1:
         parser.error("--buffer-len must be at least 1")
+    if args.window < 1:
+        parser.error("--window must be at least 1")
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     if not policies:
         parser.error("--policies: give at least one policy")
@@ -509,7 +568,8 @@ def main(argv: list[str] | None = None) -> int:
     model, tokenizer = load_model(args.model, device=args.device, dtype=DTYPES[args.dtype])
     result = kl_study(model, tokenizer, policies, tokens=args.tokens, prompts=prompts, out=args.out,
                       sample=args.sample, seed=args.seed, batch_rows=args.batch_rows, buffer_len=args.buffer_len,
-                      progress=not args.no_progress, resume=args.resume, model_name=args.model or DEFAULT_MODEL)
+                      progress=not args.no_progress, resume=args.resume, model_name=args.model or DEFAULT_MODEL,
+                      window=args.window)
     print(format_table(result))
     print(f"\nwrote {Path(args.out) / 'kl.json'} and {Path(args.out) / 'kl.png'}")
     return 0

@@ -166,3 +166,51 @@ def test_cli_sampled_with_prompt_file(tmp_path, capsys):
     assert kl.main([*argv, "--resume"]) == 0  # the same sampled trajectory is reused
     assert torch.equal(torch.load(out / "trajectory.pt", weights_only=True)["sequence"], trajectory)
     assert json.loads((out / "kl.json").read_text()) == document
+
+
+@pytest.mark.parametrize("model_name", ["small-mamba2", "small-gdn"])
+def test_window_teacher_forcing_matches_decode_steps(model_name, tmp_path):
+    """Windows of 16 tokens through the speculative-window path measure what one decode step per token measures
+    (mean KL within 2 %, the same top-1 agreement; float rounding of the batched matmuls flips a few low-precision
+    codes), with the control exactly 0, in 16x fewer forwards. Windows cross flush boundaries (prompt not a multiple
+    of 16, 70 positions). Arms saved with one window are not reused by a run with another."""
+    model, tokenizer = load_model(model_name, device="cpu")
+    policies = ["separated-nvfp4", "shared-nvfp4", "shared-fp8"]
+    forwards = []
+    hook = model.register_forward_pre_hook(lambda module, args: forwards.append(1))
+    try:
+        kwargs = dict(tokens=70, prompts=kl.DEFAULT_PROMPTS[:2], progress=False, batch_rows=True, out=tmp_path)
+        steps = kl.kl_study(model, tokenizer, policies, **kwargs)
+        step_forwards, forwards[:] = len(forwards), []
+        windows = kl.kl_study(model, tokenizer, policies, window=16, resume=True, **kwargs)
+        window_forwards = len(forwards)
+    finally:
+        hook.remove()
+    # steps: generation (1 + 69) + teacher forcing (1 + 69); windows: the trajectory is reused, 1 + ceil(69 / 16)
+    assert step_forwards == 140 and window_forwards == 1 + 5
+    assert windows["meta"]["window"] == 16 and steps["meta"]["window"] == 1
+    for name in ["fp32", *policies]:
+        a, b = steps["policies"][name], windows["policies"][name]
+        if name == "fp32":
+            assert a["max"] == b["max"] == 0.0
+            continue
+        assert b["mean_kl"] > 0 and b["mean_kl"] == pytest.approx(a["mean_kl"], rel=0.02), name
+        assert b["top1_agreement"] == a["top1_agreement"], name
+    with pytest.raises(ValueError, match="window must be an int >= 1"):
+        kl.teacher_force(model, torch.zeros(1, 4, dtype=torch.long), 2, [(0, "fp32", "fp32")], window=0)
+
+
+def test_control_exact_with_several_cpu_threads():
+    """With two intra-op threads a 12-row batch (4 references, 4 controls, 4 bf16 rows) rounded some control rows
+    differently from their references from the first decode step on (a matmul's rows split between threads); the
+    study teacher-forces on one CPU thread and restores the caller's thread count."""
+    model, tokenizer = load_model("small-gdn", device="cpu")
+    saved = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        result = kl.kl_study(model, tokenizer, ["bf16"], tokens=8, progress=False, batch_rows=True)
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(saved)
+    assert result["meta"]["n_prompts"] == 4 and result["policies"]["fp32"]["max"] == 0.0
+    assert result["policies"]["bf16"]["mean_kl"] > 0

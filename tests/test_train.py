@@ -152,9 +152,58 @@ def test_max_minutes_cuts_the_run(tmp_path):
     assert f"steps={train_script._TIMED_STEPS + 1} (of 100000: --max-minutes)" in note
 
 
+def test_repeat_rows_repeat_one_passage():
+    rows = train_script.RepeatRows(seed=0)
+    text = torch.arange(3, 500)
+    lengths = set()
+    for _ in range(20):
+        ids, labels = rows.row(text, offset=40, length=129)
+        assert ids.shape == (129,) and labels is ids
+        period = int((ids[1:] == ids[0]).nonzero()[0]) + 1  # the text is distinct tokens: the first repeat
+        assert 16 <= period <= 64 and torch.equal(ids[:period], text[40 : 40 + period])
+        assert torch.equal(ids[period:], ids[: 129 - period])  # every later token copies the one a period back
+        lengths.add(period)
+    assert len(lengths) > 5  # passage lengths vary from row to row
+
+
+def test_fine_tune_from_a_saved_model(tmp_path):
+    """--init-from starts from a saved model's weights (its layout and tokenizer); rows of repeated passages are
+    mixed in; TRAINING.txt records both; another --arch is refused."""
+    from transformers import AutoModelForCausalLM
+
+    _plays(tmp_path / "texts")
+    base = bundled_path("tiny-mamba2")
+    out = tmp_path / "tuned"
+    common = ["--text-dir", str(tmp_path / "texts"), "--steps", "2", "--context", "48", "--batch", "2",
+              "--device", "cpu", "--lr", "1e-4"]
+    train_script.main(["--arch", "nemotron_h", "--out", str(out), "--init-from", str(base), "--repeat-mix", "0.5",
+                       *common])
+    note = (out / "TRAINING.txt").read_text()
+    assert "repeat_mix=0.5" in note and f"init_from={base}" in note
+    before = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    after = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    assert after.config.hidden_size == before.config.hidden_size
+    assert after.config.num_hidden_layers == before.config.num_hidden_layers
+    weight_before = before.get_input_embeddings().weight
+    weight_after = after.get_input_embeddings().weight
+    # started from the saved weights: a few small steps (and the bf16 save) move them only a little
+    assert (weight_after - weight_before).abs().max() < 0.05 * weight_before.abs().max()
+    with pytest.raises(ValueError, match="not --arch qwen3_5_text"):
+        train_script.main(["--arch", "qwen3_5_text", "--out", str(tmp_path / "x"), "--init-from", str(base),
+                           *common])
+    small_vocab = tmp_path / "small-vocab"
+    tiny_model("nemotron_h", seed=0).save_pretrained(small_vocab)  # 128 embeddings, the bundled tokenizer's 2048
+    with pytest.raises(ValueError, match="give the tokenizer it was trained with"):
+        train_script.main(["--arch", "nemotron_h", "--out", str(tmp_path / "y"), "--init-from", str(small_vocab),
+                           "--tokenizer", str(base), *common])
+
+
 def test_bad_arguments_are_refused(tmp_path):
     with pytest.raises(ValueError, match="recall-mix"):
         train_script.main(["--arch", "nemotron_h", "--out", str(tmp_path), "--recall-mix", "2"])
+    with pytest.raises(ValueError, match="repeat-mix"):
+        train_script.main(["--arch", "nemotron_h", "--out", str(tmp_path), "--recall-mix", "0.6", "--repeat-mix",
+                           "0.6"])
     with pytest.raises(SystemExit):
         train_script.main(["--arch", "mamba", "--out", str(tmp_path)])
 

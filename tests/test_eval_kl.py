@@ -214,3 +214,25 @@ def test_control_exact_with_several_cpu_threads():
         torch.set_num_threads(saved)
     assert result["meta"]["n_prompts"] == 4 and result["policies"]["fp32"]["max"] == 0.0
     assert result["policies"]["bf16"]["mean_kl"] > 0
+
+
+def test_study_switches_tf32_and_cudnn_attention_off_and_restores_them(mamba2, monkeypatch):
+    model, tokenizer = mamba2
+    seen = []
+    real_force = kl.teacher_force
+
+    def recording_force(*args, **kwargs):
+        seen.append((torch.backends.cuda.matmul.allow_tf32, torch.backends.cuda.cudnn_sdp_enabled()))
+        return real_force(*args, **kwargs)
+
+    monkeypatch.setattr(kl, "teacher_force", recording_force)
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cuda.enable_cudnn_sdp(True)
+    try:
+        kl.kl_study(model, tokenizer, ["bf16"], tokens=4, prompts=kl.DEFAULT_PROMPTS[:1], progress=False)
+        assert seen and all(state == (False, False) for state in seen)
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cuda.cudnn_sdp_enabled()
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved[0]
+        torch.backends.cuda.enable_cudnn_sdp(saved[1])

@@ -179,7 +179,7 @@ def test_fine_tune_from_a_saved_model(tmp_path):
     train_script.main(["--arch", "nemotron_h", "--out", str(out), "--init-from", str(base), "--repeat-mix", "0.5",
                        *common])
     note = (out / "TRAINING.txt").read_text()
-    assert "repeat_mix=0.5" in note and f"init_from={base}" in note
+    assert "repeat_mix=0.5" in note and f"init_from={base}" in note and "size=init-from" in note
     before = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     after = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     assert after.config.hidden_size == before.config.hidden_size

@@ -460,7 +460,8 @@ def main(argv=None) -> None:
     recent: list[float] = []
     warm = start
     planned_steps = args.steps
-    progress = tqdm(total=args.steps, desc=f"train {args.arch}/{args.size} ({params / 1e6:.2f}M params)")
+    layout_name = args.size if args.init_from is None else "init-from"  # a fine-tune keeps the saved layout
+    progress = tqdm(total=args.steps, desc=f"train {args.arch}/{layout_name} ({params / 1e6:.2f}M params)")
     step = 0
     while step < args.steps:
         offsets = torch.randint(0, len(train_ids) - args.context - 1, (args.batch,), generator=generator).tolist()
@@ -512,7 +513,7 @@ def main(argv=None) -> None:
     cut = f" (of {planned_steps}: --max-minutes)" if args.steps < planned_steps else ""
     note = (
         f"command: python -m hf_replayssm.models.train {shlex.join(argv)}\n"
-        f"arch={args.arch} size={args.size} params={params} "
+        f"arch={args.arch} size={layout_name} params={params} "
         f"weights={args.save_dtype} ({weight_bytes} bytes) "
         f"steps={args.steps}{cut} batch={args.batch}x{args.context} lr={args.lr} seed={args.seed} "
         f"recall_mix={args.recall_mix} repeat_mix={args.repeat_mix} init_from={args.init_from} "

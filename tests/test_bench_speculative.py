@@ -54,3 +54,16 @@ def test_repetitive_prompts_repeat():
     assert ids.shape == (2, 200) and not torch.equal(ids[0], ids[1])
     row = ids[0].tolist()
     assert any(row[i : i + 8] == row[j : j + 8] for i in range(0, 40) for j in range(i + 8, 192))
+
+
+def test_a_saved_model_folder_loads_with_its_tokenizer(tmp_path):
+    """``--models PATH``: a saved model (e.g. a fine-tune from ``hf_replayssm.models.train --init-from``) runs with
+    its own tokenizer, so its prompts are the repeated passage of the bundled models."""
+    from hf_replayssm.models import load_model
+
+    model, tokenizer = load_model("tiny-mamba2", device="cpu")
+    model.save_pretrained(tmp_path / "saved")
+    tokenizer.save_pretrained(tmp_path / "saved")
+    loaded, loaded_tokenizer = speculative._load(str(tmp_path / "saved"), "cpu", model.dtype, tiny=False)
+    assert loaded_tokenizer is not None and len(loaded_tokenizer) == len(tokenizer)
+    assert loaded.config.model_type == model.config.model_type

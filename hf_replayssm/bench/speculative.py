@@ -12,8 +12,10 @@ acceptance, verify forwards, whether every row's tokens equal plain greedy, and 
 (``ReplayCache.drop_rows``) as a fraction of the run, against what the per-draft snapshot approach would add (each
 SSM layer's state copied once per window position and the accepted one restored, per verify round: measured as
 those copies on the same device, a lower bound). Models: a bundled name (``small-mamba2``, ``small-kda``,
-``small-gdn``) or a shaped random-weight model (``qwen3_5``, ``nemotron_h``, ``kimi_linear``; ``--tiny`` cuts them
-down). Each arm runs once untimed first (same lengths); arms alternate over repeats and the best run counts. On CUDA
+``small-gdn``), a saved model folder with its tokenizer (e.g. a fine-tune that copies repeated text:
+``python -m hf_replayssm.models.train --init-from ... --repeat-mix 0.5``), or a shaped random-weight model
+(``qwen3_5``, ``nemotron_h``, ``kimi_linear``; ``--tiny`` cuts them down). Each arm runs once untimed first (same
+lengths); arms alternate over repeats and the best run counts. On CUDA
 the verify windows run the Triton verify kernels (the part of a window past a flush boundary the torch reference),
 plain greedy the decode-step kernels.
 """
@@ -32,11 +34,14 @@ ARMS = ("greedy", "lookup")
 
 
 def _load(name: str, device: str, dtype: torch.dtype, tiny: bool):
-    """(model, tokenizer or None): a bundled model with its tokenizer, or a shaped random-weight model."""
+    """(model, tokenizer or None): a bundled model or a saved model folder with its tokenizer, or a shaped
+    random-weight model."""
+    from pathlib import Path
+
     from ..models import BUNDLED, load_model
     from .generate import build_model
 
-    if name in BUNDLED:
+    if name in BUNDLED or Path(name, "config.json").is_file():
         return load_model(name, device=device, dtype=dtype)
     return build_model(name, device, dtype, tiny=tiny), None
 

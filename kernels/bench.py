@@ -475,6 +475,11 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                 read_cfg = _cfg_dict(read_cfgs[best_read])
                 row.update(device_read_copy_times(k, inputs, timer, args.read_format, "in_phase", per_step_us,
                                                    _config=read_cfg))
+                # the former default: one fused launch carrying both the replay and the flush code
+                fused = device_read_copy_times(k, inputs, timer, args.read_format, "in_phase", per_step_us,
+                                               compact=False, _config=read_cfg, _split=False)
+                row.update({key.replace("_us", "_fused_us") if key.endswith("_us") else f"{key}_fused": value
+                            for key, value in fused.items()})
                 if args.read_format == "nvfp4":  # the former load: a byte load per nibble
                     row["replay_host_read_copy_nvfp4_nibbles_us"] = per_step_us(timer(inputs.host_fn(
                         k._replay_step, read_format="nvfp4", _config=read_cfg, _nvfp4_pairs=False)))

@@ -305,7 +305,7 @@ def _mamba2_replay_step_kernel(
         # the whole program for a round trip if it were issued here.
         if PREFETCH_STATE:
             s0 = s_pre.to(tl.float32)
-        elif READ_FORMAT == "fp32" or PHASE == 2 or PHASE == 3:
+        elif READ_FORMAT == "fp32" or PHASE == 2 or (PHASE == 3 and not FLUSH_READS_COPY):
             s0 = tl.load(state_ptrs, mask=mask_pn, other=0.0).to(tl.float32)
         elif PHASE == 1 or PHASE == 4 or FLUSH_READS_COPY:  # the decoded read copy (FLUSH_READS_COPY: every row's)
             s0 = load_read_tile(rc_values_ptr, rc_scales_ptr, rc_tensor_scale_ptr, pid_b, h, offs_p, offs_n, mask_pn,
@@ -354,7 +354,7 @@ def _mamba2_replay_step_kernel(
                                     dt_m, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
                                     stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g,
                                     stride_rB_n, BLOCK_R, PHASE == 4 and RING_PHYSICAL)
-        elif PHASE == 2 or PHASE == 3:
+        elif PHASE == 2 or (PHASE == 3 and not FLUSH_READS_COPY):
             y = _mamba2_flush_math(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group,
                                    origin, count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m, la_m,
                                    A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b,
@@ -362,7 +362,8 @@ def _mamba2_replay_step_kernel(
                                    FOLD_UNROLL, FLUSH_DOT, FLUSH_PRECISION, BLOCK_R)
         elif FLUSH_READS_COPY:
             # Every row's y from the copy by the replay arithmetic (the separated policy's flush step output); a
-            # flushing row appends nothing and folds into the checkpoint, read now, instead.
+            # flushing row appends nothing and folds into the checkpoint, read now, instead. (PHASE 3, the split
+            # step's flush launch: only flushing rows run.)
             y = _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count,
                                     ring_size, heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m, x_f, B_f, C_f,
                                     dt_m, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
@@ -571,9 +572,12 @@ def _replay_step(
     host = (0, 0) if phase == 0 else (origin, count)
     # Kernel phases: the host's phase, or on the device one fused launch (0) or two (3: flushes, then 4: replays).
     flush_reads_copy = bool(flush_reads_copy) and read_format != "fp32"
-    if flush_reads_copy and (phase != 0 or _split):
-        raise ValueError("flush_reads_copy needs positions on the device and one fused launch (_split off)")
-    split = phase == 0 and (_split is None or bool(_split)) and not flush_reads_copy
+    if flush_reads_copy and phase != 0:
+        raise ValueError("flush_reads_copy needs positions on the device")
+    # With flush_reads_copy the split's flush launch also gives a flushing row's output from the copy; its replay
+    # launch is then the host-phase replay reading the copy (80 registers for fp8 at 32 x 2 on sm_90, the fused
+    # launch 200; nvfp4 237 vs 255 with 200 B spilled): split by default as for fp32 (not yet timed on a GPU)
+    split = phase == 0 and (_split is None or bool(_split))
     launches = (3, 4) if split else (phase,)
     count_launch = phase == 0 and bool(_count_launch) and bool(_ticket)
 
@@ -606,9 +610,11 @@ def _replay_step(
             BLOCK_P=cfg["block_p"],
             BLOCK_N=triton.next_power_of_2(d_state),
             BLOCK_R=max(16, triton.next_power_of_2(ring_size)) if flush_dot else block_r,
-            READ_FORMAT="fp32" if kernel_phase in (2, 3) else kernel_read_format,
+            # a split step's flush launch reads the copy only for a flushing row's output (flush_reads_copy)
+            READ_FORMAT=kernel_read_format if kernel_phase in (0, 1, 4) or (kernel_phase == 3 and flush_reads_copy)
+            else "fp32",
             PREFETCH_STATE=kernel_phase == 4 and read_format == "fp32" and bool(_prefetch),
-            FLUSH_READS_COPY=flush_reads_copy,
+            FLUSH_READS_COPY=flush_reads_copy and kernel_phase in (0, 3),
             num_warps=cfg["num_warps"],
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel

@@ -34,11 +34,13 @@ def test_bench_smoke(tmp_path):
                 *(f"replay_{arm}_read_copy_us" for arm in ("host", "mixed", "in_phase")),
                 "replay_mixed_read_copy_no_reencode_us", "speedup_replay_in_phase_read_copy_vs_standard",
                 "replay_host_read_copy_nvfp4_nibbles_us", "replay_in_phase_read_copy_nvfp4_nibbles_us",
-                "replay_mixed_read_copy_compact_reencode_us", "replay_in_phase_read_copy_compact_reencode_us"):
+                "replay_mixed_read_copy_per_tile_reencode_us", "replay_in_phase_read_copy_per_tile_reencode_us",
+                "replay_in_phase_read_copy_fused_us"):
         assert row[key] > 0, (key, row)
     assert data["checks"]["smoke"]["read_copy_mixed_ok"] and data["checks"]["smoke"]["ok"], data["checks"]
     assert data["checks"]["smoke"]["read_copy_nvfp4_nibbles_rel_err"] < 1e-6, data["checks"]
     assert "replay step" in stdout and "device-phase, mixed replay reading a nvfp4 copy" in stdout
+    assert "one fused launch (the former default)" in stdout
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -261,16 +261,27 @@ def case_flush_reads_copy(_, device):
         counts = [5, 2, 4, 5]
         flush = torch.tensor([c + 1 >= 6 for c in counts], device=device)
         runs = {}
-        for label, fn, option in (("kernel", family.kernel, True), ("ref", family.ref, True),
-                                  ("default", family.kernel, False)):
+        arms = [("kernel", family.kernel, True, {}), ("ref", family.ref, True, {}),
+                ("default", family.kernel, False, {})]
+        if name == "mamba2":  # the default is two launches (flushing rows, then replaying rows); one fused launch
+            arms.append(("fused", family.kernel, True, {"_split": False}))
+        for label, fn, option, launch in arms:
             q = _clone(p)
             raw = {n: q.pop(n) for n in ("ring_v", "ring_beta") if n in q}
             origin, count = _positions([1, 4, 0, 3], counts, device)
             y = fn(q, origin, count, 6, read_copy={n: t.clone() for n, t in copy.items()}, read_format=read_format,
-                   flush_reads_copy=option, **raw)
+                   flush_reads_copy=option, **raw, **launch)
             runs[label] = (y, q, count)
         print(f" {name} {read_format} flush_reads_copy, flush rows {flush.tolist()}")
-        (y, got, count), (y_ref, want, count_ref), (y_def, default, count_def) = (runs[k] for k in runs)
+        (y, got, count), (y_ref, want, count_ref), (y_def, default, count_def) = (runs[k] for k in
+                                                                                  ("kernel", "ref", "default"))
+        if "fused" in runs:  # the fused step equals the split one (constexpr variants: 1e-6 on a GPU)
+            y_split, split, count_split = runs["fused"]
+            exact = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(y_split, y, **exact)
+            assert torch.equal(count_split, count)
+            for n in ("state", *family.rings):
+                torch.testing.assert_close(split[n], got[n], **exact)
         _close("y vs reference", y, y_ref, REL)
         assert torch.equal(count, count_ref) and torch.equal(count, count_def)
         # the option is a constexpr: on a GPU the two compiled kernels may contract FMAs differently

@@ -176,6 +176,9 @@ def print_read_copy_rows(r: dict, pad: int) -> None:
                   + (f" ({r[f'replay_{arm}_read_copy_no_reencode_us']:.2f} us without the re-encode, "
                      f"{r[f'replay_{arm}_read_copy_per_tile_reencode_us']:.2f} us with its per-tile grid)"
                      if arm != "host" else ""), flush=True)
+    if "replay_in_phase_read_copy_split_us" in r:
+        print(f"{'':<{pad}}{'':>6} | device, in phase, two launches (flushes, then replays): "
+              f"{r['replay_in_phase_read_copy_split_us']:.2f} us", flush=True)
     if "replay_in_phase_read_copy_fused_us" in r:
         print(f"{'':<{pad}}{'':>6} | device, in phase, one fused launch (the former default): "
               f"{r['replay_in_phase_read_copy_fused_us']:.2f} us", flush=True)

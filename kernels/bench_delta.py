@@ -536,6 +536,14 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                 rbv, rnw = (int(x) for x in best_read.split("x"))
                 row.update(device_read_copy_times(k, inputs, timer, args.read_format, "in_phase", per_step_us,
                                                    _block_v=dbv, _num_warps=dnw))
+                # two launches (flushing rows, then replaying rows) at the host-phase read-copy tile: the replay
+                # launch is then the host-phase one plus the count (168 registers for fp8 at 32 x 2 on sm_90,
+                # the fused launch 214)
+                hbv, hnw = (int(x) for x in read_default.split("x"))
+                split = device_read_copy_times(k, inputs, timer, args.read_format, "in_phase", per_step_us,
+                                               compact=False, _block_v=hbv, _num_warps=hnw, _split=True)
+                row.update({key.replace("_us", "_split_us") if key.endswith("_us") else f"{key}_split": value
+                            for key, value in split.items()})
                 if args.read_format == "nvfp4":  # the former load: a byte load per nibble
                     row["replay_host_read_copy_nvfp4_nibbles_us"] = per_step_us(timer(inputs.host_fn(
                         k._replay_step, read_format="nvfp4", _block_v=rbv, _num_warps=rnw, _nvfp4_pairs=False)))

@@ -241,7 +241,7 @@ def _delta_replay_step_kernel(
     READ_FORMAT: tl.constexpr,  # what replay reads: "fp32" the checkpoint, "fp8" / "nvfp4" the read copy
     EXACT_FOLD: tl.constexpr,  # flushes recompute d from the raw v / beta records; replays append them
     PREFETCH_STATE: tl.constexpr,  # PHASE 4 with READ_FORMAT "fp32" only: load the tile before the phase test
-    FLUSH_READS_COPY: tl.constexpr,  # PHASE 0 with a read copy: a flushing row's o from the copy, as replays
+    FLUSH_READS_COPY: tl.constexpr,  # PHASE 0 / 3 with a read copy: a flushing row's o from the copy, as replays
 ):
     pid_v = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -297,7 +297,7 @@ def _delta_replay_step_kernel(
     if run:
         if PREFETCH_STATE:
             s0 = s_pre.to(tl.float32)
-        elif READ_FORMAT == "fp32" or PHASE == 2 or PHASE == 3:
+        elif READ_FORMAT == "fp32" or PHASE == 2 or (PHASE == 3 and not FLUSH_READS_COPY):
             s0 = tl.load(state_ptrs, mask=mask_kv, other=0.0).to(tl.float32)
         else:
             # Replaying rows read the decoded read copy (S0^T q and S0^T k come from it), flushing rows the
@@ -629,8 +629,8 @@ def _replay_step(
         (state, state), (0, 0), (origin, count))  # host phase: the pointers are unused
     # Kernel phases: the host's phase, or on the device one fused launch (0) or two (3: flushes, then 4: replays).
     flush_reads_copy = bool(flush_reads_copy) and read_format != "fp32"
-    if flush_reads_copy and (phase != 0 or _split):
-        raise ValueError("flush_reads_copy needs positions on the device and one fused launch (_split off)")
+    if flush_reads_copy and phase != 0:
+        raise ValueError("flush_reads_copy needs positions on the device")
     split = phase == 0 and bool(_split)
     launches = (3, 4) if split else (phase,)
     count_launch = phase == 0 and bool(_count_launch) and bool(_ticket)
@@ -659,10 +659,11 @@ def _replay_step(
             BLOCK_R=max(16, triton.next_power_of_2(ring_size)),  # >= 16: the flush's tl.dot needs it on the GPU
             FLUSH_DOT=flush_dot,
             FLUSH_PRECISION=FLUSH_PRECISION,
-            READ_FORMAT="fp32" if flush_only else kernel_read_format,
+            # a split step's flush launch reads the copy only for a flushing row's output (flush_reads_copy)
+            READ_FORMAT="fp32" if flush_only and not (kernel_phase == 3 and flush_reads_copy) else kernel_read_format,
             EXACT_FOLD=exact_fold,
             PREFETCH_STATE=kernel_phase == 4 and read_format == "fp32" and bool(_prefetch),
-            FLUSH_READS_COPY=flush_reads_copy,
+            FLUSH_READS_COPY=flush_reads_copy and kernel_phase in (0, 3),
             num_warps=num_warps,
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel

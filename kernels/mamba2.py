@@ -264,7 +264,7 @@ def _mamba2_replay_step_kernel(
     BLOCK_R: tl.constexpr,
     READ_FORMAT: tl.constexpr,  # what replay reads: "fp32" the checkpoint, "fp8" / "nvfp4" the read copy
     PREFETCH_STATE: tl.constexpr,  # PHASE 4 with READ_FORMAT "fp32" only: load the tile before the phase test
-    FLUSH_READS_COPY: tl.constexpr,  # PHASE 0 with a read copy: a flushing row's y from the copy, as replays
+    FLUSH_READS_COPY: tl.constexpr,  # PHASE 0 / 3 with a read copy: a flushing row's y from the copy, as replays
 ):
     pid_p = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)

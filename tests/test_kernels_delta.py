@@ -37,7 +37,8 @@ def test_bench_smoke(tmp_path, family):
         keys += [f"replay_{arm}_read_copy_us" for arm in ("host", "mixed", "in_phase")]
         keys += ["replay_in_phase_read_copy_no_reencode_us", "speedup_replay_mixed_read_copy_vs_standard",
                  "replay_host_read_copy_nvfp4_nibbles_us", "replay_in_phase_read_copy_nvfp4_nibbles_us",
-                 "replay_mixed_read_copy_per_tile_reencode_us", "replay_in_phase_read_copy_per_tile_reencode_us"]
+                 "replay_mixed_read_copy_per_tile_reencode_us", "replay_in_phase_read_copy_per_tile_reencode_us",
+                 "replay_in_phase_read_copy_split_us"]
     for key in keys:
         assert row[key] > 0, (key, row)
     assert all(check["ok"] for check in data["checks"].values()), data["checks"]

@@ -263,8 +263,9 @@ def case_flush_reads_copy(_, device):
         runs = {}
         arms = [("kernel", family.kernel, True, {}), ("ref", family.ref, True, {}),
                 ("default", family.kernel, False, {})]
-        if name == "mamba2":  # the default is two launches (flushing rows, then replaying rows); one fused launch
-            arms.append(("fused", family.kernel, True, {"_split": False}))
+        # the other launch layout: Mamba-2's default is two launches (flushing rows, then replaying rows), the
+        # delta rule's one fused launch
+        arms.append(("other", family.kernel, True, {"_split": name != "mamba2"}))
         for label, fn, option, launch in arms:
             q = _clone(p)
             raw = {n: q.pop(n) for n in ("ring_v", "ring_beta") if n in q}
@@ -275,8 +276,8 @@ def case_flush_reads_copy(_, device):
         print(f" {name} {read_format} flush_reads_copy, flush rows {flush.tolist()}")
         (y, got, count), (y_ref, want, count_ref), (y_def, default, count_def) = (runs[k] for k in
                                                                                   ("kernel", "ref", "default"))
-        if "fused" in runs:  # the fused step equals the split one (constexpr variants: 1e-6 on a GPU)
-            y_split, split, count_split = runs["fused"]
+        if "other" in runs:  # the fused step equals the split one (constexpr variants: 1e-6 on a GPU)
+            y_split, split, count_split = runs["other"]
             exact = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=1e-6, atol=1e-6)
             torch.testing.assert_close(y_split, y, **exact)
             assert torch.equal(count_split, count)

@@ -67,21 +67,48 @@ def repetitive_batch(vocab: int, batch: int, length: int, seed: int = 0, tokeniz
 
 
 class RollbackClock:
-    """Wall time spent in ``ReplayCache.drop_rows`` (device-synchronised around each call)."""
+    """Wall time spent in ``ReplayCache.drop_rows`` (device-synchronised around each call), and the part of it spent
+    storing checkpoints at flush boundaries the verify window crossed (``commit_seconds``: a fold of the kept
+    records, or a staged checkpoint copied in), which plain decoding spends at its flushes too; the rest is the
+    rollback itself. Layers get their timers when their schedules exist (after the prefill)."""
 
     def __init__(self, cache):
-        self.seconds, self._cache = 0.0, cache
+        self.seconds, self.commit_seconds, self._cache = 0.0, 0.0, cache
+        self._inside = False
         original = cache.drop_rows
 
         def timed(dropped):
             device = next(iter(cache.replay_layers.values())).schedule.device
+            for layer in cache.replay_layers.values():
+                self._wrap_commits(layer.schedule, device)
             _sync(device)
             start = time.perf_counter()
-            original(dropped)
+            self._inside = True
+            try:
+                original(dropped)
+            finally:
+                self._inside = False
             _sync(device)
             self.seconds += time.perf_counter() - start
 
         cache.drop_rows = timed
+
+    def _wrap_commits(self, schedule, device) -> None:
+        if getattr(schedule, "_clocked", False):
+            return
+        original = schedule._commit_staged_or_fold
+
+        def timed(boundary):
+            if not self._inside:
+                return original(boundary)
+            _sync(device)
+            start = time.perf_counter()
+            original(boundary)
+            _sync(device)
+            self.commit_seconds += time.perf_counter() - start
+
+        schedule._commit_staged_or_fold = timed
+        schedule._clocked = True
 
 
 def snapshot_seconds_per_round(cache, window: int, repeats: int = 3) -> float:
@@ -142,7 +169,8 @@ def run_arm(model, ids: torch.Tensor, arm: str, new_tokens: int, lookup: int, bu
                                        eos_token_id=eos, drafter=drafter)
         tokens = result.new_tokens
         extra = dict(acceptance=result.acceptance, drafted=result.drafted, accepted=result.accepted,
-                     verify_forwards=result.forwards, rollback_seconds=clock.seconds)
+                     verify_forwards=result.forwards, rollback_seconds=clock.seconds,
+                     rollback_commit_seconds=clock.commit_seconds)
     _sync(ids.device)
     seconds = time.perf_counter() - start
     if arm != "greedy":  # measured after the timed run, on the same cache
@@ -177,6 +205,9 @@ def measure(model, batch: int, prompt: int, new_tokens: int, lookup: int = 10, b
                      **{k: v for k, v in run.items() if k not in ("arm", "tokens", "seconds")})
         entry["speedup"] = entry["lookup_tokens_per_s"] / entry["greedy_tokens_per_s"]
         entry["rollback_fraction"] = run["rollback_seconds"] / run["seconds"]
+        # without the checkpoint stores at crossed flush boundaries (plain decoding flushes too)
+        entry["rollback_fraction_without_commits"] = (
+            (run["rollback_seconds"] - run["rollback_commit_seconds"]) / run["seconds"])
         entry["snapshot_fraction"] = run["snapshot_seconds"] / run["seconds"]
         entries.append(entry)
     return entries
@@ -218,7 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         draft = _load(draft_name, args.device, dtype, args.tiny)[0] if draft_name else None
         versus = "prompt lookup" + (f" / draft model {draft_name}" if draft else "")
         print(f"== {name}: batched {versus} vs plain greedy (ReplayCache, buffer_len {args.buffer_len})")
-        print("batch arm     greedy tok/s  spec tok/s  speedup  acceptance  verify fwd  rollback  snapshots  identical")
+        print("batch arm     greedy tok/s  spec tok/s  speedup  acceptance  verify fwd  rollback  (no flushes)  "
+              "snapshots  identical")
         for batch in (int(b) for b in args.batches.split(",")):
             for entry in measure(model, batch, args.prompt, args.new, args.lookup, args.buffer_len, args.repeats,
                                  tokenizer=tokenizer, draft_model=draft):
@@ -227,6 +259,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{batch:5d} {entry['arm']:7s} {entry['greedy_tokens_per_s']:12.1f} "
                       f"{entry['lookup_tokens_per_s']:11.1f} {entry['speedup']:7.2f}x {entry['acceptance']:11.2f} "
                       f"{entry['verify_forwards']:11d} {100 * entry['rollback_fraction']:8.2f}% "
+                      f"{100 * entry['rollback_fraction_without_commits']:12.2f}% "
                       f"{100 * entry['snapshot_fraction']:9.2f}% {entry['identical']!s:>10}", flush=True)
         del model, draft
     if args.out:

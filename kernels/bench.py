@@ -211,13 +211,17 @@ class ReplayInputs:
                 **_tokens(batch, heads, head_dim, d_state, groups, device, gen),
             ))
 
-    def fn(self, step, **launch):
+    def fn(self, step, per_copy=None, after=None, **launch):
+        """L device-phase steps over the rotated copies; ``per_copy(c)``: extra arguments of each call, ``after(c)``:
+        run after each call."""
         def run():
             for i in range(self.L):
                 c = self.copies[i % self.n]
                 step(c["state"], c["ring_x"], c["ring_dt"], c["ring_B"], c["origin"], c["count"], c["x"], c["dt"],
                      c["B"], c["C"], self.params["A"], D=self.params["D"], dt_bias=self.params["dt_bias"],
-                     dt_softplus=True, buffer_len=self.L, out=c["out"], **launch)
+                     dt_softplus=True, buffer_len=self.L, out=c["out"], **launch, **(per_copy(c) if per_copy else {}))
+                if after is not None:
+                    after(c)
 
         return run
 
@@ -232,17 +236,10 @@ class ReplayInputs:
         """The compiled decode step of the separated policy (``mamba2_replay_step_read_copy``): the device-phase
         launch reading the copy (a flushing row's output from the copy too), then ``reencode`` (None: skipped) of
         the copy of the rows that flushed (``count`` 0 after the step)."""
-        def run():
-            for i in range(self.L):
-                c = self.copies[i % self.n]
-                step(c["state"], c["ring_x"], c["ring_dt"], c["ring_B"], c["origin"], c["count"], c["x"], c["dt"],
-                     c["B"], c["C"], self.params["A"], D=self.params["D"], dt_bias=self.params["dt_bias"],
-                     dt_softplus=True, buffer_len=self.L, out=c["out"], read_copy=c["read_copy"],
-                     read_format=read_format, flush_reads_copy=True, **launch)
-                if reencode is not None:
-                    reencode(c["state"], c["read_copy"], read_format, c["count"] == 0)
-
-        return run
+        return self.fn(step, per_copy=lambda c: dict(read_copy=c["read_copy"], read_format=read_format,
+                                                     flush_reads_copy=True),
+                       after=None if reencode is None else
+                       lambda c: reencode(c["state"], c["read_copy"], read_format, c["count"] == 0), **launch)
 
     def host_fn(self, step, only: int | None = None, read_format: str | None = None, **launch):
         """A cycle with every row at one position known on the host (plain batched decoding): L - 1 replay-only

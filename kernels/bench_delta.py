@@ -208,11 +208,16 @@ class ReplayInputs:
                 **_tokens(batch, Hv, Hk, K, V, per_key, device, gen),
             ))
 
-    def fn(self, step, **launch):
+    def fn(self, step, per_copy=None, after=None, **launch):
+        """L device-phase steps over the rotated copies; ``per_copy(c)``: extra arguments of each call, ``after(c)``:
+        run after each call."""
         def run():
             for i in range(self.L):
                 c = self.copies[i % self.n]
-                step(*[c[n] for n in RING], *[c[n] for n in TOKEN], buffer_len=self.L, out=c["out"], **launch)
+                step(*[c[n] for n in RING], *[c[n] for n in TOKEN], buffer_len=self.L, out=c["out"], **launch,
+                     **(per_copy(c) if per_copy else {}))
+                if after is not None:
+                    after(c)
 
         return run
 
@@ -230,16 +235,11 @@ class ReplayInputs:
         """The compiled decode step of the separated policy (``delta_replay_step_read_copy``): the device-phase
         launch reading the copy (a flushing row's output from the copy too), then ``reencode`` (None: skipped) of
         the copy of the rows that flushed (``count`` 0 after the step)."""
-        def run():
-            for i in range(self.L):
-                c = self.copies[i % self.n]
-                step(*[c[n] for n in RING], *[c[n] for n in TOKEN], buffer_len=self.L, out=c["out"],
-                     read_copy=c["read_copy"], read_format=read_format, flush_reads_copy=True, ring_v=c["ring_v"],
-                     ring_beta=c["ring_beta"], **launch)
-                if reencode is not None:
-                    reencode(c["state"], c["read_copy"], read_format, c["count"] == 0)
-
-        return run
+        return self.fn(step, per_copy=lambda c: dict(read_copy=c["read_copy"], read_format=read_format,
+                                                     flush_reads_copy=True, ring_v=c["ring_v"],
+                                                     ring_beta=c["ring_beta"]),
+                       after=None if reencode is None else
+                       lambda c: reencode(c["state"], c["read_copy"], read_format, c["count"] == 0), **launch)
 
     def host_fn(self, step, only: int | None = None, read_format: str | None = None, **launch):
         """A cycle with every row at one position known on the host (plain batched decoding): L - 1 replay-only

@@ -234,8 +234,8 @@ def _teacher_force(model, sequence, prompt_len, arms, buffer_len, progress, desc
 
     cache = ReplayCache(buffer_len=buffer_len, precision=[CONTROL] * len(used) + [policy for _, _, policy in arms])
     keeps_logits = "logits_to_keep" in _forward_parameters(model)
-    extra = {"logits_to_keep": 1} if keeps_logits else {}
-    logits = model(batch[:, :prompt_len], use_cache=True, **extra, **{key: cache}).logits[:, -1:]
+    logits = model(batch[:, :prompt_len], use_cache=True, **({"logits_to_keep": 1} if keeps_logits else {}),
+                   **{key: cache}).logits[:, -1:]
     pending = []  # logits [R, V] of the positions to score, in order
     bar = tqdm(total=positions, desc=desc, disable=not progress, leave=False, dynamic_ncols=True)
     for pos in range(positions):
@@ -259,11 +259,10 @@ def _teacher_force(model, sequence, prompt_len, arms, buffer_len, progress, desc
             step = batch[:, prompt_len + pos : prompt_len + pos + count]
             if window > 1:  # the speculative-window path: past recording on for this forward
                 cache.activate_past_recording()
-                logits = model(step, use_cache=True, **({"logits_to_keep": count} if keeps_logits else {}),
-                               **{key: cache}).logits[:, -count:]
+            logits = model(step, use_cache=True, **({"logits_to_keep": count} if keeps_logits else {}),
+                           **{key: cache}).logits[:, -count:]
+            if window > 1:
                 cache.deactivate_past_recording()  # commits the window: nothing of it is rolled back
-            else:
-                logits = model(step, use_cache=True, **extra, **{key: cache}).logits[:, -1:]
     bar.close()
     check(positions - 1)
     kl, agree, gap, ref_match = kl.cpu(), agree.cpu(), gap.cpu(), ref_match.cpu()

@@ -698,7 +698,8 @@ def mamba2_replay_step(
     refresh the copy from the new checkpoint (e.g. ``CheckpointStore.write``) before the next replay step.
     ``flush_reads_copy`` (device positions, with a copy): a flushing row's ``y`` comes from the copy and the
     records by the replay arithmetic (the separated policy's flush step output) rather than from the new state; its
-    checkpoint is folded as without it (one fused launch).
+    checkpoint is folded as without it (by the split step's flush launch; ``_replay_step(..., _split=False)``: one
+    fused launch).
     """
     return _replay_step(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, dt_softplus,
                         buffer_len, out, read_copy, read_format, flush_reads_copy=flush_reads_copy)

@@ -163,13 +163,14 @@ def _compiled_trajectory_cache(model, buffer_len: int, max_cache_len: int):
 
 
 def reference_trajectory(model, prompt_ids: torch.Tensor, tokens: int, sample: bool = False, seed: int = 0,
-                         buffer_len: int = 16, compiled: bool = False) -> torch.Tensor:
+                         buffer_len: int = 16, compiled: bool = False, info: dict | None = None) -> torch.Tensor:
     """[P, L + tokens] ids: the prompts and their continuation under the fp32 policy (greedy or seeded sampling).
 
     ``compiled`` decodes through transformers' compiled path (static ReplayCache, ``torch.compile`` with CUDA graphs
     on a GPU): the same fp32 policy, an order of magnitude faster per token on a host-bound small model, which is
     what makes 32K-token trajectories practical. Falls back to eager decoding, with a message, where the cache
-    cannot be static or compileable."""
+    cannot be static or compileable. ``info``, if given, receives ``{"compiled": bool, "eager_reason": str | None}``
+    (how the trajectory was really decoded)."""
     key = cache_argument(model)
     config = getattr(model, "generation_config", None)
     pad = getattr(config, "pad_token_id", None)
@@ -195,6 +196,8 @@ def reference_trajectory(model, prompt_ids: torch.Tensor, tokens: int, sample: b
         else:
             cache = ReplayCache(buffer_len=buffer_len)
             kwargs["disable_compile"] = True
+        if info is not None:
+            info.update(compiled="compile_config" in kwargs, eager_reason=reason if compiled else None)
         sequence = model.generate(prompt_ids, **kwargs, **{key: cache})
     if sequence.shape[1] != prompt_ids.shape[1] + tokens:
         raise RuntimeError(f"generation stopped after {sequence.shape[1] - prompt_ids.shape[1]} of {tokens} tokens")
@@ -488,14 +491,16 @@ def _kl_study(model, tokenizer, policies, tokens, prompts, *, out, sample, seed,
                              "another output directory or run without resume")
         sequence = saved["sequence"].to(device=device, dtype=torch.long)
         date = saved["date"]
+        decode = saved.get("decode", {"compiled": None})  # trajectories saved before this was recorded: unknown
     else:
         if compile_trajectory is None:
             compile_trajectory = device.type == "cuda"
+        decode = {}
         sequence = reference_trajectory(model, prompt_ids, tokens, sample=sample, seed=seed, buffer_len=buffer_len,
-                                        compiled=compile_trajectory)
+                                        compiled=compile_trajectory, info=decode)
         date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         if trajectory_path is not None:
-            record = {"study": study, "sequence": sequence.cpu().to(torch.int32), "date": date}
+            record = {"study": study, "sequence": sequence.cpu().to(torch.int32), "date": date, "decode": decode}
             _atomic_write(trajectory_path, lambda f: torch.save(record, f))
     trajectory = _digest(sequence)
     positions = sequence.shape[1] - prompt_len
@@ -548,7 +553,8 @@ def _kl_study(model, tokenizer, policies, tokens, prompts, *, out, sample, seed,
             "kl": "KL(P_fp32 || P_policy), full vocabulary, float32 log-softmax, float64 sums, teacher-forced",
             # how often the lockstep fp32 reference's argmax is the trajectory's token (1.0 for greedy up to ties)
             "reference_top1_is_trajectory": float(ref_match),
-            "trajectory": trajectory, "versions": _versions(), "date": date,
+            "trajectory": trajectory, "trajectory_compiled": decode.get("compiled"),
+            "versions": _versions(), "date": date,
         },
         "bins": [list(b) for b in bins],
         "policies": {name: _summary([records[(p, name)] for p in range(n_prompts)], bins) for name in names},

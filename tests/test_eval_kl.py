@@ -236,3 +236,32 @@ def test_study_switches_tf32_and_cudnn_attention_off_and_restores_them(mamba2, m
     finally:
         torch.backends.cuda.matmul.allow_tf32 = saved[0]
         torch.backends.cuda.enable_cudnn_sdp(saved[1])
+
+
+def test_compiled_trajectory_equals_eager(mamba2, tmp_path):
+    """The reference trajectory through transformers' compiled path (static ReplayCache; inductor on the CPU, CUDA
+    graphs on a GPU) is the eager fp32 trajectory token for token, and the study records how it was decoded."""
+    model, tokenizer = mamba2
+    prompt_ids = torch.randint(0, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(5))
+    eager_info, compiled_info = {}, {}
+    eager = kl.reference_trajectory(model, prompt_ids, 40, info=eager_info)
+    compiled = kl.reference_trajectory(model, prompt_ids, 40, compiled=True, info=compiled_info)
+    assert eager_info == {"compiled": False, "eager_reason": None}
+    assert compiled_info == {"compiled": True, "eager_reason": None}
+    assert eager.shape == (2, 49) and torch.equal(compiled, eager)
+    result = kl.kl_study(model, tokenizer, ["bf16"], tokens=12, prompts=kl.DEFAULT_PROMPTS[:1], out=tmp_path,
+                         progress=False, compile_trajectory=True)
+    assert result["meta"]["trajectory_compiled"] is True and result["policies"]["fp32"]["max"] == 0.0
+    resumed = kl.kl_study(model, tokenizer, ["bf16"], tokens=12, prompts=kl.DEFAULT_PROMPTS[:1], out=tmp_path,
+                          progress=False, resume=True)
+    assert resumed["meta"]["trajectory_compiled"] is True  # read back from trajectory.pt
+
+
+def test_compiled_trajectory_falls_back_with_reason(mamba2, monkeypatch, capsys):
+    model, _ = mamba2
+    monkeypatch.setattr(kl, "_compiled_trajectory_cache", lambda *args: (None, "no static cache here"))
+    info = {}
+    prompt_ids = torch.randint(0, model.config.vocab_size, (1, 5), generator=torch.Generator().manual_seed(6))
+    sequence = kl.reference_trajectory(model, prompt_ids, 6, compiled=True, info=info)
+    assert sequence.shape == (1, 11) and info == {"compiled": False, "eager_reason": "no static cache here"}
+    assert "trajectory decodes eagerly (no static cache here)" in capsys.readouterr().err

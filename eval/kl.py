@@ -167,10 +167,11 @@ def reference_trajectory(model, prompt_ids: torch.Tensor, tokens: int, sample: b
     """[P, L + tokens] ids: the prompts and their continuation under the fp32 policy (greedy or seeded sampling).
 
     ``compiled`` decodes through transformers' compiled path (static ReplayCache, ``torch.compile`` with CUDA graphs
-    on a GPU): the same fp32 policy, an order of magnitude faster per token on a host-bound small model, which is
-    what makes 32K-token trajectories practical. Falls back to eager decoding, with a message, where the cache
-    cannot be static or compileable. ``info``, if given, receives ``{"compiled": bool, "eager_reason": str | None}``
-    (how the trajectory was really decoded)."""
+    on a GPU): the same fp32 policy and tokens (tested on the CPU). Opt-in: in its one H200 run (32K tokens on the
+    bundled small models, three studies sharing the GPU) it took about as long as eager decoding, ~7 min, for a
+    reason not yet measured (the eager step is host-bound at ~12 ms). Falls back to eager decoding, with a message,
+    where the cache cannot be static or compileable. ``info``, if given, receives ``{"compiled": bool,
+    "eager_reason": str | None}`` (how the trajectory was really decoded)."""
     key = cache_argument(model)
     config = getattr(model, "generation_config", None)
     pad = getattr(config, "pad_token_id", None)
@@ -399,7 +400,7 @@ def plot(result: dict, path: str | Path) -> None:
 def kl_study(model, tokenizer=None, policies=DEFAULT_POLICIES, tokens: int = 1024, prompts=None, *,
              out: str | Path | None = None, sample: bool = False, seed: int = 0, batch_rows: bool = False,
              buffer_len: int = 16, progress: bool = True, resume: bool = False, model_name: str | None = None,
-             window: int = 1, compile_trajectory: bool | None = None) -> dict:
+             window: int = 1, compile_trajectory: bool = False) -> dict:
     """Teacher-forced KL(P_fp32 || P_policy) of each policy over ``tokens`` positions from several prompts.
 
     Args:
@@ -415,7 +416,7 @@ def kl_study(model, tokenizer=None, policies=DEFAULT_POLICIES, tokens: int = 102
             the speculative-window path (see :func:`teacher_force`): W times fewer forwards, the same outputs up to
             float rounding (on the bundled models, mean KL per policy within 1 % of W = 1).
         compile_trajectory: generate the reference through transformers' compiled path (static ReplayCache, CUDA
-            graphs; see :func:`reference_trajectory`); default: on CUDA only.
+            graphs; see :func:`reference_trajectory`); off by default.
 
     Returns the JSON document: {"meta": ..., "bins": [[start, stop], ...], "policies": {name: {"mean_kl", "se",
     "median", "p99", "p999", "max", "top1_agreement", "ref_token_logprob_gap", "per_prompt_mean_kl", "binned_kl",
@@ -457,7 +458,7 @@ def _no_tf32():
 
 @torch.no_grad()
 def _kl_study(model, tokenizer, policies, tokens, prompts, *, out, sample, seed, batch_rows, buffer_len, progress,
-              resume, model_name, window, compile_trajectory=None) -> dict:
+              resume, model_name, window, compile_trajectory=False) -> dict:
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
         raise ValueError(f"tokens must be an int >= 1, got {tokens!r}")
     if resume and out is None:
@@ -493,8 +494,6 @@ def _kl_study(model, tokenizer, policies, tokens, prompts, *, out, sample, seed,
         date = saved["date"]
         decode = saved.get("decode", {"compiled": None})  # trajectories saved before this was recorded: unknown
     else:
-        if compile_trajectory is None:
-            compile_trajectory = device.type == "cuda"
         decode = {}
         sequence = reference_trajectory(model, prompt_ids, tokens, sample=sample, seed=seed, buffer_len=buffer_len,
                                         compiled=compile_trajectory, info=decode)
@@ -589,9 +588,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="trajectory tokens per teacher-forcing forward through the speculative-window path "
                              "(default 1: one decode step per token; 16 is 16x fewer forwards, the same outputs "
                              "up to float rounding)")
-    parser.add_argument("--compile-trajectory", action=argparse.BooleanOptionalAction, default=None,
+    parser.add_argument("--compile-trajectory", action="store_true",
                         help="generate the reference trajectory through transformers' compiled path (static "
-                             "ReplayCache, CUDA graphs); default: on CUDA only")
+                             "ReplayCache, CUDA graphs); the same tokens as eager")
     parser.add_argument("--device", default=None, help="torch device (default cuda if available, else cpu)")
     parser.add_argument("--dtype", choices=list(DTYPES), default="float32", help="model weights dtype")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -33,9 +33,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _env() -> dict[str, str]:
+def _env(gpus: str = "") -> dict[str, str]:
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
-    env["CUDA_VISIBLE_DEVICES"] = ""  # both runs on CPU, so their numbers are comparable on a GPU machine too
+    env["CUDA_VISIBLE_DEVICES"] = gpus  # "" (the default): every run on CPU, comparable on a GPU machine too
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     return env
 
@@ -85,14 +85,38 @@ def _per_sample(sample: dict) -> tuple:
             sample["target"], [sample[metric] for metric in sample["metrics"]])
 
 
+def _launch_two_ranks(output: Path, recall_seed: int, env: dict[str, str]) -> None:
+    _run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+          "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+          "--main_process_port", str(_free_port()), *_lm_eval_args(output, recall_seed)], env)
+
+
 def test_two_cpu_ranks_match_one_process(tmp_path):
     recall_seed = random.randrange(1 << 30)
     single, ranks = tmp_path / "single", tmp_path / "ranks"
     _run([sys.executable, *_lm_eval_args(single, recall_seed)], _env())
-    _run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-          "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-          "--main_process_port", str(_free_port()), *_lm_eval_args(ranks, recall_seed)],
-         dict(_env(), ACCELERATE_USE_CPU="1"))
+    _launch_two_ranks(ranks, recall_seed, dict(_env(), ACCELERATE_USE_CPU="1"))
+    _assert_same_evaluation(single, ranks, recall_seed)
+
+
+def _cuda_devices() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.skipif(_cuda_devices() < 2, reason="needs two CUDA GPUs (run on the two-GPU H200 machine)")
+def test_two_gpu_ranks_match_one_gpu(tmp_path):
+    """The same on GPUs: two ranks under ``accelerate launch`` (NCCL, one GPU each) against one process on one GPU;
+    the same GPU model and batch size 1, so every per-sample number must agree exactly."""
+    recall_seed = random.randrange(1 << 30)
+    single, ranks = tmp_path / "single", tmp_path / "ranks"
+    _run([sys.executable, *_lm_eval_args(single, recall_seed)], _env("0"))
+    _launch_two_ranks(ranks, recall_seed, _env("0,1"))
+    _assert_same_evaluation(single, ranks, recall_seed)
+
+
+def _assert_same_evaluation(single: Path, ranks: Path, recall_seed: int) -> None:
     (one, one_samples), (two, two_samples) = _saved(single), _saved(ranks)
 
     assert set(one["results"]) == set(TASKS)

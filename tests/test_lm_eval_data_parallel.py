@@ -22,7 +22,12 @@ pytest.importorskip("accelerate", reason="accelerate is not installed (pip insta
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
+import hf_replayssm  # noqa: E402
+
+# where the package under test is importable from: the checkout (editable install) or an installed copy. The ranks
+# run outside the checkout, whose bare ``hf_replayssm`` folder would otherwise shadow an installed copy's
+# ``hf_replayssm.eval`` (mapped from the top-level ``eval`` folder).
+PACKAGE_PARENT = Path(hf_replayssm.__file__).resolve().parents[1]
 FIXTURE = Path(__file__).parent / "fixtures" / "gpqa_synthetic.csv"
 TASKS = ("recall_d16", "gpqa_diamond_zeroshot_local", "gpqa_diamond_cot_zeroshot_local")
 
@@ -36,7 +41,7 @@ def _free_port() -> int:
 def _env(gpus: str = "") -> dict[str, str]:
     env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     env["CUDA_VISIBLE_DEVICES"] = gpus  # "" (the default): every run on CPU, comparable on a GPU machine too
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_PARENT), env.get("PYTHONPATH")]))
     return env
 
 
@@ -53,8 +58,8 @@ def _lm_eval_args(output: Path, recall_seed: int) -> list[str]:
     ]
 
 
-def _run(command: list[str], env: dict[str, str]) -> None:
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+def _run(command: list[str], env: dict[str, str], cwd: Path) -> None:
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
 
 
@@ -88,13 +93,13 @@ def _per_sample(sample: dict) -> tuple:
 def _launch_two_ranks(output: Path, recall_seed: int, env: dict[str, str]) -> None:
     _run([sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-          "--main_process_port", str(_free_port()), *_lm_eval_args(output, recall_seed)], env)
+          "--main_process_port", str(_free_port()), *_lm_eval_args(output, recall_seed)], env, output.parent)
 
 
 def test_two_cpu_ranks_match_one_process(tmp_path):
     recall_seed = random.randrange(1 << 30)
     single, ranks = tmp_path / "single", tmp_path / "ranks"
-    _run([sys.executable, *_lm_eval_args(single, recall_seed)], _env())
+    _run([sys.executable, *_lm_eval_args(single, recall_seed)], _env(), tmp_path)
     _launch_two_ranks(ranks, recall_seed, dict(_env(), ACCELERATE_USE_CPU="1"))
     _assert_same_evaluation(single, ranks, recall_seed)
 
@@ -111,7 +116,7 @@ def test_two_gpu_ranks_match_one_gpu(tmp_path):
     the same GPU model and batch size 1, so every per-sample number must agree exactly."""
     recall_seed = random.randrange(1 << 30)
     single, ranks = tmp_path / "single", tmp_path / "ranks"
-    _run([sys.executable, *_lm_eval_args(single, recall_seed)], _env("0"))
+    _run([sys.executable, *_lm_eval_args(single, recall_seed)], _env("0"), tmp_path)
     _launch_two_ranks(ranks, recall_seed, _env("0,1"))
     _assert_same_evaluation(single, ranks, recall_seed)
 

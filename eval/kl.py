@@ -47,6 +47,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from ..bench.generate import cudagraph_skips
 from ..cache import ReplayCache, cache_argument
 from ..precision import resolve_policy
 from .precision_check import DEFAULT_POLICIES, position_bins
@@ -197,9 +198,12 @@ def reference_trajectory(model, prompt_ids: torch.Tensor, tokens: int, sample: b
         else:
             cache = ReplayCache(buffer_len=buffer_len)
             kwargs["disable_compile"] = True
+        skips = cudagraph_skips()
+        sequence = model.generate(prompt_ids, **kwargs, **{key: cache})
         if info is not None:
             info.update(compiled="compile_config" in kwargs, eager_reason=reason if compiled else None)
-        sequence = model.generate(prompt_ids, **kwargs, **{key: cache})
+            if device.type == "cuda" and "compile_config" in kwargs:  # graphs Inductor ran without CUDA graphs
+                info["cudagraph_skips"] = cudagraph_skips() - skips
     if sequence.shape[1] != prompt_ids.shape[1] + tokens:
         raise RuntimeError(f"generation stopped after {sequence.shape[1] - prompt_ids.shape[1]} of {tokens} tokens")
     return sequence

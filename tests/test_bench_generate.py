@@ -92,3 +92,21 @@ def test_layer_overrides_repeat_the_pattern():
     assert cut["layer_types"] == ["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 2
     assert len(cut["mlp_layer_types"]) == 6
     assert bench.layer_overrides("nemotron_h", 2, {}) == {"layers_block_type": ["mamba", "mlp"]}
+
+
+def test_a_compiled_arm_without_cuda_graphs_is_flagged():
+    """On CUDA a compiled arm whose graphs Inductor ran without CUDA graphs (its skip counter grew) is reported as
+    such, in the JSON and in the table; on the CPU (no CUDA graphs to expect) it is not."""
+    def run(cuda: bool, skips: int) -> dict:
+        return dict(seconds=1.0, prefill_s=0.1, peak_bytes=1, compiled=True, dynamo_frames=0, cudagraph_skips=skips,
+                    cuda=cuda, tokens=torch.zeros(1, 4, dtype=torch.long))
+
+    flagged = bench._summarise("replay-compiled", [run(True, 0)], run(True, 2), batch=1, new_tokens=4)
+    assert flagged["cudagraph_skips"] == 2 and "skipped CUDA graphs 2 time(s)" in flagged["warning"]
+    fine = bench._summarise("replay-compiled", [run(True, 0)], run(True, 0), batch=1, new_tokens=4)
+    on_cpu = bench._summarise("replay-compiled", [run(False, 0)], run(False, 3), batch=1, new_tokens=4)
+    assert "warning" not in fine and "warning" not in on_cpu
+    rows = bench.table([{**e, "model": "m", "batch": 1} for e in (flagged, fine)]).splitlines()
+    assert "NOGRAPH" in rows[2] and "NOGRAPH" not in rows[3] and " yes " in rows[3]
+    before = bench.cudagraph_skips()
+    assert isinstance(before, int) and before >= 0

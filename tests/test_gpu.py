@@ -155,6 +155,8 @@ def test_cuda_compiled_static_cache_with_cuda_graphs(model_type):
     pytest.importorskip("triton")
     from torch._dynamo.utils import guard_failures
 
+    from hf_replayssm.bench.generate import cudagraph_skips
+
     model = _cuda(model_type)
     prompt = torch.randint(3, 120, (2, 9), device="cuda")
     kw = dict(GREEDY, max_new_tokens=40, min_new_tokens=40)
@@ -162,9 +164,11 @@ def test_cuda_compiled_static_cache_with_cuda_graphs(model_type):
     eager = model.generate(prompt, past_key_values=ReplayCache(16, max_cache_len=49), **kw)
     torch._dynamo.reset()
     guard_failures.clear()
+    skips = cudagraph_skips()
     cache = ReplayCache(16, max_cache_len=49)
     out = model.generate(prompt, past_key_values=cache, **kw)  # a compileable cache on CUDA: generate compiles
     assert getattr(model, "_compiled_call", None) is not None
+    assert cudagraph_skips() == skips, "Inductor ran the decode step without CUDA graphs (TORCH_LOGS=perf_hints)"
     failed = {code.co_name: reasons[:2] for code, reasons in guard_failures.items() if reasons}
     assert not failed, f"the decode step recompiled: {failed}"
     assert torch.equal(out.sequences, stock.sequences) and torch.equal(out.sequences, eager.sequences)

@@ -243,6 +243,17 @@ def _dynamo_frames() -> int:
     return int(counters["frames"]["ok"])
 
 
+def cudagraph_skips() -> int:
+    """How many compiled graphs Inductor has run without CUDA graphs so far in this process (it skips them, with a
+    log line, for CPU tensors, mutated inputs, dynamic shapes ...): a compiled arm whose count grows did not run as
+    CUDA graphs. 0 where the counter does not exist."""
+    try:
+        from torch._dynamo.utils import counters
+    except ImportError:
+        return 0
+    return int(counters["inductor"]["cudagraph_skips"])
+
+
 def timed_generate(model, ids: torch.Tensor, new_tokens: int, kwargs: dict) -> dict:
     """One greedy ``generate`` of exactly ``new_tokens`` tokens; seconds in all and up to the first token, the
     allocator peak, whether the compiled forward ran, and the new tokens (on CPU)."""
@@ -253,7 +264,7 @@ def timed_generate(model, ids: torch.Tensor, new_tokens: int, kwargs: dict) -> d
     suppress = [t for t in SPECIAL_TOKENS.values() if t < _vocab(model)]
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    frames = _dynamo_frames()
+    frames, skips = _dynamo_frames(), cudagraph_skips()
     _sync(device)
     with torch.no_grad(), CompileProbe(model) as probe:
         start = time.perf_counter()
@@ -265,7 +276,9 @@ def timed_generate(model, ids: torch.Tensor, new_tokens: int, kwargs: dict) -> d
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
     prefill = (clock.time or start + seconds) - start
     return dict(seconds=seconds, prefill_s=prefill, peak_bytes=peak, compiled=probe.used,
-                dynamo_frames=_dynamo_frames() - frames, tokens=out[:, ids.shape[1] :].cpu())
+                dynamo_frames=_dynamo_frames() - frames, cudagraph_skips=cudagraph_skips() - skips,
+                cuda=device.type == "cuda",
+                tokens=out[:, ids.shape[1] :].cpu())
 
 
 def _decode_rates(run: dict, batch: int, new_tokens: int) -> dict:
@@ -322,9 +335,14 @@ def _summarise(arm: str, runs: list[dict], warmup: dict, batch: int, new_tokens:
              "compiled": all(r["compiled"] for r in runs), "warmup_s": warmup["seconds"],
              "repeats_tokens_per_s": [r["tokens_per_s"] for r in rates],
              "dynamo_frames_compiled_in_timed_runs": sum(r["dynamo_frames"] for r in runs),
+             # graphs compiled in the warm-up run (or later) that Inductor ran without CUDA graphs
+             "cudagraph_skips": warmup["cudagraph_skips"] + sum(r["cudagraph_skips"] for r in runs),
              "tokens_checksum": _checksum(runs[-1]["tokens"]), "_tokens": runs[-1]["tokens"]}
     if arm.endswith("-compiled") and not entry["compiled"]:
         entry["warning"] = "generate did not take the compiled forward: this arm ran eager"
+    elif arm.endswith("-compiled") and entry["cudagraph_skips"] and runs[0]["cuda"]:
+        entry["warning"] = (f"Inductor skipped CUDA graphs {entry['cudagraph_skips']} time(s) in this arm: its decode "
+                            "step ran compiled but launched kernel by kernel (TORCH_LOGS=perf_hints says why)")
     return entry
 
 
@@ -588,6 +606,8 @@ def table(entries: Sequence[dict], title: str = "") -> str:
         same = e.get("identical_to_stock")
         same = "-" if same is None else ("yes" if same else f"{e['agree_prefix']:.2f}")
         compiled = "yes" if e["compiled"] else ("EAGER!" if e["arm"].endswith("-compiled") else "no")
+        if e["compiled"] and "skipped CUDA graphs" in e.get("warning", ""):
+            compiled = "NOGRAPH"  # compiled, but Inductor ran it without CUDA graphs
         lines.append(f"{e['batch']:>5} {e['arm']:<22} {e['tokens_per_s']:>12.1f} {e['ms_per_step']:>8.2f} "
                      f"{e['prefill_ms']:>10.1f} {e['peak_bytes'] / gib:>8.2f} {compiled:>8} "
                      f"{e.get('x_vs_best_stock', float('nan')):>11.2f}x "

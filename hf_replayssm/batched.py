@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+DRAFT_SCHEDULES = ("constant", "heuristic")
+
 
 def lookup_drafts(tokens: list[int], num_drafts: int, max_ngram: int = 2) -> list[int]:
     """Up to ``num_drafts`` tokens that followed the latest earlier occurrence of the last n-gram of ``tokens``
@@ -69,7 +71,7 @@ def batched_prompt_lookup(model, input_ids: torch.Tensor, attention_mask: torch.
                           max_new_tokens: int = 32, num_draft_tokens: int = 4, max_ngram: int = 2,
                           eos_token_id: int | None = None, cache=None,
                           drafter: Callable[[int, list[int], int], list[int]] | None = None,
-                          ) -> BatchedSpeculationResult:
+                          draft_schedule: str = "constant") -> BatchedSpeculationResult:
     """Greedy decoding of a batch with per-row prompt-lookup speculation.
 
     Args:
@@ -81,6 +83,10 @@ def batched_prompt_lookup(model, input_ids: torch.Tensor, attention_mask: torch.
             output so far), or an object whose ``draft_batch(histories, counts)`` drafts for all rows at once
             (``hf_replayssm.batched_draft.DraftModelDrafter``: a draft model); default: prompt lookup
             (``lookup_drafts`` with ``max_ngram``).
+        draft_schedule: ``"constant"``: every row asks for ``num_draft_tokens`` drafts each round; ``"heuristic"``:
+            transformers' heuristic per row (start at ``num_draft_tokens``; +2 after a round in which the row kept
+            every draft, -1 down to 1 otherwise), capped at ``num_draft_tokens`` (the window the cache reserved), so
+            rows whose drafts keep failing stop widening the verify window. Outputs are the same either way.
     """
     from .cache import ReplayCache, cache_argument
     from .chunking import speculation_refusal
@@ -89,6 +95,8 @@ def batched_prompt_lookup(model, input_ids: torch.Tensor, attention_mask: torch.
         raise ValueError(f"input_ids must be [B, S] with S >= 1, got {tuple(input_ids.shape)}")
     if max_new_tokens < 1 or num_draft_tokens < 0:
         raise ValueError("max_new_tokens must be >= 1 and num_draft_tokens >= 0")
+    if draft_schedule not in DRAFT_SCHEDULES:
+        raise ValueError(f"draft_schedule must be one of {DRAFT_SCHEDULES}, got {draft_schedule!r}")
     batch, prompt_len = input_ids.shape
     refusal = speculation_refusal(model, prompt_len + max_new_tokens + num_draft_tokens)
     if refusal is not None:
@@ -114,10 +122,11 @@ def batched_prompt_lookup(model, input_ids: torch.Tensor, attention_mask: torch.
                                               accepted_per_row=[0] * batch)
             real = [len(p) for p in prompts]
             done = [False] * batch
+            budget = [num_draft_tokens] * batch  # drafts each row asks for next round (the schedule moves them)
             while not all(done):
                 histories = [prompts[r] + result.new_tokens[r] + [next_token[r]] for r in range(batch)]
                 room = [max_new_tokens - len(result.new_tokens[r]) - 1 for r in range(batch)]
-                counts = [0 if done[r] else max(0, min(num_draft_tokens, room[r])) for r in range(batch)]
+                counts = [0 if done[r] else max(0, min(budget[r], room[r])) for r in range(batch)]
                 drafts = [list(d)[:c] for d, c in zip(draft_batch(histories, counts), counts, strict=True)]
                 width = max(len(d) for d in drafts)
                 window = torch.tensor([[next_token[r], *d, *[next_token[r]] * (width - len(d))]
@@ -138,6 +147,9 @@ def batched_prompt_lookup(model, input_ids: torch.Tensor, attention_mask: torch.
                     result.drafted += len(draft)
                     result.accepted += kept
                     result.accepted_per_row[r] += kept
+                    if draft_schedule == "heuristic" and draft:
+                        grown = budget[r] + 2 if kept == len(draft) else budget[r] - 1
+                        budget[r] = min(num_draft_tokens, max(1, grown))
                     result.new_tokens[r] += [next_token[r], *draft[:kept]]
                     next_token[r] = predictions[r][kept]
                     real[r] += 1 + kept

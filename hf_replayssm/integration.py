@@ -279,15 +279,19 @@ def _batched_lookup(model, cache, drafts: int, args: tuple, kwargs: dict):
         eos = eos[0] if eos else None
     from .batched import batched_prompt_lookup
 
-    drafter = None
+    drafter, schedule = None, "constant"  # prompt lookup drafts a constant number, as in transformers
     if assistant is not None:
         from .batched_draft import DraftModelDrafter
 
         drafter = DraftModelDrafter(assistant, buffer_len=cache.buffer_len, max_drafts=drafts)
+        # the assistant's schedule, per row here; it grows no further than the window the cache reserved
+        if getattr(assistant.generation_config, "num_assistant_tokens_schedule", None) in ("heuristic",
+                                                                                             "heuristic_transient"):
+            schedule = "heuristic"
     result = batched_prompt_lookup(
         model, prompt, attention_mask=kwargs.get("attention_mask"), max_new_tokens=int(new),
         num_draft_tokens=drafts, max_ngram=int(_setting(model, kwargs, "max_matching_ngram_size") or 2),
-        eos_token_id=eos, cache=cache, drafter=drafter,
+        eos_token_id=eos, cache=cache, drafter=drafter, draft_schedule=schedule,
     )
     pad = _setting(model, kwargs, "pad_token_id")
     pad = eos if pad is None else pad

@@ -214,3 +214,63 @@ def test_generate_routes_a_batch_with_prompt_lookup(model_type):
         model.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=4, prompt_lookup_num_tokens=3,
                        past_key_values=ReplayCache(4),
                        logits_processor=LogitsProcessorList([MinLengthLogitsProcessor(20, eos_token_id=2)]))
+
+
+@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text"])
+def test_heuristic_draft_schedule_per_row(model_type):
+    """draft_schedule="heuristic": a row whose drafts always fail falls to one draft per round, a row whose drafts
+    are always right keeps the full window (capped at num_draft_tokens), and every row still equals its own greedy
+    decoding."""
+    from hf_replayssm.batched import batched_prompt_lookup
+
+    model = _model(model_type)
+    generator = torch.Generator().manual_seed(17)
+    prompts = [torch.randint(3, model.config.vocab_size, (n,), generator=generator).tolist() for n in (9, 9)]
+    new = 16
+    truth = [_greedy_alone(model, p, new) for p in prompts]
+    asked: list[list[int]] = [[], []]
+
+    def drafter(row, tokens, count):
+        asked[row].append(count)
+        upcoming = truth[row][len(tokens) : len(tokens) + count]
+        if row == 0:  # always right
+            return upcoming
+        return [(t + 1) % model.config.vocab_size for t in upcoming]  # always wrong
+
+    input_ids = torch.tensor(prompts)
+    result = batched_prompt_lookup(model, input_ids, max_new_tokens=new, num_draft_tokens=4, drafter=drafter,
+                                   cache=ReplayCache(buffer_len=4), draft_schedule="heuristic")
+    for prompt, tokens, expected in zip(prompts, result.new_tokens, truth, strict=True):
+        assert tokens == expected[len(prompt) :]
+    assert asked[1][:4] == [4, 3, 2, 1] and set(asked[1][3:]) == {1}  # -1 per failed round, down to 1
+    assert max(asked[0]) == 4 and asked[0][0] == 4  # never above the reserved window
+    constant = batched_prompt_lookup(model, input_ids, max_new_tokens=new, num_draft_tokens=4, drafter=drafter,
+                                     cache=ReplayCache(buffer_len=4))
+    assert constant.new_tokens == result.new_tokens and constant.drafted > result.drafted
+    with pytest.raises(ValueError, match="draft_schedule must be one of"):
+        batched_prompt_lookup(model, input_ids, max_new_tokens=4, draft_schedule="dynamic")
+
+
+def test_generate_route_takes_the_assistants_heuristic_schedule(monkeypatch):
+    """A draft model whose generation config asks for transformers' heuristic schedule gets it per row in the batched
+    route; prompt lookup keeps a constant number of drafts, as in transformers."""
+    import hf_replayssm.batched as batched
+
+    model, draft = _model("nemotron_h"), _model("nemotron_h")
+    seen = []
+    real = batched.batched_prompt_lookup
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs["draft_schedule"])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(batched, "batched_prompt_lookup", spy)
+    input_ids = torch.randint(3, model.config.vocab_size, (2, 6), generator=torch.Generator().manual_seed(2))
+    draft.generation_config.num_assistant_tokens = 3
+    for schedule in ("heuristic", "constant"):
+        draft.generation_config.num_assistant_tokens_schedule = schedule
+        model.generate(input_ids, do_sample=False, max_new_tokens=5, assistant_model=draft,
+                       past_key_values=ReplayCache(4))
+    model.generate(input_ids, do_sample=False, max_new_tokens=5, prompt_lookup_num_tokens=3,
+                   past_key_values=ReplayCache(4))
+    assert seen == ["heuristic", "constant", "constant"]

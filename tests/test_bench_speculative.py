@@ -69,3 +69,20 @@ def test_a_saved_model_folder_loads_with_its_tokenizer(tmp_path):
     loaded, loaded_tokenizer = speculative._load(str(tmp_path / "saved"), "cpu", model.dtype, tiny=False)
     assert loaded_tokenizer is not None and len(loaded_tokenizer) == len(tokenizer)
     assert loaded.config.model_type == model.config.model_type
+
+
+def test_bench_speculative_heuristic_schedule_arms(tmp_path):
+    out = tmp_path / "spec.json"
+    speculative.main(["--models", "small-mamba2", "--drafts", "tiny-mamba2", "--batches", "2", "--prompt", "32",
+                      "--new", "6", "--lookup", "3", "--buffer-len", "4", "--device", "cpu",
+                      "--schedules", "constant,heuristic", "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert [e["arm"] for e in data["results"]] == ["lookup", "lookup-heuristic", "draft", "draft-heuristic"]
+    assert [e["draft_model"] for e in data["results"]] == [None, None, "tiny-mamba2", "tiny-mamba2"]
+    assert all(e["identical"] for e in data["results"])
+    try:
+        speculative.main(["--models", "small-mamba2", "--schedules", "dynamic", "--device", "cpu"])
+    except SystemExit as error:
+        assert "--schedules" in str(error)
+    else:
+        raise AssertionError("an unknown schedule must be refused")

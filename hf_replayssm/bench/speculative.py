@@ -25,12 +25,12 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Sequence
 
 import torch
 
+from ..batched import DRAFT_SCHEDULES
 from .step import _sync
-
-ARMS = ("greedy", "lookup")
 
 
 def _load(name: str, device: str, dtype: torch.dtype, tiny: bool):
@@ -164,9 +164,10 @@ def run_arm(model, ids: torch.Tensor, arm: str, new_tokens: int, lookup: int, bu
         tokens = [_until_eos(row, eos) for row in out[:, ids.shape[1] :].tolist()]
     else:
         clock = RollbackClock(cache)
-        drafter = DraftModelDrafter(draft_model, buffer_len, max_drafts=lookup) if arm == "draft" else None
+        kind, _, schedule = arm.partition("-")  # "lookup", "draft", "lookup-heuristic", "draft-heuristic"
+        drafter = DraftModelDrafter(draft_model, buffer_len, max_drafts=lookup) if kind == "draft" else None
         result = batched_prompt_lookup(model, ids, max_new_tokens=new_tokens, num_draft_tokens=lookup, cache=cache,
-                                       eos_token_id=eos, drafter=drafter)
+                                       eos_token_id=eos, drafter=drafter, draft_schedule=schedule or "constant")
         tokens = result.new_tokens
         extra = dict(acceptance=result.acceptance, drafted=result.drafted, accepted=result.accepted,
                      verify_forwards=result.forwards, rollback_seconds=clock.seconds,
@@ -179,12 +180,16 @@ def run_arm(model, ids: torch.Tensor, arm: str, new_tokens: int, lookup: int, bu
 
 
 def measure(model, batch: int, prompt: int, new_tokens: int, lookup: int = 10, buffer_len: int = 16,
-            repeats: int = 1, seed: int = 0, tokenizer=None, draft_model=None) -> list[dict]:
-    """One entry per speculative arm (``lookup``, and ``draft`` when a draft model is given), each against plain
-    batched greedy decoding measured in the same run."""
+            repeats: int = 1, seed: int = 0, tokenizer=None, draft_model=None,
+            schedules: Sequence[str] = ("constant",)) -> list[dict]:
+    """One entry per speculative arm (``lookup``, and ``draft`` when a draft model is given; with the
+    ``"heuristic"`` draft schedule also ``lookup-heuristic`` / ``draft-heuristic``), each against plain batched
+    greedy decoding measured in the same run."""
     device = next(model.parameters()).device
     ids = repetitive_batch(model.config.get_text_config().vocab_size, batch, prompt, seed, tokenizer).to(device)
-    arms = (*ARMS, "draft") if draft_model is not None else ARMS
+    kinds = ("lookup", "draft") if draft_model is not None else ("lookup",)
+    arms = ("greedy", *(kind if schedule == "constant" else f"{kind}-{schedule}" for kind in kinds
+                        for schedule in schedules))
     for arm in arms:  # warm-up at the same lengths
         run_arm(model, ids, arm, new_tokens, lookup, buffer_len, draft_model)
     best: dict[str, dict] = {}
@@ -229,6 +234,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--drafts", default=None,
                         help="comma-separated draft models, one per --models entry (a bundled name or a shaped model, "
                              "same vocabulary; e.g. tiny-mamba2 for small-mamba2): adds a 'draft' arm")
+    parser.add_argument("--schedules", default="constant",
+                        help="draft schedules, comma-separated: constant (num drafts every round), heuristic (per row: "
+                             "+2 after a fully accepted round, -1 otherwise; adds the *-heuristic arms)")
     parser.add_argument("--out", help="JSON results")
     return parser
 
@@ -237,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     from .generate import environment
 
     args = build_parser().parse_args(argv)
+    schedules = tuple(args.schedules.split(","))
+    if not schedules or any(s not in DRAFT_SCHEDULES for s in schedules):
+        raise SystemExit(f"--schedules: each of {DRAFT_SCHEDULES}, got {args.schedules!r}")
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if args.device.startswith("cuda")
                                                            else torch.float32)
     results = {"environment": environment(args.device), "settings": vars(args), "results": []}
@@ -249,14 +260,15 @@ def main(argv: list[str] | None = None) -> int:
         draft = _load(draft_name, args.device, dtype, args.tiny)[0] if draft_name else None
         versus = "prompt lookup" + (f" / draft model {draft_name}" if draft else "")
         print(f"== {name}: batched {versus} vs plain greedy (ReplayCache, buffer_len {args.buffer_len})")
-        print("batch arm     greedy tok/s  spec tok/s  speedup  acceptance  verify fwd  rollback  (no flushes)  "
-              "snapshots  identical")
+        print("batch arm              greedy tok/s  spec tok/s  speedup  acceptance  verify fwd  rollback  "
+              "(no flushes)  snapshots  identical")
         for batch in (int(b) for b in args.batches.split(",")):
             for entry in measure(model, batch, args.prompt, args.new, args.lookup, args.buffer_len, args.repeats,
-                                 tokenizer=tokenizer, draft_model=draft):
-                entry = dict(model=name, draft_model=draft_name if entry["arm"] == "draft" else None, **entry)
+                                 tokenizer=tokenizer, draft_model=draft, schedules=schedules):
+                is_draft = entry["arm"].startswith("draft")
+                entry = dict(model=name, draft_model=draft_name if is_draft else None, **entry)
                 results["results"].append(entry)
-                print(f"{batch:5d} {entry['arm']:7s} {entry['greedy_tokens_per_s']:12.1f} "
+                print(f"{batch:5d} {entry['arm']:16s} {entry['greedy_tokens_per_s']:12.1f} "
                       f"{entry['lookup_tokens_per_s']:11.1f} {entry['speedup']:7.2f}x {entry['acceptance']:11.2f} "
                       f"{entry['verify_forwards']:11d} {100 * entry['rollback_fraction']:8.2f}% "
                       f"{100 * entry['rollback_fraction_without_commits']:12.2f}% "

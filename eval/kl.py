@@ -172,7 +172,8 @@ def reference_trajectory(model, prompt_ids: torch.Tensor, tokens: int, sample: b
     bundled small models, three studies sharing the GPU) it took about as long as eager decoding, ~7 min, for a
     reason not yet measured (the eager step is host-bound at ~12 ms). Falls back to eager decoding, with a message,
     where the cache cannot be static or compileable. ``info``, if given, receives ``{"compiled": bool,
-    "eager_reason": str | None}`` (how the trajectory was really decoded)."""
+    "eager_reason": str | None}`` (how the trajectory was really decoded) and, compiled on CUDA, ``cudagraph_skips``
+    (graphs Inductor ran without CUDA graphs)."""
     key = cache_argument(model)
     config = getattr(model, "generation_config", None)
     pad = getattr(config, "pad_token_id", None)

@@ -134,16 +134,19 @@ def test_mtp_after_a_linear_attention_last_layer_is_refused(monkeypatch):
 # b. Universal assisted generation: an assistant with another tokenizer, itself a hybrid
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def bundled_pair():
     """The bundled Nemotron-H-style model as the main model, the bundled Qwen3.5-style model as a draft whose
-    tokenizer has 8 extra tokens (another vocabulary, so transformers takes the different-tokenizer route)."""
+    tokenizer has 8 extra tokens (another vocabulary, so transformers takes the different-tokenizer route). Built for
+    each test (a few ms): transformers' assisted generation can leave state on the assistant (its generation config)."""
     from hf_replayssm.models import load_model
 
     main, main_tokenizer = load_model("tiny-mamba2", device="cpu")
     draft, draft_tokenizer = load_model("tiny-gdn", device="cpu")
     draft_tokenizer.add_tokens([f"<draft_extra_{i}>" for i in range(8)])
-    draft.resize_token_embeddings(len(draft_tokenizer), mean_resizing=False)
+    with torch.random.fork_rng():  # the new embedding rows are drawn from the global RNG: fix them, whatever ran before
+        torch.manual_seed(0)
+        draft.resize_token_embeddings(len(draft_tokenizer), mean_resizing=False)
     prompt = main_tokenizer("ROMEO: What light through yonder window breaks? It is the east", return_tensors="pt")
     return main, draft, dict(tokenizer=main_tokenizer, assistant_tokenizer=draft_tokenizer), prompt.input_ids
 
@@ -271,7 +274,8 @@ def test_universal_assisted_sampling_emits_teacher_forced_logits(bundled_pair):
     """Different tokenizers with do_sample=True: transformers' universal speculative decoding generator."""
     main, draft, tokenizers, prompt = bundled_pair
     torch.manual_seed(11)
-    _one_of_the_runs_mixes(main, [(prompt, dict(assistant_model=draft, **tokenizers))], SAMPLE)
+    runs = [(prompt[:, :cut], dict(assistant_model=draft, **tokenizers)) for cut in (prompt.shape[1], 9, 6)]
+    _one_of_the_runs_mixes(main, runs, SAMPLE)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -235,23 +235,24 @@ class CompileProbe:
         del self.model.get_compiled_call  # the instance attribute; the class method shows again
 
 
-def _dynamo_frames() -> int:
+def _dynamo_counter(group: str, name: str) -> int:
+    """One of torch.compile's process-wide counters; 0 where they do not exist."""
     try:
         from torch._dynamo.utils import counters
     except ImportError:
         return 0
-    return int(counters["frames"]["ok"])
+    return int(counters[group][name])
+
+
+def _dynamo_frames() -> int:
+    return _dynamo_counter("frames", "ok")
 
 
 def cudagraph_skips() -> int:
     """How many compiled graphs Inductor has run without CUDA graphs so far in this process (it skips them, with a
     log line, for CPU tensors, mutated inputs, dynamic shapes ...): a compiled arm whose count grows did not run as
-    CUDA graphs. 0 where the counter does not exist."""
-    try:
-        from torch._dynamo.utils import counters
-    except ImportError:
-        return 0
-    return int(counters["inductor"]["cudagraph_skips"])
+    CUDA graphs."""
+    return _dynamo_counter("inductor", "cudagraph_skips")
 
 
 def timed_generate(model, ids: torch.Tensor, new_tokens: int, kwargs: dict) -> dict:
@@ -341,6 +342,7 @@ def _summarise(arm: str, runs: list[dict], warmup: dict, batch: int, new_tokens:
     if arm.endswith("-compiled") and not entry["compiled"]:
         entry["warning"] = "generate did not take the compiled forward: this arm ran eager"
     elif arm.endswith("-compiled") and entry["cudagraph_skips"] and runs[0]["cuda"]:
+        entry["without_cuda_graphs"] = True
         entry["warning"] = (f"Inductor skipped CUDA graphs {entry['cudagraph_skips']} time(s) in this arm: its decode "
                             "step ran compiled but launched kernel by kernel (TORCH_LOGS=perf_hints says why)")
     return entry
@@ -606,7 +608,7 @@ def table(entries: Sequence[dict], title: str = "") -> str:
         same = e.get("identical_to_stock")
         same = "-" if same is None else ("yes" if same else f"{e['agree_prefix']:.2f}")
         compiled = "yes" if e["compiled"] else ("EAGER!" if e["arm"].endswith("-compiled") else "no")
-        if e["compiled"] and "skipped CUDA graphs" in e.get("warning", ""):
+        if e.get("without_cuda_graphs"):
             compiled = "NOGRAPH"  # compiled, but Inductor ran it without CUDA graphs
         lines.append(f"{e['batch']:>5} {e['arm']:<22} {e['tokens_per_s']:>12.1f} {e['ms_per_step']:>8.2f} "
                      f"{e['prefill_ms']:>10.1f} {e['peak_bytes'] / gib:>8.2f} {compiled:>8} "

@@ -29,6 +29,7 @@ Python: ``compare_runs(paths, task=None, metric=None) -> dict`` (see its docstri
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import sys
@@ -85,10 +86,14 @@ def _find_results_file(path: Path) -> Path:
 
 
 def _samples_files(results_file: Path) -> dict[str, Path]:
-    """{task: samples file} written by the same lm-eval run as ``results_file`` (same date id, same folder)."""
+    """{task: samples file} written by the same lm-eval run as ``results_file`` (same date id, same folder); a log
+    compressed with gzip (``.jsonl.gz``, how runs are kept in a repository) counts as well."""
     date_id = _date_id(results_file)
-    suffix = f"_{date_id}.jsonl"
-    return {f.name[len("samples_"):-len(suffix)]: f for f in sorted(results_file.parent.glob(f"samples_*{suffix}"))}
+    found = {}
+    for suffix in (f"_{date_id}.jsonl.gz", f"_{date_id}.jsonl"):  # the plain log wins where both exist
+        for f in sorted(results_file.parent.glob(f"samples_*{suffix}")):
+            found[f.name[len("samples_"):-len(suffix)]] = f
+    return found
 
 
 def _model_args(config: dict) -> dict:
@@ -126,7 +131,8 @@ def _read_samples(samples_file: str, metric: str, filter_key: str) -> dict[tuple
     """{(doc_id, doc_hash): metric value} for the lines of ``samples_file`` under ``filter_key``."""
     values: dict[tuple[int, str], float] = {}
     seen_filters: set[str] = set()
-    with open(samples_file, encoding="utf-8") as handle:
+    opener = gzip.open if str(samples_file).endswith(".gz") else open
+    with opener(samples_file, "rt", encoding="utf-8") as handle:
         for number, line in enumerate(handle, 1):
             if not line.strip():
                 continue

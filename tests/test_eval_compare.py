@@ -5,6 +5,7 @@ lm-eval's own aggregates, and hand-made runs with known counts checked against h
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from pathlib import Path
@@ -151,6 +152,21 @@ def test_compare_hand_made_counts(tmp_path):
     assert pair["p_value"] == pytest.approx(2 * (1 + 9) / 512)
     assert "| `precision=shared-nvfp4` | 0.3500 | 0.1094 | 20 | 20 | -0.3500 | 0.5500 | 1/8 | 0.039 |" in (
         report["markdown"])
+
+
+def test_compare_reads_gzipped_sample_logs(tmp_path):
+    """Runs kept in a repository have their sample logs gzipped; the paired test must still see them (it used to
+    find no samples and drop the p-value without a word)."""
+    a, b = _paired(both=6, neither=5, only_a=8, only_b=1)
+    _write_run(tmp_path / "a", {"pretrained": "m", "precision": "fp32"}, {"t": {"none": {"acc": a}}})
+    _write_run(tmp_path / "b", {"pretrained": "m", "precision": "shared-nvfp4"}, {"t": {"none": {"acc": b}}})
+    plain = compare_runs([tmp_path / "a", tmp_path / "b"])
+    for log in (tmp_path / "b").rglob("samples_*.jsonl"):
+        log.with_name(log.name + ".gz").write_bytes(gzip.compress(log.read_bytes()))
+        log.unlink()
+    zipped = compare_runs([tmp_path / "a", tmp_path / "b"])
+    assert zipped["pairs"][0]["p_value"] == plain["pairs"][0]["p_value"] == pytest.approx(2 * (1 + 9) / 512)
+    assert zipped["pairs"][0]["only_a"] == 8
 
 
 def test_compare_matches_docs_and_three_arms(tmp_path):

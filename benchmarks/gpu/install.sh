@@ -1,0 +1,26 @@
+# Sourced at the start of every call on the GPU machine, from the repository root, with ".whl" carried (fetched by
+# benchmarks/gpu/fetch_wheels.sh): the wheels into /tmp/fla (fla, einops) and /tmp/site (lm-eval and the rest), and
+# hf_replayssm built from the travelling checkout into /tmp/site. Run the package from outside the checkout (cd /tmp/w):
+# the checkout's bare hf_replayssm folder lacks the kernels and eval subpackages that the installed copy maps in.
+# A warm machine keeps /tmp between calls: wheels are reinstalled only when the carried set changed, the package always.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # the device tool asks for these
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+export R=$PWD
+wheels=$(ls .whl/fla/*.whl .whl/lmeval/*.whl 2>/dev/null | sort | md5sum | cut -c1-12)
+if [ "$(cat /tmp/site/.wheels 2>/dev/null)" != "$wheels" ]; then
+  rm -rf /tmp/site /tmp/fla
+  if ls .whl/fla/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/fla .whl/fla/*.whl || return 1
+  fi
+  if ls .whl/lmeval/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/lmeval/*.whl || return 1
+  fi
+  mkdir -p /tmp/site && echo "$wheels" > /tmp/site/.wheels
+fi
+rm -rf /tmp/site/hf_replayssm /tmp/site/hf_replayssm-*.dist-info
+python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile --no-cache-dir --upgrade \
+  --target /tmp/site "$R" 2>&1 | grep -v -i warning | tail -3
+# fla on the path for the stock fla arms; leave /tmp/fla out (PYTHONPATH=/tmp/site) where a CPU reference runs inside a
+# GPU process: transformers' GDN layers call fla's Triton kernels whenever fla imports, CPU tensors included.
+export PYTHONPATH=/tmp/site:/tmp/fla PATH=/tmp/site/bin:$PATH
+mkdir -p /tmp/w

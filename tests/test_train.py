@@ -166,6 +166,20 @@ def test_repeat_rows_repeat_one_passage():
     assert len(lengths) > 5  # passage lengths vary from row to row
 
 
+def test_repeat_rows_of_random_tokens():
+    """--repeat-random: the passage is uniform tokens above the special ones, fresh per row, repeated."""
+    rows = train_script.RepeatRows(seed=1, random_tokens=True, vocab=300, first_token=3)
+    passages = []
+    for _ in range(10):
+        ids, labels = rows.row(torch.arange(3, 500), offset=0, length=129)
+        assert labels is ids and int(ids.min()) >= 3 and int(ids.max()) < 300
+        period = next(p for p in range(16, 65) if torch.equal(ids[p:], ids[: 129 - p]))
+        passages.append(ids[:period])
+    assert len({tuple(p.tolist()) for p in passages}) == 10  # not the text, not one passage again
+    with pytest.raises(ValueError, match="vocabulary above token 3"):
+        train_script.RepeatRows(seed=0, random_tokens=True, vocab=3)
+
+
 def test_fine_tune_from_a_saved_model(tmp_path):
     """--init-from starts from a saved model's weights (its layout and tokenizer); rows of repeated passages are
     mixed in; TRAINING.txt records both; another --arch is refused."""
@@ -177,9 +191,9 @@ def test_fine_tune_from_a_saved_model(tmp_path):
     common = ["--text-dir", str(tmp_path / "texts"), "--steps", "2", "--context", "48", "--batch", "2",
               "--device", "cpu", "--lr", "1e-4"]
     train_script.main(["--arch", "nemotron_h", "--out", str(out), "--init-from", str(base), "--repeat-mix", "0.5",
-                       *common])
+                       "--repeat-random", *common])
     note = (out / "TRAINING.txt").read_text()
-    assert "repeat_mix=0.5" in note and f"init_from={base}" in note and "size=init-from" in note
+    assert "repeat_mix=0.5 repeat_random=True" in note and f"init_from={base}" in note and "size=init-from" in note
     before = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     after = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
     assert after.config.hidden_size == before.config.hidden_size

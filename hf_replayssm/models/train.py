@@ -358,6 +358,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--recall-mix", type=float, default=0.0, help="fraction of rows that are recall documents")
     parser.add_argument("--repeat-mix", type=float, default=0.0,
                         help="fraction of rows that are a passage said again and again (teaches copying)")
+    parser.add_argument("--repeat-random", action="store_true",
+                        help="--repeat-mix rows repeat uniform random tokens instead of Shakespeare (copying only)")
     parser.add_argument("--init-from", type=Path,
                         help="fine-tune this saved model (its config and tokenizer) instead of a fresh one")
     parser.add_argument("--slow-gdn-init", action="store_true",
@@ -369,15 +371,26 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 class RepeatRows:
-    """Training rows made of one Shakespeare passage (16 to half the row, uniform) said again and again: after the
-    first copy every token is predictable by copying, the skill prompt lookup relies on. Every token is a target."""
+    """Training rows made of one passage (16 to half the row, uniform) said again and again: after the first copy
+    every token is predictable by copying, the skill prompt lookup relies on. Every token is a target. The passage is
+    Shakespeare, or with ``random_tokens`` uniform tokens from ``[first_token, vocab)``: then copying is the only way
+    to lower the loss after the first copy, a far stronger signal than natural text, whose n-gram statistics a small
+    model learns first."""
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, random_tokens: bool = False, vocab: int = 0, first_token: int = 3):
         self.rng = random.Random(seed + 17)
+        self.random_tokens = random_tokens
+        self.vocab, self.first_token = vocab, first_token
+        if random_tokens and vocab <= first_token:
+            raise ValueError(f"random passages need a vocabulary above token {first_token}, got {vocab}")
 
     def row(self, text_ids: torch.Tensor, offset: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(input ids, labels) [length], the labels equal to the ids."""
-        passage = text_ids[offset : offset + self.rng.randint(16, max(16, length // 2))]
+        size = self.rng.randint(16, max(16, length // 2))
+        if self.random_tokens:
+            passage = torch.tensor([self.rng.randrange(self.first_token, self.vocab) for _ in range(size)])
+        else:
+            passage = text_ids[offset : offset + size]
         ids = passage.repeat(-(-length // len(passage)))[:length]
         return ids, ids
 
@@ -438,7 +451,9 @@ def main(argv=None) -> None:
     if weight_bytes > MAX_WEIGHT_BYTES:
         print(f"warning: {weight_bytes / 1e6:.2f} MB of {args.save_dtype} weights (> 8 MB)", file=sys.stderr)
     recall_rows = RecallRows(tokenizer, args.context + 1, args.seed) if args.recall_mix > 0 else None
-    repeat_rows = RepeatRows(args.seed)
+    special = max(t for t in (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id, 2)
+                  if t is not None)  # random passages never hold a special token
+    repeat_rows = RepeatRows(args.seed, args.repeat_random, len(tokenizer), special + 1)
     row_rng = random.Random(args.seed)
 
     def training_row(offset: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -516,7 +531,8 @@ def main(argv=None) -> None:
         f"arch={args.arch} size={layout_name} params={params} "
         f"weights={args.save_dtype} ({weight_bytes} bytes) "
         f"steps={args.steps}{cut} batch={args.batch}x{args.context} lr={args.lr} seed={args.seed} "
-        f"recall_mix={args.recall_mix} repeat_mix={args.repeat_mix} init_from={args.init_from} "
+        f"recall_mix={args.recall_mix} repeat_mix={args.repeat_mix} repeat_random={args.repeat_random} "
+        f"init_from={args.init_from} "
         f"slow_gdn_init={args.slow_gdn_init} device={device.type}\n"
         f"final_train_loss={final_loss:.3f} (mean of the last {len(recent)} steps) "
         f"held_out_loss={held_loss.item():.3f} "

@@ -62,7 +62,9 @@ def _run(model, ids, arm: str, prompt: int, steps: int, piece: int, buffer_len: 
 def profile_arm(model, ids, arm: str, prompt: int, steps: int, piece: int, buffer_len: int, out_path=None,
                 rows: int = 25) -> str:
     """One run of ``arm`` with torch.profiler around its decode forwards (CPU and, on CUDA, GPU activity): the
-    operator table sorted by self CPU time (what an eager, CPU-bound step spends), written to ``out_path``."""
+    operator table sorted by self CPU time (what an eager, CPU-bound step spends) and, on CUDA, a second one sorted by
+    self GPU time (where the GPU time goes: the SSM kernels against the matmuls and attention), written to
+    ``out_path``."""
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ids.device.type == "cuda" else [])
@@ -78,7 +80,11 @@ def profile_arm(model, ids, arm: str, prompt: int, steps: int, piece: int, buffe
             for pos in range(prompt, prompt + steps):
                 model(ids[:, pos : pos + 1], **{key: cache}, use_cache=True, logits_to_keep=1)
             _sync(ids.device)
-    table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows)
+    averages = prof.key_averages()
+    table = averages.table(sort_by="self_cpu_time_total", row_limit=rows)
+    if ids.device.type == "cuda":
+        table += f"\n\nby self GPU time ({steps} decode steps):\n"
+        table += averages.table(sort_by="self_device_time_total", row_limit=rows)
     if out_path is not None:
         with open(out_path, "w") as f:
             f.write(table)

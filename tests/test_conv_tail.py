@@ -50,3 +50,29 @@ def test_refuses_short_window_and_unknown_activation():
         causal_conv_tail(x, weight, None, None, 1)
     with pytest.raises(ValueError, match="not supported"):
         causal_conv_tail(torch.randn(1, 4, 4), weight, None, "gelu", 1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("tokens", [1, 3])
+def test_window_conv_matches_the_stock_decode_update(dtype, tokens):
+    """``causal_conv_window`` (eager decoding, no causal_conv1d package) gives transformers' torch
+    ``causal_conv1d_update`` bit for bit (the stock decode conv), and the padded ``causal_conv1d_fn`` tail too."""
+    from transformers.models.qwen3_5.modeling_qwen3_5 import causal_conv1d_update
+
+    from hf_replayssm.ops.short_conv import causal_conv_window
+
+    gen = torch.Generator().manual_seed(11 + tokens)
+    batch, channels, taps = 3, 40, 4
+    state = torch.randn(batch, channels, taps, generator=gen).to(dtype)  # transformers keeps K positions
+    new = torch.randn(batch, channels, tokens, generator=gen).to(dtype)
+    weight = torch.randn(channels, taps, generator=gen).to(dtype)
+    bias = torch.randn(channels, generator=gen).to(dtype)
+    window = torch.cat([state, new], dim=-1)
+    got = causal_conv_window(window, weight, bias, "silu", tokens)
+    want = causal_conv1d_update(new, state.clone(), weight, bias, activation="silu")
+    assert got.shape == want.shape == (batch, channels, tokens) and got.dtype == dtype
+    assert torch.isfinite(got).all() and torch.equal(got, want)
+    torch.testing.assert_close(got, reference(window, weight, bias, "silu", tokens), rtol=1e-2 if dtype != torch.float32
+                               else 1e-6, atol=1e-2 if dtype != torch.float32 else 1e-6)
+    with pytest.raises(ValueError, match="needed"):
+        causal_conv_window(window[..., : taps - 2 + tokens], weight, bias, None, tokens)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import importlib.util
 import inspect
 import sys
 from collections.abc import Callable
@@ -25,7 +26,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..ops.short_conv import causal_conv_tail, supports_activation
+from ..ops.short_conv import causal_conv_tail, causal_conv_window, supports_activation
+
+# transformers' mixers use the causal_conv1d package's CUDA kernels when it is installed, their torch conv otherwise
+_HAS_CAUSAL_CONV1D = importlib.util.find_spec("causal_conv1d") is not None
 
 _ACTIVE: contextvars.ContextVar[ReplayCall | None] = contextvars.ContextVar("hf_replayssm_call", default=None)
 _CACHE_KWARGS = ("cache", "cache_params", "past_key_values")
@@ -215,7 +219,10 @@ def conv_update_interceptor(module, call, a: CallArgs, original):
     if torch.compiler.is_compiling() and supports_activation(a["activation"]):
         # fused by inductor with its neighbours; F.conv1d would be a slow depthwise kernel there (ops/short_conv.py)
         return causal_conv_tail(full, a["weight"], a["bias"], a["activation"], x.shape[-1])
-    out = module.causal_conv1d_fn(full, a["weight"], a["bias"], activation=a["activation"])
+    if not _HAS_CAUSAL_CONV1D and supports_activation(a["activation"]):
+        # transformers' torch conv pads the window and computes all of it; stock decoding convolves only the tail
+        return causal_conv_window(full, a["weight"], a["bias"], a["activation"], x.shape[-1])
+    out = module.causal_conv1d_fn(full, a["weight"], a["bias"], activation=a["activation"])  # the CUDA package's
     return out[..., -x.shape[-1] :]
 
 

@@ -25,12 +25,26 @@ DRAFT_SCHEDULES = ("constant", "heuristic")
 
 def lookup_drafts(tokens: list[int], num_drafts: int, max_ngram: int = 2) -> list[int]:
     """Up to ``num_drafts`` tokens that followed the latest earlier occurrence of the last n-gram of ``tokens``
-    (n from ``max_ngram`` down to 1), as transformers' prompt lookup drafts them; [] when nothing matches."""
-    for n in range(min(max_ngram, len(tokens) - 1), 0, -1):
-        tail = tokens[-n:]
-        for start in range(len(tokens) - n - 1, -1, -1):
+    (n from ``max_ngram`` down to 1), as transformers' prompt lookup drafts them; [] when nothing matches.
+
+    Candidates are found with ``list.index`` on the reversed history (a C-level scan) and only those that start
+    with the n-gram's first token are compared: a Python loop over every start cost about 9 ms per round for 64 rows
+    of 600 tokens on a CPU core, as long as a whole decode step of a small model."""
+    length = len(tokens)
+    for n in range(min(max_ngram, length - 1), 0, -1):
+        tail = tokens[length - n :]
+        last_start = length - n - 1  # an earlier occurrence ends before the tail's last token
+        backwards = tokens[last_start::-1]  # backwards[i] is tokens[last_start - i]
+        i = 0
+        while True:
+            try:
+                i = backwards.index(tail[0], i)
+            except ValueError:
+                break
+            start = last_start - i
             if tokens[start : start + n] == tail:
                 return tokens[start + n : start + n + num_drafts]
+            i += 1
     return []
 
 

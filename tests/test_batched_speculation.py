@@ -184,6 +184,24 @@ def test_lookup_drafts():
     assert lookup_drafts([1, 2, 3], 4) == []
 
 
+def _lookup_by_every_start(tokens, num_drafts, max_ngram):
+    """The definition, spelled out: every start from the latest down, n from max_ngram to 1."""
+    for n in range(min(max_ngram, len(tokens) - 1), 0, -1):
+        for start in range(len(tokens) - n - 1, -1, -1):
+            if tokens[start : start + n] == tokens[-n:]:
+                return tokens[start + n : start + n + num_drafts]
+    return []
+
+
+@settings(max_examples=300, deadline=None)
+@given(tokens=st.lists(st.integers(0, 5), max_size=40), num_drafts=st.integers(1, 6), max_ngram=st.integers(1, 4))
+def test_lookup_drafts_equals_the_definition(tokens, num_drafts, max_ngram):
+    """The C-level scan finds the same occurrence as trying every start (small alphabets: many partial matches)."""
+    from hf_replayssm.batched import lookup_drafts
+
+    assert lookup_drafts(tokens, num_drafts, max_ngram) == _lookup_by_every_start(tokens, num_drafts, max_ngram)
+
+
 @pytest.mark.parametrize("model_type", ["qwen3_5_text", "nemotron_h"])
 def test_generate_routes_a_batch_with_prompt_lookup(model_type):
     """generate(batch > 1, prompt_lookup_num_tokens=k, past_key_values=ReplayCache()) decodes (transformers refuses

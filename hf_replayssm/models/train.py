@@ -15,7 +15,9 @@ which the recall task measures distances in). ``--recall-mix F`` replaces a frac
 synthetic recall documents (``hf_replayssm.eval.recall``, with seeds the evaluation never uses), so the model learns
 to recall a name stated earlier. ``--repeat-mix F`` makes a fraction F of the rows a passage followed by copies of
 itself (``RepeatRows``), so the model learns to continue repeated text by copying it, which is what prompt-lookup
-speculation drafts (the bundled models, trained on plain text, accept 1-13 % of such drafts). ``--init-from PATH``
+speculation drafts (the bundled models, trained on plain text, accept 1-13 % of such drafts); with ``--repeat-random``
+the repeated passages are uniform random tokens, whose loss only copying lowers (a few minutes of either on an H200
+did not make a 3.9M-parameter model copy natural text: BENCHMARKS.md). ``--init-from PATH``
 fine-tunes a saved model (its config and tokenizer) instead of starting from random weights; ``--arch`` must be its
 model type. ``--slow-gdn-init`` starts Gated DeltaNet with slow decays (transformers' init gives
 every GDN head a half-life under a few tokens; the bundled tiny-gdn never left that regime).

@@ -86,3 +86,34 @@ def test_bench_speculative_heuristic_schedule_arms(tmp_path):
         assert "--schedules" in str(error)
     else:
         raise AssertionError("an unknown schedule must be refused")
+
+
+def test_time_forwards_splits_a_round_by_forward_width(tmp_path, capsys):
+    """--time-forwards: the main model's forwards by input width, for the greedy arm (the prefill, then one-token
+    steps) and the speculative arm (the prefill, then 1 + drafts per verify forward); the model's own forward is back
+    afterwards."""
+    from hf_replayssm.bench.speculative import ForwardClock
+
+    out = tmp_path / "spec.json"
+    speculative.main(["--models", "qwen3_5", "--drafts", "qwen3_5", "--tiny", "--batches", "2", "--prompt", "32",
+                      "--new", "6", "--lookup", "3", "--buffer-len", "4", "--device", "cpu", "--time-forwards",
+                      "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert [e["arm"] for e in data["results"]] == ["lookup", "draft"] and data["results"][1]["drafted"] > 0
+    for entry in data["results"]:
+        greedy, spec = entry["greedy_forwards"], entry["forwards"]
+        assert set(greedy["by_width"]) == {"32", "1"} and greedy["by_width"]["32"][0] == 1
+        assert greedy["by_width"]["1"][0] == 5  # 6 new tokens: the prefill gives the first
+        assert "32" in spec["by_width"] and spec["by_width"]["32"][0] == 1
+        verify = sum(c for w, (c, _) in spec["by_width"].items() if w != "32")
+        assert verify == entry["verify_forwards"] and verify >= 1
+        if entry["drafted"]:  # drafts were verified in wider forwards (the self-drafting arm drafts every round)
+            assert any(int(w) > 1 for w in spec["by_width"] if w != "32")
+        assert spec["seconds"] > 0 and spec["calls"] == verify + 1
+    assert "forwards" in capsys.readouterr().out
+    from hf_replayssm.bench.speculative import _load
+
+    model = _load("qwen3_5", "cpu", None, True)[0]
+    with ForwardClock(model):
+        assert "forward" in vars(model)
+    assert "forward" not in vars(model)  # the class's forward again

@@ -111,6 +111,42 @@ class RollbackClock:
         schedule._clocked = True
 
 
+class ForwardClock:
+    """Device-synchronised wall time of every forward of ``model`` while active, by input width (tokens per row: the
+    prefill, 1 for a greedy step, 1 + drafts for a verify forward). What a round spends outside them is drafting and
+    bookkeeping on the host. The synchronisations cost the arm its CPU/GPU overlap, so it is opt-in
+    (``--time-forwards``) and its runs say so."""
+
+    def __init__(self, model):
+        self.model, self.by_width = model, {}
+
+    def __enter__(self):
+        original, device = self.model.forward, next(self.model.parameters()).device
+
+        def timed(*args, **kwargs):
+            ids = kwargs.get("input_ids", args[0] if args else None)
+            width = int(ids.shape[-1]) if isinstance(ids, torch.Tensor) else 0
+            _sync(device)
+            start = time.perf_counter()
+            out = original(*args, **kwargs)
+            _sync(device)
+            calls, seconds = self.by_width.get(width, (0, 0.0))
+            self.by_width[width] = (calls + 1, seconds + time.perf_counter() - start)
+            return out
+
+        self.model.forward = timed
+        return self
+
+    def __exit__(self, *exc):
+        del self.model.forward  # the instance attribute: the class's forward again
+        return False
+
+    def summary(self) -> dict:
+        """{"seconds": all forwards, "calls": n, "by_width": {width: [calls, seconds]}}"""
+        return dict(seconds=sum(s for _, s in self.by_width.values()), calls=sum(c for c, _ in self.by_width.values()),
+                    by_width={str(w): [c, s] for w, (c, s) in sorted(self.by_width.items())})
+
+
 def snapshot_seconds_per_round(cache, window: int, repeats: int = 3) -> float:
     """What the per-draft snapshot approach (vLLM / SGLang hybrid speculation) spends per verify round that a
     ReplayCache does not: every SSM layer writes its state once per window position (``window`` state copies into
@@ -146,10 +182,14 @@ def _until_eos(tokens: list[int], eos: int | None) -> list[int]:
 
 
 def run_arm(model, ids: torch.Tensor, arm: str, new_tokens: int, lookup: int, buffer_len: int,
-            draft_model=None) -> dict:
+            draft_model=None, time_forwards: bool = False) -> dict:
     """One timed run; tokens per row up to (and with) the end of sequence, which every arm stops at. Arms:
     ``greedy`` (plain batched ``generate``), ``lookup`` (batched prompt lookup), ``draft`` (batched speculation with
-    ``draft_model``)."""
+    ``draft_model``). ``time_forwards``: also the main model's forwards by width (``ForwardClock``)."""
+    if time_forwards:
+        with ForwardClock(model) as clock:
+            run = run_arm(model, ids, arm, new_tokens, lookup, buffer_len, draft_model)
+        return dict(run, forwards=clock.summary())
     from ..batched import batched_prompt_lookup
     from ..batched_draft import DraftModelDrafter
     from ..cache import ReplayCache, cache_argument
@@ -181,7 +221,7 @@ def run_arm(model, ids: torch.Tensor, arm: str, new_tokens: int, lookup: int, bu
 
 def measure(model, batch: int, prompt: int, new_tokens: int, lookup: int = 10, buffer_len: int = 16,
             repeats: int = 1, seed: int = 0, tokenizer=None, draft_model=None,
-            schedules: Sequence[str] = ("constant",)) -> list[dict]:
+            schedules: Sequence[str] = ("constant",), time_forwards: bool = False) -> list[dict]:
     """One entry per speculative arm (``lookup``, and ``draft`` when a draft model is given; with the
     ``"heuristic"`` draft schedule also ``lookup-heuristic`` / ``draft-heuristic``), each against plain batched
     greedy decoding measured in the same run."""
@@ -195,7 +235,7 @@ def measure(model, batch: int, prompt: int, new_tokens: int, lookup: int = 10, b
     best: dict[str, dict] = {}
     for _ in range(repeats):
         for arm in arms:
-            run = run_arm(model, ids, arm, new_tokens, lookup, buffer_len, draft_model)
+            run = run_arm(model, ids, arm, new_tokens, lookup, buffer_len, draft_model, time_forwards)
             if arm not in best or run["seconds"] < best[arm]["seconds"]:
                 best[arm] = run
     greedy = best["greedy"]
@@ -208,6 +248,8 @@ def measure(model, batch: int, prompt: int, new_tokens: int, lookup: int = 10, b
                      lookup_tokens_per_s=sum(map(len, run["tokens"])) / run["seconds"],
                      identical=run["tokens"] == greedy["tokens"],
                      **{k: v for k, v in run.items() if k not in ("arm", "tokens", "seconds")})
+        if time_forwards:
+            entry["greedy_forwards"] = greedy["forwards"]
         entry["speedup"] = entry["lookup_tokens_per_s"] / entry["greedy_tokens_per_s"]
         entry["rollback_fraction"] = run["rollback_seconds"] / run["seconds"]
         # without the checkpoint stores at crossed flush boundaries (plain decoding flushes too)
@@ -237,6 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--schedules", default="constant",
                         help="draft schedules, comma-separated: constant (num drafts every round), heuristic (per row: "
                              "+2 after a fully accepted round, -1 otherwise; adds the *-heuristic arms)")
+    parser.add_argument("--time-forwards", action="store_true",
+                        help="also time every forward of the main model by input width (device-synchronised, which "
+                             "costs the arms their CPU/GPU overlap): where a round's time goes")
     parser.add_argument("--out", help="JSON results")
     return parser
 
@@ -264,7 +309,8 @@ def main(argv: list[str] | None = None) -> int:
               "(no flushes)  snapshots  identical")
         for batch in (int(b) for b in args.batches.split(",")):
             for entry in measure(model, batch, args.prompt, args.new, args.lookup, args.buffer_len, args.repeats,
-                                 tokenizer=tokenizer, draft_model=draft, schedules=schedules):
+                                 tokenizer=tokenizer, draft_model=draft, schedules=schedules,
+                                 time_forwards=args.time_forwards):
                 is_draft = entry["arm"].startswith("draft")
                 entry = dict(model=name, draft_model=draft_name if is_draft else None, **entry)
                 results["results"].append(entry)
@@ -273,6 +319,11 @@ def main(argv: list[str] | None = None) -> int:
                       f"{entry['verify_forwards']:11d} {100 * entry['rollback_fraction']:8.2f}% "
                       f"{100 * entry['rollback_fraction_without_commits']:12.2f}% "
                       f"{100 * entry['snapshot_fraction']:9.2f}% {entry['identical']!s:>10}", flush=True)
+                if args.time_forwards:
+                    for label, forwards in (("greedy", entry["greedy_forwards"]), (entry["arm"], entry["forwards"])):
+                        widths = ", ".join(f"width {w}: {c} x {1e3 * t / c:.2f} ms"
+                                           for w, (c, t) in forwards["by_width"].items())
+                        print(f"      {label} forwards {forwards['seconds']:.3f} s ({widths})", flush=True)
         del model, draft
     if args.out:
         with open(args.out, "w") as f:

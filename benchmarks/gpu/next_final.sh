@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-GPU call, serial: where a Kimi-Linear-like batch-256 step spends its GPU time (operator tables by self GPU time),
+# Run 56 (2026-12-01), one GPU, serial: where a Kimi-Linear-like batch-256 step spends its GPU time (operator tables by self GPU time),
 # Kimi-Linear-like batch 1 end to end (compiled arms), and the kernel defaults no GPU has timed: Mamba-2's split
 # read-copy device phase and GDN's optional split, fp8, batch 256.
 # Call: run(command="bash benchmarks/gpu/next_final.sh", carry=[".whl/fla"], timeout_s=600).

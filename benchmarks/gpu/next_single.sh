@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-GPU version of next_part2.sh, serial (timings on one GPU must not overlap): batch 1 end to end for the
+# Run 55 (2026-12-01), one GPU, serial (timings on one GPU must not overlap): batch 1 end to end for the
 # Nemotron-H-like (prompt 128: the stock torch prefill of Mamba-2 asks for 170 GiB at 512) and Kimi-Linear-like models,
 # where a Kimi-Linear-like batch-256 step spends its GPU time, and batched speculation on the shaped Qwen3.5-like
 # model at batch 64 (the rollback share of a longer verify forward).

@@ -24,6 +24,8 @@ def test_bench_speculative_runs_and_reports(tmp_path):
         assert 0 <= entry["rollback_fraction"] < 1
         assert 0 <= entry["rollback_commit_seconds"] <= entry["rollback_seconds"]
         assert 0 <= entry["rollback_fraction_without_commits"] <= entry["rollback_fraction"]
+        assert 0 < entry["rollback_host_seconds"] <= entry["rollback_seconds"]  # every round dropped something
+        assert entry["rollback_host_fraction"] <= entry["rollback_fraction"]
         assert entry["snapshot_seconds"] > 0 and entry["snapshot_fraction"] > 0  # copies of real checkpoints
     assert data["environment"]["device"] == "cpu"
 

@@ -70,10 +70,12 @@ class RollbackClock:
     """Wall time spent in ``ReplayCache.drop_rows`` (device-synchronised around each call), and the part of it spent
     storing checkpoints at flush boundaries the verify window crossed (``commit_seconds``: a fold of the kept
     records, or a staged checkpoint copied in), which plain decoding spends at its flushes too; the rest is the
-    rollback itself. Layers get their timers when their schedules exist (after the prefill)."""
+    rollback itself. ``host_seconds``: the same calls up to their return, before the synchronisation after them (the
+    host's share: launching the rollback's kernels; in a host-bound decode loop their device time overlaps the next
+    forward's launches). Layers get their timers when their schedules exist (after the prefill)."""
 
     def __init__(self, cache):
-        self.seconds, self.commit_seconds, self._cache = 0.0, 0.0, cache
+        self.seconds, self.commit_seconds, self.host_seconds, self._cache = 0.0, 0.0, 0.0, cache
         self._inside = False
         original = cache.drop_rows
 
@@ -88,6 +90,7 @@ class RollbackClock:
                 original(dropped)
             finally:
                 self._inside = False
+            self.host_seconds += time.perf_counter() - start  # launching it: what a host-bound loop pays
             _sync(device)
             self.seconds += time.perf_counter() - start
 
@@ -211,7 +214,7 @@ def run_arm(model, ids: torch.Tensor, arm: str, new_tokens: int, lookup: int, bu
         tokens = result.new_tokens
         extra = dict(acceptance=result.acceptance, drafted=result.drafted, accepted=result.accepted,
                      verify_forwards=result.forwards, rollback_seconds=clock.seconds,
-                     rollback_commit_seconds=clock.commit_seconds)
+                     rollback_commit_seconds=clock.commit_seconds, rollback_host_seconds=clock.host_seconds)
     _sync(ids.device)
     seconds = time.perf_counter() - start
     if arm != "greedy":  # measured after the timed run, on the same cache
@@ -255,6 +258,7 @@ def measure(model, batch: int, prompt: int, new_tokens: int, lookup: int = 10, b
         # without the checkpoint stores at crossed flush boundaries (plain decoding flushes too)
         entry["rollback_fraction_without_commits"] = (
             (run["rollback_seconds"] - run["rollback_commit_seconds"]) / run["seconds"])
+        entry["rollback_host_fraction"] = run["rollback_host_seconds"] / run["seconds"]
         entry["snapshot_fraction"] = run["snapshot_seconds"] / run["seconds"]
         entries.append(entry)
     return entries
@@ -306,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         versus = "prompt lookup" + (f" / draft model {draft_name}" if draft else "")
         print(f"== {name}: batched {versus} vs plain greedy (ReplayCache, buffer_len {args.buffer_len})")
         print("batch arm              greedy tok/s  spec tok/s  speedup  acceptance  verify fwd  rollback  "
-              "(no flushes)  snapshots  identical")
+              "(no flushes)  (host)  snapshots  identical")
         for batch in (int(b) for b in args.batches.split(",")):
             for entry in measure(model, batch, args.prompt, args.new, args.lookup, args.buffer_len, args.repeats,
                                  tokenizer=tokenizer, draft_model=draft, schedules=schedules,
@@ -318,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{entry['lookup_tokens_per_s']:11.1f} {entry['speedup']:7.2f}x {entry['acceptance']:11.2f} "
                       f"{entry['verify_forwards']:11d} {100 * entry['rollback_fraction']:8.2f}% "
                       f"{100 * entry['rollback_fraction_without_commits']:12.2f}% "
+                      f"{100 * entry['rollback_host_fraction']:6.2f}% "
                       f"{100 * entry['snapshot_fraction']:9.2f}% {entry['identical']!s:>10}", flush=True)
                 if args.time_forwards:
                     for label, forwards in (("greedy", entry["greedy_forwards"]), (entry["arm"], entry["forwards"])):

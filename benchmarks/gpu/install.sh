@@ -24,3 +24,8 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile
 # GPU process: transformers' GDN layers call fla's Triton kernels whenever fla imports, CPU tensors included.
 export PYTHONPATH=/tmp/site:/tmp/fla PATH=/tmp/site/bin:$PATH
 mkdir -p /tmp/w
+bench_job() {  # bench_job SECONDS NAME ARGS...: one `hf-replayssm bench ARGS` with a time limit, into $RES/NAME.txt
+  local limit=$1 name=$2; shift 2
+  timeout "$limit" python3 -m hf_replayssm.cli bench "$@" > "$RES/$name.txt" 2>&1
+  echo "$name rc=$? $(date +%T)" | tee -a "$RES/done.txt"
+}

@@ -7,19 +7,14 @@
 # Call: run(command="bash benchmarks/gpu/next_session.sh", carry=[".whl/fla"], timeout_s=600).
 source benchmarks/gpu/install.sh || exit 1
 RES=/tmp/w/res_next_session; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
-cli() {  # cli SECONDS NAME ARGS...
-  local limit=$1 name=$2; shift 2
-  timeout "$limit" python3 -m hf_replayssm.cli bench "$@" > "$RES/$name.txt" 2>&1
-  echo "$name rc=$? $(date +%T)" | tee -a "$RES/done.txt"
-}
-cli 200 speculative_qwen3_5_b64_forwards speculative --models qwen3_5 --batches 64 --prompt 512 --new 64 \
+bench_job 200 speculative_qwen3_5_b64_forwards speculative --models qwen3_5 --batches 64 --prompt 512 --new 64 \
   --schedules heuristic --time-forwards --out "$RES/speculative_qwen3_5_b64_forwards.json"
-cli 110 speculative_small_gdn speculative --models small-gdn --batches 16,64 --prompt 512 --new 128 \
+bench_job 110 speculative_small_gdn speculative --models small-gdn --batches 16,64 --prompt 512 --new 128 \
   --schedules heuristic --out "$RES/speculative_small_gdn.json"
-cli 100 step_qwen3_5_b256 step --models qwen3_5 --batches 256 --repeats 1 --profile "$RES/profile_qwen3_5"
-cli 90 kernels_mamba2_nvfp4_split kernels --family mamba2 --shapes nemotron-h-8b --batches 256 --no-sweep \
+bench_job 100 step_qwen3_5_b256 step --models qwen3_5 --batches 256 --repeats 1 --profile "$RES/profile_qwen3_5"
+bench_job 90 kernels_mamba2_nvfp4_split kernels --family mamba2 --shapes nemotron-h-8b --batches 256 --no-sweep \
   --read-format nvfp4 --out "$RES/kernels_mamba2_nvfp4_split.json"
-cli 70 kernels_gdn_nvfp4_split kernels --family gdn --shapes qwen3-next --batches 256 --no-sweep --no-torch \
+bench_job 70 kernels_gdn_nvfp4_split kernels --family gdn --shapes qwen3-next --batches 256 --no-sweep --no-torch \
   --read-format nvfp4 --out "$RES/kernels_gdn_nvfp4_split.json"
 tail -n 20 "$RES"/*.txt
 tar czf "$OUT/next_session.tgz" -C "$RES" .

@@ -6,18 +6,13 @@
 # Call: run(command="bash benchmarks/gpu/next_single.sh", carry=[".whl/fla"], timeout_s=600).
 source benchmarks/gpu/install.sh || exit 1
 RES=/tmp/w/res_next_single; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
-cli() {  # cli SECONDS NAME ARGS...
-  local limit=$1 name=$2; shift 2
-  timeout "$limit" python3 -m hf_replayssm.cli bench "$@" > "$RES/$name.txt" 2>&1
-  echo "$name rc=$? $(date +%T)" | tee -a "$RES/done.txt"
-}
 arms=stock,stock-static-compiled,replay-compiled
-cli 160 generate_b1_nemotron_h generate --models nemotron_h --batches 1 --prompt 128 --new 128 --repeats 1 \
+bench_job 160 generate_b1_nemotron_h generate --models nemotron_h --batches 1 --prompt 128 --new 128 --repeats 1 \
   --arms $arms --out "$RES/generate_b1_nemotron_h.json"
-cli 140 generate_b1_kimi_linear generate --models kimi_linear --batches 1 --prompt 512 --new 128 --repeats 1 \
+bench_job 140 generate_b1_kimi_linear generate --models kimi_linear --batches 1 --prompt 512 --new 128 --repeats 1 \
   --arms $arms --out "$RES/generate_b1_kimi_linear.json"
-cli 90 step_kimi_linear_b256 step --models kimi_linear --batches 256 --repeats 1 --profile "$RES/profile_kimi"
-cli 150 speculative_qwen3_5_b64 speculative --models qwen3_5 --batches 64 --prompt 512 --new 64 \
+bench_job 90 step_kimi_linear_b256 step --models kimi_linear --batches 256 --repeats 1 --profile "$RES/profile_kimi"
+bench_job 150 speculative_qwen3_5_b64 speculative --models qwen3_5 --batches 64 --prompt 512 --new 64 \
   --schedules heuristic --out "$RES/speculative_qwen3_5_b64.json"
 tail -n 20 "$RES"/*.txt
 tar czf "$OUT/next_single.tgz" -C "$RES" .

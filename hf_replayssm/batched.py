@@ -31,17 +31,16 @@ def lookup_drafts(tokens: list[int], num_drafts: int, max_ngram: int = 2) -> lis
     with the n-gram's first token are compared: a Python loop over every start cost about 9 ms per round for 64 rows
     of 600 tokens on a CPU core, as long as a whole decode step of a small model."""
     length = len(tokens)
+    backwards = tokens[-2::-1]  # backwards[i] is tokens[length - 2 - i]; one reversed copy for every n
     for n in range(min(max_ngram, length - 1), 0, -1):
         tail = tokens[length - n :]
-        last_start = length - n - 1  # an earlier occurrence ends before the tail's last token
-        backwards = tokens[last_start::-1]  # backwards[i] is tokens[last_start - i]
-        i = 0
+        i = n - 1  # an earlier occurrence starts at length - n - 1 or before (ends before the tail's last token)
         while True:
             try:
                 i = backwards.index(tail[0], i)
             except ValueError:
                 break
-            start = last_start - i
+            start = length - 2 - i
             if tokens[start : start + n] == tail:
                 return tokens[start + n : start + n + num_drafts]
             i += 1

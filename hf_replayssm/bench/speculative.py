@@ -72,7 +72,8 @@ class RollbackClock:
     records, or a staged checkpoint copied in), which plain decoding spends at its flushes too; the rest is the
     rollback itself. ``host_seconds``: the same calls up to their return, before the synchronisation after them (the
     host's share: launching the rollback's kernels; in a host-bound decode loop their device time overlaps the next
-    forward's launches). Layers get their timers when their schedules exist (after the prefill)."""
+    forward's launches; commits inside a call are synchronised by their own timer, so their device time counts).
+    Layers get their timers when their schedules exist (after the prefill)."""
 
     def __init__(self, cache):
         self.seconds, self.commit_seconds, self.host_seconds, self._cache = 0.0, 0.0, 0.0, cache

@@ -24,6 +24,21 @@ def supports_activation(activation) -> bool:
     return isinstance(activation, str | None) and activation in ACTIVATIONS
 
 
+def _taps_checked(x: torch.Tensor, weight: torch.Tensor, activation, tokens: int) -> int:
+    """The kernel size K, after refusing an activation not in ACTIVATIONS and a window shorter than K - 1 + tokens."""
+    if not supports_activation(activation):
+        raise ValueError(f"activation {activation!r} is not supported here; use one of {sorted(map(str, ACTIVATIONS))}")
+    taps = weight.shape[-1]
+    if x.shape[-1] < taps - 1 + tokens:
+        raise ValueError(f"x holds {x.shape[-1]} positions; {taps - 1 + tokens} needed for {tokens} outputs")
+    return taps
+
+
+def _activated(out: torch.Tensor, activation, dtype: torch.dtype) -> torch.Tensor:
+    act = ACTIVATIONS[activation]
+    return (out if act is None else act(out)).to(dtype)
+
+
 def causal_conv_tail(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None,
                      tokens: int) -> torch.Tensor:
     """Depthwise causal convolution outputs at the last ``tokens`` positions of ``x``.
@@ -32,21 +47,13 @@ def causal_conv_tail(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor |
     bias [C] or None; activation None or "silu". Returns [B, C, tokens] in x's dtype: what
     ``causal_conv1d_fn(x, weight, bias, activation)[..., -tokens:]`` gives, with the products and sums in float32
     and one rounding to the weight's dtype before the activation, as ``F.conv1d`` does."""
-    if not supports_activation(activation):
-        raise ValueError(f"activation {activation!r} is not supported here; use one of {sorted(map(str, ACTIVATIONS))}")
     w = weight.reshape(weight.shape[0], -1)
-    taps = w.shape[-1]
-    if x.shape[-1] < taps - 1 + tokens:
-        raise ValueError(f"x holds {x.shape[-1]} positions; {taps - 1 + tokens} needed for {tokens} outputs")
+    taps = _taps_checked(x, w, activation, tokens)
     windows = x[..., x.shape[-1] - (taps - 1 + tokens) :].unfold(-1, taps, 1)  # [B, C, tokens, K]
     out = (windows.float() * w.float()[:, None, :]).sum(-1)
     if bias is not None:
         out = out + bias.float()[:, None]
-    out = out.to(w.dtype)
-    act = ACTIVATIONS[activation]
-    if act is not None:
-        out = act(out)
-    return out.to(x.dtype)
+    return _activated(out.to(w.dtype), activation, x.dtype)
 
 
 def causal_conv_window(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, activation: str | None,
@@ -57,14 +64,7 @@ def causal_conv_window(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
 
     x [B, C, W] with W >= K - 1 + tokens; weight [C, K] (or [C, 1, K]); bias [C] or None; activation None or
     "silu". Returns [B, C, tokens] in x's dtype."""
-    if not supports_activation(activation):
-        raise ValueError(f"activation {activation!r} is not supported here; use one of {sorted(map(str, ACTIVATIONS))}")
     w = weight.reshape(weight.shape[0], 1, -1)
-    taps = w.shape[-1]
-    if x.shape[-1] < taps - 1 + tokens:
-        raise ValueError(f"x holds {x.shape[-1]} positions; {taps - 1 + tokens} needed for {tokens} outputs")
+    _taps_checked(x, w, activation, tokens)
     out = F.conv1d(x.to(w.dtype), w, bias, padding=0, groups=w.shape[0])[..., -tokens:]
-    act = ACTIVATIONS[activation]
-    if act is not None:
-        out = act(out)
-    return out.to(x.dtype)
+    return _activated(out, activation, x.dtype)

@@ -335,7 +335,11 @@ class ReplayCache(DynamicCache):
 
     def update_conv_state(self, conv_states: torch.Tensor, layer_idx: int, state_idx: int = 0, **kwargs):
         self._require_replay_call(layer_idx)
-        return super().update_conv_state(conv_states, layer_idx, state_idx, **kwargs)
+        full = super().update_conv_state(conv_states, layer_idx, state_idx, **kwargs)
+        call = active_call()
+        if call is not None and not torch.compiler.is_compiling():
+            call.conv_window = full.shape[-1]  # the conv interceptor convolves only this window's new positions
+        return full
 
     def update_recurrent_state(self, recurrent_states: torch.Tensor, layer_idx: int, state_idx: int = 0, **kwargs):
         self._require_replay_call(layer_idx)

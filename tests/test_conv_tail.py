@@ -76,3 +76,44 @@ def test_window_conv_matches_the_stock_decode_update(dtype, tokens):
                                else 1e-6, atol=1e-2 if dtype != torch.float32 else 1e-6)
     with pytest.raises(ValueError, match="needed"):
         causal_conv_window(window[..., : taps - 2 + tokens], weight, bias, None, tokens)
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "nemotron_h", "kimi_linear", "mamba2"])
+def test_eager_decode_convolves_only_the_new_position(model_type, monkeypatch):
+    """An eager ReplayCache decode step convolves its window unpadded, as the stock decode update does
+    (transformers' padded ``causal_conv1d_fn`` over the [conv ring, new] window computed every position of it: 5x
+    the work on an H200), and decodes what stock decoding does."""
+    import torch.nn.functional as F
+    from conftest import cache_kwarg, decode, get_model
+    from transformers import DynamicCache
+
+    from hf_replayssm import ReplayCache
+    from hf_replayssm.adapters import base
+
+    if base._HAS_CAUSAL_CONV1D:
+        pytest.skip("the causal_conv1d package's kernels convolve here")
+    model = get_model(model_type)
+    tokens = torch.randint(3, 120, (2, 12), generator=torch.Generator().manual_seed(3))
+    original, calls = F.conv1d, []
+
+    def spy(x, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+        out = original(x, weight, bias, stride, padding, dilation, groups)
+        calls.append((padding, out.shape[-1], groups > 1))
+        return out
+
+    key = cache_kwarg(model)
+    with torch.no_grad():
+        cache = ReplayCache(buffer_len=4)
+        model(tokens[:, :6], **{key: cache}, use_cache=True)  # prefill, not spied
+        monkeypatch.setattr(F, "conv1d", spy)
+        replay = [model(tokens[:, pos : pos + 1], **{key: cache}, use_cache=True).logits for pos in range(6, 12)]
+        monkeypatch.undo()
+    depthwise = [call for call in calls if call[2]]
+    assert depthwise, "no depthwise conv ran in the decode steps"
+    # the [K history, new] window gives 2 outputs unpadded, as transformers' update does (padded: K + 1 + ...)
+    assert all(padding == 0 and width <= 2 for padding, width, _ in depthwise), depthwise
+    stock = decode(model, tokens, 6, DynamicCache(config=model.config))
+    got = torch.cat([logits[:, -1:] for logits in replay], dim=1)
+    assert torch.isfinite(stock).all()
+    assert torch.isfinite(got).all()
+    torch.testing.assert_close(got, stock[:, 1:], rtol=1e-4, atol=1e-4)

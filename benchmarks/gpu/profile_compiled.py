@@ -11,7 +11,10 @@ sit side by side (kernels inside CUDA-graph replays are traced like launched one
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import os
+import pstats
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -49,8 +52,8 @@ def main() -> None:
     ids = torch.randint(3, vocab, (args.batch, args.prompt), generator=torch.Generator().manual_seed(0)).to(args.device)
     settings = Settings()
     summaries = {}
-    for arm in args.arms.split(","):
-        cache_len = args.prompt + args.new
+    for arm in args.arms.split(","):  # an arm named twice runs twice (the host's speed can drift between arms)
+        cache_len, index = args.prompt + args.new, len(summaries)
         for _ in range(2):  # compile, record the graphs, warm every KV length
             run = timed_generate(model, ids, args.new, arm_kwargs(arm, model, settings, cache_len))
         ms = (run["seconds"] - run["prefill_s"]) * 1e3 / (args.new - 1)
@@ -59,15 +62,24 @@ def main() -> None:
         prof = profiled(model, ids, arm, settings, cache_len, args.new)
         (count_short, us_short), (count, us) = kernel_totals(short), kernel_totals(prof)
         steps = args.new - 16
-        table = prof.key_averages().table(sort_by="self_device_time_total", row_limit=40)
+        averages = prof.key_averages()
+        table = averages.table(sort_by="self_device_time_total", row_limit=40)
+        table += "\n\nby self CPU time:\n" + averages.table(sort_by="self_cpu_time_total", row_limit=40)
+        python = cProfile.Profile()  # the host's Python work of one generate, by function
+        python.enable()
+        timed_generate(model, ids, args.new, arm_kwargs(arm, model, settings, cache_len))
+        python.disable()
+        text = io.StringIO()
+        pstats.Stats(python, stream=text).sort_stats("tottime").print_stats(45)
+        table += "\n\ncProfile of one generate, by own time:\n" + text.getvalue()
         summary = dict(ms_per_step_unprofiled=ms, compiled=run["compiled"],
                        kernels_per_step=(count - count_short) / steps, gpu_us_per_step=(us - us_short) / steps)
-        summaries[arm] = summary
-        with open(os.path.join(args.out, f"{args.model}_b{args.batch}_{arm}.txt"), "w") as f:
+        summaries[f"{arm} ({index})"] = summary
+        with open(os.path.join(args.out, f"{args.model}_b{args.batch}_{arm}_{index}.txt"), "w") as f:
             f.write(f"{summary}\n\n{table}\n")
         print(arm, summary, flush=True)
     for arm, summary in summaries.items():
-        print(f"{arm:24s} {summary['ms_per_step_unprofiled']:.3f} ms/step  "
+        print(f"{arm:28s} {summary['ms_per_step_unprofiled']:.3f} ms/step  "
               f"{summary['kernels_per_step']:.1f} kernels/step  {summary['gpu_us_per_step']:.1f} GPU us/step")
 
 

@@ -99,36 +99,30 @@ class RecordRing:
         else:
             self.num_committed += count
 
-    def overwrite_newest(self, counts: list[int], values: Mapping[str, float], memo: dict | None = None,
-                         write: bool = True) -> None:
+    def overwrite_newest(self, counts: list[int], values: Mapping[str, float], memo: dict | None = None) -> None:
         """Set the fields named in ``values`` of row r's newest ``counts[r]`` records to those values (fields this
         ring does not keep are skipped). ``memo`` (one dict per rollback, shared by the layers): reuse the index
-        another ring of the same geometry built for the same ``counts``. ``write=False``: the checks only (a
-        ``PackedRollback`` writes every layer's rings at once)."""
+        another ring of the same geometry built for the same ``counts``."""
         most, size = max(counts, default=0), self.size
         if most > size:
             raise RuntimeError(f"cannot overwrite {most} records, only {size} buffered")
-        if not most or not write:
+        if not most:
             return
         # One host-built (row, slot) index and one indexed write per field for the whole batch: a rollback is a few
         # launches per layer whatever the batch (a loop over rows launched rows x fields small copies, a third of a
         # batch-64 speculative run on the H200)
-        index = self.newest_index(counts, memo)
-        for name, value in values.items():
-            if name in self.fields:
-                self.fields[name][index[0], index[1]] = value
-
-    def newest_index(self, counts: list[int], memo: dict | None = None) -> torch.Tensor:
-        """[2, n] (row, slot) of row r's newest ``counts[r]`` records, on the fields' device."""
         device = next(iter(self.fields.values())).device
-        end = self.origin + self.size
+        end = self.origin + size
 
         def build() -> torch.Tensor:
             rows = [row for row, count in enumerate(counts) for _ in range(count)]
             slots = [(end - count + j) % self.capacity for count in counts for j in range(count)]
             return host_index([rows, slots], device)
 
-        return shared_index(memo, ("ring", end % self.capacity, self.capacity, device), build)
+        index = shared_index(memo, ("ring", end % self.capacity, self.capacity, device), build)
+        for name, value in values.items():
+            if name in self.fields:
+                self.fields[name][index[0], index[1]] = value
 
     def commit(self) -> None:
         """Pending records become part of the sequence."""
@@ -256,35 +250,29 @@ class ConvRing:
         self.position = position
         self.oldest = max(0, position - kernel)
 
-    def compact_rows(self, dropped: list[int], kernel: int, memo: dict | None = None, write: bool = True) -> None:
+    def compact_rows(self, dropped: list[int], kernel: int, memo: dict | None = None) -> None:
         """Per-row rollback without moving the shared position: row r's newest ``dropped[r]`` inputs are forgotten
         by moving its last ``kernel`` kept inputs into the window before the position (batched speculation, where
         rows accept different numbers of drafts and the dropped slots stay behind as neutral tokens). ``memo``: as
-        in ``RecordRing.overwrite_newest``; ``write=False``: the checks and positions only (a ``PackedRollback``
-        moves every layer's windows at once)."""
+        in ``RecordRing.overwrite_newest``."""
         assert self.buffer is not None
         if max(dropped) > self.rewindable(kernel):
             raise RuntimeError(f"conv window cannot drop {max(dropped)} inputs of a row "
                                f"(holds {self.position - self.oldest})")
+        end = self.position - self.base
         # row r's window becomes its `kernel` inputs before its dropped ones: one host-built index, one gather and
         # one indexed write for the whole batch (rows that drop nothing are left alone)
-        if write and any(dropped):
-            index = self.compaction_index(dropped, kernel, memo)
+        if any(dropped):
+            def build() -> torch.Tensor:
+                moved = [(row, count) for row, count in enumerate(dropped) if count]
+                rows = [row for row, _ in moved for _ in range(kernel)]
+                source = [end - count - kernel + j for _, count in moved for j in range(kernel)]
+                target = [end - kernel + j for _ in moved for j in range(kernel)]
+                return host_index([rows, source, target], self.buffer.device)
+
+            index = shared_index(memo, ("conv", end, kernel, self.buffer.device), build)
             self.buffer[index[0], :, index[2]] = self.buffer[index[0], :, index[1]]
         self.oldest = max(self.oldest, self.position - kernel)
-
-    def compaction_index(self, dropped: list[int], kernel: int, memo: dict | None = None) -> torch.Tensor:
-        """[3, n] (row, source column, target column) of the inputs ``compact_rows`` moves."""
-        end = self.position - self.base
-
-        def build() -> torch.Tensor:
-            moved = [(row, count) for row, count in enumerate(dropped) if count]
-            rows = [row for row, _ in moved for _ in range(kernel)]
-            source = [end - count - kernel + j for _, count in moved for j in range(kernel)]
-            target = [end - kernel + j for _ in moved for j in range(kernel)]
-            return host_index([rows, source, target], self.buffer.device)
-
-        return shared_index(memo, ("conv", end, kernel, self.buffer.device), build)
 
     def rewindable(self, kernel: int) -> int:
         """How many tokens ``rewind`` can undo while keeping the ``kernel`` inputs before the new position."""

@@ -20,7 +20,6 @@ from .adapters import find_mixers, repoint_accelerate_hook
 from .adapters.base import active_call
 from .integration import install_hooks
 from .layers import ReplayHybridLayer, ReplayLayer, RollbackError
-from .packed_rollback import PackedRollback
 from .precision import PrecisionPolicy, resolve_policy
 
 BACKENDS = ("auto", "torch", "triton")
@@ -134,7 +133,6 @@ class ReplayCache(DynamicCache):
         self._bound_ids: set[int] = set()
         self._batch_size: int | None = None
         self._recording = False
-        self._packed_rollback: PackedRollback | None = None  # per-row rollback of all SSM layers at once
         self._prompt_tokens = 0
 
     def __getstate__(self):
@@ -440,16 +438,8 @@ class ReplayCache(DynamicCache):
                 raise RollbackError(f"SSM layer {idx}: a row cannot drop {max(dropped)} tokens, only the last {depth} "
                                     "fed while recording (activate_past_recording) can be dropped")
         memo = {}  # index tensors built once for every layer of the same geometry
-        schedules = [layer.schedule for layer in self.replay_layers.values()]
-        packed = None
-        if max(dropped, default=0):
-            packed = self._packed_rollback
-            if packed is None or not packed.holds(schedules):
-                packed = self._packed_rollback = PackedRollback.pack(schedules)  # None: each layer writes its own
-        if packed is not None:
-            packed.write(dropped, memo)
-        for schedule in schedules:
-            schedule.drop_rows_newest(dropped, memo, packed=packed is not None)
+        for layer in self.replay_layers.values():
+            layer.schedule.drop_rows_newest(dropped, memo)
 
     def _layers_with_state(self) -> list:
         """Layers to crop / reorder: stock linear layers that never ran (5.17 uses them for nemotron_h's mlp/moe

@@ -48,13 +48,14 @@ def read_copy_operands(read_copy: dict | None, read_format: str | None, state: t
 
 @triton.jit
 def _e2m1_to_float(nibble):
-    """E2M1 codes (int32 0..15) -> float32: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 is the sign."""
+    """E2M1 codes (int32 0..15) -> float32: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 is the sign. Built as the
+    float's bits, which costs about half the instructions of arithmetic on the fields (SASS for sm_90): a code
+    ``c = 2e + m`` with e >= 1 is 2^(e-1) (1 + m/2), i.e. exponent field e + 126 and mantissa bit 22 = m, which
+    ``(c << 22) + (126 << 23)`` lays out; c = 1 is 0.5 (``126 << 23``) and c = 0 is 0. Every code (and -0.0 for
+    code 8) is bit-identical to the field arithmetic and to the torch decoder."""
     code = nibble & 7
-    exponent = code >> 1
-    mantissa = (code & 1).to(tl.float32)
-    power = (1 << tl.maximum(exponent - 1, 0)).to(tl.float32)
-    magnitude = tl.where(exponent == 0, 0.5 * mantissa, (1.0 + 0.5 * mantissa) * power)
-    return tl.where(nibble >= 8, -magnitude, magnitude)
+    bits = tl.where(code > 1, (code << 22) + 0x3F000000, code * 0x3F000000)
+    return (bits | ((nibble & 8) << 28)).to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -24,7 +24,7 @@ from kernel_harness import HAS_TRITON, load_kernel_module, run_case, worker_main
 from kernel_harness import assert_close as _close
 
 CASES = ["mamba2_device", "mamba2_host_phase", "gdn_device", "kda_device", "delta_host_phase", "delta_exact_fold",
-         "flush_reads_copy", "nvfp4_pairs", "bad_read_copy"]
+         "flush_reads_copy", "nvfp4_pairs", "nvfp4_every_code", "bad_read_copy"]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -328,6 +328,43 @@ def case_nvfp4_pairs(_, device):
                 torch.testing.assert_close(got_pairs[n], got[n], **tol)
             if isinstance(count, torch.Tensor):
                 assert torch.equal(count_pairs, count)
+
+
+def case_nvfp4_every_code(_, device):
+    """``load_read_tile`` decodes every byte (both nibbles: all 16 E2M1 codes, signs, -0.0) times block scales and a
+    tensor scale to exactly the torch decoder's float32 bits, in both nvfp4 loads."""
+    import torch
+    import triton
+    import triton.language as tl
+
+    from hf_replayssm.kernels.read_copy import load_read_tile
+    from hf_replayssm.precision.formats import e2m1_decode, e4m3_decode, e4m3_encode, unpack_nibbles
+
+    globals().update(tl=tl, load_read_tile=load_read_tile)  # a jit function resolves names in its module
+
+    @triton.jit
+    def decode_kernel(values_ptr, scales_ptr, tensor_ptr, out_ptr, ROWS: tl.constexpr, COLS: tl.constexpr,
+                      FORMAT: tl.constexpr):
+        offs_a = tl.arange(0, ROWS)
+        offs_c = tl.arange(0, COLS)
+        mask = (offs_a[:, None] < ROWS) & (offs_c[None, :] < COLS)
+        tile = load_read_tile(values_ptr, scales_ptr, tensor_ptr, 0, 0, offs_a, offs_c, mask, offs_a < ROWS, 0, COLS,
+                              0, 0, COLS // 2, 1, 0, 0, COLS // 16, 1, 0, FORMAT, COLS, False)
+        tl.store(out_ptr + offs_a[:, None] * COLS + offs_c[None, :], tile)
+
+    rows, cols = 16, 32  # 16 x 16 bytes: every byte value once
+    packed = torch.arange(256, dtype=torch.int32).to(torch.uint8).reshape(rows, cols // 2)
+    gen = torch.Generator().manual_seed(3)
+    block = e4m3_encode(torch.rand(rows, cols // 16, generator=gen) * 3 + 0.01)
+    tensor_scale = torch.tensor([0.37], dtype=torch.float32)
+    want = (e2m1_decode(unpack_nibbles(packed)).reshape(rows, cols // 16, 16)
+            * e4m3_decode(block)[..., None]).reshape(rows, cols) * tensor_scale
+    assert (want.view(torch.int32) == torch.tensor(-2**31, dtype=torch.int32)).any()  # -0.0 is among them
+    for fmt in ("nvfp4", "nvfp4_pairs"):
+        out = torch.full((rows, cols), float("nan"), device=device)
+        decode_kernel[(1,)](packed.to(device), block.view(torch.float8_e4m3fn).to(device), tensor_scale.to(device),
+                            out, ROWS=rows, COLS=cols, FORMAT=fmt)
+        assert torch.equal(out.cpu().view(torch.int32), want.view(torch.int32)), fmt
 
 
 def _raw_rings(p):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import numpy as np
 import torch
 
 
@@ -28,11 +29,13 @@ def shared_index(memo: dict | None, key: tuple, build) -> torch.Tensor:
     return memo[key]
 
 
-def host_index(values: list[list[int]], device: torch.device) -> torch.Tensor:
-    """An int64 index tensor built on the host, on ``device``. On CUDA through pinned memory and a non-blocking copy:
-    a copy from pageable memory synchronises the stream (the host waits for the device to drain its queue), once per
-    layer and rollback otherwise. The caching host allocator keeps the pinned block until the copy has run."""
-    host = torch.tensor(values, dtype=torch.int64)
+def host_index(values: np.ndarray, device: torch.device) -> torch.Tensor:
+    """An int64 index tensor built on the host (numpy: a few microseconds per operation where torch's small-tensor
+    ops cost ten, and Python lists of a batch's rows several times that), on ``device``. On CUDA through pinned
+    memory and a non-blocking copy: a copy from pageable memory synchronises the stream (the host waits for the device
+    to drain its queue), once per layer and rollback otherwise. The caching host allocator keeps the pinned block
+    until the copy has run."""
+    host = torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
     if device.type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
@@ -115,9 +118,10 @@ class RecordRing:
         end = self.origin + size
 
         def build() -> torch.Tensor:
-            rows = [row for row, count in enumerate(counts) for _ in range(count)]
-            slots = [(end - count + j) % self.capacity for count in counts for j in range(count)]
-            return host_index([rows, slots], device)
+            count = np.asarray(counts, dtype=np.int64)
+            rows = np.repeat(np.arange(count.size), count)
+            j = np.arange(rows.size) - (np.cumsum(count) - count)[rows]  # 0 .. counts[r] - 1 within each row
+            return host_index(np.stack([rows, (end - count[rows] + j) % self.capacity]), device)
 
         index = shared_index(memo, ("ring", end % self.capacity, self.capacity, device), build)
         for name, value in values.items():
@@ -264,11 +268,11 @@ class ConvRing:
         # one indexed write for the whole batch (rows that drop nothing are left alone)
         if any(dropped):
             def build() -> torch.Tensor:
-                moved = [(row, count) for row, count in enumerate(dropped) if count]
-                rows = [row for row, _ in moved for _ in range(kernel)]
-                source = [end - count - kernel + j for _, count in moved for j in range(kernel)]
-                target = [end - kernel + j for _ in moved for j in range(kernel)]
-                return host_index([rows, source, target], self.buffer.device)
+                count = np.asarray(dropped, dtype=np.int64)
+                rows = np.repeat(np.flatnonzero(count), kernel)  # the rows that moved, kernel columns each
+                j = np.tile(np.arange(kernel), rows.size // kernel)
+                return host_index(np.stack([rows, end - count[rows] - kernel + j, end - kernel + j]),
+                                  self.buffer.device)
 
             index = shared_index(memo, ("conv", end, kernel, self.buffer.device), build)
             self.buffer[index[0], :, index[2]] = self.buffer[index[0], :, index[1]]

@@ -432,10 +432,11 @@ class ReplayCache(DynamicCache):
         dropped = [int(c) for c in (dropped.tolist() if isinstance(dropped, torch.Tensor) else dropped)]
         if min(dropped, default=0) < 0:
             raise ValueError(f"dropped counts must be >= 0, got {dropped}")
-        for idx, layer in self.replay_layers.items():
+        most = max(dropped, default=0)
+        for idx, layer in self.replay_layers.items() if most else ():  # dropping nothing only commits
             depth = min(layer.schedule.ring.num_pending, layer.schedule.max_rollback())
-            if max(dropped, default=0) > depth:
-                raise RollbackError(f"SSM layer {idx}: a row cannot drop {max(dropped)} tokens, only the last {depth} "
+            if most > depth:
+                raise RollbackError(f"SSM layer {idx}: a row cannot drop {most} tokens, only the last {depth} "
                                     "fed while recording (activate_past_recording) can be dropped")
         memo = {}  # index tensors built once for every layer of the same geometry
         for layer in self.replay_layers.values():

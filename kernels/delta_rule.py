@@ -199,12 +199,89 @@ def _exact_fold(s, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size,
 
 
 @triton.jit
+def _kda_record_weights(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, valid, q_t, k_t, g_t, stride_rg_r,
+                        stride_rg_k, K: tl.constexpr):
+    """Per-key gates: the decay since the checkpoint exp(c) [K], the decayed record keys exp(s_j) * k_j [R, K] (0 past
+    ``count``) and their dot products with q and k_t [R], from the normalised record keys ``k_r`` [R, K] and the
+    gates read in logical order (s_j = sum_{j<i<count} g_i + g_t as a reverse cumsum, c = g_0 + s_0)."""
+    slots_next = (origin + offs_r + 1) % ring_size
+    valid_next = offs_r + 1 < count
+    g_next = tl.load(rg_base + slots_next[:, None] * stride_rg_r + offs_k[None, :] * stride_rg_k,
+                     mask=valid_next[:, None] & (offs_k < K)[None, :], other=0.0).to(tl.float32)
+    g_first = tl.load(rg_base + origin * stride_rg_r + offs_k * stride_rg_k,
+                      mask=offs_k < tl.where(count > 0, K, 0), other=0.0).to(tl.float32)
+    seg = tl.cumsum(g_next, axis=0, reverse=True) + g_t[None, :]  # [R, K]
+    decay = tl.exp(g_first + tl.sum(tl.where(offs_r[:, None] == 0, seg, 0.0), axis=0))  # [K]
+    kw_r = tl.where(valid[:, None], k_r * tl.exp(seg), 0.0)  # decayed record keys exp(s_j) * k_j
+    wq = tl.sum(kw_r * q_t[None, :], axis=1)  # [R]: (exp(s_j) * k_j) . q
+    wk = tl.sum(kw_r * k_t[None, :], axis=1)
+    return decay, kw_r, wq, wk
+
+
+@triton.jit
+def _kda_weights_kernel(
+    ring_k_ptr, ring_g_ptr, origin_ptr, count_ptr, q_ptr, k_ptr, g_ptr, weights_ptr,
+    K: tl.constexpr, ring_size, kv_ratio, scale, origin_host, count_host,
+    stride_rk_b, stride_rk_r: tl.constexpr, stride_rk_h: tl.constexpr, stride_rk_k: tl.constexpr,
+    stride_rg_b, stride_rg_r: tl.constexpr, stride_rg_h: tl.constexpr, stride_rg_k: tl.constexpr,
+    stride_origin, stride_count,
+    stride_q_b, stride_q_h: tl.constexpr, stride_q_k: tl.constexpr,
+    stride_k_b, stride_k_h: tl.constexpr, stride_k_k: tl.constexpr,
+    stride_g_b, stride_g_h: tl.constexpr, stride_g_k: tl.constexpr,
+    DEVICE_POSITIONS: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    """Kimi Delta Attention's per-(row, value head) replay quantities, once: exp(c) [BLOCK_K] and the records'
+    weights (exp(s_j) * k_j) . q and . k_t [BLOCK_R] each, into ``weights`` [B, Hv, BLOCK_K + 2 BLOCK_R]. The replay
+    kernel's V tiles of one head then read them instead of each recomputing the [R, K] decays (their exponentials
+    and registers). Grid (B, Hv); positions as the replay kernel reads them (the counts before the step)."""
+    pid_b = tl.program_id(0).to(tl.int64)
+    pid_h = tl.program_id(1)
+    hk = pid_h // kv_ratio
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_r = tl.arange(0, BLOCK_R)
+    mask_k = offs_k < K
+    if DEVICE_POSITIONS:
+        origin = tl.load(origin_ptr + pid_b * stride_origin)
+        count = tl.load(count_ptr + pid_b * stride_count, cache_modifier=".cg") & 0xFFFF
+    else:
+        origin = origin_host
+        count = count_host
+    q_t = tl.load(q_ptr + pid_b * stride_q_b + hk * stride_q_h + offs_k * stride_q_k, mask=mask_k,
+                  other=0.0).to(tl.float32)
+    k_t = tl.load(k_ptr + pid_b * stride_k_b + hk * stride_k_h + offs_k * stride_k_k, mask=mask_k,
+                  other=0.0).to(tl.float32)
+    if USE_QK_L2NORM:
+        q_t = q_t * tl.rsqrt(tl.sum(q_t * q_t, axis=0) + 1e-6)
+        k_t = k_t * tl.rsqrt(tl.sum(k_t * k_t, axis=0) + 1e-6)
+    q_t = q_t * scale
+    g_t = tl.load(g_ptr + pid_b * stride_g_b + pid_h * stride_g_h + offs_k * stride_g_k, mask=mask_k,
+                  other=0.0).to(tl.float32)
+    valid = offs_r < count
+    slots = (origin + offs_r) % ring_size
+    rk_base = ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h
+    k_r = tl.load(rk_base + slots[:, None] * stride_rk_r + offs_k[None, :] * stride_rk_k,
+                  mask=valid[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+    k_r = _l2norm_rows(k_r, USE_QK_L2NORM)
+    rg_base = ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h
+    decay, _, wq, wk = _kda_record_weights(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, valid, q_t, k_t,
+                                           g_t, stride_rg_r, stride_rg_k, K)
+    w_base = weights_ptr + (pid_b * tl.num_programs(1) + pid_h) * (BLOCK_K + 2 * BLOCK_R)
+    tl.store(w_base + offs_k, decay)
+    tl.store(w_base + BLOCK_K + offs_r, wq)
+    tl.store(w_base + BLOCK_K + BLOCK_R + offs_r, wk)
+
+
+@triton.jit
 def _delta_replay_step_kernel(
     # pointers
     state_ptr, ring_k_ptr, ring_d_ptr, ring_g_ptr, origin_ptr, count_ptr,
     q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, o_ptr,
     rc_values_ptr, rc_scales_ptr, rc_tensor_scale_ptr,  # the read copy (READ_FORMAT fp8 / nvfp4)
     ring_v_ptr, ring_beta_ptr,  # raw v and beta records (EXACT_FOLD)
+    weights_ptr,  # per (row, value head): exp(c) [BLOCK_K], then the records' q and k weights [BLOCK_R] each
     # sizes; the host's positions (PHASE 1/2: every row at origin_host / count_host)
     K: tl.constexpr, V: tl.constexpr, ring_size, kv_ratio, scale, origin_host, count_host,
     # strides (all but the batch strides are compile-time constants: tile addresses become immediate offsets)
@@ -242,6 +319,7 @@ def _delta_replay_step_kernel(
     EXACT_FOLD: tl.constexpr,  # flushes recompute d from the raw v / beta records; replays append them
     PREFETCH_STATE: tl.constexpr,  # PHASE 4 with READ_FORMAT "fp32" only: load the tile before the phase test
     FLUSH_READS_COPY: tl.constexpr,  # PHASE 0 / 3 with a read copy: a flushing row's o from the copy, as replays
+    WEIGHTS_GIVEN: tl.constexpr,  # per-key gates, no flush dot: decay and record weights from _kda_weights_kernel
 ):
     pid_v = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -334,25 +412,26 @@ def _delta_replay_step_kernel(
         else:
             valid = offs_r < count
             slots = (origin + offs_r) % ring_size
-        k_r = tl.load(rk_base + slots[:, None] * stride_rk_r + offs_k[None, :] * stride_rk_k,
-                      mask=valid[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-        k_r = _l2norm_rows(k_r, USE_QK_L2NORM)
+        if not WEIGHTS_GIVEN:
+            k_r = tl.load(rk_base + slots[:, None] * stride_rk_r + offs_k[None, :] * stride_rk_k,
+                          mask=valid[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+            k_r = _l2norm_rows(k_r, USE_QK_L2NORM)
         d_r = tl.load(rd_base + slots[:, None] * stride_rd_r + offs_v[None, :] * stride_rd_v,
                       mask=valid[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
         # Gates one record later (position r + 1 < count): s_r = sum_{r<i<count} g_i + g_t as a reverse cumsum, and
         # the decay since the checkpoint c = g_0 + s_0.
         slots_next = (origin + offs_r + 1) % ring_size
         valid_next = offs_r + 1 < count
-        if GATE_PER_KEY:
-            g_next = tl.load(rg_base + slots_next[:, None] * stride_rg_r + offs_k[None, :] * stride_rg_k,
-                             mask=valid_next[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-            g_first = tl.load(rg_base + origin * stride_rg_r + offs_k * stride_rg_k,
-                              mask=offs_k < tl.where(count > 0, K, 0), other=0.0).to(tl.float32)
-            seg = tl.cumsum(g_next, axis=0, reverse=True) + g_t[None, :]  # [R, K]
-            decay = tl.exp(g_first + tl.sum(tl.where(offs_r[:, None] == 0, seg, 0.0), axis=0))  # [K]
-            kw_r = tl.where(valid[:, None], k_r * tl.exp(seg), 0.0)  # decayed record keys exp(s_j) * k_j
-            wq = tl.sum(kw_r * q_t[None, :], axis=1)  # [R]: (exp(s_j) * k_j) . q
-            wk = tl.sum(kw_r * k_t[None, :], axis=1)
+        if GATE_PER_KEY and WEIGHTS_GIVEN:  # computed once per (row, head), not once per V tile
+            w_base = weights_ptr + (pid_b * tl.num_programs(2) + pid_h) * (BLOCK_K + 2 * BLOCK_R)
+            decay = tl.load(w_base + offs_k)
+            wq = tl.load(w_base + BLOCK_K + offs_r)
+            wk = tl.load(w_base + BLOCK_K + BLOCK_R + offs_r)
+            pq = tl.sum(s0 * (decay * q_t)[:, None], axis=0)
+            pk = tl.sum(s0 * (decay * k_t)[:, None], axis=0)
+        elif GATE_PER_KEY:
+            decay, kw_r, wq, wk = _kda_record_weights(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, valid,
+                                                      q_t, k_t, g_t, stride_rg_r, stride_rg_k, K)
             pq = tl.sum(s0 * (decay * q_t)[:, None], axis=0)  # [BLOCK_V]: S0^T (exp(c) * q)
             pk = tl.sum(s0 * (decay * k_t)[:, None], axis=0)
         else:
@@ -575,7 +654,7 @@ def _replay_step(
     out=None, read_copy=None, read_format=None, ring_v=None, ring_beta=None, _block_v=None, _num_warps=None,
     _flush_dot=None, _ticket=True, _ring_physical=False, _split=False, _prefetch=True,
     _count_launch=True, flush_reads_copy=False,
-    _nvfp4_pairs=True,
+    _nvfp4_pairs=True, _kda_weights=False,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot``; ``_split`` (device positions only): the step as a flush-only launch for the rows due (the others
@@ -589,7 +668,10 @@ def _replay_step(
     its row's count arrives (a flushing row's tile is then read for nothing). ``_ticket=False`` (diagnostics): count
     read plainly and left unchanged. ``_nvfp4_pairs`` (an nvfp4 read copy; default on): load the copy's bytes once
     as a byte tile and interleave the decoded nibbles; off, one byte load per nibble (same values; H200, batch 256,
-    host-phase cycle 712 vs 673 us)."""
+    host-phase cycle 712 vs 673 us). ``_kda_weights`` (per-key gates; not timed yet): a small launch first computes
+    each (row, value head)'s decay since the checkpoint and record weights once (``_kda_weights_kernel``), which the
+    replay programs of its V tiles read instead of each recomputing the [R, K] decays (launches that fold with the
+    flush dot still compute their own)."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -634,15 +716,25 @@ def _replay_step(
     split = phase == 0 and bool(_split)
     launches = (3, 4) if split else (phase,)
     count_launch = phase == 0 and bool(_count_launch) and bool(_ticket)
+    block_k, block_r = max(16, triton.next_power_of_2(key_dim)), max(16, triton.next_power_of_2(ring_size))
+
+    def uses_dot(kernel_phase):
+        # Flush-only programs always fold with the dot (their registers do not throttle replay programs) and read
+        # and write the checkpoint alone.
+        return (flush_uses_dot(per_key) or kernel_phase in (2, 3)) if _flush_dot is None else bool(_flush_dot)
+
+    weighted = {phase_: per_key and bool(_kda_weights) and not uses_dot(phase_) for phase_ in launches}
+    weights = state  # (unused pointer)
+    if any(weighted.values()):
+        weights = torch.empty((batch, value_heads, block_k + 2 * block_r), dtype=torch.float32, device=v.device)
 
     def launch(kernel_phase):
         flush_only = kernel_phase in (2, 3)
-        # Flush-only programs always fold with the dot (their registers do not throttle replay programs) and read
-        # and write the checkpoint alone.
-        flush_dot = (flush_uses_dot(per_key) or flush_only) if _flush_dot is None else bool(_flush_dot)
+        flush_dot = uses_dot(kernel_phase)
         ring_physical = bool(_ring_physical) and not per_key
         kernel = _delta_replay_step_kernel[grid](
             state, ring_k, ring_d, ring_g, *positions, q, k, v, beta, g, o, *read_operands[:3], *raw_records[:2],
+            weights,
             key_dim, value_dim, ring_size, value_heads // key_heads, scale, *host,
             *state.stride(), *ring_k.stride(), *ring_d.stride(), *_ring_gate_strides(ring_g),
             *strides,
@@ -654,9 +746,9 @@ def _replay_step(
             USE_QK_L2NORM=bool(use_qk_l2norm),
             TICKET=bool(_ticket) and not count_launch,
             RING_PHYSICAL=bool(ring_physical),
-            BLOCK_K=max(16, triton.next_power_of_2(key_dim)),
+            BLOCK_K=block_k,
             BLOCK_V=block_v,
-            BLOCK_R=max(16, triton.next_power_of_2(ring_size)),  # >= 16: the flush's tl.dot needs it on the GPU
+            BLOCK_R=block_r,  # >= 16: the flush's tl.dot needs it on the GPU
             FLUSH_DOT=flush_dot,
             FLUSH_PRECISION=FLUSH_PRECISION,
             # a split step's flush launch reads the copy only for a flushing row's output (flush_reads_copy)
@@ -664,11 +756,24 @@ def _replay_step(
             EXACT_FOLD=exact_fold,
             PREFETCH_STATE=kernel_phase == 4 and read_format == "fp32" and bool(_prefetch),
             FLUSH_READS_COPY=flush_reads_copy and kernel_phase in (0, 3),
+            WEIGHTS_GIVEN=weighted[kernel_phase],
             num_warps=num_warps,
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel
 
     with _device_guard(v):
+        if weights is not state:  # before the step's launches: the counts they read are the old ones
+            LAST_COMPILED["kda_weights"] = _kda_weights_kernel[(batch, value_heads)](
+                ring_k, ring_g, *positions, q, k, g, weights,
+                key_dim, ring_size, value_heads // key_heads, scale, *host,
+                *ring_k.stride(), *_ring_gate_strides(ring_g), *strides,
+                *q.stride(), *k.stride(), *_gate_strides(g),
+                DEVICE_POSITIONS=phase == 0,
+                USE_QK_L2NORM=bool(use_qk_l2norm),
+                BLOCK_K=block_k,
+                BLOCK_R=block_r,
+                num_warps=4,
+            )
         for kernel_phase in launches:  # in stream order: the replay launch (4) reads the counts the flush one read
             launch(kernel_phase)
         if count_launch:

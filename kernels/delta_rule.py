@@ -136,12 +136,9 @@ def _l2norm_rows(x, USE_QK_L2NORM: tl.constexpr):
 
 
 @triton.jit
-def _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, pid_b, pid_h, hk, offs_k, mask_k, offs_v, mask_v, scale,
-                stride_q_b, stride_q_h, stride_q_k, stride_k_b, stride_k_h, stride_k_k,
-                stride_v_b, stride_v_h, stride_v_v, stride_beta_b, stride_beta_h, stride_g_b, stride_g_h, stride_g_k,
-                GATE_PER_KEY: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
-    """The token's raw k (storage dtype), q (normalised, scaled) and k (normalised) [K], v [BLOCK_V], beta and g
-    (scalar, or [K] per key channel), all float32 but the raw k."""
+def _load_qk(q_ptr, k_ptr, pid_b, hk, offs_k, mask_k, scale, stride_q_b, stride_q_h, stride_q_k,
+             stride_k_b, stride_k_h, stride_k_k, USE_QK_L2NORM: tl.constexpr):
+    """The token's raw k (storage dtype), q (normalised, scaled) and k (normalised) [K], float32 but the raw k."""
     k_raw = tl.load(k_ptr + pid_b * stride_k_b + hk * stride_k_h + offs_k * stride_k_k, mask=mask_k, other=0.0)
     k_t = k_raw.to(tl.float32)
     q_t = tl.load(q_ptr + pid_b * stride_q_b + hk * stride_q_h + offs_k * stride_q_k,
@@ -149,7 +146,18 @@ def _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, pid_b, pid_h, hk, offs_k, 
     if USE_QK_L2NORM:
         q_t = q_t * tl.rsqrt(tl.sum(q_t * q_t, axis=0) + 1e-6)
         k_t = k_t * tl.rsqrt(tl.sum(k_t * k_t, axis=0) + 1e-6)
-    q_t = q_t * scale
+    return k_raw, q_t * scale, k_t
+
+
+@triton.jit
+def _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, pid_b, pid_h, hk, offs_k, mask_k, offs_v, mask_v, scale,
+                stride_q_b, stride_q_h, stride_q_k, stride_k_b, stride_k_h, stride_k_k,
+                stride_v_b, stride_v_h, stride_v_v, stride_beta_b, stride_beta_h, stride_g_b, stride_g_h, stride_g_k,
+                GATE_PER_KEY: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
+    """The token's raw k (storage dtype), q (normalised, scaled) and k (normalised) [K], v [BLOCK_V], beta and g
+    (scalar, or [K] per key channel), all float32 but the raw k."""
+    k_raw, q_t, k_t = _load_qk(q_ptr, k_ptr, pid_b, hk, offs_k, mask_k, scale, stride_q_b, stride_q_h, stride_q_k,
+                               stride_k_b, stride_k_h, stride_k_k, USE_QK_L2NORM)
     v_t = tl.load(v_ptr + pid_b * stride_v_b + pid_h * stride_v_h + offs_v * stride_v_v,
                   mask=mask_v, other=0.0).to(tl.float32)
     beta_t = tl.load(beta_ptr + pid_b * stride_beta_b + pid_h * stride_beta_h).to(tl.float32)
@@ -249,14 +257,8 @@ def _kda_weights_kernel(
     else:
         origin = origin_host
         count = count_host
-    q_t = tl.load(q_ptr + pid_b * stride_q_b + hk * stride_q_h + offs_k * stride_q_k, mask=mask_k,
-                  other=0.0).to(tl.float32)
-    k_t = tl.load(k_ptr + pid_b * stride_k_b + hk * stride_k_h + offs_k * stride_k_k, mask=mask_k,
-                  other=0.0).to(tl.float32)
-    if USE_QK_L2NORM:
-        q_t = q_t * tl.rsqrt(tl.sum(q_t * q_t, axis=0) + 1e-6)
-        k_t = k_t * tl.rsqrt(tl.sum(k_t * k_t, axis=0) + 1e-6)
-    q_t = q_t * scale
+    _, q_t, k_t = _load_qk(q_ptr, k_ptr, pid_b, hk, offs_k, mask_k, scale, stride_q_b, stride_q_h, stride_q_k,
+                           stride_k_b, stride_k_h, stride_k_k, USE_QK_L2NORM)
     g_t = tl.load(g_ptr + pid_b * stride_g_b + pid_h * stride_g_h + offs_k * stride_g_k, mask=mask_k,
                   other=0.0).to(tl.float32)
     valid = offs_r < count

@@ -424,16 +424,15 @@ def _delta_replay_step_kernel(
         # the decay since the checkpoint c = g_0 + s_0.
         slots_next = (origin + offs_r + 1) % ring_size
         valid_next = offs_r + 1 < count
-        if GATE_PER_KEY and WEIGHTS_GIVEN:  # computed once per (row, head), not once per V tile
-            w_base = weights_ptr + (pid_b * tl.num_programs(2) + pid_h) * (BLOCK_K + 2 * BLOCK_R)
-            decay = tl.load(w_base + offs_k)
-            wq = tl.load(w_base + BLOCK_K + offs_r)
-            wk = tl.load(w_base + BLOCK_K + BLOCK_R + offs_r)
-            pq = tl.sum(s0 * (decay * q_t)[:, None], axis=0)
-            pk = tl.sum(s0 * (decay * k_t)[:, None], axis=0)
-        elif GATE_PER_KEY:
-            decay, kw_r, wq, wk = _kda_record_weights(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, valid,
-                                                      q_t, k_t, g_t, stride_rg_r, stride_rg_k, K)
+        if GATE_PER_KEY:
+            if WEIGHTS_GIVEN:  # computed once per (row, head), not once per V tile
+                w_base = weights_ptr + (pid_b * tl.num_programs(2) + pid_h) * (BLOCK_K + 2 * BLOCK_R)
+                decay = tl.load(w_base + offs_k)
+                wq = tl.load(w_base + BLOCK_K + offs_r)
+                wk = tl.load(w_base + BLOCK_K + BLOCK_R + offs_r)
+            else:
+                decay, kw_r, wq, wk = _kda_record_weights(k_r, rg_base, origin, count, ring_size, offs_r, offs_k,
+                                                          valid, q_t, k_t, g_t, stride_rg_r, stride_rg_k, K)
             pq = tl.sum(s0 * (decay * q_t)[:, None], axis=0)  # [BLOCK_V]: S0^T (exp(c) * q)
             pk = tl.sum(s0 * (decay * k_t)[:, None], axis=0)
         else:

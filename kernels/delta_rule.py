@@ -94,7 +94,9 @@ constexpr): standard step 280 us (91-93 % of copy bandwidth; FLA's fused_recurre
 (44 %: the replay program is latency/occupancy-bound, not bandwidth-bound; with no records at all it still takes
 279 us). KDA (kimi-linear): standard 280 us, replay 518 us. Later (K/V constexpr, host-phase launches): replay
 cycle 226.6 us at batch 256; device phase split in two launches 288.6 us, fused 347.0 us; with records in logical
-order and a count launch, fused 241 us with rows in mixed phases, 229 us in phase (``BENCHMARKS.md``). See
+order and a count launch, fused 241 us with rows in mixed phases, 229 us in phase (``BENCHMARKS.md``). KDA with
+its decays and record weights computed once per row and head by a pre-launch (the default since run 64): 292 us
+with rows in mixed phases, 278 us in phase, against the standard step's 277 us and fla's 300 us at batch 256. See
 the benchmark ``kernels/bench_delta.py``.
 """
 
@@ -580,7 +582,7 @@ def _delta_state_update_kernel(
 
 def replay_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: int,
                          per_key_gate: bool = False, read_format: str | None = None,
-                         device_phase: bool = False) -> tuple[int, int]:
+                         device_phase: bool = False, kda_weights: bool = True) -> tuple[int, int]:
     """(BLOCK_V, num_warps) for the replay step. Wide V tiles amortise the per-program record work (the keys and
     gates of the ring are normalised / decayed by every V tile of a head); 64 x 4 warps measured best on an H200
     for K = V = 128 at batch 256 (GDN and KDA). The tile is halved (down to 16) while the grid would have fewer than
@@ -589,13 +591,18 @@ def replay_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: 
     Scalar-gate launches that read a low-precision copy (``read_format`` fp8 / nvfp4) decode it in registers and
     take a 32 x 2 tile instead (H200, Qwen3-Next, batch 256, host-phase cycle: fp8 278 vs 314 us, nvfp4 487 vs
     667 us; the nvfp4 64 x 4 kernel sits at 255 registers). With device positions (one fused launch that also
-    flushes) only nvfp4 does (in-phase cycle 681 vs 802 us); fp8 keeps 64 x 4 there (364 vs 438 us)."""
+    flushes) only nvfp4 does (in-phase cycle 681 vs 802 us); fp8 keeps 64 x 4 there (364 vs 438 us).
+
+    Per-key gates whose decays come from the per-head pre-launch (``kda_weights``, the default) take 32 x 2 as
+    well (H200, Kimi-Linear, rows in mixed phases: batch 256 292 us against 341 at 64 x 4, batch 64 89 vs 102)."""
     block_k = triton.next_power_of_2(key_dim)
     block_v = min(triton.next_power_of_2(value_dim), max(16, 8192 // block_k))
     while block_v > 16 and batch * value_heads * triton.cdiv(value_dim, block_v) < 1024:
         block_v //= 2
     block_v, num_warps = max(block_v, 16), 4
     reads_copy = read_format not in (None, "fp32")
+    if per_key_gate and kda_weights and block_v > 32:
+        block_v, num_warps = 32, 2
     if reads_copy and not per_key_gate and (not device_phase or read_format == "nvfp4") and block_v > 32:
         block_v, num_warps = 32, 2
     return block_v, num_warps
@@ -655,7 +662,7 @@ def _replay_step(
     out=None, read_copy=None, read_format=None, ring_v=None, ring_beta=None, _block_v=None, _num_warps=None,
     _flush_dot=None, _ticket=True, _ring_physical=False, _split=False, _prefetch=True,
     _count_launch=True, flush_reads_copy=False,
-    _nvfp4_pairs=True, _kda_weights=False,
+    _nvfp4_pairs=True, _kda_weights=True,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot``; ``_split`` (device positions only): the step as a flush-only launch for the rows due (the others
@@ -669,10 +676,11 @@ def _replay_step(
     its row's count arrives (a flushing row's tile is then read for nothing). ``_ticket=False`` (diagnostics): count
     read plainly and left unchanged. ``_nvfp4_pairs`` (an nvfp4 read copy; default on): load the copy's bytes once
     as a byte tile and interleave the decoded nibbles; off, one byte load per nibble (same values; H200, batch 256,
-    host-phase cycle 712 vs 673 us). ``_kda_weights`` (per-key gates; not timed yet): a small launch first computes
+    host-phase cycle 712 vs 673 us). ``_kda_weights`` (per-key gates; default on): a small launch first computes
     each (row, value head)'s decay since the checkpoint and record weights once (``_kda_weights_kernel``), which the
     replay programs of its V tiles read instead of each recomputing the [R, K] decays (launches that fold with the
-    flush dot still compute their own)."""
+    flush dot still compute their own); off, every V tile computes them (H200, Kimi-Linear, rows in mixed phases,
+    each at its best tile: batch 256 292 vs 500 us, batch 64 89 vs 136)."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -704,7 +712,7 @@ def _replay_step(
     scale = key_dim ** -0.5 if scale is None else float(scale)
 
     block_v, num_warps = replay_launch_config(batch, value_heads, key_dim, value_dim, per_key, read_format,
-                                              device_phase=phase == 0)
+                                              device_phase=phase == 0, kda_weights=bool(_kda_weights))
     block_v, num_warps = _block_v or block_v, _num_warps or num_warps
     grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
     assert grid[0] * value_heads < (1 << (31 - _TICKET_SHIFT)), "too many programs per row for the count ticket"

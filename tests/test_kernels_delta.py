@@ -39,10 +39,10 @@ def test_bench_smoke(tmp_path, family):
                  "replay_host_read_copy_nvfp4_nibbles_us", "replay_in_phase_read_copy_nvfp4_nibbles_us",
                  "replay_mixed_read_copy_per_tile_reencode_us", "replay_in_phase_read_copy_per_tile_reencode_us",
                  "replay_in_phase_read_copy_split_us"]
-    if family == "kda":  # the decays-once-per-head launch, timed and checked against the default
-        keys += ["replay_mixed_kda_weights_us", "replay_in_phase_kda_weights_us"]
-        assert all(check["variants_equal_default"]["kda_weights"] for check in data["checks"].values())
-        assert "decays once per head" in stdout
+    if family == "kda":  # the former per-V-tile decays, timed and checked against the default
+        keys += ["replay_mixed_per_tile_decays_us", "replay_in_phase_per_tile_decays_us"]
+        assert all(check["variants_equal_default"]["per_tile_decays"] for check in data["checks"].values())
+        assert "decays per V tile" in stdout
     for key in keys:
         assert row[key] > 0, (key, row)
     assert all(check["ok"] for check in data["checks"].values()), data["checks"]
@@ -375,12 +375,13 @@ def case_host_phase(k, device):
 
 def case_kda_weights(k, device):
     """``_kda_weights`` (per-key gates: the decays and record weights computed once per row and head by a first
-    launch): against the reference with device positions (rows in mixed phases, fused and split, count launch and
-    tickets, NaN in uncommitted slots, both flush forms, two V tiles per head) and host positions (every count,
-    replay-only and flush-only launches), and equal to the default launch bit for bit on the CPU."""
+    launch; the default) and its opposite: against the reference with device positions (rows in mixed phases,
+    fused and split, count launch and tickets, NaN in uncommitted slots, both flush forms, two V tiles per head) and
+    host positions (every count, replay-only and flush-only launches), and equal to each other bit for bit on the
+    CPU."""
     import torch
 
-    for launch in (dict(_kda_weights=True), dict(_kda_weights=True, _count_launch=False)):
+    for launch in (dict(_kda_weights=True), dict(_kda_weights=True, _count_launch=False), dict(_kda_weights=False)):
         _check_replay(k, device, torch.float32, key_heads=2, value_heads=4, key_dim=24, value_dim=32, per_key=True,
                       buffer_len=5, ring=7, origins=[6, 5, 0, 6, 3], counts=[4, 3, 0, 2, 1], block_vs=[16],
                       rel=1e-5, poison=True, flush_dots=(False, True), splits=(True, False), launch=launch)

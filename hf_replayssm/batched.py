@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .buffers import device_counts
+
 DRAFT_SCHEDULES = ("constant", "heuristic")
 
 
@@ -60,9 +62,11 @@ def _batched(drafter, max_ngram: int) -> Callable[[list[list[int]], list[int]], 
 def drop_newest(cache, mask: torch.Tensor, dropped: list[int]) -> None:
     """Row r forgets its newest ``dropped[r]`` tokens: neutral records in the SSM layers (``ReplayCache.drop_rows``)
     and zeros in the caller's attention mask [B, positions], so attention never sees them."""
-    for row, count in enumerate(dropped):
-        if count:
-            mask[row, mask.shape[1] - count :] = 0
+    most = max(dropped, default=0)
+    if most:  # one masked fill for the batch (a slice fill per row was a launch per row on the GPU)
+        counts = device_counts(dropped, mask.device).unsqueeze(1)  # pinned, non-blocking: no device sync
+        newest = torch.arange(most - 1, -1, -1, device=mask.device)  # how many positions after each column
+        mask[:, mask.shape[1] - most :].masked_fill_(newest < counts, 0)
     cache.drop_rows(dropped)
 
 

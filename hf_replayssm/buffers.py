@@ -20,8 +20,8 @@ import torch
 
 def shared_index(memo: dict | None, key: tuple, build) -> torch.Tensor:
     """``build()``, or the tensor it gave for ``key`` earlier in ``memo``. Every SSM layer of a cache has the same ring
-    and conv geometry, so one per-row rollback builds each index once for all of them (``memo`` lives for one
-    call), not once per layer: a host-built index costs a list, a tensor and a copy to the device."""
+    and conv geometry, so one per-row rollback builds each mask or index once for all of them (``memo`` lives for
+    one call), not once per layer."""
     if memo is None:
         return build()
     if key not in memo:
@@ -29,16 +29,15 @@ def shared_index(memo: dict | None, key: tuple, build) -> torch.Tensor:
     return memo[key]
 
 
-def host_index(values: np.ndarray, device: torch.device) -> torch.Tensor:
-    """An int64 index tensor built on the host (numpy: a few microseconds per operation where torch's small-tensor
-    ops cost ten, and Python lists of a batch's rows several times that), on ``device``. On CUDA through pinned
-    memory and a non-blocking copy: a copy from pageable memory synchronises the stream (the host waits for the device
-    to drain its queue), once per layer and rollback otherwise. The caching host allocator keeps the pinned block
-    until the copy has run."""
-    host = torch.from_numpy(np.ascontiguousarray(values, dtype=np.int64))
-    if device.type != "cuda":
-        return host.to(device)
-    return host.pin_memory().to(device, non_blocking=True)
+def device_counts(counts: list[int], device: torch.device, memo: dict | None = None) -> torch.Tensor:
+    """Per-row counts [B] as int64 on ``device``, one host-to-device copy per rollback (shared through ``memo``). On
+    CUDA through pinned memory and a non-blocking copy: a copy from pageable memory would make the host wait for the
+    device to drain its queue. The caching host allocator keeps the pinned block until the copy has run."""
+    def build() -> torch.Tensor:
+        host = torch.from_numpy(np.asarray(counts, dtype=np.int64))
+        return host.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else host.to(device)
+
+    return shared_index(memo, ("counts", device), build)
 
 
 class RecordRing:
@@ -111,22 +110,21 @@ class RecordRing:
             raise RuntimeError(f"cannot overwrite {most} records, only {size} buffered")
         if not most:
             return
-        # One host-built (row, slot) index and one indexed write per field for the whole batch: a rollback is a few
-        # launches per layer whatever the batch (a loop over rows launched rows x fields small copies, a third of a
-        # batch-64 speculative run on the H200)
+        # One [B, capacity] mask built on the device from the per-row counts and one masked fill per field, for the
+        # whole batch and (through memo) shared by every layer: no per-row work on the host and no index tensors
+        # built there (an indexed write per field with host-built (row, slot) indices cost most of a rollback)
         device = next(iter(self.fields.values())).device
         end = self.origin + size
 
         def build() -> torch.Tensor:
-            count = np.asarray(counts, dtype=np.int64)
-            rows = np.repeat(np.arange(count.size), count)
-            j = np.arange(rows.size) - (np.cumsum(count) - count)[rows]  # 0 .. counts[r] - 1 within each row
-            return host_index(np.stack([rows, (end - count[rows] + j) % self.capacity]), device)
+            age = (end - 1 - torch.arange(self.capacity, device=device)) % self.capacity  # 0 = the newest record
+            return age.unsqueeze(0) < device_counts(counts, device, memo).unsqueeze(1)
 
-        index = shared_index(memo, ("ring", end % self.capacity, self.capacity, device), build)
+        mask = shared_index(memo, ("ring", end % self.capacity, self.capacity, device), build)
         for name, value in values.items():
             if name in self.fields:
-                self.fields[name][index[0], index[1]] = value
+                buf = self.fields[name]
+                buf.masked_fill_(mask.view(*mask.shape, *(1,) * (buf.dim() - 2)), value)
 
     def commit(self) -> None:
         """Pending records become part of the sequence."""
@@ -264,18 +262,19 @@ class ConvRing:
             raise RuntimeError(f"conv window cannot drop {max(dropped)} inputs of a row "
                                f"(holds {self.position - self.oldest})")
         end = self.position - self.base
-        # row r's window becomes its `kernel` inputs before its dropped ones: one host-built index, one gather and
-        # one indexed write for the whole batch (rows that drop nothing are left alone)
+        # row r's window becomes its `kernel` inputs before its dropped ones: one gather with per-row source columns
+        # computed on the device and one slice copy for the whole batch (a row that drops nothing copies its window
+        # onto itself)
         if any(dropped):
-            def build() -> torch.Tensor:
-                count = np.asarray(dropped, dtype=np.int64)
-                rows = np.repeat(np.flatnonzero(count), kernel)  # the rows that moved, kernel columns each
-                j = np.tile(np.arange(kernel), rows.size // kernel)
-                return host_index(np.stack([rows, end - count[rows] - kernel + j, end - kernel + j]),
-                                  self.buffer.device)
+            device = self.buffer.device
 
-            index = shared_index(memo, ("conv", end, kernel, self.buffer.device), build)
-            self.buffer[index[0], :, index[2]] = self.buffer[index[0], :, index[1]]
+            def build() -> torch.Tensor:
+                first = end - kernel - device_counts(dropped, device, memo)  # [B]
+                return first.unsqueeze(1) + torch.arange(kernel, device=device)  # [B, kernel]
+
+            source = shared_index(memo, ("conv", end, kernel, device), build)
+            kept = torch.gather(self.buffer, 2, source.unsqueeze(1).expand(-1, self.buffer.shape[1], -1))
+            self.buffer[..., end - kernel : end].copy_(kept)
         self.oldest = max(self.oldest, self.position - kernel)
 
     def rewindable(self, kernel: int) -> int:

@@ -24,8 +24,9 @@ Design notes:
 * Verify grid ``(cdiv(V, BLOCK_V), B, Hv)`` like the replay step: d and o of a value column depend only on that
   column of the checkpoint and of the recorded d's, so each V tile runs the window on its own. The program reads its
   checkpoint tile once and the committed records (``BLOCK_R = next_pow2(R - T)`` at most, masked by ``j < count``),
-  then loops over the window (unrolled; T is a constexpr). For token t, with decayed keys ``kw_j`` (record or earlier
-  window token j, decayed to t):
+  then loops over the window (a runtime loop: one compile per ``BLOCK_T = next_pow2(T)`` and ``BLOCK_R``, not one
+  per width, which cost a JIT compile at every new draft count of a speculative run). For token t, with decayed keys
+  ``kw_j`` (record or earlier window token j, decayed to t):
   ``P_t^T u = S0^T (exp(c_t) * u) + sum_j (kw_j . u) d_j`` for u in {q_t, k_t}; ``d_t = beta_t (v_t - P_t^T k_t)``;
   ``o_t = P_t^T q_t + (k_t . q_t) d_t``. The decays are carried along the window: at token t the checkpoint decay
   and every decayed key are multiplied by ``exp(g_t)`` (the recurrence's own order of operations), starting from the
@@ -86,11 +87,11 @@ __all__ = [
 ]
 
 _TICKET_SHIFT = 16
-MAX_WINDOW = 16  # the window loop is unrolled
+MAX_WINDOW = 16  # the window tiles are [BLOCK_T, ...] registers
 LAST_COMPILED: dict = {}
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["window"])  # one compile per BLOCK_T, not per window width
 def _delta_verify_kernel(
     state_ptr, ring_k_ptr, ring_d_ptr, ring_g_ptr, origin_ptr, count_ptr,
     q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, o_ptr,
@@ -107,7 +108,7 @@ def _delta_verify_kernel(
     stride_beta_b, stride_beta_t: tl.constexpr, stride_beta_h: tl.constexpr,
     stride_g_b, stride_g_t: tl.constexpr, stride_g_h: tl.constexpr, stride_g_k: tl.constexpr,
     stride_o_b, stride_o_t: tl.constexpr, stride_o_h: tl.constexpr, stride_o_v: tl.constexpr,
-    WINDOW: tl.constexpr,
+    window,  # T, a runtime loop bound (BLOCK_T = next_pow2(T) sizes the window tiles)
     GATE_PER_KEY: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -130,7 +131,7 @@ def _delta_verify_kernel(
     count = tl.load(count_ptr + pid_b * stride_count)
     s0 = tl.load(state_ptr + pid_b * stride_s_b + pid_h * stride_s_h + offs_k[:, None] * stride_s_k
                  + offs_v[None, :] * stride_s_v, mask=mask_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-    fits = count + WINDOW <= ring_size  # else: NaN outputs, nothing appended (see the module docstring)
+    fits = count + window <= ring_size  # else: NaN outputs, nothing appended (see the module docstring)
 
     # Committed records in logical order, and their decays to the end of the ring (direct sums of later gates).
     offs_r = tl.arange(0, BLOCK_R)
@@ -166,7 +167,7 @@ def _delta_verify_kernel(
     d_w = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)  # earlier window d's
 
     append_v = mask_v & (offs_v < tl.where(fits, V, 0))
-    for t in tl.static_range(WINDOW):
+    for t in range(0, window):
         k_raw, q_t, k_t, v_t, beta_t, g_t = _load_token(
             q_ptr + t * stride_q_t, k_ptr + t * stride_k_t, v_ptr + t * stride_v_t, beta_ptr + t * stride_beta_t,
             g_ptr + t * stride_g_t, pid_b, pid_h, hk, offs_k, mask_k, offs_v, mask_v, scale,
@@ -354,7 +355,7 @@ def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_
             *state.stride(), *ring_k.stride(), *ring_d.stride(), *_ring_gate_strides(ring_g),
             origin.stride(0), count.stride(0),
             *q.stride(), *k.stride(), *v.stride(), *beta.stride(), *_window_strides(g), *o.stride(),
-            WINDOW=window,
+            window,
             GATE_PER_KEY=per_key,
             USE_QK_L2NORM=bool(use_qk_l2norm),
             BLOCK_K=triton.next_power_of_2(key_dim),

@@ -21,8 +21,10 @@ Design notes:
 
 * Verify grid ``(cdiv(P, BLOCK_P), B, H)``, one program per P tile of one (row, head), like the replay step. The
   program reads its checkpoint tile once, the row's committed records (``BLOCK_R = next_pow2(R - T)`` of them at
-  most, masked by ``j < count``) and the T window tokens, then loops over the window (unrolled; T is a constexpr).
-  For token t: ``y_t = exp(lam_t) (S0 C_t) + sum_j w_jt (B_j . C_t) x_j + sum_{s<=t} w_st (B_s . C_t) x_s + D x_t``
+  most, masked by ``j < count``) and the T window tokens, then loops over the window (a runtime loop: one compile per
+  ``BLOCK_T = next_pow2(T)`` and ``BLOCK_R``, not one per width, which cost a JIT compile at every new draft count of
+  a speculative run). For token t:
+  ``y_t = exp(lam_t) (S0 C_t) + sum_j w_jt (B_j . C_t) x_j + sum_{s<=t} w_st (B_s . C_t) x_s + D x_t``
   with the log decays summed directly over the terms in between (records after j, then window tokens up to t;
   never differences of cumulative sums, see ``hf_replayssm/ops/decay.py``). The cost per token is one pass over the
   state tile (``S0 C_t``) plus O((count + T)(N + P)); the checkpoint is read once per window.
@@ -77,11 +79,11 @@ __all__ = [
 ]
 
 _TICKET_SHIFT = 16
-MAX_WINDOW = 16  # the window loop is unrolled
+MAX_WINDOW = 16  # the window tiles are [BLOCK_T, ...] registers
 LAST_COMPILED: dict = {}
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["window"])  # one compile per BLOCK_T, not per window width
 def _mamba2_verify_kernel(
     state_ptr, ring_x_ptr, ring_dt_ptr, ring_B_ptr, origin_ptr, count_ptr,
     x_ptr, dt_ptr, B_ptr, C_ptr, A_ptr, D_ptr, z_ptr, dt_bias_ptr, y_ptr,
@@ -98,7 +100,7 @@ def _mamba2_verify_kernel(
     stride_A, stride_D, stride_dt_bias,
     stride_z_b, stride_z_t, stride_z_h, stride_z_p,
     stride_y_b, stride_y_t, stride_y_h, stride_y_p,
-    WINDOW: tl.constexpr,
+    window,  # T, a runtime loop bound (BLOCK_T = next_pow2(T) sizes the window tiles)
     HAS_D: tl.constexpr,
     HAS_Z: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr,
@@ -119,7 +121,7 @@ def _mamba2_verify_kernel(
     offs_t = tl.arange(0, BLOCK_T)
     mask_p = offs_p < P
     mask_n = offs_n < N
-    mask_t = offs_t < WINDOW
+    mask_t = offs_t < window
 
     # Loads first (checkpoint tile, row phase, window tokens), then the records whose addresses wait for origin/count.
     s0 = tl.load(state_ptr + pid_b * stride_s_b + h * stride_s_h + offs_p[:, None] * stride_s_p
@@ -141,7 +143,7 @@ def _mamba2_verify_kernel(
     if HAS_D:
         D_h = tl.load(D_ptr + h * stride_D).to(tl.float32)
 
-    fits = count + WINDOW <= ring_size  # else: NaN outputs, nothing appended (see the module docstring)
+    fits = count + window <= ring_size  # else: NaN outputs, nothing appended (see the module docstring)
     valid = offs_r < count
     slots = (origin + offs_r) % ring_size
     x_r = tl.load(ring_x_ptr + pid_b * stride_rx_b + slots[:, None] * stride_rx_r + h * stride_rx_h
@@ -158,7 +160,7 @@ def _mamba2_verify_kernel(
     after_r = tl.sum(tl.where(offs_r[None, :] > offs_r[:, None], la_r[None, :], 0.0), axis=1)  # records after j
     total_r = tl.sum(la_r, axis=0)
 
-    for t in tl.static_range(WINDOW):
+    for t in range(0, window):
         C_t = tl.load(C_ptr + pid_b * stride_C_b + t * stride_C_t + group * stride_C_g + offs_n * stride_C_n,
                       mask=mask_n, other=0.0).to(tl.float32)
         upto_t = tl.sum(tl.where(offs_t <= t, la_w, 0.0), axis=0)  # window tokens 0..t
@@ -182,7 +184,7 @@ def _mamba2_verify_kernel(
 
     # Append the window's records at logical positions count + t (rows that fit only).
     new_slots = (origin + count + offs_t) % ring_size
-    append = offs_t < tl.where(fits, WINDOW, 0)
+    append = offs_t < tl.where(fits, window, 0)
     tl.store(ring_x_ptr + pid_b * stride_rx_b + new_slots[:, None] * stride_rx_r + h * stride_rx_h
              + offs_p[None, :] * stride_rx_p, x_w.to(ring_x_ptr.dtype.element_ty),
              mask=append[:, None] & mask_p[None, :])
@@ -306,7 +308,7 @@ def _verify(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=Non
             *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
             A.stride(0), _strides(D, 1)[0], _strides(dt_bias, 1)[0],
             *_strides(z, 4), *y.stride(),
-            WINDOW=window,
+            window,
             HAS_D=D is not None,
             HAS_Z=z is not None,
             HAS_DT_BIAS=dt_bias is not None,

@@ -3,7 +3,9 @@ form (``benchmarks/gpu/ab/{delta,mamba2}_verify_unrolled.py``, not committed: ``
 570d9f3~1:kernels/delta_verify.py > benchmarks/gpu/ab/delta_verify_unrolled.py`` and the same for mamba2_verify;
 loaded into the installed package under another name so that their relative imports resolve), same inputs,
 interleaved, batch 64 / 256, T = 2, 4, 8, 11.
-Run on the GPU machine after ``source benchmarks/gpu/install.sh``: ``python3 $R/benchmarks/gpu/verify_loop_ab.py``.
+Run on the GPU machine after ``source benchmarks/gpu/install.sh``: ``python3 $R/benchmarks/gpu/verify_loop_ab.py
+[FAMILIES]`` (comma-separated, default mamba2,gdn,kda). Run 67 timed the plain runtime loop of every family; since
+then the delta-rule kernel unrolls over ``BLOCK_T`` with the width as a runtime guard (run 68).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def main() -> None:
     device = torch.device("cuda")
     gen = torch.Generator(device=device).manual_seed(0)
     print(f"{'family':<7} {'batch':>5} {'T':>3} | {'loop us':>9} {'unrolled us':>12} {'loop/unrolled':>14} | equal")
-    for family in ("mamba2", "gdn", "kda"):
+    for family in (sys.argv[1].split(",") if len(sys.argv) > 1 else ("mamba2", "gdn", "kda")):
         shape = next(iter(bv.SHAPES[family].values()))
         module = bv.Mamba2Case.verify_module if family == "mamba2" else bv.DeltaCase.verify_module
         loop, unrolled = importlib.import_module(f"hf_replayssm.kernels.{module}"), load_unrolled(module)

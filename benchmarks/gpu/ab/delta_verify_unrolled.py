@@ -1,0 +1,440 @@
+"""Triton speculative-decoding kernels for gated delta rule layers (Gated DeltaNet with a scalar gate per value head,
+Kimi Delta Attention with a gate per key channel): verify a window of T tokens against the float32 checkpoint plus
+the ring of committed records, then commit the accepted prefix.
+
+Entry points (each with a torch reference of the same signature, re-exported here from
+``hf_replayssm.ops.delta_verify``):
+
+* :func:`delta_verify` / :func:`delta_verify_ref`: outputs of T window tokens per row and their corrected values
+  ``d_t = beta_t (v_t - P_t^T k_t)``, each against the state implied by the checkpoint, the ``count[b]`` committed
+  records and the window tokens before t (what the one-token replay step computes); appends the T records (raw k,
+  d, g) at slots ``(origin + count + t) % R``; writes no state and leaves ``count`` unchanged.
+* :func:`delta_commit` / :func:`delta_commit_ref`: ``count += accepted``; rows whose new count reaches
+  ``buffer_len`` fold all their committed records into the checkpoint (sequential recurrence) and restart the ring
+  at ``origin`` with ``count = 0``. Per-row phase decided on the device.
+
+Shapes and ring layout are those of ``kernels/delta_rule.py`` with a window axis on the tokens: state
+[B, Hv, K, V]; ring_k [B, R, Hk, K] raw keys; ring_d [B, R, Hv, V] float32; ring_g [B, R, Hv] or [B, R, Hv, K]
+float32; origin, count, accepted [B] int32; q, k [B, T, Hk, K] raw; v [B, T, Hv, V]; beta [B, T, Hv]; g [B, T, Hv]
+or [B, T, Hv, K]. A window needs ``count[b] + T <= R`` (so ``R >= buffer_len - 1 + T``); the host asserts
+``T <= R`` and the kernel returns NaN outputs for a row that does not fit (and appends nothing for it).
+
+Design notes:
+
+* Verify grid ``(cdiv(V, BLOCK_V), B, Hv)`` like the replay step: d and o of a value column depend only on that
+  column of the checkpoint and of the recorded d's, so each V tile runs the window on its own. The program reads its
+  checkpoint tile once and the committed records (``BLOCK_R = next_pow2(R - T)`` at most, masked by ``j < count``),
+  then loops over the window (unrolled; T is a constexpr). For token t, with decayed keys ``kw_j`` (record or earlier
+  window token j, decayed to t):
+  ``P_t^T u = S0^T (exp(c_t) * u) + sum_j (kw_j . u) d_j`` for u in {q_t, k_t}; ``d_t = beta_t (v_t - P_t^T k_t)``;
+  ``o_t = P_t^T q_t + (k_t . q_t) d_t``. The decays are carried along the window: at token t the checkpoint decay
+  and every decayed key are multiplied by ``exp(g_t)`` (the recurrence's own order of operations), starting from the
+  records' decays to the end of the committed ring, which are direct sums (reverse cumulative sums over the records
+  after j, as in the replay step). Cost per token: two passes over the state tile plus O((count + T)(K + V)).
+* Records are appended by the programs that own them (d by every V tile, g by V tile 0, the raw key by V tile 0 of
+  the first value head of each key group).
+* Commit grid ``(cdiv(V, BLOCK_V), B, Hv)``: flushing programs fold the records one at a time in order,
+  ``S = diag(exp(g_j)) S; S += k_j d_j^T`` (the standard step's expressions given d), so folding is split-invariant:
+  flushing after more than ``buffer_len`` records (a window can overshoot) gives the bits of two flushes. Note that
+  the one-token replay step's flush (``kernels/delta_rule.py``) sums the records in unrolled form instead, so the
+  checkpoints of the two paths agree to float32 rounding, not bitwise.
+* Count update as in ``kernels/mamba2_verify.py`` (read, barrier, ticket, last ticket writes).
+* All math is fp32 on CUDA cores (no ``tl.dot``); bf16/fp16 inputs are upcast right after loading. K is at most 256
+  (one K tile per program). Launch configurations: :func:`verify_launch_config` for verify, the standard step's
+  ``state_update_launch_config`` for commit; both can be overridden through the private ``_block_v`` /
+  ``_num_warps`` arguments of ``_verify`` / ``_commit``. Not yet timed on a GPU (``kernels/bench_verify.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hf_replayssm.ops.delta_verify import delta_commit_ref, delta_verify_ref
+
+if __package__:
+    from .delta_rule import (
+        MAX_KEY_DIM,
+        _device_guard,
+        _l2norm_rows,
+        _load_token,
+        _ring_gate_strides,
+        state_update_launch_config,
+    )
+else:  # loaded from its file outside the package (a checkout without the package installed)
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if "_replayssm_kernels_delta_rule" not in sys.modules:  # the name tests/kernel_harness.py gives it
+        _spec = importlib.util.spec_from_file_location("_replayssm_kernels_delta_rule",
+                                                       Path(__file__).with_name("delta_rule.py"))
+        sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+        _spec.loader.exec_module(sys.modules[_spec.name])
+    _m = sys.modules["_replayssm_kernels_delta_rule"]
+    MAX_KEY_DIM, _device_guard, _l2norm_rows, _load_token = (_m.MAX_KEY_DIM, _m._device_guard, _m._l2norm_rows,
+                                                             _m._load_token)
+    _ring_gate_strides, state_update_launch_config = _m._ring_gate_strides, _m.state_update_launch_config
+
+__all__ = [
+    "delta_commit",
+    "delta_commit_ref",
+    "delta_verify",
+    "delta_verify_ref",
+    "verify_launch_config",
+]
+
+_TICKET_SHIFT = 16
+MAX_WINDOW = 16  # the window loop is unrolled
+LAST_COMPILED: dict = {}
+
+
+@triton.jit
+def _delta_verify_kernel(
+    state_ptr, ring_k_ptr, ring_d_ptr, ring_g_ptr, origin_ptr, count_ptr,
+    q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, o_ptr,
+    K: tl.constexpr, V: tl.constexpr, ring_size, kv_ratio, scale,
+    # strides (all but the batch strides are compile-time constants, as in the replay step)
+    stride_s_b, stride_s_h: tl.constexpr, stride_s_k: tl.constexpr, stride_s_v: tl.constexpr,
+    stride_rk_b, stride_rk_r: tl.constexpr, stride_rk_h: tl.constexpr, stride_rk_k: tl.constexpr,
+    stride_rd_b, stride_rd_r: tl.constexpr, stride_rd_h: tl.constexpr, stride_rd_v: tl.constexpr,
+    stride_rg_b, stride_rg_r: tl.constexpr, stride_rg_h: tl.constexpr, stride_rg_k: tl.constexpr,
+    stride_origin, stride_count,
+    stride_q_b, stride_q_t: tl.constexpr, stride_q_h: tl.constexpr, stride_q_k: tl.constexpr,
+    stride_k_b, stride_k_t: tl.constexpr, stride_k_h: tl.constexpr, stride_k_k: tl.constexpr,
+    stride_v_b, stride_v_t: tl.constexpr, stride_v_h: tl.constexpr, stride_v_v: tl.constexpr,
+    stride_beta_b, stride_beta_t: tl.constexpr, stride_beta_h: tl.constexpr,
+    stride_g_b, stride_g_t: tl.constexpr, stride_g_h: tl.constexpr, stride_g_k: tl.constexpr,
+    stride_o_b, stride_o_t: tl.constexpr, stride_o_h: tl.constexpr, stride_o_v: tl.constexpr,
+    WINDOW: tl.constexpr,
+    GATE_PER_KEY: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    pid_v = tl.program_id(0)
+    pid_b = tl.program_id(1).to(tl.int64)
+    pid_h = tl.program_id(2)
+    hk = pid_h // kv_ratio
+
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    offs_t = tl.arange(0, BLOCK_T)
+    mask_k = offs_k < K
+    mask_v = offs_v < V
+
+    origin = tl.load(origin_ptr + pid_b * stride_origin)
+    count = tl.load(count_ptr + pid_b * stride_count)
+    s0 = tl.load(state_ptr + pid_b * stride_s_b + pid_h * stride_s_h + offs_k[:, None] * stride_s_k
+                 + offs_v[None, :] * stride_s_v, mask=mask_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    fits = count + WINDOW <= ring_size  # else: NaN outputs, nothing appended (see the module docstring)
+
+    # Committed records in logical order, and their decays to the end of the ring (direct sums of later gates).
+    offs_r = tl.arange(0, BLOCK_R)
+    valid = offs_r < count
+    slots = (origin + offs_r) % ring_size
+    rk_base = ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h
+    rd_base = ring_d_ptr + pid_b * stride_rd_b + pid_h * stride_rd_h
+    rg_base = ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h
+    k_r = tl.load(rk_base + slots[:, None] * stride_rk_r + offs_k[None, :] * stride_rk_k,
+                  mask=valid[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+    k_r = _l2norm_rows(k_r, USE_QK_L2NORM)
+    d_r = tl.load(rd_base + slots[:, None] * stride_rd_r + offs_v[None, :] * stride_rd_v,
+                  mask=valid[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    slots_next = (origin + offs_r + 1) % ring_size
+    valid_next = offs_r + 1 < count
+    if GATE_PER_KEY:
+        g_next = tl.load(rg_base + slots_next[:, None] * stride_rg_r + offs_k[None, :] * stride_rg_k,
+                         mask=valid_next[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+        g_first = tl.load(rg_base + origin * stride_rg_r + offs_k * stride_rg_k,
+                          mask=offs_k < tl.where(count > 0, K, 0), other=0.0).to(tl.float32)
+        after = tl.cumsum(g_next, axis=0, reverse=True)  # [R, K]: sum_{j<i<count} g_i
+        decay = tl.exp(g_first + tl.sum(tl.where(offs_r[:, None] == 0, after, 0.0), axis=0))  # [K] ckpt -> ring end
+        kw_r = tl.where(valid[:, None], k_r * tl.exp(after), 0.0)  # record keys decayed to the ring end
+        kw_w = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)  # earlier window keys, decayed to the current token
+    else:
+        g_next = tl.load(rg_base + slots_next * stride_rg_r, mask=valid_next, other=0.0).to(tl.float32)
+        g_first = tl.load(rg_base + origin * stride_rg_r, mask=count > 0, other=0.0).to(tl.float32)
+        after = tl.cumsum(g_next, axis=0, reverse=True)  # [R]
+        decay = tl.exp(g_first + tl.sum(tl.where(offs_r == 0, after, 0.0), axis=0))
+        w_r = tl.where(valid, tl.exp(after), 0.0)  # record weights (scalar gate: kept apart from the keys)
+        k_w = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)  # earlier window keys
+        w_w = tl.zeros([BLOCK_T], dtype=tl.float32)  # and their decays to the current token
+    d_w = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)  # earlier window d's
+
+    append_v = mask_v & (offs_v < tl.where(fits, V, 0))
+    for t in tl.static_range(WINDOW):
+        k_raw, q_t, k_t, v_t, beta_t, g_t = _load_token(
+            q_ptr + t * stride_q_t, k_ptr + t * stride_k_t, v_ptr + t * stride_v_t, beta_ptr + t * stride_beta_t,
+            g_ptr + t * stride_g_t, pid_b, pid_h, hk, offs_k, mask_k, offs_v, mask_v, scale,
+            stride_q_b, stride_q_h, stride_q_k, stride_k_b, stride_k_h, stride_k_k,
+            stride_v_b, stride_v_h, stride_v_v, stride_beta_b, stride_beta_h, stride_g_b, stride_g_h, stride_g_k,
+            GATE_PER_KEY, USE_QK_L2NORM)
+        a_t = tl.exp(g_t)
+        if GATE_PER_KEY:
+            decay = decay * a_t
+            kw_r = kw_r * a_t[None, :]
+            kw_w = kw_w * a_t[None, :]
+            pk = tl.sum(s0 * (decay * k_t)[:, None], axis=0)
+            pq = tl.sum(s0 * (decay * q_t)[:, None], axis=0)
+            wk_r = tl.sum(kw_r * k_t[None, :], axis=1)
+            wq_r = tl.sum(kw_r * q_t[None, :], axis=1)
+            wk_w = tl.sum(kw_w * k_t[None, :], axis=1)
+            wq_w = tl.sum(kw_w * q_t[None, :], axis=1)
+        else:
+            decay = decay * a_t
+            w_r = w_r * a_t
+            w_w = w_w * a_t
+            pk = decay * tl.sum(s0 * k_t[:, None], axis=0)
+            pq = decay * tl.sum(s0 * q_t[:, None], axis=0)
+            wk_r = w_r * tl.sum(k_r * k_t[None, :], axis=1)
+            wq_r = w_r * tl.sum(k_r * q_t[None, :], axis=1)
+            wk_w = w_w * tl.sum(k_w * k_t[None, :], axis=1)
+            wq_w = w_w * tl.sum(k_w * q_t[None, :], axis=1)
+        pk += tl.sum(wk_r[:, None] * d_r, axis=0) + tl.sum(wk_w[:, None] * d_w, axis=0)
+        pq += tl.sum(wq_r[:, None] * d_r, axis=0) + tl.sum(wq_w[:, None] * d_w, axis=0)
+        d_t = beta_t * (v_t - pk)
+        o = pq + tl.sum(k_t * q_t, axis=0) * d_t
+        o = tl.where(fits, o, float("nan"))
+        tl.store(o_ptr + pid_b * stride_o_b + t * stride_o_t + pid_h * stride_o_h + offs_v * stride_o_v,
+                 o.to(o_ptr.dtype.element_ty), mask=mask_v)
+
+        # This token becomes an earlier window token for the next ones.
+        row = offs_t[:, None] == t
+        d_w = tl.where(row, d_t[None, :], d_w)
+        if GATE_PER_KEY:
+            kw_w = tl.where(row, k_t[None, :], kw_w)
+        else:
+            k_w = tl.where(row, k_t[None, :], k_w)
+            w_w = tl.where(offs_t == t, 1.0, w_w)
+
+        # Its record at logical position count + t (rows that fit only).
+        slot = (origin + count + t) % ring_size
+        tl.store(rd_base + slot * stride_rd_r + offs_v * stride_rd_v, d_t.to(ring_d_ptr.dtype.element_ty),
+                 mask=append_v)
+        if pid_v == 0:
+            if GATE_PER_KEY:
+                tl.store(rg_base + slot * stride_rg_r + offs_k * stride_rg_k, g_t.to(ring_g_ptr.dtype.element_ty),
+                         mask=offs_k < tl.where(fits, K, 0))
+            else:
+                tl.store(rg_base + slot * stride_rg_r, g_t.to(ring_g_ptr.dtype.element_ty), mask=fits)
+            if pid_h % kv_ratio == 0:
+                tl.store(rk_base + slot * stride_rk_r + offs_k * stride_rk_k, k_raw.to(ring_k_ptr.dtype.element_ty),
+                         mask=offs_k < tl.where(fits, K, 0))
+
+
+@triton.jit
+def _delta_commit_kernel(
+    state_ptr, ring_k_ptr, ring_d_ptr, ring_g_ptr, origin_ptr, count_ptr, accepted_ptr,
+    K: tl.constexpr, V: tl.constexpr, ring_size, kv_ratio,
+    stride_s_b, stride_s_h: tl.constexpr, stride_s_k: tl.constexpr, stride_s_v: tl.constexpr,
+    stride_rk_b, stride_rk_r: tl.constexpr, stride_rk_h: tl.constexpr, stride_rk_k: tl.constexpr,
+    stride_rd_b, stride_rd_r: tl.constexpr, stride_rd_h: tl.constexpr, stride_rd_v: tl.constexpr,
+    stride_rg_b, stride_rg_r: tl.constexpr, stride_rg_h: tl.constexpr, stride_rg_k: tl.constexpr,
+    stride_origin, stride_count, stride_accepted,
+    BUFFER_LEN: tl.constexpr,
+    GATE_PER_KEY: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    pid_v = tl.program_id(0)
+    pid_b = tl.program_id(1).to(tl.int64)
+    pid_h = tl.program_id(2)
+    hk = pid_h // kv_ratio
+
+    # Low 16 bits: the count (high bits: tickets already taken by this row's programs in this launch).
+    count = tl.load(count_ptr + pid_b * stride_count, volatile=True) & 0xFFFF
+    accepted = tl.load(accepted_ptr + pid_b * stride_accepted)
+    origin = tl.load(origin_ptr + pid_b * stride_origin)
+    new_count = count + accepted
+    is_flush = new_count >= BUFFER_LEN
+    if is_flush:
+        offs_k = tl.arange(0, BLOCK_K)
+        offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+        mask_k = offs_k < K
+        mask_v = offs_v < V
+        state_ptrs = (state_ptr + pid_b * stride_s_b + pid_h * stride_s_h
+                      + offs_k[:, None] * stride_s_k + offs_v[None, :] * stride_s_v)
+        s = tl.load(state_ptrs, mask=mask_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+        rk_base = ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h
+        rd_base = ring_d_ptr + pid_b * stride_rd_b + pid_h * stride_rd_h
+        rg_base = ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h
+        # The records in order, with the standard step's expressions given d (split-invariant fold).
+        for j in range(0, new_count):
+            slot = (origin + j) % ring_size
+            k_j = tl.load(rk_base + slot * stride_rk_r + offs_k * stride_rk_k, mask=mask_k, other=0.0).to(tl.float32)
+            d_j = tl.load(rd_base + slot * stride_rd_r + offs_v * stride_rd_v, mask=mask_v, other=0.0).to(tl.float32)
+            if USE_QK_L2NORM:
+                k_j = k_j * tl.rsqrt(tl.sum(k_j * k_j, axis=0) + 1e-6)
+            if GATE_PER_KEY:
+                g_j = tl.load(rg_base + slot * stride_rg_r + offs_k * stride_rg_k, mask=mask_k, other=0.0)
+                s = s * tl.exp(g_j.to(tl.float32))[:, None]
+            else:
+                s = s * tl.exp(tl.load(rg_base + slot * stride_rg_r).to(tl.float32))
+            s += k_j[:, None] * d_j[None, :]
+        tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask_k[:, None] & mask_v[None, :])
+
+    # Count update: every warp has consumed count (barrier) before this program's ticket; the row's last ticket
+    # writes the new count and clears the ticket bits.
+    tl.debug_barrier()
+    ticket = tl.atomic_add(count_ptr + pid_b * stride_count, 1 << 16, sem="relaxed") >> 16
+    if ticket == tl.num_programs(0) * tl.num_programs(2) - 1:
+        tl.atomic_xchg(count_ptr + pid_b * stride_count, tl.where(is_flush, 0, new_count), sem="relaxed")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# launch configuration
+
+
+def verify_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: int, per_key_gate: bool,
+                         window: int) -> tuple[int, int]:
+    """(BLOCK_V, num_warps) of the verify kernel: a [K, 4096 / K] tile on 4 warps ([128, 32] for K = 128), halved
+    (down to 16) while the grid would have fewer than ~8 programs per H200 SM. Not timed yet: chosen from ptxas
+    register counts for sm_90 at Qwen3-Next / Kimi-Linear shapes (T = 8: 168-178 registers, no spills; [128, 64]
+    needs 233-247). ``kernels/bench_verify.py`` can sweep it through ``_block_v`` / ``_num_warps``."""
+    block_k = triton.next_power_of_2(key_dim)
+    block_v = min(triton.next_power_of_2(value_dim), max(16, 4096 // block_k))
+    while block_v > 16 and batch * value_heads * triton.cdiv(value_dim, block_v) < 1024:
+        block_v //= 2
+    return max(block_v, 16), 4
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# wrappers
+
+
+def _check_rings(state, ring_k, ring_d, ring_g, origin, count):
+    batch, value_heads, key_dim, value_dim = state.shape
+    ring_size = ring_k.shape[1]
+    assert ring_k.dim() == 4 and ring_k.shape[:2] == (batch, ring_size) and ring_k.shape[3] == key_dim, (
+        f"ring_k must be [B, R, Hk, K], got {tuple(ring_k.shape)}")
+    key_heads = ring_k.shape[2]
+    assert value_heads % key_heads == 0, "value heads must be a multiple of key heads"
+    assert ring_d.shape == (batch, ring_size, value_heads, value_dim), (
+        f"ring_d must be [B, R, Hv, V], got {tuple(ring_d.shape)}")
+    assert ring_g.shape in ((batch, ring_size, value_heads), (batch, ring_size, value_heads, key_dim)), (
+        f"ring_g must be [B, R, Hv] or [B, R, Hv, K], got {tuple(ring_g.shape)}")
+    assert origin.shape == (batch,) and count.shape == (batch,), "origin and count must be [B]"
+    assert origin.dtype == torch.int32 and count.dtype == torch.int32, "origin and count must be int32"
+    assert key_dim <= MAX_KEY_DIM, f"key dim {key_dim} > {MAX_KEY_DIM} (one K tile per program)"
+    return batch, value_heads, key_heads, key_dim, value_dim, ring_size, ring_g.dim() == 4
+
+
+def _window_strides(g: torch.Tensor) -> tuple[int, ...]:
+    """(b, t, h, k) strides of g [B, T, Hv] / [B, T, Hv, K] (k stride 0 for a scalar gate)."""
+    return (*g.stride(), 0) if g.dim() == 3 else tuple(g.stride())
+
+
+def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_qk_l2norm=True, scale=None,
+            out=None, _block_v=None, _num_warps=None):
+    batch, value_heads, key_heads, key_dim, value_dim, ring_size, per_key = _check_rings(
+        state, ring_k, ring_d, ring_g, origin, count)
+    window = k.shape[1]
+    assert k.shape == (batch, window, key_heads, key_dim) and q.shape == k.shape, (
+        f"q and k must be [B, T, Hk, K], got {tuple(q.shape)} and {tuple(k.shape)}")
+    assert v.shape == (batch, window, value_heads, value_dim), f"v must be [B, T, Hv, V], got {tuple(v.shape)}"
+    assert beta.shape == (batch, window, value_heads), f"beta must be [B, T, Hv], got {tuple(beta.shape)}"
+    assert g.shape == (batch, window, *ring_g.shape[2:]), (
+        f"g must be [B, T, {'Hv, K' if per_key else 'Hv'}] like ring_g, got {tuple(g.shape)}")
+    assert 1 <= window <= min(ring_size, MAX_WINDOW), f"window {window} must be in [1, min(R={ring_size}, 16)]"
+    o = torch.empty_like(v) if out is None else out
+    assert o.shape == v.shape
+    scale = key_dim ** -0.5 if scale is None else float(scale)
+    block_v, num_warps = verify_launch_config(batch, value_heads, key_dim, value_dim, per_key, window)
+    block_v, num_warps = _block_v or block_v, _num_warps or num_warps
+    grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
+    with _device_guard(v):
+        LAST_COMPILED["verify"] = _delta_verify_kernel[grid](
+            state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, o,
+            key_dim, value_dim, ring_size, value_heads // key_heads, scale,
+            *state.stride(), *ring_k.stride(), *ring_d.stride(), *_ring_gate_strides(ring_g),
+            origin.stride(0), count.stride(0),
+            *q.stride(), *k.stride(), *v.stride(), *beta.stride(), *_window_strides(g), *o.stride(),
+            WINDOW=window,
+            GATE_PER_KEY=per_key,
+            USE_QK_L2NORM=bool(use_qk_l2norm),
+            BLOCK_K=triton.next_power_of_2(key_dim),
+            BLOCK_V=block_v,
+            BLOCK_R=max(2, triton.next_power_of_2(max(ring_size - window, 1))),  # count <= R - T for rows that fit
+            BLOCK_T=max(2, triton.next_power_of_2(window)),
+            num_warps=num_warps,
+        )
+    return o
+
+
+def _commit(state, ring_k, ring_d, ring_g, origin, count, accepted, buffer_len, use_qk_l2norm=True, _block_v=None,
+            _num_warps=None):
+    batch, value_heads, key_heads, key_dim, value_dim, ring_size, per_key = _check_rings(
+        state, ring_k, ring_d, ring_g, origin, count)
+    assert accepted.shape == (batch,) and accepted.dtype == torch.int32, "accepted must be [B] int32"
+    assert 1 <= buffer_len < (1 << _TICKET_SHIFT), "buffer_len out of range"
+    # the fold is a standard step per record: the standard step's tile
+    block_v, num_warps = state_update_launch_config(batch, value_heads, key_dim, value_dim, per_key)
+    block_v, num_warps = _block_v or block_v, _num_warps or num_warps
+    grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
+    assert grid[0] * value_heads < (1 << (31 - _TICKET_SHIFT)), "too many programs per row for the count ticket"
+    with _device_guard(state):
+        LAST_COMPILED["commit"] = _delta_commit_kernel[grid](
+            state, ring_k, ring_d, ring_g, origin, count, accepted,
+            key_dim, value_dim, ring_size, value_heads // key_heads,
+            *state.stride(), *ring_k.stride(), *ring_d.stride(), *_ring_gate_strides(ring_g),
+            origin.stride(0), count.stride(0), accepted.stride(0),
+            BUFFER_LEN=buffer_len,
+            GATE_PER_KEY=per_key,
+            USE_QK_L2NORM=bool(use_qk_l2norm),
+            BLOCK_K=triton.next_power_of_2(key_dim),
+            BLOCK_V=block_v,
+            num_warps=num_warps,
+        )
+
+
+def delta_verify(
+    state: torch.Tensor,
+    ring_k: torch.Tensor,
+    ring_d: torch.Tensor,
+    ring_g: torch.Tensor,
+    origin: torch.Tensor,
+    count: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    g: torch.Tensor,
+    use_qk_l2norm: bool = True,
+    scale: float | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Verify a window of T <= 16 tokens per row (one launch; no state write, ``count`` unchanged).
+
+    state [B, Hv, K, V] float32 checkpoint; ring_k [B, R, Hk, K] raw keys, ring_d [B, R, Hv, V] float32, ring_g
+    [B, R, Hv] (GDN) or [B, R, Hv, K] (KDA) float32; origin, count [B] int32; q, k [B, T, Hk, K] raw; v [B, T, Hv, V];
+    beta [B, T, Hv]; g [B, T, Hv] or [B, T, Hv, K] (log decays). Requires ``count[b] + T <= R`` (rows that do not fit
+    get NaN outputs and no records). Token t sees the checkpoint, the committed records and window tokens 0..t; its
+    record (raw k, d_t, g_t) goes to slot ``(origin[b] + count[b] + t) % R``. Keys and queries are l2-normalised
+    in-kernel when ``use_qk_l2norm``; queries are scaled by ``scale`` (default K ** -0.5). Returns o [B, T, Hv, V] in
+    v's dtype (or ``out``). Same semantics as :func:`delta_verify_ref`.
+    """
+    return _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_qk_l2norm, scale, out)
+
+
+def delta_commit(
+    state: torch.Tensor,
+    ring_k: torch.Tensor,
+    ring_d: torch.Tensor,
+    ring_g: torch.Tensor,
+    origin: torch.Tensor,
+    count: torch.Tensor,
+    accepted: torch.Tensor,
+    buffer_len: int,
+    use_qk_l2norm: bool = True,
+) -> None:
+    """Commit ``accepted[b]`` (int32, 0..T) records of the last verified window per row (one launch, phase decided on
+    the device): ``count[b] += accepted[b]``; rows whose new count reaches ``buffer_len`` fold all their committed
+    records into ``state[b]`` in place (sequential recurrence with the recorded d's) and set ``count[b] = 0``
+    (``origin`` unchanged). ``accepted[b]`` must not exceed the last window's T (not checked on the
+    device; the reference raises when the new count exceeds R). Same semantics as :func:`delta_commit_ref`."""
+    _commit(state, ring_k, ring_d, ring_g, origin, count, accepted, buffer_len, use_qk_l2norm)

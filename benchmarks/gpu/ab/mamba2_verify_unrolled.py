@@ -1,0 +1,391 @@
+"""Triton speculative-decoding kernels for Mamba-2 layers: verify a window of T tokens against the float32
+checkpoint plus the ring of committed records, then commit the accepted prefix.
+
+Entry points (each with a torch reference of the same signature, re-exported here from
+``hf_replayssm.ops.mamba2_verify``):
+
+* :func:`mamba2_verify` / :func:`mamba2_verify_ref`: outputs of T window tokens per row (token t sees the checkpoint,
+  the ``count[b]`` committed records and window tokens 0..t); appends the T records at slots
+  ``(origin + count + t) % R``; writes no state and leaves ``count`` unchanged.
+* :func:`mamba2_commit` / :func:`mamba2_commit_ref`: ``count += accepted``; rows whose new count reaches
+  ``buffer_len`` fold all their committed records into the checkpoint (sequential recurrence) and restart the ring
+  at ``origin`` with ``count = 0``. Per-row phase decided on the device.
+
+Shapes and ring layout are those of ``kernels/mamba2.py`` with a window axis on the tokens: state [B, H, P, N];
+ring_x [B, R, H, P]; ring_dt [B, R, H] float32 (post-softplus); ring_B [B, R, G, N]; origin, count, accepted [B]
+int32; x, z [B, T, H, P]; dt [B, T, H] raw; B, C [B, T, G, N]; A, D, dt_bias [H]. A window needs
+``count[b] + T <= R`` (so ``R >= buffer_len - 1 + T``); the host asserts ``T <= R`` and the kernel returns NaN
+outputs for a row that does not fit (and appends nothing for it), since checking ``count`` on the host would sync.
+
+Design notes:
+
+* Verify grid ``(cdiv(P, BLOCK_P), B, H)``, one program per P tile of one (row, head), like the replay step. The
+  program reads its checkpoint tile once, the row's committed records (``BLOCK_R = next_pow2(R - T)`` of them at
+  most, masked by ``j < count``) and the T window tokens, then loops over the window (unrolled; T is a constexpr).
+  For token t: ``y_t = exp(lam_t) (S0 C_t) + sum_j w_jt (B_j . C_t) x_j + sum_{s<=t} w_st (B_s . C_t) x_s + D x_t``
+  with the log decays summed directly over the terms in between (records after j, then window tokens up to t;
+  never differences of cumulative sums, see ``hf_replayssm/ops/decay.py``). The cost per token is one pass over the
+  state tile (``S0 C_t``) plus O((count + T)(N + P)); the checkpoint is read once per window.
+* Records are appended by the programs that own them (x by every P tile, dt by P tile 0, B by P tile 0 of the
+  group's first head); the appended slots differ from every slot read when ``count + T <= R``.
+* Commit grid ``(cdiv(P, BLOCK_P), B, H)``: programs of rows that do not flush only take part in the count update.
+  Flushing programs fold the records one at a time with exactly the expression of the replay step's flush and the
+  standard step (``S = S * exp(A dt_j) + (dt_j x_j) B_j^T``), so the checkpoint is bit-identical to stepping the same
+  tokens with :func:`mamba2_state_update` (or through the replay step's flushes) when the ring dtypes equal the
+  input dtypes: the fold is split-invariant, so flushing after more than ``buffer_len`` records (a window can
+  overshoot) gives the same bits.
+* Count update (one launch, no host sync): every commit program reads ``count[b]``, passes a barrier, then takes a
+  ticket with ``atomic_add(count[b], 1 << 16)``; the program drawing the row's last ticket writes the new count
+  with an atomic exchange (clearing the ticket bits), as in ``kernels/mamba2.py``. Hence fewer than ``2**15``
+  programs per row and ``count`` not shared by concurrent launches.
+* All math is fp32 on CUDA cores (no ``tl.dot``); bf16/fp16 inputs are upcast right after loading (also required by
+  ``TRITON_INTERPRET=1``). Launch configurations: :func:`verify_launch_config` for verify, the standard step's
+  ``state_update_launch_config`` for commit; both can be overridden through the private ``_config`` argument of
+  ``_verify`` / ``_commit``. Not yet timed on a GPU (``kernels/bench_verify.py`` does that).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hf_replayssm.ops.mamba2_verify import mamba2_commit_ref, mamba2_verify_ref
+
+if __package__:
+    from .mamba2 import _device_guard, _optional, _softplus, _strides, state_update_launch_config
+else:  # loaded from its file outside the package (a checkout without the package installed)
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if "_replayssm_kernels_mamba2" not in sys.modules:  # the name tests/kernel_harness.py gives it
+        _spec = importlib.util.spec_from_file_location("_replayssm_kernels_mamba2",
+                                                       Path(__file__).with_name("mamba2.py"))
+        sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
+        _spec.loader.exec_module(sys.modules[_spec.name])
+    _m = sys.modules["_replayssm_kernels_mamba2"]
+    _device_guard, _optional, _softplus, _strides = _m._device_guard, _m._optional, _m._softplus, _m._strides
+    state_update_launch_config = _m.state_update_launch_config
+
+__all__ = [
+    "mamba2_commit",
+    "mamba2_commit_ref",
+    "mamba2_verify",
+    "mamba2_verify_ref",
+    "verify_launch_config",
+]
+
+_TICKET_SHIFT = 16
+MAX_WINDOW = 16  # the window loop is unrolled
+LAST_COMPILED: dict = {}
+
+
+@triton.jit
+def _mamba2_verify_kernel(
+    state_ptr, ring_x_ptr, ring_dt_ptr, ring_B_ptr, origin_ptr, count_ptr,
+    x_ptr, dt_ptr, B_ptr, C_ptr, A_ptr, D_ptr, z_ptr, dt_bias_ptr, y_ptr,
+    P, N, ring_size, heads_per_group,
+    stride_s_b, stride_s_h, stride_s_p, stride_s_n,
+    stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
+    stride_rdt_b, stride_rdt_r, stride_rdt_h,
+    stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
+    stride_origin, stride_count,
+    stride_x_b, stride_x_t, stride_x_h, stride_x_p,
+    stride_dt_b, stride_dt_t, stride_dt_h,
+    stride_B_b, stride_B_t, stride_B_g, stride_B_n,
+    stride_C_b, stride_C_t, stride_C_g, stride_C_n,
+    stride_A, stride_D, stride_dt_bias,
+    stride_z_b, stride_z_t, stride_z_h, stride_z_p,
+    stride_y_b, stride_y_t, stride_y_h, stride_y_p,
+    WINDOW: tl.constexpr,
+    HAS_D: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    pid_p = tl.program_id(0)
+    pid_b = tl.program_id(1).to(tl.int64)
+    h = tl.program_id(2)
+    group = h // heads_per_group
+
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_t = tl.arange(0, BLOCK_T)
+    mask_p = offs_p < P
+    mask_n = offs_n < N
+    mask_t = offs_t < WINDOW
+
+    # Loads first (checkpoint tile, row phase, window tokens), then the records whose addresses wait for origin/count.
+    s0 = tl.load(state_ptr + pid_b * stride_s_b + h * stride_s_h + offs_p[:, None] * stride_s_p
+                 + offs_n[None, :] * stride_s_n, mask=mask_p[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
+    count = tl.load(count_ptr + pid_b * stride_count)
+    origin = tl.load(origin_ptr + pid_b * stride_origin)
+    A_h = tl.load(A_ptr + h * stride_A).to(tl.float32)
+    x_w = tl.load(x_ptr + pid_b * stride_x_b + offs_t[:, None] * stride_x_t + h * stride_x_h
+                  + offs_p[None, :] * stride_x_p, mask=mask_t[:, None] & mask_p[None, :], other=0.0)  # [T, P]
+    dt_w = tl.load(dt_ptr + pid_b * stride_dt_b + offs_t * stride_dt_t + h * stride_dt_h,
+                   mask=mask_t, other=0.0).to(tl.float32)
+    B_w = tl.load(B_ptr + pid_b * stride_B_b + offs_t[:, None] * stride_B_t + group * stride_B_g
+                  + offs_n[None, :] * stride_B_n, mask=mask_t[:, None] & mask_n[None, :], other=0.0)  # [T, N]
+    if HAS_DT_BIAS:
+        dt_w += tl.load(dt_bias_ptr + h * stride_dt_bias).to(tl.float32)
+    if DT_SOFTPLUS:
+        dt_w = _softplus(dt_w)
+    dt_w = tl.where(mask_t, dt_w, 0.0)
+    if HAS_D:
+        D_h = tl.load(D_ptr + h * stride_D).to(tl.float32)
+
+    fits = count + WINDOW <= ring_size  # else: NaN outputs, nothing appended (see the module docstring)
+    valid = offs_r < count
+    slots = (origin + offs_r) % ring_size
+    x_r = tl.load(ring_x_ptr + pid_b * stride_rx_b + slots[:, None] * stride_rx_r + h * stride_rx_h
+                  + offs_p[None, :] * stride_rx_p, mask=valid[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
+    dt_r = tl.load(ring_dt_ptr + pid_b * stride_rdt_b + slots * stride_rdt_r + h * stride_rdt_h,
+                   mask=valid, other=0.0).to(tl.float32)
+    B_r = tl.load(ring_B_ptr + pid_b * stride_rB_b + slots[:, None] * stride_rB_r + group * stride_rB_g
+                  + offs_n[None, :] * stride_rB_n, mask=valid[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
+
+    x_wf = x_w.to(tl.float32)
+    B_wf = B_w.to(tl.float32)
+    la_r = A_h * dt_r  # log decays of the records (0 where invalid)
+    la_w = A_h * dt_w  # of the window tokens (0 beyond T)
+    after_r = tl.sum(tl.where(offs_r[None, :] > offs_r[:, None], la_r[None, :], 0.0), axis=1)  # records after j
+    total_r = tl.sum(la_r, axis=0)
+
+    for t in tl.static_range(WINDOW):
+        C_t = tl.load(C_ptr + pid_b * stride_C_b + t * stride_C_t + group * stride_C_g + offs_n * stride_C_n,
+                      mask=mask_n, other=0.0).to(tl.float32)
+        upto_t = tl.sum(tl.where(offs_t <= t, la_w, 0.0), axis=0)  # window tokens 0..t
+        w_r = tl.where(valid, dt_r * tl.exp(after_r + upto_t), 0.0)
+        seg_w = tl.sum(tl.where((offs_t[None, :] > offs_t[:, None]) & (offs_t[None, :] <= t), la_w[None, :], 0.0),
+                       axis=1)  # [T]: window tokens s < s' <= t
+        w_w = tl.where(offs_t <= t, dt_w * tl.exp(seg_w), 0.0)
+        bc_r = tl.sum(B_r * C_t[None, :], axis=1)
+        bc_w = tl.sum(B_wf * C_t[None, :], axis=1)
+        y = (tl.exp(total_r + upto_t) * tl.sum(s0 * C_t[None, :], axis=1)
+             + tl.sum((w_r * bc_r)[:, None] * x_r, axis=0) + tl.sum((w_w * bc_w)[:, None] * x_wf, axis=0))
+        if HAS_D:
+            y += D_h * tl.sum(tl.where(offs_t[:, None] == t, x_wf, 0.0), axis=0)
+        if HAS_Z:
+            z = tl.load(z_ptr + pid_b * stride_z_b + t * stride_z_t + h * stride_z_h + offs_p * stride_z_p,
+                        mask=mask_p, other=0.0).to(tl.float32)
+            y *= z * tl.sigmoid(z)
+        y = tl.where(fits, y, float("nan"))
+        tl.store(y_ptr + pid_b * stride_y_b + t * stride_y_t + h * stride_y_h + offs_p * stride_y_p,
+                 y.to(y_ptr.dtype.element_ty), mask=mask_p)
+
+    # Append the window's records at logical positions count + t (rows that fit only).
+    new_slots = (origin + count + offs_t) % ring_size
+    append = offs_t < tl.where(fits, WINDOW, 0)
+    tl.store(ring_x_ptr + pid_b * stride_rx_b + new_slots[:, None] * stride_rx_r + h * stride_rx_h
+             + offs_p[None, :] * stride_rx_p, x_w.to(ring_x_ptr.dtype.element_ty),
+             mask=append[:, None] & mask_p[None, :])
+    if pid_p == 0:
+        tl.store(ring_dt_ptr + pid_b * stride_rdt_b + new_slots * stride_rdt_r + h * stride_rdt_h,
+                 dt_w.to(ring_dt_ptr.dtype.element_ty), mask=append)
+        if h % heads_per_group == 0:
+            tl.store(ring_B_ptr + pid_b * stride_rB_b + new_slots[:, None] * stride_rB_r + group * stride_rB_g
+                     + offs_n[None, :] * stride_rB_n, B_w.to(ring_B_ptr.dtype.element_ty),
+                     mask=append[:, None] & mask_n[None, :])
+
+
+@triton.jit
+def _mamba2_commit_kernel(
+    state_ptr, ring_x_ptr, ring_dt_ptr, ring_B_ptr, origin_ptr, count_ptr, accepted_ptr, A_ptr,
+    P, N, ring_size, heads_per_group,
+    stride_s_b, stride_s_h, stride_s_p, stride_s_n,
+    stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
+    stride_rdt_b, stride_rdt_r, stride_rdt_h,
+    stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
+    stride_origin, stride_count, stride_accepted, stride_A,
+    BUFFER_LEN: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    pid_p = tl.program_id(0)
+    pid_b = tl.program_id(1).to(tl.int64)
+    h = tl.program_id(2)
+    group = h // heads_per_group
+
+    # Low 16 bits: the count (high bits: tickets already taken by this row's programs in this launch).
+    count = tl.load(count_ptr + pid_b * stride_count, volatile=True) & 0xFFFF
+    accepted = tl.load(accepted_ptr + pid_b * stride_accepted)
+    origin = tl.load(origin_ptr + pid_b * stride_origin)
+    new_count = count + accepted
+    is_flush = new_count >= BUFFER_LEN
+    if is_flush:
+        offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+        offs_n = tl.arange(0, BLOCK_N)
+        mask_p = offs_p < P
+        mask_n = offs_n < N
+        state_ptrs = (state_ptr + pid_b * stride_s_b + h * stride_s_h
+                      + offs_p[:, None] * stride_s_p + offs_n[None, :] * stride_s_n)
+        s = tl.load(state_ptrs, mask=mask_p[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
+        A_h = tl.load(A_ptr + h * stride_A).to(tl.float32)
+        # The records in order, with the standard step's expression (bit-identical checkpoint).
+        for j in range(0, new_count):
+            slot = (origin + j) % ring_size
+            dt_j = tl.load(ring_dt_ptr + pid_b * stride_rdt_b + slot * stride_rdt_r + h * stride_rdt_h)
+            x_j = tl.load(ring_x_ptr + pid_b * stride_rx_b + slot * stride_rx_r + h * stride_rx_h
+                          + offs_p * stride_rx_p, mask=mask_p, other=0.0).to(tl.float32)
+            B_j = tl.load(ring_B_ptr + pid_b * stride_rB_b + slot * stride_rB_r + group * stride_rB_g
+                          + offs_n * stride_rB_n, mask=mask_n, other=0.0).to(tl.float32)
+            dt_j = dt_j.to(tl.float32)
+            s = s * tl.exp(A_h * dt_j) + (dt_j * x_j)[:, None] * B_j[None, :]
+        tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask_p[:, None] & mask_n[None, :])
+
+    # Count update: every warp has consumed count (barrier) before this program's ticket; the row's last ticket
+    # writes the new count and clears the ticket bits.
+    tl.debug_barrier()
+    ticket = tl.atomic_add(count_ptr + pid_b * stride_count, 1 << 16, sem="relaxed") >> 16
+    if ticket == tl.num_programs(0) * tl.num_programs(2) - 1:
+        tl.atomic_xchg(count_ptr + pid_b * stride_count, tl.where(is_flush, 0, new_count), sem="relaxed")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# launch configuration
+
+
+def verify_launch_config(batch: int, heads: int, head_dim: int, d_state: int, window: int) -> dict:
+    """``block_p`` and ``num_warps`` of the verify kernel: a 4096-element state tile on 8 warps ([32, 128] for
+    d_state 128), halved on 4 warps when batch * heads < 2048. Not timed yet: chosen from ptxas register counts for
+    sm_90 at Nemotron-H shapes (T = 2..8: 128-174 registers, no spills; the replay step's [32, 128] x 2 warps spills
+    at T = 8). ``kernels/bench_verify.py`` can sweep it through ``_config``."""
+    block_n = triton.next_power_of_2(d_state)
+    elements, num_warps = (4096, 8) if batch * heads >= 2048 else (2048, 4)
+    return dict(block_p=min(triton.next_power_of_2(head_dim), max(1, elements // block_n)), num_warps=num_warps)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# wrappers
+
+
+def _check_rings(state, ring_x, ring_dt, ring_B, origin, count):
+    batch, heads, head_dim, d_state = state.shape
+    ring_size = ring_x.shape[1]
+    assert ring_x.shape == (batch, ring_size, heads, head_dim), f"ring_x must be [B, R, H, P], got {ring_x.shape}"
+    assert ring_dt.shape == (batch, ring_size, heads), f"ring_dt must be [B, R, H], got {tuple(ring_dt.shape)}"
+    assert ring_B.dim() == 4 and ring_B.shape[:2] == (batch, ring_size) and ring_B.shape[3] == d_state, (
+        f"ring_B must be [B, R, G, N], got {tuple(ring_B.shape)}")
+    assert heads % ring_B.shape[2] == 0, "heads must be a multiple of groups"
+    assert origin.shape == (batch,) and count.shape == (batch,), "origin and count must be [B]"
+    assert origin.dtype == torch.int32 and count.dtype == torch.int32, "origin and count must be int32"
+    return batch, heads, head_dim, d_state, ring_B.shape[2], ring_size
+
+
+def _verify(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=None, z=None, dt_bias=None,
+            dt_softplus=False, out=None, _config=None):
+    batch, heads, head_dim, d_state, groups, ring_size = _check_rings(state, ring_x, ring_dt, ring_B, origin, count)
+    window = x.shape[1]
+    assert x.shape == (batch, window, heads, head_dim), f"x must be [B, T, H, P], got {tuple(x.shape)}"
+    assert dt.shape == (batch, window, heads), f"dt must be [B, T, H], got {tuple(dt.shape)}"
+    assert B.shape == (batch, window, groups, d_state) and C.shape == B.shape, (
+        f"B and C must be [B, T, G, N], got {tuple(B.shape)} and {tuple(C.shape)}")
+    assert A.shape == (heads,), f"A must be [H], got {tuple(A.shape)}"
+    assert D is None or D.shape == (heads,), "D must be [H]"
+    assert dt_bias is None or dt_bias.shape == (heads,), "dt_bias must be [H]"
+    assert z is None or z.shape == x.shape, "z must be [B, T, H, P]"
+    assert 1 <= window <= min(ring_size, MAX_WINDOW), f"window {window} must be in [1, min(R={ring_size}, 16)]"
+    y = torch.empty_like(x) if out is None else out
+    assert y.shape == x.shape
+    cfg = dict(verify_launch_config(batch, heads, head_dim, d_state, window), **(_config or {}))
+    grid = (triton.cdiv(head_dim, cfg["block_p"]), batch, heads)
+    with _device_guard(x):
+        LAST_COMPILED["verify"] = _mamba2_verify_kernel[grid](
+            state, ring_x, ring_dt, ring_B, origin, count,
+            x, dt, B, C, A, _optional(D, A), _optional(z, x), _optional(dt_bias, A), y,
+            head_dim, d_state, ring_size, heads // groups,
+            *state.stride(), *ring_x.stride(), *ring_dt.stride(), *ring_B.stride(),
+            origin.stride(0), count.stride(0),
+            *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
+            A.stride(0), _strides(D, 1)[0], _strides(dt_bias, 1)[0],
+            *_strides(z, 4), *y.stride(),
+            WINDOW=window,
+            HAS_D=D is not None,
+            HAS_Z=z is not None,
+            HAS_DT_BIAS=dt_bias is not None,
+            DT_SOFTPLUS=bool(dt_softplus),
+            BLOCK_P=cfg["block_p"],
+            BLOCK_N=triton.next_power_of_2(d_state),
+            BLOCK_R=max(2, triton.next_power_of_2(max(ring_size - window, 1))),  # count <= R - T for rows that fit
+            BLOCK_T=max(2, triton.next_power_of_2(window)),
+            num_warps=cfg["num_warps"],
+        )
+    return y
+
+
+def _commit(state, ring_x, ring_dt, ring_B, origin, count, accepted, buffer_len, A, _config=None):
+    batch, heads, head_dim, d_state, groups, ring_size = _check_rings(state, ring_x, ring_dt, ring_B, origin, count)
+    assert accepted.shape == (batch,) and accepted.dtype == torch.int32, "accepted must be [B] int32"
+    assert A.shape == (heads,), f"A must be [H], got {tuple(A.shape)}"
+    assert 1 <= buffer_len < (1 << _TICKET_SHIFT), "buffer_len out of range"
+    # the fold is a standard step per record: the standard step's tile (the replay step's [32, 128] x 2 warps spills)
+    cfg = dict(state_update_launch_config(batch, heads, head_dim, d_state), **(_config or {}))
+    grid = (triton.cdiv(head_dim, cfg["block_p"]), batch, heads)
+    assert grid[0] * heads < (1 << (31 - _TICKET_SHIFT)), "too many programs per row for the count ticket"
+    with _device_guard(state):
+        LAST_COMPILED["commit"] = _mamba2_commit_kernel[grid](
+            state, ring_x, ring_dt, ring_B, origin, count, accepted, A,
+            head_dim, d_state, ring_size, heads // groups,
+            *state.stride(), *ring_x.stride(), *ring_dt.stride(), *ring_B.stride(),
+            origin.stride(0), count.stride(0), accepted.stride(0), A.stride(0),
+            BUFFER_LEN=buffer_len,
+            BLOCK_P=cfg["block_p"],
+            BLOCK_N=triton.next_power_of_2(d_state),
+            num_warps=cfg["num_warps"],
+        )
+
+
+def mamba2_verify(
+    state: torch.Tensor,
+    ring_x: torch.Tensor,
+    ring_dt: torch.Tensor,
+    ring_B: torch.Tensor,
+    origin: torch.Tensor,
+    count: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    A: torch.Tensor,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Verify a window of T <= 16 tokens per row (one launch; no state write, ``count`` unchanged).
+
+    state [B, H, P, N] float32 checkpoint; ring_x [B, R, H, P], ring_dt [B, R, H] float32, ring_B [B, R, G, N];
+    origin, count [B] int32; x, z [B, T, H, P]; dt [B, T, H] raw; B, C [B, T, G, N]; A, D, dt_bias [H].
+    Requires ``count[b] + T <= R`` (rows that do not fit get NaN outputs and no records). Token t of row b sees the
+    checkpoint, the committed records and window tokens 0..t; the window's records (x, post-softplus dt, B) go to
+    slots ``(origin[b] + count[b] + t) % R``. Returns y [B, T, H, P] in x's dtype (or ``out``). Same semantics as
+    :func:`mamba2_verify_ref`.
+    """
+    return _verify(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, dt_softplus, out)
+
+
+def mamba2_commit(
+    state: torch.Tensor,
+    ring_x: torch.Tensor,
+    ring_dt: torch.Tensor,
+    ring_B: torch.Tensor,
+    origin: torch.Tensor,
+    count: torch.Tensor,
+    accepted: torch.Tensor,
+    buffer_len: int,
+    A: torch.Tensor,
+) -> None:
+    """Commit ``accepted[b]`` (int32, 0..T) records of the last verified window per row (one launch, phase decided on
+    the device): ``count[b] += accepted[b]``; rows whose new count reaches ``buffer_len`` fold all their committed
+    records into ``state[b]`` in place (sequential recurrence, bit-identical to stepping) and set ``count[b] = 0``
+    (``origin`` unchanged). ``accepted[b]`` must not exceed the last window's T (not checked on the
+    device; the reference raises when the new count exceeds R). Same semantics as :func:`mamba2_commit_ref`."""
+    _commit(state, ring_x, ring_dt, ring_B, origin, count, accepted, buffer_len, A)

@@ -26,8 +26,9 @@ Design notes:
   checkpoint tile once and the committed records (``BLOCK_R = next_pow2(R - T)`` at most, masked by ``j < count``),
   then loops over the window: unrolled over ``BLOCK_T = next_pow2(T)`` with the width T a runtime guard, so one
   compile serves every T of a ``BLOCK_T`` (a constexpr T cost a JIT compile at every new draft count of a speculative
-  run: 0.9-9 s per width on a fresh H200; a plain runtime loop was 1.17-1.55x slower for GDN at T <= 8, H200 run
-  67). For token t, with decayed keys ``kw_j`` (record or earlier window token j, decayed to t):
+  run: 0.9-9 s per width on a fresh H200). H200, against the loop unrolled over exactly T, same bits: GDN 1.03-1.07x
+  the time at T = 2..11, KDA 0.99x (run 68); a plain runtime loop was 1.17-1.55x for GDN at T <= 8 (run 67). For
+  token t, with decayed keys ``kw_j`` (record or earlier window token j, decayed to t):
   ``P_t^T u = S0^T (exp(c_t) * u) + sum_j (kw_j . u) d_j`` for u in {q_t, k_t}; ``d_t = beta_t (v_t - P_t^T k_t)``;
   ``o_t = P_t^T q_t + (k_t . q_t) d_t``. The decays are carried along the window: at token t the checkpoint decay
   and every decayed key are multiplied by ``exp(g_t)`` (the recurrence's own order of operations), starting from the

@@ -215,8 +215,9 @@ def test_cuda_static_cache_with_a_read_copy(model_type, policy):
 @pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text"])
 def test_cuda_batched_speculation_rows_equal_rows_alone(model_type):
     """Batched speculation on CUDA: a drafter right up to a random place per round, so rows accept different numbers
-    of drafts and roll back per row (neutral records and conv windows moved through indices copied from pinned
-    memory, without a host synchronisation); every row equals its own greedy decoding."""
+    of drafts and roll back per row (neutral records through a mask and conv windows through a gather, both built on
+    the device from counts copied from pinned memory, without a host synchronisation); every row equals its own
+    greedy decoding."""
     from hf_replayssm.batched import batched_prompt_lookup
 
     get_model(model_type)
@@ -251,6 +252,31 @@ def test_cuda_batched_speculation_rows_equal_rows_alone(model_type):
         assert tokens == expected[len(prompt) :]
     assert 0 < result.accepted < result.drafted
     assert cache.stats()["rolled_back_tokens"] > 0
+
+
+@pytest.mark.parametrize("family", ["mamba2", "gdn", "kda"])
+def test_cuda_verify_compiles_once_per_window_tile(family):
+    """Draft counts 5, 6 and 7 share one compiled verify kernel (the window's width is a runtime argument and its
+    tiles are sized by BLOCK_T = 8): a constexpr width cost a JIT compile per new draft count in a speculative run.
+    Each width's outputs are finite and the ring holds its appended records."""
+    from hf_replayssm.kernels import bench_verify
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    shape = bench_verify.SMOKE_SHAPES[family]["smoke"]
+    verify_kernel = None
+    variants = []
+    for window in (5, 6, 7):
+        case = bench_verify.make_case(family, shape, 2, window, 16, torch.device("cuda"), gen, True)
+        module = __import__(f"hf_replayssm.kernels.{case.verify_module}", fromlist=["LAST_COMPILED"])
+        out = case.verify(module, case.copies[0])
+        torch.cuda.synchronize()
+        assert torch.isfinite(out).all()
+        verify_kernel = next(v for n, v in vars(module).items() if n.endswith("_verify_kernel"))
+        caches = getattr(verify_kernel, "device_caches", None)
+        if caches is None:
+            pytest.skip("this Triton keeps no per-device kernel cache to count")
+        variants.append(sum(len(entry[0]) for entry in caches.values()))
+    assert variants[1] == variants[0] and variants[2] == variants[0], variants
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")

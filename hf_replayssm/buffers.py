@@ -101,30 +101,37 @@ class RecordRing:
         else:
             self.num_committed += count
 
-    def overwrite_newest(self, counts: list[int], values: Mapping[str, float], memo: dict | None = None) -> None:
+    def overwrite_newest(self, counts: list[int], values: Mapping[str, float], memo: dict | None = None,
+                         write: bool = True) -> None:
         """Set the fields named in ``values`` of row r's newest ``counts[r]`` records to those values (fields this
-        ring does not keep are skipped). ``memo`` (one dict per rollback, shared by the layers): reuse the index
-        another ring of the same geometry built for the same ``counts``."""
+        ring does not keep are skipped). ``memo`` (one dict per rollback, shared by the layers): reuse the mask
+        another ring of the same geometry built for the same ``counts``. ``write=False``: the checks only (a
+        ``PackedRollback`` writes every layer's rings at once)."""
         most, size = max(counts, default=0), self.size
         if most > size:
             raise RuntimeError(f"cannot overwrite {most} records, only {size} buffered")
-        if not most:
+        if not most or not write:
             return
-        # One [B, capacity] mask built on the device from the per-row counts and one masked fill per field, for the
-        # whole batch and (through memo) shared by every layer: no per-row work on the host and no index tensors
-        # built there (an indexed write per field with host-built (row, slot) indices cost most of a rollback)
+        # One masked fill per field for the whole batch, the mask built on the device from the per-row counts: no
+        # per-row work on the host and no index tensors built there (an indexed write per field with host-built
+        # (row, slot) indices cost most of a rollback)
+        mask = self.newest_mask(counts, memo)
+        for name, value in values.items():
+            if name in self.fields:
+                buf = self.fields[name]
+                buf.masked_fill_(mask.view(*mask.shape, *(1,) * (buf.dim() - 2)), value)
+
+    def newest_mask(self, counts: list[int], memo: dict | None = None) -> torch.Tensor:
+        """[B, capacity] bool on the fields' device: whether slot s holds one of row r's newest ``counts[r]``
+        records. Shared through ``memo`` by every ring of the same geometry."""
         device = next(iter(self.fields.values())).device
-        end = self.origin + size
+        end = self.origin + self.size
 
         def build() -> torch.Tensor:
             age = (end - 1 - torch.arange(self.capacity, device=device)) % self.capacity  # 0 = the newest record
             return age.unsqueeze(0) < device_counts(counts, device, memo).unsqueeze(1)
 
-        mask = shared_index(memo, ("ring", end % self.capacity, self.capacity, device), build)
-        for name, value in values.items():
-            if name in self.fields:
-                buf = self.fields[name]
-                buf.masked_fill_(mask.view(*mask.shape, *(1,) * (buf.dim() - 2)), value)
+        return shared_index(memo, ("ring", end % self.capacity, self.capacity, device), build)
 
     def commit(self) -> None:
         """Pending records become part of the sequence."""
@@ -252,30 +259,38 @@ class ConvRing:
         self.position = position
         self.oldest = max(0, position - kernel)
 
-    def compact_rows(self, dropped: list[int], kernel: int, memo: dict | None = None) -> None:
+    def compact_rows(self, dropped: list[int], kernel: int, memo: dict | None = None, write: bool = True) -> None:
         """Per-row rollback without moving the shared position: row r's newest ``dropped[r]`` inputs are forgotten
         by moving its last ``kernel`` kept inputs into the window before the position (batched speculation, where
         rows accept different numbers of drafts and the dropped slots stay behind as neutral tokens). ``memo``: as
-        in ``RecordRing.overwrite_newest``."""
+        in ``RecordRing.overwrite_newest``; ``write=False``: the checks and positions only (a ``PackedRollback``
+        moves every layer's windows at once)."""
         assert self.buffer is not None
         if max(dropped) > self.rewindable(kernel):
             raise RuntimeError(f"conv window cannot drop {max(dropped)} inputs of a row "
                                f"(holds {self.position - self.oldest})")
-        end = self.position - self.base
-        # row r's window becomes its `kernel` inputs before its dropped ones: one gather with per-row source columns
-        # computed on the device and one slice copy for the whole batch (a row that drops nothing copies its window
-        # onto itself)
-        if any(dropped):
-            device = self.buffer.device
-
-            def build() -> torch.Tensor:
-                first = end - kernel - device_counts(dropped, device, memo)  # [B]
-                return first.unsqueeze(1) + torch.arange(kernel, device=device)  # [B, kernel]
-
-            source = shared_index(memo, ("conv", end, kernel, device), build)
+        # one gather with per-row source columns computed on the device and one slice copy for the whole batch (a
+        # row that drops nothing copies its window onto itself)
+        if write and any(dropped):
+            end, source = self.window_end(), self.compaction_source(dropped, kernel, memo)
             kept = torch.gather(self.buffer, 2, source.unsqueeze(1).expand(-1, self.buffer.shape[1], -1))
             self.buffer[..., end - kernel : end].copy_(kept)
         self.oldest = max(self.oldest, self.position - kernel)
+
+    def window_end(self) -> int:
+        """The buffer column after the newest input."""
+        return self.position - self.base
+
+    def compaction_source(self, dropped: list[int], kernel: int, memo: dict | None = None) -> torch.Tensor:
+        """[B, kernel] int64 on the buffer's device: the columns of row r's ``kernel`` inputs before its dropped
+        ones, which ``compact_rows`` moves to the ``kernel`` columns before the position."""
+        end, device = self.window_end(), self.buffer.device
+
+        def build() -> torch.Tensor:
+            first = end - kernel - device_counts(dropped, device, memo)  # [B]
+            return first.unsqueeze(1) + torch.arange(kernel, device=device)
+
+        return shared_index(memo, ("conv", end, kernel, device), build)
 
     def rewindable(self, kernel: int) -> int:
         """How many tokens ``rewind`` can undo while keeping the ``kernel`` inputs before the new position."""

@@ -20,6 +20,7 @@ from .adapters import find_mixers, repoint_accelerate_hook
 from .adapters.base import active_call
 from .integration import install_hooks
 from .layers import ReplayHybridLayer, ReplayLayer, RollbackError
+from .packed_rollback import PackedRollback
 from .precision import PrecisionPolicy, resolve_policy
 
 BACKENDS = ("auto", "torch", "triton")
@@ -133,12 +134,14 @@ class ReplayCache(DynamicCache):
         self._bound_ids: set[int] = set()
         self._batch_size: int | None = None
         self._recording = False
+        self._packed_rollback: PackedRollback | None = None  # per-row rollback of all SSM layers at once
         self._prompt_tokens = 0
 
     def __getstate__(self):
         state = dict(self.__dict__)
         state["_bound"] = None  # a cache pickles without its model; it re-binds on its next use
         state["_bound_ids"] = set()
+        state["_packed_rollback"] = None  # weak references; the next rollback packs again
         return state
 
     # ------------------------------------------------------------------ binding
@@ -438,9 +441,17 @@ class ReplayCache(DynamicCache):
             if most > depth:
                 raise RollbackError(f"SSM layer {idx}: a row cannot drop {most} tokens, only the last {depth} "
                                     "fed while recording (activate_past_recording) can be dropped")
-        memo = {}  # index tensors built once for every layer of the same geometry
-        for layer in self.replay_layers.values():
-            layer.schedule.drop_rows_newest(dropped, memo)
+        memo = {}  # masks and index tensors built once for every layer of the same geometry
+        schedules = [layer.schedule for layer in self.replay_layers.values()]
+        packed = None
+        if most:
+            packed = self._packed_rollback
+            if packed is None or not packed.holds(schedules):
+                packed = self._packed_rollback = PackedRollback.pack(schedules)  # None: each layer writes its own
+        if packed is not None:
+            packed.write(dropped, memo)
+        for schedule in schedules:
+            schedule.drop_rows_newest(dropped, memo, packed=packed is not None)
 
     def _layers_with_state(self) -> list:
         """Layers to crop / reorder: stock linear layers that never ran (5.17 uses them for nemotron_h's mlp/moe

@@ -526,12 +526,14 @@ class ReplaySchedule:
         self.ring.commit()
         self._resolve_staged()
 
-    def drop_rows_newest(self, dropped: list[int], memo: dict | None = None) -> None:
+    def drop_rows_newest(self, dropped: list[int], memo: dict | None = None, packed: bool = False) -> None:
         """Per-row rollback (batched speculation): row r forgets its newest ``dropped[r]`` pending tokens, which stay
         in the ring as neutral records (they leave the state exactly as it is), so every row keeps the shared
         position and flush grid; the conv window of each such row is moved back over its dropped inputs. Then every
         pending record is committed, like ``crop``. ``memo``: one dict for all layers of one rollback, in which
-        their rings share index tensors (``buffers.shared_index``)."""
+        their rings share masks and index tensors (``buffers.shared_index``). ``packed``: a ``PackedRollback``
+        already wrote the neutral records and moved the conv window of every layer; only the checks and positions
+        are left."""
         self.leave_device_positions()
         if len(dropped) != self.batch_size:
             raise ValueError(f"dropped counts for {len(dropped)} rows, the cache holds {self.batch_size}")
@@ -541,13 +543,13 @@ class ReplaySchedule:
                                 "while recording")
         if most:
             if self.conv.buffer is not None:
-                self.conv.compact_rows(dropped, self.conv_kernel, memo)
+                self.conv.compact_rows(dropped, self.conv_kernel, memo, write=not packed)
             neutral = getattr(self.recurrence, "neutral_record", None)
             if self.store.allocated:
                 if neutral is None:
                     raise RollbackError(f"{self.recurrence.name} records have no neutral form: per-row rollback "
                                         "is not supported")
-                self.ring.overwrite_newest(dropped, dict(neutral), memo)
+                self.ring.overwrite_newest(dropped, dict(neutral), memo, write=not packed)
                 first = self.tokens_seen - most  # staged checkpoints from neutralised records are stale
                 self._staged = {b: st for b, st in self._staged.items() if b <= first}
             self.counters["rolled_back_tokens"] += sum(dropped)

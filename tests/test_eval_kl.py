@@ -41,7 +41,13 @@ def test_control_exact_and_files(first_run):
     out, result = first_run
     assert set(result["policies"]) == set(POLICIES)
     control = result["policies"]["fp32"]
-    assert control["mean_kl"] == 0.0 and control["max"] == 0.0 and control["top1_agreement"] == 1.0
+    deviation = result["meta"]["control_max_logp_diff"]
+    if deviation == 0.0:
+        assert control["mean_kl"] == 0.0 and control["max"] == 0.0
+    else:  # the CPU rounded a row by its place in the batch (softplus over [B, H] on an AVX-512 machine)
+        assert 0 < deviation <= kl.CONTROL_TOLERANCE
+        assert control["max"] < 1e-6  # KL is first order in log-prob differences of float32 rounding size
+    assert control["top1_agreement"] == 1.0
     assert result["policies"]["shared-nvfp4"]["mean_kl"] > result["policies"]["bf16"]["mean_kl"] > 0
     assert result["meta"]["reference_top1_is_trajectory"] == 1.0  # greedy: the lockstep reference reproduces it
 

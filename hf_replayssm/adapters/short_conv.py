@@ -49,8 +49,8 @@ class ConvSchedule(ReplaySchedule):
         super().deactivate_recording()
         self.ring.clear()
 
-    def drop_rows_newest(self, dropped: list[int], memo: dict | None = None) -> None:
-        super().drop_rows_newest(dropped, memo)
+    def drop_rows_newest(self, dropped: list[int], memo: dict | None = None, packed: bool = False) -> None:
+        super().drop_rows_newest(dropped, memo, packed)  # (never packed: PackedRollback takes plain schedules only)
         self.ring.clear()
 
 

@@ -29,3 +29,11 @@ bench_job() {  # bench_job SECONDS NAME ARGS...: one `hf-replayssm bench ARGS` w
   timeout "$limit" python3 -m hf_replayssm.cli bench "$@" > "$RES/$name.txt" 2>&1
   echo "$name rc=$? $(date +%T)" | tee -a "$RES/done.txt"
 }
+test_job() {  # test_job SECONDS NAME PYTEST-ARGS...: pytest from a copy of tests/ (the checkout's bare hf_replayssm
+  # folder would shadow the installed package), fla off the path (CPU references run inside these processes)
+  local limit=$1 name=$2; shift 2
+  rm -rf /tmp/w/t && mkdir -p /tmp/w/t && cp -r "$R/tests" "$R/pyproject.toml" /tmp/w/t/
+  (cd /tmp/w/t && PYTHONPATH=/tmp/site timeout "$limit" python3 -m pytest -q -p no:cacheprovider "$@" \
+    > "$RES/$name.txt" 2>&1)
+  echo "$name rc=$? $(date +%T)" | tee -a "$RES/done.txt"
+}

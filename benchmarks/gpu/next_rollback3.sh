@@ -10,10 +10,6 @@ bench_job 200 speculative_qwen3_5_b64 speculative --models qwen3_5 --batches 64 
   --schedules heuristic --time-forwards --out "$RES/speculative_qwen3_5_b64.json"
 bench_job 150 speculative_nemotron_h_b64 speculative --models nemotron_h --batches 64 --prompt 128 --new 64 \
   --schedules heuristic --out "$RES/speculative_nemotron_h_b64.json"
-# the tests from a copy of tests/ (the checkout's bare hf_replayssm folder would shadow the installed package)
-rm -rf /tmp/w/t && mkdir -p /tmp/w/t && cp -r "$R/tests" "$R/pyproject.toml" /tmp/w/t/
-(cd /tmp/w/t && PYTHONPATH=/tmp/site timeout 180 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py \
-  -k "batched_speculation or speculation_equals_greedy" > "$RES/test_gpu_speculation.txt" 2>&1; \
-  echo "test_gpu_speculation rc=$? $(date +%T)" | tee -a "$RES/done.txt")
+test_job 180 test_gpu_speculation tests/test_gpu.py -k "batched_speculation or speculation_equals_greedy"
 tail -n 8 "$RES"/*.txt
 tar czf "$OUT/next_rollback3.tgz" -C "$RES" .

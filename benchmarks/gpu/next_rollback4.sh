@@ -11,9 +11,6 @@ bench_job 200 speculative_qwen3_5_b64 speculative --models qwen3_5 --batches 64 
   --schedules heuristic --time-forwards --out "$RES/speculative_qwen3_5_b64.json"
 bench_job 150 speculative_nemotron_h_b64 speculative --models nemotron_h --batches 64 --prompt 128 --new 64 \
   --schedules heuristic --out "$RES/speculative_nemotron_h_b64.json"
-rm -rf /tmp/w/t && mkdir -p /tmp/w/t && cp -r "$R/tests" "$R/pyproject.toml" /tmp/w/t/
-(cd /tmp/w/t && PYTHONPATH=/tmp/site timeout 150 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py \
-  -k "speculation or verify or draft" > "$RES/test_gpu_speculation.txt" 2>&1; \
-  echo "test_gpu_speculation rc=$? $(date +%T)" | tee -a "$RES/done.txt")
+test_job 150 test_gpu_speculation tests/test_gpu.py -k "speculation or verify or draft"
 tail -n 12 "$RES"/*.txt
 tar czf "$OUT/next_rollback4.tgz" -C "$RES" .

@@ -7,9 +7,6 @@ source benchmarks/gpu/install.sh || exit 1
 RES=/tmp/w/res_next_verify2; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
 timeout 120 python3 "$R/benchmarks/gpu/verify_loop_ab.py" gdn,kda > "$RES/verify_guard_ab.txt" 2>&1
 echo "verify_guard_ab rc=$? $(date +%T)" | tee -a "$RES/done.txt"
-rm -rf /tmp/w/t && mkdir -p /tmp/w/t && cp -r "$R/tests" "$R/pyproject.toml" /tmp/w/t/
-(cd /tmp/w/t && PYTHONPATH=/tmp/site timeout 120 python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py \
-  -k "speculation or verify or draft" > "$RES/test_gpu_speculation.txt" 2>&1; \
-  echo "test_gpu_speculation rc=$? $(date +%T)" | tee -a "$RES/done.txt")
+test_job 120 test_gpu_speculation tests/test_gpu.py -k "speculation or verify or draft"
 tail -n 30 "$RES"/*.txt
 tar czf "$OUT/next_verify2.tgz" -C "$RES" .

@@ -441,8 +441,13 @@ class ReplayCache(DynamicCache):
             if most > depth:
                 raise RollbackError(f"SSM layer {idx}: a row cannot drop {most} tokens, only the last {depth} "
                                     "fed while recording (activate_past_recording) can be dropped")
-        memo = {}  # masks and index tensors built once for every layer of the same geometry
         schedules = [layer.schedule for layer in self.replay_layers.values()]
+        for idx, schedule in zip(self.replay_layers, schedules, strict=True):  # all or nothing: before any write
+            try:
+                schedule.check_drop_rows(dropped)
+            except RollbackError as error:
+                raise RollbackError(f"SSM layer {idx}: {error}") from None
+        memo = {}  # masks and index tensors built once for every layer of the same geometry
         packed = None
         if most:
             packed = self._packed_rollback

@@ -526,6 +526,21 @@ class ReplaySchedule:
         self.ring.commit()
         self._resolve_staged()
 
+    def check_drop_rows(self, dropped: list[int]) -> None:
+        """Raise (changing nothing) unless ``drop_rows_newest(dropped)`` can drop exactly what it is asked to."""
+        if len(dropped) != self.batch_size:
+            raise ValueError(f"dropped counts for {len(dropped)} rows, the cache holds {self.batch_size}")
+        most = max(dropped, default=0)
+        if most > self.ring.num_pending:
+            raise RollbackError(f"a row cannot drop {most} tokens: only the last {self.ring.num_pending} were fed "
+                                "while recording")
+        if most and self.conv.buffer is not None and most > self.conv.rewindable(self.conv_kernel):
+            raise RollbackError(f"the conv window cannot drop {most} inputs of a row (it holds "
+                                f"{self.conv.position - self.conv.oldest})")
+        if most and self.store.allocated and getattr(self.recurrence, "neutral_record", None) is None:
+            raise RollbackError(f"{self.recurrence.name} records have no neutral form: per-row rollback is not "
+                                "supported")
+
     def drop_rows_newest(self, dropped: list[int], memo: dict | None = None, packed: bool = False) -> None:
         """Per-row rollback (batched speculation): row r forgets its newest ``dropped[r]`` pending tokens, which stay
         in the ring as neutral records (they leave the state exactly as it is), so every row keeps the shared
@@ -535,12 +550,8 @@ class ReplaySchedule:
         already wrote the neutral records and moved the conv window of every layer; only the checks and positions
         are left."""
         self.leave_device_positions()
-        if len(dropped) != self.batch_size:
-            raise ValueError(f"dropped counts for {len(dropped)} rows, the cache holds {self.batch_size}")
+        self.check_drop_rows(dropped)
         most = max(dropped, default=0)
-        if most > self.ring.num_pending:
-            raise RollbackError(f"a row cannot drop {most} tokens: only the last {self.ring.num_pending} were fed "
-                                "while recording")
         if most:
             if self.conv.buffer is not None:
                 self.conv.compact_rows(dropped, self.conv_kernel, memo, write=not packed)

@@ -99,6 +99,15 @@ def test_drop_rows_refusals():
     with pytest.raises(ValueError, match="rows"):
         for layer in cache.replay_layers.values():
             layer.schedule.drop_rows_newest([0, 0])
+    # through the cache, after a window: refused before any layer is written (one count would broadcast over the
+    # rows of the packed buffers)
+    with torch.no_grad():
+        model(torch.randint(3, 100, (ROWS, 2)), past_key_values=cache, use_cache=True)
+    before = [{n: t.clone() for n, t in layer.schedule.ring.fields.items()} for layer in cache.replay_layers.values()]
+    with pytest.raises(ValueError, match="rows"):
+        cache.drop_rows([1])
+    for saved, layer in zip(before, cache.replay_layers.values(), strict=True):
+        assert all(torch.equal(saved[n], t) for n, t in layer.schedule.ring.fields.items())
     static = ReplayCache(4, max_cache_len=32)
     with pytest.raises(RollbackError, match="static"):
         static.drop_rows([0, 0, 0])

@@ -101,16 +101,15 @@ class RecordRing:
         else:
             self.num_committed += count
 
-    def overwrite_newest(self, counts: list[int], values: Mapping[str, float], memo: dict | None = None,
-                         write: bool = True) -> None:
+    def overwrite_newest(self, counts: list[int], values: Mapping[str, float], memo: dict | None = None) -> None:
         """Set the fields named in ``values`` of row r's newest ``counts[r]`` records to those values (fields this
         ring does not keep are skipped). ``memo`` (one dict per rollback, shared by the layers): reuse the mask
-        another ring of the same geometry built for the same ``counts``. ``write=False``: the checks only (a
-        ``PackedRollback`` writes every layer's rings at once)."""
+        another ring of the same geometry built for the same ``counts`` (a ``PackedRollback`` writes every layer's
+        rings at once with the same mask)."""
         most, size = max(counts, default=0), self.size
         if most > size:
             raise RuntimeError(f"cannot overwrite {most} records, only {size} buffered")
-        if not most or not write:
+        if not most:
             return
         # One masked fill per field for the whole batch, the mask built on the device from the per-row counts: no
         # per-row work on the host and no index tensors built there (an indexed write per field with host-built
@@ -259,19 +258,19 @@ class ConvRing:
         self.position = position
         self.oldest = max(0, position - kernel)
 
-    def compact_rows(self, dropped: list[int], kernel: int, memo: dict | None = None, write: bool = True) -> None:
+    def compact_rows(self, dropped: list[int], kernel: int, memo: dict | None = None) -> None:
         """Per-row rollback without moving the shared position: row r's newest ``dropped[r]`` inputs are forgotten
         by moving its last ``kernel`` kept inputs into the window before the position (batched speculation, where
         rows accept different numbers of drafts and the dropped slots stay behind as neutral tokens). ``memo``: as
-        in ``RecordRing.overwrite_newest``; ``write=False``: the checks and positions only (a ``PackedRollback``
-        moves every layer's windows at once)."""
+        in ``RecordRing.overwrite_newest`` (a ``PackedRollback`` moves every layer's windows at once with the same
+        source columns)."""
         assert self.buffer is not None
         if max(dropped) > self.rewindable(kernel):
             raise RuntimeError(f"conv window cannot drop {max(dropped)} inputs of a row "
                                f"(holds {self.position - self.oldest})")
         # one gather with per-row source columns computed on the device and one slice copy for the whole batch (a
         # row that drops nothing copies its window onto itself)
-        if write and any(dropped):
+        if any(dropped):
             end, source = self.window_end(), self.compaction_source(dropped, kernel, memo)
             kept = torch.gather(self.buffer, 2, source.unsqueeze(1).expand(-1, self.buffer.shape[1], -1))
             self.buffer[..., end - kernel : end].copy_(kept)

@@ -436,15 +436,16 @@ class ReplayCache(DynamicCache):
         if min(dropped, default=0) < 0:
             raise ValueError(f"dropped counts must be >= 0, got {dropped}")
         most = max(dropped, default=0)
-        for idx, layer in self.replay_layers.items() if most else ():  # dropping nothing only commits
-            depth = min(layer.schedule.ring.num_pending, layer.schedule.max_rollback())
-            if most > depth:
-                raise RollbackError(f"SSM layer {idx}: a row cannot drop {most} tokens, only the last {depth} "
-                                    "fed while recording (activate_past_recording) can be dropped")
-        schedules = [layer.schedule for layer in self.replay_layers.values()]
-        for idx, schedule in zip(self.replay_layers, schedules, strict=True):  # all or nothing: before any write
+        layers = self.replay_layers
+        schedules = [layer.schedule for layer in layers.values()]
+        for idx, schedule in zip(layers, schedules, strict=True):  # all or nothing: every check before any write
+            if most:  # dropping nothing only commits
+                depth = min(schedule.ring.num_pending, schedule.max_rollback())
+                if most > depth:
+                    raise RollbackError(f"SSM layer {idx}: a row cannot drop {most} tokens, only the last {depth} "
+                                        "fed while recording (activate_past_recording) can be dropped")
             try:
-                schedule.check_drop_rows(dropped)
+                schedule.check_drop_rows(dropped, most)
             except RollbackError as error:
                 raise RollbackError(f"SSM layer {idx}: {error}") from None
         memo = {}  # masks and index tensors built once for every layer of the same geometry
@@ -455,8 +456,9 @@ class ReplayCache(DynamicCache):
                 packed = self._packed_rollback = PackedRollback.pack(schedules)  # None: each layer writes its own
         if packed is not None:
             packed.write(dropped, memo)
+        checked = most, sum(dropped)
         for schedule in schedules:
-            schedule.drop_rows_newest(dropped, memo, packed=packed is not None)
+            schedule.drop_rows_newest(dropped, memo, packed=packed is not None, checked=checked)
 
     def _layers_with_state(self) -> list:
         """Layers to crop / reorder: stock linear layers that never ran (5.17 uses them for nemotron_h's mlp/moe

@@ -526,11 +526,12 @@ class ReplaySchedule:
         self.ring.commit()
         self._resolve_staged()
 
-    def check_drop_rows(self, dropped: list[int]) -> None:
-        """Raise (changing nothing) unless ``drop_rows_newest(dropped)`` can drop exactly what it is asked to."""
+    def check_drop_rows(self, dropped: list[int], most: int | None = None) -> None:
+        """Raise (changing nothing) unless ``drop_rows_newest(dropped)`` can drop exactly what it is asked to.
+        ``most``: ``max(dropped)``, when the caller has it."""
         if len(dropped) != self.batch_size:
             raise ValueError(f"dropped counts for {len(dropped)} rows, the cache holds {self.batch_size}")
-        most = max(dropped, default=0)
+        most = max(dropped, default=0) if most is None else most
         if most > self.ring.num_pending:
             raise RollbackError(f"a row cannot drop {most} tokens: only the last {self.ring.num_pending} were fed "
                                 "while recording")
@@ -541,34 +542,41 @@ class ReplaySchedule:
             raise RollbackError(f"{self.recurrence.name} records have no neutral form: per-row rollback is not "
                                 "supported")
 
-    def drop_rows_newest(self, dropped: list[int], memo: dict | None = None, packed: bool = False) -> None:
+    def drop_rows_newest(self, dropped: list[int], memo: dict | None = None, packed: bool = False,
+                         checked: tuple[int, int] | None = None) -> None:
         """Per-row rollback (batched speculation): row r forgets its newest ``dropped[r]`` pending tokens, which stay
         in the ring as neutral records (they leave the state exactly as it is), so every row keeps the shared
         position and flush grid; the conv window of each such row is moved back over its dropped inputs. Then every
         pending record is committed, like ``crop``. ``memo``: one dict for all layers of one rollback, in which
         their rings share masks and index tensors (``buffers.shared_index``). ``packed``: a ``PackedRollback``
-        already wrote the neutral records and moved the conv window of every layer; only the checks and positions
-        are left."""
+        already wrote the neutral records and moved the conv window of every layer; only the positions are left.
+        ``checked``: ``(max(dropped), sum(dropped))`` from a caller that ran ``check_drop_rows`` (a cache rolls back
+        every layer in one pass and does the per-call work once)."""
         self.leave_device_positions()
-        self.check_drop_rows(dropped)
-        most = max(dropped, default=0)
+        if checked is None:
+            self.check_drop_rows(dropped)
+            checked = max(dropped, default=0), sum(dropped)
+        most, total = checked
         if most:
             if self.conv.buffer is not None:
-                self.conv.compact_rows(dropped, self.conv_kernel, memo, write=not packed)
-            neutral = getattr(self.recurrence, "neutral_record", None)
+                if packed:
+                    self.conv.oldest = max(self.conv.oldest, self.conv.position - self.conv_kernel)
+                else:
+                    self.conv.compact_rows(dropped, self.conv_kernel, memo)
             if self.store.allocated:
-                if neutral is None:
-                    raise RollbackError(f"{self.recurrence.name} records have no neutral form: per-row rollback "
-                                        "is not supported")
-                self.ring.overwrite_newest(dropped, dict(neutral), memo, write=not packed)
-                first = self.tokens_seen - most  # staged checkpoints from neutralised records are stale
-                self._staged = {b: st for b, st in self._staged.items() if b <= first}
-            self.counters["rolled_back_tokens"] += sum(dropped)
+                if not packed:
+                    self.ring.overwrite_newest(dropped, dict(self.recurrence.neutral_record), memo)
+                if self._staged:  # staged checkpoints from neutralised records are stale
+                    first = self.tokens_seen - most
+                    self._staged = {b: st for b, st in self._staged.items() if b <= first}
+            self.counters["rolled_back_tokens"] += total
         self.ring.commit()
         self._resolve_staged()
 
     def _resolve_staged(self) -> None:
         """After a crop: staged checkpoints whose tokens were all kept become stored; the others are dropped."""
+        if not self._staged:
+            return
         kept = [b for b in self._staged if b <= self.tokens_seen]
         self._staged = {b: st for b, st in self._staged.items() if b in kept}
         for boundary in sorted(kept):

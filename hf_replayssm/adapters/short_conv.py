@@ -49,8 +49,10 @@ class ConvSchedule(ReplaySchedule):
         super().deactivate_recording()
         self.ring.clear()
 
-    def drop_rows_newest(self, dropped: list[int], memo: dict | None = None, packed: bool = False) -> None:
-        super().drop_rows_newest(dropped, memo, packed)  # (never packed: PackedRollback takes plain schedules only)
+    def drop_rows_newest(self, dropped: list[int], memo: dict | None = None, packed: bool = False,
+                         checked: tuple[int, int] | None = None) -> None:
+        # (never packed: PackedRollback takes plain schedules only)
+        super().drop_rows_newest(dropped, memo, packed, checked)
         self.ring.clear()
 
 

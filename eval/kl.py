@@ -9,8 +9,8 @@
    stored. By default one cache per policy (rows: references + that policy on every prompt); with ``batch_rows``
    every policy is a group of rows of one cache. An ``"fp32"`` control arm is always run (added if missing): its
    log-probabilities must equal the reference rows' exactly, or the run fails with ``ApparatusError`` (on the CPU,
-   whose kernels can round a row by its place in the batch, to ``CONTROL_TOLERANCE``; ``meta["control_check"]``
-   says whether it was exact). With
+   whose kernels can round a row by its place in the batch, to ``CONTROL_TOLERANCE``;
+   ``meta["control_max_logp_diff"]`` is the control's largest difference, 0 when exact). With
    ``window`` W > 1, W tokens per forward go through the speculative-window path (each token still reads the
    checkpoint at its own flush boundary plus the records before it, as a decode step does): W times fewer forwards,
    the same outputs up to the float rounding of batched matmuls. On the CPU teacher forcing runs on one thread (a
@@ -239,8 +239,7 @@ def _one_cpu_thread(device: torch.device):
 @torch.no_grad()
 def teacher_force(model, sequence: torch.Tensor, prompt_len: int, arms: list[tuple[int, str, object]],
                   buffer_len: int = 16, progress: bool = True, desc: str = "teacher forcing",
-                  check_every: int = 256, window: int = 1
-                  ) -> dict[tuple[int, str], dict]:
+                  check_every: int = 256, window: int = 1) -> dict[tuple[int, str], dict]:
     """Per-position metrics of ``arms`` [(prompt index, name, policy)], all rows of one ReplayCache.
 
     Rows: the fp32 reference of every prompt the arms use, then one row per arm. Returns {(prompt, name): {"kl":

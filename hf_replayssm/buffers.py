@@ -40,6 +40,22 @@ def device_counts(counts: list[int], device: torch.device, memo: dict | None = N
     return shared_index(memo, ("counts", device), build)
 
 
+def fill_masked_records(field: torch.Tensor, mask: torch.Tensor, value: float, layers: bool = False) -> None:
+    """Set the records of ``field`` [B, R, *feature] (``layers``: [L, B, R, *feature], several layers' rings packed
+    into one tensor) where ``mask`` [B, R] is True to ``value``: one masked fill for the whole batch."""
+    lead = int(layers)
+    field.masked_fill_(mask.view(*(1,) * lead, *mask.shape, *(1,) * (field.dim() - lead - 2)), value)
+
+
+def move_conv_windows(buffer: torch.Tensor, source: torch.Tensor, end: int, kernel: int) -> None:
+    """Columns ``end - kernel .. end - 1`` of every row of ``buffer`` [..., B, C, columns] (leading dims: several
+    layers' conv windows packed into one tensor) become its columns ``source[row]`` ([B, kernel]): one gather and one
+    slice copy for the whole batch (a row whose source is its window copies it onto itself)."""
+    lead = buffer.dim() - 3
+    index = source.view(*(1,) * lead, source.shape[0], 1, kernel).expand(*buffer.shape[:-1], kernel)
+    buffer[..., end - kernel : end].copy_(torch.gather(buffer, -1, index))
+
+
 class RecordRing:
     """Circular buffer of ``capacity`` records per batch row; one tensor per record field."""
 
@@ -117,8 +133,7 @@ class RecordRing:
         mask = self.newest_mask(counts, memo)
         for name, value in values.items():
             if name in self.fields:
-                buf = self.fields[name]
-                buf.masked_fill_(mask.view(*mask.shape, *(1,) * (buf.dim() - 2)), value)
+                fill_masked_records(self.fields[name], mask, value)
 
     def newest_mask(self, counts: list[int], memo: dict | None = None) -> torch.Tensor:
         """[B, capacity] bool on the fields' device: whether slot s holds one of row r's newest ``counts[r]``
@@ -268,12 +283,13 @@ class ConvRing:
         if max(dropped) > self.rewindable(kernel):
             raise RuntimeError(f"conv window cannot drop {max(dropped)} inputs of a row "
                                f"(holds {self.position - self.oldest})")
-        # one gather with per-row source columns computed on the device and one slice copy for the whole batch (a
-        # row that drops nothing copies its window onto itself)
-        if any(dropped):
-            end, source = self.window_end(), self.compaction_source(dropped, kernel, memo)
-            kept = torch.gather(self.buffer, 2, source.unsqueeze(1).expand(-1, self.buffer.shape[1], -1))
-            self.buffer[..., end - kernel : end].copy_(kept)
+        if any(dropped):  # per-row source columns computed on the device
+            move_conv_windows(self.buffer, self.compaction_source(dropped, kernel, memo), self.window_end(), kernel)
+        self.keep_window_only(kernel)
+
+    def keep_window_only(self, kernel: int) -> None:
+        """After a per-row compaction only the ``kernel`` inputs before the position are every row's own: nothing
+        older can be rewound."""
         self.oldest = max(self.oldest, self.position - kernel)
 
     def window_end(self) -> int:

@@ -439,11 +439,6 @@ class ReplayCache(DynamicCache):
         layers = self.replay_layers
         schedules = [layer.schedule for layer in layers.values()]
         for idx, schedule in zip(layers, schedules, strict=True):  # all or nothing: every check before any write
-            if most:  # dropping nothing only commits
-                depth = min(schedule.ring.num_pending, schedule.max_rollback())
-                if most > depth:
-                    raise RollbackError(f"SSM layer {idx}: a row cannot drop {most} tokens, only the last {depth} "
-                                        "fed while recording (activate_past_recording) can be dropped")
             try:
                 schedule.check_drop_rows(dropped, most)
             except RollbackError as error:

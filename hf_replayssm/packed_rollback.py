@@ -18,6 +18,8 @@ from collections.abc import Sequence
 
 import torch
 
+from .buffers import fill_masked_records, move_conv_windows
+
 
 def _ring_state(schedule) -> tuple:
     ring = schedule.ring
@@ -121,12 +123,10 @@ class PackedRollback:
         schedules, fields, conv = self._live()
         first = schedules[0]
         if conv is not None:  # [layers, B, C, columns]: each row's window moved back over its dropped inputs
-            kernel, end = first.conv_kernel, first.conv.window_end()
-            source = first.conv.compaction_source(dropped, kernel, memo)  # [B, kernel]
-            kept = torch.gather(conv, 3, source[None, :, None, :].expand(conv.shape[0], -1, conv.shape[2], -1))
-            conv[..., end - kernel : end].copy_(kept)
+            kernel = first.conv_kernel
+            move_conv_windows(conv, first.conv.compaction_source(dropped, kernel, memo), first.conv.window_end(),
+                              kernel)
         mask = first.ring.newest_mask(dropped, memo)  # [B, R]
         for name, value in first.recurrence.neutral_record:
             if name in fields:
-                buf = fields[name]  # [layers, B, R, ...]
-                buf.masked_fill_(mask.view(1, *mask.shape, *(1,) * (buf.dim() - 3)), value)
+                fill_masked_records(fields[name], mask, value, layers=True)  # [layers, B, R, ...]

@@ -532,12 +532,9 @@ class ReplaySchedule:
         if len(dropped) != self.batch_size:
             raise ValueError(f"dropped counts for {len(dropped)} rows, the cache holds {self.batch_size}")
         most = max(dropped, default=0) if most is None else most
-        if most > self.ring.num_pending:
-            raise RollbackError(f"a row cannot drop {most} tokens: only the last {self.ring.num_pending} were fed "
-                                "while recording")
-        if most and self.conv.buffer is not None and most > self.conv.rewindable(self.conv_kernel):
-            raise RollbackError(f"the conv window cannot drop {most} inputs of a row (it holds "
-                                f"{self.conv.position - self.conv.oldest})")
+        if most and most > (depth := min(self.ring.num_pending, self.max_rollback())):  # (conv window included)
+            raise RollbackError(f"a row cannot drop {most} tokens, only the last {depth} fed while recording "
+                                "(activate_past_recording) can be dropped")
         if most and self.store.allocated and getattr(self.recurrence, "neutral_record", None) is None:
             raise RollbackError(f"{self.recurrence.name} records have no neutral form: per-row rollback is not "
                                 "supported")
@@ -560,7 +557,7 @@ class ReplaySchedule:
         if most:
             if self.conv.buffer is not None:
                 if packed:
-                    self.conv.oldest = max(self.conv.oldest, self.conv.position - self.conv_kernel)
+                    self.conv.keep_window_only(self.conv_kernel)
                 else:
                     self.conv.compact_rows(dropped, self.conv_kernel, memo)
             if self.store.allocated:

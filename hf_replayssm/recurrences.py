@@ -106,6 +106,15 @@ class Mamba2Recurrence:
                              tokens["C"], params["A"], params.get("D"),
                              out=torch.empty(x.shape, dtype=torch.float32, device=x.device))
 
+    @staticmethod
+    def kernel_fold(state, ring: Records, origin: int, count: int, params: Records, out=None) -> torch.Tensor:
+        """``state`` with the ``count`` ring records from slot ``origin`` folded in (``hf_replayssm.kernels.
+        mamba2_verify.mamba2_fold_ring``, one launch), into ``out`` (default a new tensor; ``state`` for in place):
+        what :meth:`fold` gives, with the commit kernel's rounding."""
+        from .kernels.mamba2_verify import mamba2_fold_ring
+
+        return mamba2_fold_ring(state, ring["x"], ring["dt"], ring["B"], params["A"], origin, count, out=out)
+
     def slice(self, tokens: Records, start: int, stop: int) -> dict:
         return _slice(tokens, self.per_token, start, stop)
 
@@ -213,6 +222,15 @@ class DeltaRuleRecurrence:
         return delta_verify(state, ring["k"], ring["d"], ring["g"], origin, count, tokens["q"], tokens["k"], v,
                             tokens["beta"], tokens["g"], use_qk_l2norm=params.get("normalize") is not None,
                             out=torch.empty(v.shape, dtype=torch.float32, device=v.device))
+
+    @staticmethod
+    def kernel_fold(state, ring: Records, origin: int, count: int, params: Records, out=None) -> torch.Tensor:
+        """``state`` with the ``count`` ring records from slot ``origin`` folded in with their recorded d's
+        (``hf_replayssm.kernels.delta_verify.delta_fold_ring``); see ``Mamba2Recurrence.kernel_fold``."""
+        from .kernels.delta_verify import delta_fold_ring
+
+        return delta_fold_ring(state, ring["k"], ring["d"], ring["g"], origin, count,
+                               use_qk_l2norm=params.get("normalize") is not None, out=out)
 
     def slice(self, tokens: Records, start: int, stop: int) -> dict:
         return _slice(tokens, self.per_token, start, stop)

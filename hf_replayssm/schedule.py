@@ -83,6 +83,7 @@ class ReplaySchedule:
         self._params: dict[str, object] = {}  # per-layer constants of the last call (e.g. Mamba-2's A)
         self.backend = "torch"  # "triton": plain decode steps run the family's fused kernel where it applies
         self.kernel_windows = 0  # speculative window pieces that ran the Triton verify kernel (not in stats())
+        self.kernel_folds = 0  # staged or left-over checkpoints folded by the Triton fold kernel (not in stats())
         self.device: torch.device | None = None
         self.batch_size: int | None = None
         self.state_shape: tuple[int, ...] | None = None
@@ -307,10 +308,15 @@ class ReplaySchedule:
     def _fold_oldest(self, count: int) -> None:
         """Fold the ``count`` oldest records into the stored checkpoint."""
         position = self.checkpoint_position + count
-        state = self.recurrence.fold(
-            self.store.recurrence(), self.ring.read(0, count), self._params, exact=self.store.exact_fold
-        )
-        self.store.write(state, position=position)
+        if self._kernel_fold_applies():  # in place on the float32 checkpoint, one launch
+            state = self.store.kernel_operands()[0]
+            self.recurrence.kernel_fold(state, self.ring.fields, self.ring.origin, count, self._params, out=state)
+            self.kernel_folds += 1
+        else:
+            state = self.recurrence.fold(
+                self.store.recurrence(), self.ring.read(0, count), self._params, exact=self.store.exact_fold
+            )
+            self.store.write(state, position=position)
         self.ring.drop_oldest(count)
         self.checkpoint_position = position
         self._staged = {b: st for b, st in self._staged.items() if b > position}
@@ -324,8 +330,16 @@ class ReplaySchedule:
             return self.store
         if boundary not in self._staged:
             previous = self._base(boundary - self.buffer_len)
-            records = self.ring.read(boundary - self.buffer_len - stored, self.buffer_len)
-            state = self.recurrence.fold(previous.recurrence(), records, self._params, exact=self.store.exact_fold)
+            offset = boundary - self.buffer_len - stored
+            if self._kernel_fold_applies():  # a new float32 tensor, one launch
+                state = self.recurrence.kernel_fold(previous.recurrence(), self.ring.fields,
+                                                    (self.ring.origin + offset) % self.ring.capacity,
+                                                    self.buffer_len, self._params)
+                self.kernel_folds += 1
+            else:
+                records = self.ring.read(offset, self.buffer_len)
+                state = self.recurrence.fold(previous.recurrence(), records, self._params,
+                                             exact=self.store.exact_fold)
             self._staged[boundary] = self.store.stage(state, position=boundary)
             self.counters["staged_checkpoints"] += 1
         return self._staged[boundary]
@@ -354,7 +368,7 @@ class ReplaySchedule:
             boundary = self._boundary(position)
             stop = min(count, index + boundary + length - position)
             if self._verify_kernel_applies(boundary, position, stop - index):
-                y = self._kernel_verify(rec.slice(tokens, index, stop))
+                y = self._kernel_verify(rec.slice(tokens, index, stop), boundary)
             else:
                 base = self._base(boundary)
                 history = ring.read(boundary - self.checkpoint_position, position - boundary)
@@ -368,24 +382,35 @@ class ReplaySchedule:
     def _verify_kernel_applies(self, boundary: int, position: int, count: int) -> bool:
         """Whether the window piece of ``count`` tokens at ``position`` can run the family's Triton verify kernel:
         the Triton backend, one fp32 checkpoint policy without a read copy (separated policies take the reference,
-        whose outputs read the copy), the stored checkpoint as the piece's base (pieces past a flush boundary read
-        a staged one) with every buffered record before the piece, and at most 16 tokens."""
-        if not (1 <= count <= VERIFY_MAX_WINDOW) or boundary != self.checkpoint_position or not self.ring.allocated:
+        whose outputs read the copy), every record since the stored checkpoint in the ring before the piece, at
+        most 16 tokens, and as the piece's base the stored checkpoint or, past a flush boundary, a staged one that
+        the fold kernel computes (a float32 tensor)."""
+        if not (1 <= count <= VERIFY_MAX_WINDOW) or not self.ring.allocated:
             return False
-        if self.ring.size != position - boundary or self.ring.size + count > self.ring.capacity:
+        if self.ring.size != position - self.checkpoint_position or self.ring.size + count > self.ring.capacity:
+            return False
+        if boundary != self.checkpoint_position and not self._kernel_fold_applies():
             return False
         operands = self._kernel_operands("kernel_verify")
         return operands is not None and operands[1] is None
 
-    def _kernel_verify(self, tokens) -> torch.Tensor:
-        """Outputs of a window piece from the stored checkpoint and every buffered record, its records appended as
-        pending, in one launch of the family's verify kernel (no state write; the positions are handed to it as
-        per-row device tensors, all rows at the host's position)."""
+    def _kernel_fold_applies(self) -> bool:
+        """Whether folds run the family's fold kernel: the verify kernels' conditions (one fp32 checkpoint policy,
+        no read copy: then the recorded d's are what a fold needs, no exact recomputation) and an allocated ring."""
+        operands = self._kernel_operands("kernel_fold")
+        return operands is not None and operands[1] is None and self.ring.allocated and not self.store.exact_fold
+
+    def _kernel_verify(self, tokens, boundary: int) -> torch.Tensor:
+        """Outputs of a window piece from the checkpoint at ``boundary`` (the stored one, or one staged by the fold
+        kernel) and the records after it, its records appended as pending, in one launch of the family's verify
+        kernel (no state write; the positions are handed to it as per-row device tensors, all rows at the host's
+        position)."""
         ring = self.ring
-        state = self.store.kernel_operands()[0]
+        offset = boundary - self.checkpoint_position
+        state = self.store.kernel_operands()[0] if offset == 0 else self._base(boundary).recurrence()
         batch = state.shape[0]
-        origin = torch.full((batch,), ring.origin, dtype=torch.int32, device=state.device)
-        count = torch.full((batch,), ring.size, dtype=torch.int32, device=state.device)
+        origin = torch.full((batch,), (ring.origin + offset) % ring.capacity, dtype=torch.int32, device=state.device)
+        count = torch.full((batch,), ring.size - offset, dtype=torch.int32, device=state.device)
         y = self.recurrence.kernel_verify(state, ring.fields, origin, count, tokens, self._params)
         ring.extend(self._num_tokens(tokens), pending=True)
         self.kernel_windows += 1

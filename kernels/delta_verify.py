@@ -54,7 +54,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hf_replayssm.ops.delta_verify import delta_commit_ref, delta_verify_ref
+from hf_replayssm.ops.delta_verify import delta_commit_ref, delta_fold_ring_ref, delta_verify_ref
 
 if __package__:
     from .delta_rule import (
@@ -83,6 +83,8 @@ else:  # loaded from its file outside the package (a checkout without the packag
 __all__ = [
     "delta_commit",
     "delta_commit_ref",
+    "delta_fold_ring",
+    "delta_fold_ring_ref",
     "delta_verify",
     "delta_verify_ref",
     "verify_launch_config",
@@ -231,6 +233,27 @@ def _delta_verify_kernel(
 
 
 @triton.jit
+def _fold_ring(s, rk_base, rd_base, rg_base, origin, count, ring_size, offs_k, mask_k, offs_v, mask_v,
+               stride_rk_r, stride_rk_k, stride_rd_r, stride_rd_v, stride_rg_r, stride_rg_k,
+               GATE_PER_KEY: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
+    """The state tile s [BLOCK_K, BLOCK_V] with the ``count`` records from ring slot ``origin`` on folded in, in
+    order, with the standard step's expressions given d (split-invariant: two folds give the bits of one)."""
+    for j in range(0, count):
+        slot = (origin + j) % ring_size
+        k_j = tl.load(rk_base + slot * stride_rk_r + offs_k * stride_rk_k, mask=mask_k, other=0.0).to(tl.float32)
+        d_j = tl.load(rd_base + slot * stride_rd_r + offs_v * stride_rd_v, mask=mask_v, other=0.0).to(tl.float32)
+        if USE_QK_L2NORM:
+            k_j = k_j * tl.rsqrt(tl.sum(k_j * k_j, axis=0) + 1e-6)
+        if GATE_PER_KEY:
+            g_j = tl.load(rg_base + slot * stride_rg_r + offs_k * stride_rg_k, mask=mask_k, other=0.0)
+            s = s * tl.exp(g_j.to(tl.float32))[:, None]
+        else:
+            s = s * tl.exp(tl.load(rg_base + slot * stride_rg_r).to(tl.float32))
+        s += k_j[:, None] * d_j[None, :]
+    return s
+
+
+@triton.jit
 def _delta_commit_kernel(
     state_ptr, ring_k_ptr, ring_d_ptr, ring_g_ptr, origin_ptr, count_ptr, accepted_ptr,
     K: tl.constexpr, V: tl.constexpr, ring_size, kv_ratio,
@@ -264,22 +287,11 @@ def _delta_commit_kernel(
         state_ptrs = (state_ptr + pid_b * stride_s_b + pid_h * stride_s_h
                       + offs_k[:, None] * stride_s_k + offs_v[None, :] * stride_s_v)
         s = tl.load(state_ptrs, mask=mask_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-        rk_base = ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h
-        rd_base = ring_d_ptr + pid_b * stride_rd_b + pid_h * stride_rd_h
-        rg_base = ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h
-        # The records in order, with the standard step's expressions given d (split-invariant fold).
-        for j in range(0, new_count):
-            slot = (origin + j) % ring_size
-            k_j = tl.load(rk_base + slot * stride_rk_r + offs_k * stride_rk_k, mask=mask_k, other=0.0).to(tl.float32)
-            d_j = tl.load(rd_base + slot * stride_rd_r + offs_v * stride_rd_v, mask=mask_v, other=0.0).to(tl.float32)
-            if USE_QK_L2NORM:
-                k_j = k_j * tl.rsqrt(tl.sum(k_j * k_j, axis=0) + 1e-6)
-            if GATE_PER_KEY:
-                g_j = tl.load(rg_base + slot * stride_rg_r + offs_k * stride_rg_k, mask=mask_k, other=0.0)
-                s = s * tl.exp(g_j.to(tl.float32))[:, None]
-            else:
-                s = s * tl.exp(tl.load(rg_base + slot * stride_rg_r).to(tl.float32))
-            s += k_j[:, None] * d_j[None, :]
+        s = _fold_ring(s, ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h,
+                       ring_d_ptr + pid_b * stride_rd_b + pid_h * stride_rd_h,
+                       ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h, origin, new_count, ring_size,
+                       offs_k, mask_k, offs_v, mask_v, stride_rk_r, stride_rk_k, stride_rd_r, stride_rd_v,
+                       stride_rg_r, stride_rg_k, GATE_PER_KEY, USE_QK_L2NORM)
         tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask_k[:, None] & mask_v[None, :])
 
     # Count update: every warp has consumed count (barrier) before this program's ticket; the row's last ticket
@@ -288,6 +300,41 @@ def _delta_commit_kernel(
     ticket = tl.atomic_add(count_ptr + pid_b * stride_count, 1 << 16, sem="relaxed") >> 16
     if ticket == tl.num_programs(0) * tl.num_programs(2) - 1:
         tl.atomic_xchg(count_ptr + pid_b * stride_count, tl.where(is_flush, 0, new_count), sem="relaxed")
+
+
+@triton.jit(do_not_specialize=["origin", "count"])  # one compile for every ring position and record count
+def _delta_fold_kernel(
+    state_ptr, out_ptr, ring_k_ptr, ring_d_ptr, ring_g_ptr, origin, count,
+    K: tl.constexpr, V: tl.constexpr, ring_size, kv_ratio,
+    stride_s_b, stride_s_h: tl.constexpr, stride_s_k: tl.constexpr, stride_s_v: tl.constexpr,
+    stride_o_b, stride_o_h: tl.constexpr, stride_o_k: tl.constexpr, stride_o_v: tl.constexpr,
+    stride_rk_b, stride_rk_r: tl.constexpr, stride_rk_h: tl.constexpr, stride_rk_k: tl.constexpr,
+    stride_rd_b, stride_rd_r: tl.constexpr, stride_rd_h: tl.constexpr, stride_rd_v: tl.constexpr,
+    stride_rg_b, stride_rg_r: tl.constexpr, stride_rg_h: tl.constexpr, stride_rg_k: tl.constexpr,
+    GATE_PER_KEY: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    pid_v = tl.program_id(0)
+    pid_b = tl.program_id(1).to(tl.int64)
+    pid_h = tl.program_id(2)
+    hk = pid_h // kv_ratio
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    mask_k = offs_k < K
+    mask_v = offs_v < V
+    tile = mask_k[:, None] & mask_v[None, :]
+    s = tl.load(state_ptr + pid_b * stride_s_b + pid_h * stride_s_h + offs_k[:, None] * stride_s_k
+                + offs_v[None, :] * stride_s_v, mask=tile, other=0.0).to(tl.float32)
+    s = _fold_ring(s, ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h,
+                   ring_d_ptr + pid_b * stride_rd_b + pid_h * stride_rd_h,
+                   ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h, origin, count, ring_size,
+                   offs_k, mask_k, offs_v, mask_v, stride_rk_r, stride_rk_k, stride_rd_r, stride_rd_v,
+                   stride_rg_r, stride_rg_k, GATE_PER_KEY, USE_QK_L2NORM)
+    # each program owns its tile: out may be the state itself
+    tl.store(out_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_k[:, None] * stride_o_k
+             + offs_v[None, :] * stride_o_v, s.to(out_ptr.dtype.element_ty), mask=tile)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -311,7 +358,7 @@ def verify_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: 
 # wrappers
 
 
-def _check_rings(state, ring_k, ring_d, ring_g, origin, count):
+def _check_rings(state, ring_k, ring_d, ring_g, origin=None, count=None):
     batch, value_heads, key_dim, value_dim = state.shape
     ring_size = ring_k.shape[1]
     assert ring_k.dim() == 4 and ring_k.shape[:2] == (batch, ring_size) and ring_k.shape[3] == key_dim, (
@@ -322,8 +369,9 @@ def _check_rings(state, ring_k, ring_d, ring_g, origin, count):
         f"ring_d must be [B, R, Hv, V], got {tuple(ring_d.shape)}")
     assert ring_g.shape in ((batch, ring_size, value_heads), (batch, ring_size, value_heads, key_dim)), (
         f"ring_g must be [B, R, Hv] or [B, R, Hv, K], got {tuple(ring_g.shape)}")
-    assert origin.shape == (batch,) and count.shape == (batch,), "origin and count must be [B]"
-    assert origin.dtype == torch.int32 and count.dtype == torch.int32, "origin and count must be int32"
+    if origin is not None:  # per-row positions (verify, commit); a fold takes one host position for every row
+        assert origin.shape == (batch,) and count.shape == (batch,), "origin and count must be [B]"
+        assert origin.dtype == torch.int32 and count.dtype == torch.int32, "origin and count must be int32"
     assert key_dim <= MAX_KEY_DIM, f"key dim {key_dim} > {MAX_KEY_DIM} (one K tile per program)"
     return batch, value_heads, key_heads, key_dim, value_dim, ring_size, ring_g.dim() == 4
 
@@ -396,6 +444,27 @@ def _commit(state, ring_k, ring_d, ring_g, origin, count, accepted, buffer_len, 
         )
 
 
+def _fold(state, ring_k, ring_d, ring_g, origin, count, use_qk_l2norm=True, out=None):
+    batch, value_heads, key_heads, key_dim, value_dim, ring_size, per_key = _check_rings(state, ring_k, ring_d, ring_g)
+    assert 0 <= origin < ring_size and 0 <= count <= ring_size, f"origin {origin} / count {count} outside the ring"
+    out = torch.empty_like(state) if out is None else out
+    assert out.shape == state.shape, f"out must be {tuple(state.shape)}, got {tuple(out.shape)}"
+    block_v, num_warps = state_update_launch_config(batch, value_heads, key_dim, value_dim, per_key)
+    grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
+    with _device_guard(state):
+        LAST_COMPILED["fold"] = _delta_fold_kernel[grid](
+            state, out, ring_k, ring_d, ring_g, int(origin), int(count),
+            key_dim, value_dim, ring_size, value_heads // key_heads,
+            *state.stride(), *out.stride(), *ring_k.stride(), *ring_d.stride(), *_ring_gate_strides(ring_g),
+            GATE_PER_KEY=per_key,
+            USE_QK_L2NORM=bool(use_qk_l2norm),
+            BLOCK_K=triton.next_power_of_2(key_dim),
+            BLOCK_V=block_v,
+            num_warps=num_warps,
+        )
+    return out
+
+
 def delta_verify(
     state: torch.Tensor,
     ring_k: torch.Tensor,
@@ -442,3 +511,21 @@ def delta_commit(
     (``origin`` unchanged). ``accepted[b]`` must not exceed the last window's T (not checked on the
     device; the reference raises when the new count exceeds R). Same semantics as :func:`delta_commit_ref`."""
     _commit(state, ring_k, ring_d, ring_g, origin, count, accepted, buffer_len, use_qk_l2norm)
+
+
+def delta_fold_ring(
+    state: torch.Tensor,
+    ring_k: torch.Tensor,
+    ring_d: torch.Tensor,
+    ring_g: torch.Tensor,
+    origin: int,
+    count: int,
+    use_qk_l2norm: bool = True,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``state`` with the ``count`` records at ring slots ``(origin + j) % R`` (the same slots in every row) folded
+    in, in order (one launch): the commit's sequential recurrence, written to ``out`` (a new tensor by default;
+    ``state`` itself for an in-place fold). A flush boundary's checkpoint inside a speculative window (staged), or
+    the oldest records of a ring a speculative run left over a period. Same semantics as
+    :func:`delta_fold_ring_ref`."""
+    return _fold(state, ring_k, ring_d, ring_g, origin, count, use_qk_l2norm, out)

@@ -52,7 +52,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hf_replayssm.ops.mamba2_verify import mamba2_commit_ref, mamba2_verify_ref
+from hf_replayssm.ops.mamba2_verify import mamba2_commit_ref, mamba2_fold_ring_ref, mamba2_verify_ref
 
 if __package__:
     from .mamba2 import _device_guard, _optional, _softplus, _strides, state_update_launch_config
@@ -73,6 +73,8 @@ else:  # loaded from its file outside the package (a checkout without the packag
 __all__ = [
     "mamba2_commit",
     "mamba2_commit_ref",
+    "mamba2_fold_ring",
+    "mamba2_fold_ring_ref",
     "mamba2_verify",
     "mamba2_verify_ref",
     "verify_launch_config",
@@ -198,6 +200,21 @@ def _mamba2_verify_kernel(
 
 
 @triton.jit
+def _fold_ring(s, rx_base, rdt_base, rB_base, A_h, origin, count, ring_size, offs_p, mask_p, offs_n, mask_n,
+               stride_rx_r, stride_rx_p, stride_rdt_r, stride_rB_r, stride_rB_n):
+    """The state tile s [BLOCK_P, BLOCK_N] with the ``count`` records from ring slot ``origin`` on folded in, in
+    order, with the standard step's expression (the checkpoint stepping would give, bit for bit)."""
+    A_h = A_h.to(tl.float32)
+    for j in range(0, count):
+        slot = (origin + j) % ring_size
+        dt_j = tl.load(rdt_base + slot * stride_rdt_r).to(tl.float32)
+        x_j = tl.load(rx_base + slot * stride_rx_r + offs_p * stride_rx_p, mask=mask_p, other=0.0).to(tl.float32)
+        B_j = tl.load(rB_base + slot * stride_rB_r + offs_n * stride_rB_n, mask=mask_n, other=0.0).to(tl.float32)
+        s = s * tl.exp(A_h * dt_j) + (dt_j * x_j)[:, None] * B_j[None, :]
+    return s
+
+
+@triton.jit
 def _mamba2_commit_kernel(
     state_ptr, ring_x_ptr, ring_dt_ptr, ring_B_ptr, origin_ptr, count_ptr, accepted_ptr, A_ptr,
     P, N, ring_size, heads_per_group,
@@ -229,17 +246,11 @@ def _mamba2_commit_kernel(
         state_ptrs = (state_ptr + pid_b * stride_s_b + h * stride_s_h
                       + offs_p[:, None] * stride_s_p + offs_n[None, :] * stride_s_n)
         s = tl.load(state_ptrs, mask=mask_p[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
-        A_h = tl.load(A_ptr + h * stride_A).to(tl.float32)
-        # The records in order, with the standard step's expression (bit-identical checkpoint).
-        for j in range(0, new_count):
-            slot = (origin + j) % ring_size
-            dt_j = tl.load(ring_dt_ptr + pid_b * stride_rdt_b + slot * stride_rdt_r + h * stride_rdt_h)
-            x_j = tl.load(ring_x_ptr + pid_b * stride_rx_b + slot * stride_rx_r + h * stride_rx_h
-                          + offs_p * stride_rx_p, mask=mask_p, other=0.0).to(tl.float32)
-            B_j = tl.load(ring_B_ptr + pid_b * stride_rB_b + slot * stride_rB_r + group * stride_rB_g
-                          + offs_n * stride_rB_n, mask=mask_n, other=0.0).to(tl.float32)
-            dt_j = dt_j.to(tl.float32)
-            s = s * tl.exp(A_h * dt_j) + (dt_j * x_j)[:, None] * B_j[None, :]
+        s = _fold_ring(s, ring_x_ptr + pid_b * stride_rx_b + h * stride_rx_h,
+                       ring_dt_ptr + pid_b * stride_rdt_b + h * stride_rdt_h,
+                       ring_B_ptr + pid_b * stride_rB_b + group * stride_rB_g, tl.load(A_ptr + h * stride_A),
+                       origin, new_count, ring_size, offs_p, mask_p, offs_n, mask_n,
+                       stride_rx_r, stride_rx_p, stride_rdt_r, stride_rB_r, stride_rB_n)
         tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask_p[:, None] & mask_n[None, :])
 
     # Count update: every warp has consumed count (barrier) before this program's ticket; the row's last ticket
@@ -248,6 +259,40 @@ def _mamba2_commit_kernel(
     ticket = tl.atomic_add(count_ptr + pid_b * stride_count, 1 << 16, sem="relaxed") >> 16
     if ticket == tl.num_programs(0) * tl.num_programs(2) - 1:
         tl.atomic_xchg(count_ptr + pid_b * stride_count, tl.where(is_flush, 0, new_count), sem="relaxed")
+
+
+@triton.jit(do_not_specialize=["origin", "count"])  # one compile for every ring position and record count
+def _mamba2_fold_kernel(
+    state_ptr, out_ptr, ring_x_ptr, ring_dt_ptr, ring_B_ptr, A_ptr, origin, count,
+    P, N, ring_size, heads_per_group,
+    stride_s_b, stride_s_h, stride_s_p, stride_s_n,
+    stride_o_b, stride_o_h, stride_o_p, stride_o_n,
+    stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
+    stride_rdt_b, stride_rdt_r, stride_rdt_h,
+    stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
+    stride_A,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    pid_p = tl.program_id(0)
+    pid_b = tl.program_id(1).to(tl.int64)
+    h = tl.program_id(2)
+    group = h // heads_per_group
+    offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_p = offs_p < P
+    mask_n = offs_n < N
+    tile = mask_p[:, None] & mask_n[None, :]
+    s = tl.load(state_ptr + pid_b * stride_s_b + h * stride_s_h + offs_p[:, None] * stride_s_p
+                + offs_n[None, :] * stride_s_n, mask=tile, other=0.0).to(tl.float32)
+    s = _fold_ring(s, ring_x_ptr + pid_b * stride_rx_b + h * stride_rx_h,
+                   ring_dt_ptr + pid_b * stride_rdt_b + h * stride_rdt_h,
+                   ring_B_ptr + pid_b * stride_rB_b + group * stride_rB_g, tl.load(A_ptr + h * stride_A),
+                   origin, count, ring_size, offs_p, mask_p, offs_n, mask_n,
+                   stride_rx_r, stride_rx_p, stride_rdt_r, stride_rB_r, stride_rB_n)
+    # each program owns its tile: out may be the state itself
+    tl.store(out_ptr + pid_b * stride_o_b + h * stride_o_h + offs_p[:, None] * stride_o_p
+             + offs_n[None, :] * stride_o_n, s.to(out_ptr.dtype.element_ty), mask=tile)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -268,7 +313,7 @@ def verify_launch_config(batch: int, heads: int, head_dim: int, d_state: int, wi
 # wrappers
 
 
-def _check_rings(state, ring_x, ring_dt, ring_B, origin, count):
+def _check_rings(state, ring_x, ring_dt, ring_B, origin=None, count=None):
     batch, heads, head_dim, d_state = state.shape
     ring_size = ring_x.shape[1]
     assert ring_x.shape == (batch, ring_size, heads, head_dim), f"ring_x must be [B, R, H, P], got {ring_x.shape}"
@@ -276,8 +321,9 @@ def _check_rings(state, ring_x, ring_dt, ring_B, origin, count):
     assert ring_B.dim() == 4 and ring_B.shape[:2] == (batch, ring_size) and ring_B.shape[3] == d_state, (
         f"ring_B must be [B, R, G, N], got {tuple(ring_B.shape)}")
     assert heads % ring_B.shape[2] == 0, "heads must be a multiple of groups"
-    assert origin.shape == (batch,) and count.shape == (batch,), "origin and count must be [B]"
-    assert origin.dtype == torch.int32 and count.dtype == torch.int32, "origin and count must be int32"
+    if origin is not None:  # per-row positions (verify, commit); a fold takes one host position for every row
+        assert origin.shape == (batch,) and count.shape == (batch,), "origin and count must be [B]"
+        assert origin.dtype == torch.int32 and count.dtype == torch.int32, "origin and count must be int32"
     return batch, heads, head_dim, d_state, ring_B.shape[2], ring_size
 
 
@@ -344,6 +390,26 @@ def _commit(state, ring_x, ring_dt, ring_B, origin, count, accepted, buffer_len,
         )
 
 
+def _fold(state, ring_x, ring_dt, ring_B, A, origin, count, out=None, _config=None):
+    batch, heads, head_dim, d_state, groups, ring_size = _check_rings(state, ring_x, ring_dt, ring_B)
+    assert A.shape == (heads,), f"A must be [H], got {tuple(A.shape)}"
+    assert 0 <= origin < ring_size and 0 <= count <= ring_size, f"origin {origin} / count {count} outside the ring"
+    out = torch.empty_like(state) if out is None else out
+    assert out.shape == state.shape, f"out must be {tuple(state.shape)}, got {tuple(out.shape)}"
+    cfg = dict(state_update_launch_config(batch, heads, head_dim, d_state), **(_config or {}))
+    grid = (triton.cdiv(head_dim, cfg["block_p"]), batch, heads)
+    with _device_guard(state):
+        LAST_COMPILED["fold"] = _mamba2_fold_kernel[grid](
+            state, out, ring_x, ring_dt, ring_B, A, int(origin), int(count),
+            head_dim, d_state, ring_size, heads // groups,
+            *state.stride(), *out.stride(), *ring_x.stride(), *ring_dt.stride(), *ring_B.stride(), A.stride(0),
+            BLOCK_P=cfg["block_p"],
+            BLOCK_N=triton.next_power_of_2(d_state),
+            num_warps=cfg["num_warps"],
+        )
+    return out
+
+
 def mamba2_verify(
     state: torch.Tensor,
     ring_x: torch.Tensor,
@@ -391,3 +457,21 @@ def mamba2_commit(
     (``origin`` unchanged). ``accepted[b]`` must not exceed the last window's T (not checked on the
     device; the reference raises when the new count exceeds R). Same semantics as :func:`mamba2_commit_ref`."""
     _commit(state, ring_x, ring_dt, ring_B, origin, count, accepted, buffer_len, A)
+
+
+def mamba2_fold_ring(
+    state: torch.Tensor,
+    ring_x: torch.Tensor,
+    ring_dt: torch.Tensor,
+    ring_B: torch.Tensor,
+    A: torch.Tensor,
+    origin: int,
+    count: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``state`` with the ``count`` records at ring slots ``(origin + j) % R`` (the same slots in every row) folded
+    in, in order (one launch): the commit's sequential recurrence, written to ``out`` (a new tensor by default;
+    ``state`` itself for an in-place fold). A flush boundary's checkpoint inside a speculative window (staged), or
+    the oldest records of a ring a speculative run left over a period. Same semantics as
+    :func:`mamba2_fold_ring_ref`."""
+    return _fold(state, ring_x, ring_dt, ring_B, A, origin, count, out)

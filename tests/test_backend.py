@@ -83,10 +83,13 @@ SCRIPT = textwrap.dedent('''
                for p in range(13, 26)]
     assert max_logit_diff(torch.stack(got, 1), stock[[2, 0], 8:]) < 1e-4
 
-    # speculation (verify windows through the Triton verify kernels, pieces past a flush boundary through the
-    # reference) then plain decoding through the step kernel, with one cache
+    # speculation (verify windows through the Triton verify kernels, pieces past a flush boundary too, from a
+    # checkpoint the fold kernel stages) then plain decoding through the step kernel, with one cache
     def kernel_windows(cache):
         return sum(layer.schedule.kernel_windows for layer in cache.replay_layers.values())
+
+    def kernel_folds(cache):
+        return sum(layer.schedule.kernel_folds for layer in cache.replay_layers.values())
 
     prompt = torch.cat([tokens[:1, :5]] * 3, dim=1)
     stock_cache = DynamicCache(config=model.config)
@@ -94,7 +97,7 @@ SCRIPT = textwrap.dedent('''
     cache = ReplayCache(4, backend="triton")
     out = model.generate(prompt, past_key_values=cache, prompt_lookup_num_tokens=3, **GREEDY_KW)
     assert torch.equal(out.sequences, greedy.sequences) and max_logit_diff(out.logits, greedy.logits) < 1e-4
-    assert kernel_windows(cache) > 0 and cache.stats()["rolled_back_tokens"] > 0
+    assert kernel_windows(cache) > 0 and kernel_folds(cache) > 0 and cache.stats()["rolled_back_tokens"] > 0
     more = model.generate(out.sequences, past_key_values=cache, **GREEDY_KW)
     again = model.generate(greedy.sequences, past_key_values=stock_cache, **GREEDY_KW)
     assert torch.equal(more.sequences, again.sequences) and max_logit_diff(more.logits, again.logits) < 1e-4
@@ -106,7 +109,8 @@ SCRIPT = textwrap.dedent('''
         out = other.generate(prompt, past_key_values=cache, prompt_lookup_num_tokens=3, **GREEDY_KW)
         assert torch.equal(out.sequences, greedy.sequences), model_type
         assert max_logit_diff(out.logits, greedy.logits) < 1e-4, model_type
-        assert kernel_windows(cache) > 0 and cache.stats()["rolled_back_tokens"] > 0, model_type
+        assert kernel_windows(cache) > 0 and kernel_folds(cache) > 0, model_type
+        assert cache.stats()["rolled_back_tokens"] > 0, model_type
     # batched speculation (rows accept different numbers of drafts; per-row rollback of kernel-written records)
     other = tiny_model("qwen3_5_text", initializer_range=0.2)
     prompt = torch.cat([torch.randint(3, 120, (3, 4))] * 3, dim=1)
@@ -114,14 +118,15 @@ SCRIPT = textwrap.dedent('''
     cache = ReplayCache(4, backend="triton")
     routed = other.generate(prompt, do_sample=False, max_new_tokens=16, prompt_lookup_num_tokens=3,
                             past_key_values=cache)
-    assert torch.equal(routed[:, : plain.shape[1]], plain) and kernel_windows(cache) > 0
+    assert torch.equal(routed[:, : plain.shape[1]], plain) and kernel_windows(cache) > 0 and kernel_folds(cache) > 0
     # the reference where the kernels do not apply: the torch backend, and separated precision (window outputs
     # read the low-precision copy, which the verify kernels do not)
     prompt = torch.cat([tokens[:1, :5]] * 3, dim=1)
     for backend, policy in (("torch", "fp32"), ("triton", "separated-fp8")):
         cache = ReplayCache(4, precision=policy, backend=backend)
         model.generate(prompt, past_key_values=cache, prompt_lookup_num_tokens=3, **GREEDY_KW)
-        assert kernel_windows(cache) == 0 and cache.stats()["rolled_back_tokens"] > 0, (backend, policy)
+        assert kernel_windows(cache) == kernel_folds(cache) == 0, (backend, policy)
+        assert cache.stats()["rolled_back_tokens"] > 0, (backend, policy)
 
     # separated precision: replays read the fp8 / nvfp4 copy in the kernel (flush steps take the torch path); equal
     # to the torch backend with the same policy up to summation order -- which, once a later layer's checkpoint

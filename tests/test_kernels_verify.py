@@ -27,8 +27,9 @@ import torch
 from kernel_harness import HAS_TRITON, ROOT, run_bench_smoke, run_case, subprocess_env, worker_main
 from kernel_harness import assert_close as _close
 
-CASES = ["mamba2_verify_bf16", "mamba2_verify_fp32_and_commit", "mamba2_speculation", "delta_verify_gdn_bf16",
-         "delta_verify_kda_and_commit", "delta_speculation_gdn", "delta_speculation_kda"]
+CASES = ["mamba2_verify_bf16", "mamba2_verify_fp32_and_commit", "mamba2_speculation", "mamba2_fold_ring",
+         "delta_verify_gdn_bf16", "delta_verify_kda_and_commit", "delta_speculation_gdn", "delta_speculation_kda",
+         "delta_fold_ring"]
 SLOW_CASES = ["mamba2_speculation_long", "delta_speculation_gdn_long", "delta_speculation_kda_long"]
 
 
@@ -604,6 +605,52 @@ def case_delta_speculation_gdn_long(k, device):
 
 def case_delta_speculation_kda_long(k, device):
     _speculation(_family("kda", device, k=k, seed=2), device, L=8, windows=[8, 8, 3, 8, 8], steps=9, seed=7)
+
+
+# -- folding ring records at one host position (staged and left-over checkpoints of speculative runs) -------------
+
+
+def _check_fold_ring(fold, fold_ref, commit, state, rings, extra, R, origin, count):
+    """``fold`` (out of place, then in place) vs ``fold_ref`` and, bitwise, vs ``commit`` of the same records (one
+    shared loop); slots outside the folded ones hold NaN, which must not leak; ``count = 0`` copies."""
+    device = state.device
+    before = state.clone()
+    got = fold(state, *rings, *extra, origin, count)
+    want = fold_ref(state.clone(), *[r.clone() for r in rings], *extra, origin, count)
+    print(f" R={R} origin={origin} count={count}")
+    assert torch.equal(state, before), "an out-of-place fold wrote the state"
+    assert torch.isfinite(got).all() and not torch.equal(got, before)
+    _close("fold", got, want, 1e-6)
+    committed = before.clone()
+    batch = state.shape[0]
+    commit(committed, *rings, torch.full((batch,), origin, dtype=torch.int32, device=device),
+           torch.zeros(batch, dtype=torch.int32, device=device),
+           torch.full((batch,), count, dtype=torch.int32, device=device), count, *extra)
+    assert torch.equal(got, committed), "fold and commit differ"
+    in_place = before.clone()
+    assert fold(in_place, *rings, *extra, origin, count, out=in_place) is in_place
+    assert torch.equal(in_place, got), "in-place fold differs"
+    assert torch.equal(fold(before, *rings, *extra, origin, 0), before)
+
+
+def case_mamba2_fold_ring(k, device):
+    """bf16 ring, H=4 > G=2, P=24, N=20; a wrapping window (origin 5, 4 records of a 7-slot ring), one from slot 0."""
+    R = 7
+    for origin, count in ((5, 4), (0, 6)):
+        p = _mamba2_inputs(device, torch.bfloat16, 3, 1, R)
+        _poison(p, M_RING, [origin] * 3, [count] * 3, R)
+        _check_fold_ring(k.mamba2_fold_ring, k.mamba2_fold_ring_ref, k.mamba2_commit, p["state"],
+                         [p[n] for n in M_RING], [p["A"]], R, origin, count)
+
+
+def case_delta_fold_ring(k, device):
+    """GDN (bf16 ring keys, GVA) and KDA (fp32, per-key gates): wrapping and non-wrapping windows."""
+    R = 7
+    for per_key, dtype, origin, count in ((False, torch.bfloat16, 5, 4), (True, torch.float32, 1, 6)):
+        p = _delta_inputs(device, dtype, 3, 1, R, per_key=per_key)
+        _poison(p, D_RING, [origin] * 3, [count] * 3, R)
+        _check_fold_ring(k.delta_fold_ring, k.delta_fold_ring_ref, k.delta_commit, p["state"],
+                         [p[n] for n in D_RING], [], R, origin, count)
 
 
 if __name__ == "__main__":

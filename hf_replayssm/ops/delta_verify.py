@@ -134,3 +134,28 @@ def delta_commit_ref(
             state[b].copy_(delta_fold_records(state[b], keys, ring_d[b, slots], ring_g[b, slots]))
             num = 0
         count[b] = num
+
+
+def delta_fold_ring_ref(
+    state: torch.Tensor,
+    ring_k: torch.Tensor,
+    ring_d: torch.Tensor,
+    ring_g: torch.Tensor,
+    origin: int,
+    count: int,
+    use_qk_l2norm: bool = True,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``state`` with the ``count`` records at ring slots ``(origin + j) % R`` of every row folded in, in order
+    (the sequential recurrence of :func:`delta_commit_ref`), into ``out`` (default a new tensor; may be ``state``).
+    Raises ValueError for a position outside the ring."""
+    ring_size = ring_k.shape[1]
+    if not (0 <= origin < ring_size and 0 <= count <= ring_size):
+        raise ValueError(f"origin {origin} / count {count} outside a ring of {ring_size}")
+    slots = (origin + torch.arange(count, device=ring_k.device)) % ring_size
+    folded = torch.stack([
+        delta_fold_records(state[b], delta_keys(ring_k[b, slots], ring_d.shape[2], use_qk_l2norm), ring_d[b, slots],
+                           ring_g[b, slots]) for b in range(state.shape[0])])
+    if out is None:
+        return folded.to(state.dtype)
+    return out.copy_(folded)

@@ -121,3 +121,27 @@ def mamba2_commit_ref(
             state[b].copy_(mamba2_fold_records(state[b], ring_x[b, slots], ring_dt[b, slots], ring_B[b, slots], A))
             num = 0
         count[b] = num
+
+
+def mamba2_fold_ring_ref(
+    state: torch.Tensor,
+    ring_x: torch.Tensor,
+    ring_dt: torch.Tensor,
+    ring_B: torch.Tensor,
+    A: torch.Tensor,
+    origin: int,
+    count: int,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``state`` with the ``count`` records at ring slots ``(origin + j) % R`` of every row folded in, in order
+    (the sequential recurrence of :func:`mamba2_commit_ref`), into ``out`` (default a new tensor; may be ``state``).
+    Raises ValueError for a position outside the ring."""
+    ring_size = ring_x.shape[1]
+    if not (0 <= origin < ring_size and 0 <= count <= ring_size):
+        raise ValueError(f"origin {origin} / count {count} outside a ring of {ring_size}")
+    slots = (origin + torch.arange(count, device=ring_x.device)) % ring_size
+    folded = torch.stack([mamba2_fold_records(state[b], ring_x[b, slots], ring_dt[b, slots], ring_B[b, slots], A)
+                          for b in range(state.shape[0])])
+    if out is None:
+        return folded.to(state.dtype)
+    return out.copy_(folded)

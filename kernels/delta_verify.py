@@ -95,7 +95,10 @@ MAX_WINDOW = 16  # the window tiles are [BLOCK_T, ...] registers
 LAST_COMPILED: dict = {}
 
 
-@triton.jit(do_not_specialize=["window"])  # one compile per BLOCK_T, not per window width
+# One compile per BLOCK_T, not per window width: the width and the batch strides of the window tensors (T times a
+# row's size, so 16-divisible for some widths and not others) are not specialised on.
+@triton.jit(do_not_specialize=["window", "stride_q_b", "stride_k_b", "stride_v_b", "stride_beta_b", "stride_g_b",
+                               "stride_o_b"])
 def _delta_verify_kernel(
     state_ptr, ring_k_ptr, ring_d_ptr, ring_g_ptr, origin_ptr, count_ptr,
     q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, o_ptr,

@@ -85,7 +85,10 @@ MAX_WINDOW = 16  # the window tiles are [BLOCK_T, ...] registers
 LAST_COMPILED: dict = {}
 
 
-@triton.jit(do_not_specialize=["window"])  # one compile per BLOCK_T, not per window width
+# One compile per BLOCK_T, not per window width: the width and the batch strides of the window tensors (T times a
+# row's size, so 16-divisible for some widths and not others) are not specialised on.
+@triton.jit(do_not_specialize=["window", "stride_x_b", "stride_dt_b", "stride_B_b", "stride_C_b", "stride_z_b",
+                               "stride_y_b"])
 def _mamba2_verify_kernel(
     state_ptr, ring_x_ptr, ring_dt_ptr, ring_B_ptr, origin_ptr, count_ptr,
     x_ptr, dt_ptr, B_ptr, C_ptr, A_ptr, D_ptr, z_ptr, dt_bias_ptr, y_ptr,

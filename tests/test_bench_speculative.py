@@ -119,3 +119,24 @@ def test_time_forwards_splits_a_round_by_forward_width(tmp_path, capsys):
     with ForwardClock(model):
         assert "forward" in vars(model)
     assert "forward" not in vars(model)  # the class's forward again
+
+
+def test_first_divergences_measure_greedys_margin_in_ulps():
+    """A row whose token flips at a one-ulp near-tie of greedy's bf16 logits reports margin 2^-5 at 7.0 (one ulp);
+    a clear miss many ulps; a row that only stops earlier reports no margin; equal rows are not listed."""
+    import torch
+
+    greedy = [[1, 2, 3], [4, 5, 6], [7, 8, 9], [7, 8]]
+    other = [[1, 2, 3], [4, 9, 6], [7, 8, 1], [7, 8, 9]]
+    logits = torch.zeros(4, 3, 10)
+    logits[1, 1, 5], logits[1, 1, 9] = 7.0, 7.0 - 2**-5
+    logits[2, 2, 9], logits[2, 2, 1] = 6.0, 2.0
+    found = speculative.first_divergences(greedy, other, logits, torch.bfloat16)
+    assert [(d["row"], d["position"]) for d in found] == [(1, 1), (2, 2), (3, 2)]
+    assert found[0]["margin"] == 2**-5 and found[0]["ulps"] == 1.0
+    assert found[1]["margin"] == 4.0 and found[1]["ulps"] == 4.0 / 2**-5
+    assert found[2]["margin"] is None and found[2]["ulps"] is None
+    entry = dict(identical=False, divergences=found[:1])
+    assert speculative._identity_label(entry) == "ties 1r<=1ulp"
+    assert speculative._identity_label(dict(identical=False, divergences=found)) == "False"
+    assert speculative._identity_label(dict(identical=True)) == "True"

@@ -267,8 +267,8 @@ def test_cuda_verify_compiles_once_per_window_tile(family):
     shape = bench_verify.SMOKE_SHAPES[family]["smoke"]
     verify_kernel = None
     variants = []
-    for window in (5, 6, 7):
-        case = bench_verify.make_case(family, shape, 2, window, 16, torch.device("cuda"), gen, True)
+    for window in (5, 6, 7):  # one ring capacity (L - 1 + T = 19) for every width, as in a speculative run
+        case = bench_verify.make_case(family, shape, 2, window, 20 - window, torch.device("cuda"), gen, True)
         module = __import__(f"hf_replayssm.kernels.{case.verify_module}", fromlist=["LAST_COMPILED"])
         out = case.verify(module, case.copies[0])
         torch.cuda.synchronize()

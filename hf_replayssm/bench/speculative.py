@@ -8,7 +8,9 @@ row from another line; shaped random-weight models: ``bench.generate``'s synthet
 plain greedy ``generate()`` with a ReplayCache against ``batched_prompt_lookup`` (every row drafts by prompt lookup,
 one forward verifies all rows, each row keeps what matches). Reported: new tokens per second (the tokens the batch
 emitted, up to each row's end of sequence, over the wall time, prefill included, the same for both arms),
-acceptance, verify forwards, whether every row's tokens equal plain greedy, and the time spent in per-row rollback
+acceptance, verify forwards, whether every row's tokens equal plain greedy (where not: each differing row's first
+differing position and greedy's margin there, in ulps of the model's dtype; printed ``ties {rows}r<={ulps}ulp``
+when every one is a near-tie that batched bf16 rounding can flip), and the time spent in per-row rollback
 (``ReplayCache.drop_rows``) as a fraction of the run, against what the per-draft snapshot approach would add (each
 SSM layer's state copied once per window position and the accepted one restored, per verify round: measured as
 those copies on the same device, a lower bound). Models: a bundled name (``small-mamba2``, ``small-kda``,
@@ -223,6 +225,52 @@ def run_arm(model, ids: torch.Tensor, arm: str, new_tokens: int, lookup: int, bu
     return dict(arm=arm, seconds=seconds, tokens=tokens, **extra)
 
 
+def first_divergences(greedy: list[list[int]], other: list[list[int]], logits: torch.Tensor,
+                      dtype: torch.dtype) -> list[dict]:
+    """Per row whose tokens differ from plain greedy's: the first differing new-token position, and how far the
+    other arm's token there trailed greedy's in greedy's own logits (``logits`` [B, new, V], greedy's scores at each
+    step): ``margin`` in logit units and ``ulps``, the margin in spacings of ``dtype`` at the top logit's magnitude.
+    A margin of an ulp or two is a near-tie that the rounding of a wider batched forward can flip (bf16 rounds
+    logits of 4-8 to steps of 2^-5); a larger one would be a wrong rollback. Rows that only differ in length (one
+    stopped earlier) report the first position past the shorter one, margin None."""
+    spacing = torch.finfo(dtype).eps
+    found = []
+    for row, (want, got) in enumerate(zip(greedy, other, strict=True)):
+        if want == got:
+            continue
+        shorter = min(len(want), len(got))
+        position = next((i for i in range(shorter) if want[i] != got[i]), shorter)
+        entry = dict(row=row, position=position, margin=None, ulps=None)
+        if position < shorter and position < logits.shape[1]:
+            scores = logits[row, position].float()
+            top = scores[want[position]]
+            entry["margin"] = float(top - scores[got[position]])
+            ulp = spacing * 2.0 ** torch.floor(torch.log2(top.abs().clamp_min(torch.finfo(torch.float32).tiny)))
+            entry["ulps"] = float(entry["margin"] / ulp)
+        found.append(entry)
+    return found
+
+
+def greedy_logits(model, ids: torch.Tensor, new_tokens: int, buffer_len: int) -> torch.Tensor:
+    """[B, new, V] scores of an untimed plain greedy run with a ReplayCache (the timed run's tokens: deterministic)."""
+    from ..cache import ReplayCache, cache_argument
+
+    with torch.no_grad():
+        out = model.generate(ids, do_sample=False, max_new_tokens=new_tokens, output_logits=True,
+                             return_dict_in_generate=True,
+                             **{cache_argument(model): ReplayCache(buffer_len)})
+    return torch.stack(out.logits, dim=1)
+
+
+def _identity_label(entry: dict) -> str:
+    if entry["identical"]:
+        return "True"
+    worst = [d["ulps"] for d in entry["divergences"] if d["ulps"] is not None]
+    if len(worst) == len(entry["divergences"]):
+        return f"ties {len(worst)}r<={max(worst):.0f}ulp"
+    return "False"
+
+
 def measure(model, batch: int, prompt: int, new_tokens: int, lookup: int = 10, buffer_len: int = 16,
             repeats: int = 1, seed: int = 0, tokenizer=None, draft_model=None,
             schedules: Sequence[str] = ("constant",), time_forwards: bool = False) -> list[dict]:
@@ -245,6 +293,7 @@ def measure(model, batch: int, prompt: int, new_tokens: int, lookup: int = 10, b
     greedy = best["greedy"]
     emitted = sum(map(len, greedy["tokens"]))
     entries = []
+    reference_logits = None
     for arm in arms[1:]:
         run = best[arm]
         entry = dict(arm=arm, batch=batch, prompt=prompt, new_tokens=new_tokens, lookup=lookup, buffer_len=buffer_len,
@@ -252,6 +301,11 @@ def measure(model, batch: int, prompt: int, new_tokens: int, lookup: int = 10, b
                      lookup_tokens_per_s=sum(map(len, run["tokens"])) / run["seconds"],
                      identical=run["tokens"] == greedy["tokens"],
                      **{k: v for k, v in run.items() if k not in ("arm", "tokens", "seconds")})
+        if not entry["identical"]:  # where the rows part, and whether each is a near-tie of greedy's scores
+            if reference_logits is None:
+                reference_logits = greedy_logits(model, ids, new_tokens, buffer_len)
+            entry["divergences"] = first_divergences(greedy["tokens"], run["tokens"], reference_logits,
+                                                     next(model.parameters()).dtype)
         if time_forwards:
             entry["greedy_forwards"] = greedy["forwards"]
         entry["speedup"] = entry["lookup_tokens_per_s"] / entry["greedy_tokens_per_s"]
@@ -324,7 +378,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"{entry['verify_forwards']:11d} {100 * entry['rollback_fraction']:8.2f}% "
                       f"{100 * entry['rollback_fraction_without_commits']:12.2f}% "
                       f"{100 * entry['rollback_host_fraction']:6.2f}% "
-                      f"{100 * entry['snapshot_fraction']:9.2f}% {entry['identical']!s:>10}", flush=True)
+                      f"{100 * entry['snapshot_fraction']:9.2f}% {_identity_label(entry):>10}", flush=True)
                 if args.time_forwards:
                     for label, forwards in (("greedy", entry["greedy_forwards"]), (entry["arm"], entry["forwards"])):
                         widths = ", ".join(f"width {w}: {c} x {1e3 * t / c:.2f} ms"

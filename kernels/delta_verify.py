@@ -12,6 +12,10 @@ Entry points (each with a torch reference of the same signature, re-exported her
 * :func:`delta_commit` / :func:`delta_commit_ref`: ``count += accepted``; rows whose new count reaches
   ``buffer_len`` fold all their committed records into the checkpoint (sequential recurrence) and restart the ring
   at ``origin`` with ``count = 0``. Per-row phase decided on the device.
+* :func:`delta_fold_ring` / :func:`delta_fold_ring_ref`: the checkpoint with ``count`` records from ring slot
+  ``origin`` (host ints, the same for every row) folded in with their recorded d's, out of place or in place: the
+  checkpoint at a flush boundary a speculative window crosses (staged), or a complete period a rollback left. The
+  commit's loop.
 
 Shapes and ring layout are those of ``kernels/delta_rule.py`` with a window axis on the tokens: state
 [B, Hv, K, V]; ring_k [B, R, Hk, K] raw keys; ring_d [B, R, Hv, V] float32; ring_g [B, R, Hv] or [B, R, Hv, K]

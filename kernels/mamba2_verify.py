@@ -10,6 +10,9 @@ Entry points (each with a torch reference of the same signature, re-exported her
 * :func:`mamba2_commit` / :func:`mamba2_commit_ref`: ``count += accepted``; rows whose new count reaches
   ``buffer_len`` fold all their committed records into the checkpoint (sequential recurrence) and restart the ring
   at ``origin`` with ``count = 0``. Per-row phase decided on the device.
+* :func:`mamba2_fold_ring` / :func:`mamba2_fold_ring_ref`: the checkpoint with ``count`` records from ring slot
+  ``origin`` (host ints, the same for every row) folded in, out of place or in place: the checkpoint at a flush
+  boundary a speculative window crosses (staged), or a complete period a rollback left. The commit's loop.
 
 Shapes and ring layout are those of ``kernels/mamba2.py`` with a window axis on the tokens: state [B, H, P, N];
 ring_x [B, R, H, P]; ring_dt [B, R, H] float32 (post-softplus); ring_B [B, R, G, N]; origin, count, accepted [B]

@@ -17,9 +17,9 @@ those copies on the same device, a lower bound). Models: a bundled name (``small
 ``small-gdn``), a saved model folder with its tokenizer (e.g. a fine-tune that copies repeated text:
 ``python -m hf_replayssm.models.train --init-from ... --repeat-mix 0.5``), or a shaped random-weight model
 (``qwen3_5``, ``nemotron_h``, ``kimi_linear``; ``--tiny`` cuts them down). Each arm runs once untimed first (same
-lengths); arms alternate over repeats and the best run counts. On CUDA
-the verify windows run the Triton verify kernels (the part of a window past a flush boundary the torch reference),
-plain greedy the decode-step kernels.
+lengths); arms alternate over repeats and the best run counts. On CUDA the verify windows run the Triton verify
+kernels (the part of a window past a flush boundary from a checkpoint the fold kernel stages), plain greedy the
+decode-step kernels.
 """
 
 from __future__ import annotations

@@ -228,7 +228,7 @@ def _kda_record_weights(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, 
     return decay, kw_r, wq, wk
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["origin_host", "count_host"])  # as the replay step below
 def _kda_weights_kernel(
     ring_k_ptr, ring_g_ptr, origin_ptr, count_ptr, q_ptr, k_ptr, g_ptr, weights_ptr,
     K: tl.constexpr, ring_size, kv_ratio, scale, origin_host, count_host,
@@ -278,7 +278,9 @@ def _kda_weights_kernel(
     tl.store(w_base + BLOCK_K + BLOCK_R + offs_r, wk)
 
 
-@triton.jit
+# The host's positions change every step: not specialised on (a value of 1 or a multiple of 16 would each
+# compile another variant, seconds apiece on a fresh H200, during the first periods of a decode).
+@triton.jit(do_not_specialize=["origin_host", "count_host"])
 def _delta_replay_step_kernel(
     # pointers
     state_ptr, ring_k_ptr, ring_d_ptr, ring_g_ptr, origin_ptr, count_ptr,

@@ -222,7 +222,9 @@ def _mamba2_flush_math(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_
     return tl.sum(s * C_f[None, :], axis=1)
 
 
-@triton.jit
+# The host's positions change every step: not specialised on (a value of 1 or a multiple of 16 would each
+# compile another variant, seconds apiece on a fresh H200, during the first periods of a decode).
+@triton.jit(do_not_specialize=["origin_host", "count_host"])
 def _mamba2_replay_step_kernel(
     # pointers
     state_ptr, ring_x_ptr, ring_dt_ptr, ring_B_ptr, origin_ptr, count_ptr,

@@ -281,6 +281,45 @@ def test_cuda_verify_compiles_once_per_window_tile(family):
     assert variants[1] == variants[0] and variants[2] == variants[0], variants
 
 
+@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text"])
+def test_cuda_decode_compiles_once_per_phase(model_type):
+    """Plain decoding over three periods through the replay-or-flush kernel compiles one variant per kernel phase
+    used (every row replays / every row flushes): the host's ring positions are runtime arguments, not specialised on
+    (values of 1 or multiples of 16 each cost another compile, seconds apiece on a fresh H200). A fresh process, so
+    the kernel caches hold this decode's compiles only."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(f'''
+        import torch
+        from hf_replayssm import ReplayCache
+        from hf_replayssm.tiny import tiny_model
+        family = "mamba2" if "{model_type}" == "nemotron_h" else "delta_rule"
+        kernels = __import__(f"hf_replayssm.kernels.{{family}}", fromlist=["LAST_COMPILED"])
+        model = tiny_model("{model_type}", seed=0).cuda()
+        cache = ReplayCache(4, backend="triton")
+        ids = torch.randint(3, 100, (2, 9), device="cuda")
+        with torch.no_grad():
+            out = model(ids, past_key_values=cache, use_cache=True)
+            for _ in range(13):
+                token = out.logits[:, -1:].argmax(-1)
+                out = model(token, past_key_values=cache, use_cache=True)
+        kernel = next(v for n, v in vars(kernels).items() if n.endswith("_replay_step_kernel"))
+        if getattr(kernel, "device_caches", None) is None:
+            raise SystemExit("SKIP")
+        variants = sum(len(entry[0]) for entry in kernel.device_caches.values())
+        phases = sorted(k for k in kernels.LAST_COMPILED if k.startswith("replay_phase"))
+        print(variants, phases)
+        assert cache.stats()["flushes"] > 0 and len(phases) >= 2, (cache.stats(), phases)
+        assert variants == len(phases), (variants, phases)
+    ''')
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=600)
+    if "SKIP" in done.stderr[-200:]:
+        pytest.skip("this Triton keeps no per-device kernel cache to count")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+
+
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
 @pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text"])
 def test_device_map_across_two_gpus(tmp_path, model_type):

@@ -27,6 +27,7 @@ import torch
 
 from .delta_rule import _gate, delta_replay
 from .delta_step import delta_keys
+from .positions import into, ring_slots
 
 
 def _check_window(batch: int, window: int, q, k, v, beta, g) -> None:
@@ -149,13 +150,8 @@ def delta_fold_ring_ref(
     """``state`` with the ``count`` records at ring slots ``(origin + j) % R`` of every row folded in, in order
     (the sequential recurrence of :func:`delta_commit_ref`), into ``out`` (default a new tensor; may be ``state``).
     Raises ValueError for a position outside the ring."""
-    ring_size = ring_k.shape[1]
-    if not (0 <= origin < ring_size and 0 <= count <= ring_size):
-        raise ValueError(f"origin {origin} / count {count} outside a ring of {ring_size}")
-    slots = (origin + torch.arange(count, device=ring_k.device)) % ring_size
+    slots = ring_slots(origin, count, ring_k.shape[1], ring_k.device)
     folded = torch.stack([
         delta_fold_records(state[b], delta_keys(ring_k[b, slots], ring_d.shape[2], use_qk_l2norm), ring_d[b, slots],
                            ring_g[b, slots]) for b in range(state.shape[0])])
-    if out is None:
-        return folded.to(state.dtype)
-    return out.copy_(folded)
+    return into(out, folded, state)

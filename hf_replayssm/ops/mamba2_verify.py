@@ -24,6 +24,7 @@ import torch
 
 from .mamba2 import _heads, ssd_replay
 from .mamba2_step import _finish, mamba2_dt
+from .positions import into, ring_slots
 
 
 def _check_window(batch: int, window: int, x, dt, B, C, z) -> None:
@@ -136,12 +137,7 @@ def mamba2_fold_ring_ref(
     """``state`` with the ``count`` records at ring slots ``(origin + j) % R`` of every row folded in, in order
     (the sequential recurrence of :func:`mamba2_commit_ref`), into ``out`` (default a new tensor; may be ``state``).
     Raises ValueError for a position outside the ring."""
-    ring_size = ring_x.shape[1]
-    if not (0 <= origin < ring_size and 0 <= count <= ring_size):
-        raise ValueError(f"origin {origin} / count {count} outside a ring of {ring_size}")
-    slots = (origin + torch.arange(count, device=ring_x.device)) % ring_size
+    slots = ring_slots(origin, count, ring_x.shape[1], ring_x.device)
     folded = torch.stack([mamba2_fold_records(state[b], ring_x[b, slots], ring_dt[b, slots], ring_B[b, slots], A)
                           for b in range(state.shape[0])])
-    if out is None:
-        return folded.to(state.dtype)
-    return out.copy_(folded)
+    return into(out, folded, state)

@@ -25,3 +25,16 @@ def host_phase(origin: torch.Tensor | int, count: torch.Tensor | int, buffer_len
     if not (0 <= count < buffer_len and origin >= 0):
         raise ValueError(f"positions out of range: origin {origin}, count {count}, buffer_len {buffer_len}")
     return 2 if count + 1 >= buffer_len else 1
+
+
+def ring_slots(origin: int, count: int, ring_size: int, device: torch.device) -> torch.Tensor:
+    """Slots ``(origin + j) % ring_size`` of ``count`` records from host position ``origin`` (every row alike);
+    ValueError for a position outside the ring."""
+    if not (0 <= origin < ring_size and 0 <= count <= ring_size):
+        raise ValueError(f"origin {origin} / count {count} outside a ring of {ring_size}")
+    return (origin + torch.arange(count, device=device)) % ring_size
+
+
+def into(out: torch.Tensor | None, value: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``value`` written into ``out``, or as a new tensor of ``like``'s dtype when ``out`` is None."""
+    return value.to(like.dtype) if out is None else out.copy_(value)

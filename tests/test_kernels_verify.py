@@ -101,6 +101,21 @@ def test_reference_rejects_overfull_window():
         delta_commit_ref(*fam["rings"](st), torch.tensor([-1, 0], dtype=torch.int32), 4)
 
 
+def test_fold_ring_references_refuse_positions_outside_the_ring():
+    from hf_replayssm.ops.delta_verify import delta_fold_ring_ref
+    from hf_replayssm.ops.mamba2_verify import mamba2_fold_ring_ref
+
+    for family, fold in (("mamba2", mamba2_fold_ring_ref), ("gdn", delta_fold_ring_ref)):
+        fam = _family(family, "cpu", refs=True)
+        st = fam["init"](2, 5)
+        rings = fam["rings"](st)[:4]
+        extra = (fam["params"]["A"],) if family == "mamba2" else ()
+        for origin, count in ((5, 1), (-1, 1), (0, 6)):
+            with pytest.raises(ValueError, match="outside a ring of 5"):
+                fold(*rings, *extra, origin, count)
+        assert torch.equal(fold(*rings, *extra, 4, 0), st["state"])  # nothing to fold: a copy
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # the speculation property, shared by the kernel (worker) and reference (in-process) checks
 

@@ -111,14 +111,18 @@ SCRIPT = textwrap.dedent('''
         assert max_logit_diff(out.logits, greedy.logits) < 1e-4, model_type
         assert kernel_windows(cache) > 0 and kernel_folds(cache) > 0, model_type
         assert cache.stats()["rolled_back_tokens"] > 0, model_type
-    # batched speculation (rows accept different numbers of drafts; per-row rollback of kernel-written records)
-    other = tiny_model("qwen3_5_text", initializer_range=0.2)
-    prompt = torch.cat([torch.randint(3, 120, (3, 4))] * 3, dim=1)
-    plain = other.generate(prompt, do_sample=False, max_new_tokens=16)
-    cache = ReplayCache(4, backend="triton")
-    routed = other.generate(prompt, do_sample=False, max_new_tokens=16, prompt_lookup_num_tokens=3,
-                            past_key_values=cache)
-    assert torch.equal(routed[:, : plain.shape[1]], plain) and kernel_windows(cache) > 0 and kernel_folds(cache) > 0
+    # batched speculation (rows accept different numbers of drafts; per-row rollback of kernel-written records,
+    # neutral records folded by the fold kernel): GDN and Mamba-2
+    for model_type in ("qwen3_5_text", "nemotron_h"):
+        other = tiny_model(model_type, initializer_range=0.2)
+        prompt = torch.cat([torch.randint(3, 120, (3, 4))] * 3, dim=1)
+        plain = other.generate(prompt, do_sample=False, max_new_tokens=16)
+        cache = ReplayCache(4, backend="triton")
+        routed = other.generate(prompt, do_sample=False, max_new_tokens=16, prompt_lookup_num_tokens=3,
+                                past_key_values=cache)
+        assert torch.equal(routed[:, : plain.shape[1]], plain), model_type
+        assert kernel_windows(cache) > 0 and kernel_folds(cache) > 0, model_type
+        assert cache.stats()["rolled_back_tokens"] > 0, model_type
     # the reference where the kernels do not apply: the torch backend, and separated precision (window outputs
     # read the low-precision copy, which the verify kernels do not)
     prompt = torch.cat([tokens[:1, :5]] * 3, dim=1)

@@ -84,6 +84,7 @@ class ReplaySchedule:
         self.backend = "torch"  # "triton": plain decode steps run the family's fused kernel where it applies
         self.kernel_windows = 0  # speculative window pieces that ran the Triton verify kernel (not in stats())
         self.kernel_folds = 0  # staged or left-over checkpoints folded by the Triton fold kernel (not in stats())
+        self._position_memo: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # verify launches' positions
         self.device: torch.device | None = None
         self.batch_size: int | None = None
         self.state_shape: tuple[int, ...] | None = None
@@ -394,6 +395,17 @@ class ReplaySchedule:
         operands = self._kernel_operands("kernel_verify")
         return operands is not None and operands[1] is None
 
+    def _window_positions(self, origin: int, count: int, batch: int, device: torch.device):
+        """Per-row int32 ``origin`` / ``count`` tensors (every row alike) for a verify launch, kept per value: the
+        positions recur (at most ring capacity squared pairs), so a verify forward launches no fills for them."""
+        key = (origin, count, batch, device)
+        tensors = self._position_memo.get(key)
+        if tensors is None:
+            tensors = (torch.full((batch,), origin, dtype=torch.int32, device=device),
+                       torch.full((batch,), count, dtype=torch.int32, device=device))
+            self._position_memo[key] = tensors
+        return tensors
+
     def _kernel_fold_applies(self) -> bool:
         """Whether folds run the family's fold kernel: the verify kernels' conditions (one fp32 checkpoint policy,
         no read copy: then the recorded d's are what a fold needs, no exact recomputation) and an allocated ring."""
@@ -408,9 +420,8 @@ class ReplaySchedule:
         ring = self.ring
         offset = boundary - self.checkpoint_position
         state = self.store.kernel_operands()[0] if offset == 0 else self._base(boundary).recurrence()
-        batch = state.shape[0]
-        origin = torch.full((batch,), (ring.origin + offset) % ring.capacity, dtype=torch.int32, device=state.device)
-        count = torch.full((batch,), ring.size - offset, dtype=torch.int32, device=state.device)
+        origin, count = self._window_positions((ring.origin + offset) % ring.capacity, ring.size - offset,
+                                               state.shape[0], state.device)
         y = self.recurrence.kernel_verify(state, ring.fields, origin, count, tokens, self._params)
         ring.extend(self._num_tokens(tokens), pending=True)
         self.kernel_windows += 1
@@ -630,13 +641,15 @@ class ReplaySchedule:
 
     # ------------------------------------------------------------------ memory
     def nbytes(self, exclude: set[int] = frozenset()) -> dict[str, int]:
-        """Bytes per component; ``params`` counts the per-layer constants held, except storages in ``exclude``
-        (e.g. the model's own parameters, which the cache does not keep alive)."""
+        """Bytes per component; ``params`` counts the per-layer constants held (and the verify launches' position
+        tensors), except storages in ``exclude`` (e.g. the model's own parameters, which the cache does not keep
+        alive)."""
         sizes = self.store.nbytes()
         sizes["buffer"] = self.ring.nbytes()
         sizes["conv"] = self.conv.nbytes()
         sizes["staged"] = sum(_storage_bytes(_staged_tensors(st)) for st in self._staged.values())
-        held = (v for v in self._params.values() if isinstance(v, torch.Tensor))
+        held = [v for v in self._params.values() if isinstance(v, torch.Tensor)]
+        held += [t for pair in self._position_memo.values() for t in pair]  # verify launches' position tensors
         sizes["params"] = _storage_bytes(v for v in held if v.untyped_storage().data_ptr() not in exclude)
         return sizes
 

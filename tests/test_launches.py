@@ -8,6 +8,7 @@ before any ReplayCache wraps them.
 """
 
 import json
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -102,3 +103,88 @@ def test_replay_step_launches_no_more_kernels_than_a_fused_stock_step(model_type
     print(counts)
     assert counts["stock"] > 20  # the count saw the model's forward
     assert counts["replay"] <= counts["stock"], counts
+
+
+CROSSING_SCRIPT = textwrap.dedent('''
+    import collections, json, sys
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from hf_replayssm import ReplayCache, recurrences
+    from hf_replayssm.batched import batched_prompt_lookup
+    from hf_replayssm.tiny import tiny_model
+
+    NO_LAUNCH = {"view", "slice", "select", "unsqueeze", "expand", "transpose", "alias", "empty", "_unsafe_view",
+                 "permute", "squeeze", "t", "reshape", "split", "detach", "as_strided", "empty_like",
+                 "split_with_sizes", "chunk", "unbind", "new_empty", "empty_strided"}
+
+    def verify_stand_in(state, ring, origin, count, tokens, params):  # one launch, no records written
+        t = tokens.get("v", tokens.get("x"))
+        return torch.empty(t.shape, dtype=torch.float32).zero_()
+
+    def fold_stand_in(state, ring, origin, count, params, out=None):  # one launch
+        return (torch.empty_like(state) if out is None else out).zero_()
+
+    for cls in (recurrences.Mamba2Recurrence, recurrences.DeltaRuleRecurrence):
+        cls.kernel_verify = staticmethod(verify_stand_in)
+        cls.kernel_fold = staticmethod(fold_stand_in)
+
+    class Launches(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func.overloadpacket.__name__ not in NO_LAUNCH:
+                self.count += 1
+            return func(*args, **(kwargs or {}))
+
+    model_type = sys.argv[1]
+    model = tiny_model(model_type)
+    cache = ReplayCache(16, backend="triton")
+    forward, seen = model.forward, collections.defaultdict(list)
+
+    def counted(*args, **kwargs):
+        ids = args[0] if args else kwargs["input_ids"]
+        folds = checkpoints()
+        with Launches() as mode:
+            out = forward(*args, **kwargs)
+        crossed = checkpoints() > folds
+        seen[f"{ids.shape[1]} {'crossing' if crossed else 'inside'}"].append(mode.count)
+        return out
+
+    def checkpoints():  # staged at a crossed boundary, or stored from a complete period
+        return sum(layer.schedule.counters["staged_checkpoints"] + layer.schedule.counters["flushes"]
+                   for layer in cache.replay_layers.values())
+
+    if len(sys.argv) > 2:  # the torch path for crossings, as before the fold kernels (the test's control)
+        from hf_replayssm.schedule import ReplaySchedule
+        ReplaySchedule._kernel_fold_applies = lambda self: False
+
+    model.forward = counted
+    ids = torch.randint(3, 120, (2, 30))
+    batched_prompt_lookup(model, ids, max_new_tokens=40, num_draft_tokens=5, cache=cache,
+                          drafter=lambda row, tokens, n: [3] * n)  # 6-token windows, rejected: crossings recur
+    print(json.dumps(dict(ssm_layers=len(cache.replay_layers), seen=seen)))
+''')
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "nemotron_h"])
+def test_a_window_crossing_a_flush_boundary_costs_a_fold_launch_per_layer(model_type):
+    """A verify forward whose window crosses a flush boundary launches at most a few kernels more per SSM layer than
+    one inside a period (the fold kernel staging the boundary's checkpoint, the verify kernel for the rest), not
+    the torch reference's fold and outputs (about 100 launches per layer before the fold kernels). Kernels are
+    one-launch stand-ins (the Triton backend on CPU, its kernels replaced)."""
+    def extra_launches_per_layer(*control):
+        env = {**__import__("os").environ, "TRITON_INTERPRET": "1"}
+        run = subprocess.run([sys.executable, "-c", CROSSING_SCRIPT, model_type, *control], capture_output=True,
+                             text=True, cwd=ROOT, timeout=600, env=env)
+        assert run.returncode == 0, run.stderr[-3000:]
+        data = json.loads(run.stdout.strip().splitlines()[-1])
+        print(data)
+        seen = data["seen"]
+        assert seen.get("6 crossing") and seen.get("6 inside"), seen  # both kinds of verify forward happened
+        return (statistics.median(seen["6 crossing"]) - statistics.median(seen["6 inside"])) / data["ssm_layers"]
+
+    # measured: 3 (the fold, the second piece's verify, joining the pieces); 5 before the verify launches' position
+    # tensors were kept per value; the torch path 24-27 (the median crossing: staging and the torch outputs)
+    assert extra_launches_per_layer() <= 4
+    assert extra_launches_per_layer("torch-path") > 15  # the control: the check can fail

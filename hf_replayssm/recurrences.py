@@ -31,6 +31,7 @@ class Mamba2Recurrence:
 
     name = "mamba2"
     per_token = ("x", "dt", "B", "C")
+    output_like = "x"  # outputs [B, T, H, P] have this token input's shape
     record_fields = ("x", "dt", "B")
     # A record that leaves the state as it is: dt = 0 decays by exp(0) = 1 and adds dt * x B^T = 0 (exactly)
     neutral_record = (("dt", 0.0),)
@@ -94,17 +95,17 @@ class Mamba2Recurrence:
 
     @staticmethod
     def kernel_verify(state, ring: Records, origin: torch.Tensor, count: torch.Tensor, tokens: Records,
-                      params: Records) -> torch.Tensor:
+                      params: Records, out: torch.Tensor | None = None) -> torch.Tensor:
         """A speculative window of T <= 16 tokens through the Triton verify kernel (``hf_replayssm.kernels.
-        mamba2_verify``): float32 outputs [B, T, H, P] from the checkpoint, the ``count`` buffered records and the
-        window's earlier tokens; the window's records appended after them in the ring; no state write. What
-        :meth:`outputs` plus ``ring.append`` give, in one launch."""
+        mamba2_verify``): outputs [B, T, H, P] (float32, or into ``out`` in its dtype) from the checkpoint, the
+        ``count`` buffered records and the window's earlier tokens; the window's records appended after them in the
+        ring; no state write. What :meth:`outputs` plus ``ring.append`` give, in one launch."""
         from .kernels.mamba2_verify import mamba2_verify
 
         x = tokens["x"]
         return mamba2_verify(state, ring["x"], ring["dt"], ring["B"], origin, count, x, tokens["dt"], tokens["B"],
                              tokens["C"], params["A"], params.get("D"),
-                             out=torch.empty(x.shape, dtype=torch.float32, device=x.device))
+                             out=torch.empty(x.shape, dtype=torch.float32, device=x.device) if out is None else out)
 
     @staticmethod
     def kernel_fold(state, ring: Records, origin: int, count: int, params: Records, out=None) -> torch.Tensor:
@@ -132,6 +133,7 @@ class DeltaRuleRecurrence:
 
     name = "delta_rule"
     per_token = ("q", "k", "v", "beta", "g")
+    output_like = "v"  # outputs [B, T, Hv, V] have this token input's shape
     # A record that leaves the state as it is: log decay g = 0 and corrected value d = 0 (beta = 0 where the exact
     # fold recomputes d from raw v and beta)
     neutral_record = (("g", 0.0), ("d", 0.0), ("beta", 0.0))
@@ -213,15 +215,15 @@ class DeltaRuleRecurrence:
 
     @staticmethod
     def kernel_verify(state, ring: Records, origin: torch.Tensor, count: torch.Tensor, tokens: Records,
-                      params: Records) -> torch.Tensor:
+                      params: Records, out: torch.Tensor | None = None) -> torch.Tensor:
         """A speculative window of T <= 16 tokens through the Triton verify kernel (``hf_replayssm.kernels.
-        delta_verify``); float32 outputs [B, T, Hv, V]; see ``Mamba2Recurrence.kernel_verify``."""
+        delta_verify``); outputs [B, T, Hv, V] (float32, or into ``out``); see ``Mamba2Recurrence.kernel_verify``."""
         from .kernels.delta_verify import delta_verify
 
         v = tokens["v"]
         return delta_verify(state, ring["k"], ring["d"], ring["g"], origin, count, tokens["q"], tokens["k"], v,
                             tokens["beta"], tokens["g"], use_qk_l2norm=params.get("normalize") is not None,
-                            out=torch.empty(v.shape, dtype=torch.float32, device=v.device))
+                            out=torch.empty(v.shape, dtype=torch.float32, device=v.device) if out is None else out)
 
     @staticmethod
     def kernel_fold(state, ring: Records, origin: int, count: int, params: Records, out=None) -> torch.Tensor:

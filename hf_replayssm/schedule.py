@@ -208,12 +208,11 @@ class ReplaySchedule:
             self.leave_device_positions()
         self._ensure_state(tokens)
         self._params = {k: v for k, v in tokens.items() if k not in self.recurrence.per_token}
-        if self.recording:
-            pieces = self._forward_recording(tokens, chunk_fn)
-        else:
-            self.ring.commit()
-            pieces = self._forward_plain(tokens, chunk_fn, out_dtype or torch.float32)
         dtype = out_dtype or torch.float32
+        if self.recording:
+            return self._forward_recording(tokens, chunk_fn, dtype)
+        self.ring.commit()
+        pieces = self._forward_plain(tokens, chunk_fn, dtype)
         if len(pieces) == 1:
             return pieces[0].to(dtype)
         return torch.cat([piece.to(dtype) for piece in pieces], dim=1)
@@ -345,13 +344,25 @@ class ReplaySchedule:
             self.counters["staged_checkpoints"] += 1
         return self._staged[boundary]
 
-    def _forward_recording(self, tokens, chunk_fn) -> list[torch.Tensor]:
+    def _forward_recording(self, tokens, chunk_fn, dtype: torch.dtype) -> torch.Tensor:
         """Speculative tokens become pending records. Each token reads the checkpoint at its own flush boundary,
         exactly as plain decoding would: when a window crosses a boundary, the checkpoint there is staged from the
         window's earlier records and stored only if the crop keeps them."""
         ring, rec, length = self.ring, self.recurrence, self.buffer_len
         count = self._num_tokens(tokens)
         outputs = []
+        out = None  # where the verify kernels run: one [B, T, ...] output in ``dtype`` that every piece writes into
+        operands = self._kernel_operands("kernel_verify")
+        if operands is not None and operands[1] is None:
+            shaped = tokens[rec.output_like]
+            out = torch.empty(shaped.shape, dtype=dtype, device=shaped.device)
+
+        def emit(start: int, stop: int, y: torch.Tensor) -> None:
+            if out is None:
+                outputs.append(y)
+            else:
+                out[:, start:stop].copy_(y)
+
         head = self._head(count)  # the prompt part of a first forward is never rolled back: the prefill path
         while ring.num_committed >= length:  # complete periods of committed records: a flush
             self._commit_staged_or_fold(self.checkpoint_position + length)
@@ -359,7 +370,7 @@ class ReplaySchedule:
         if needed > ring.capacity:  # a larger window than reserved: grow, never fold drafts (the grid stays)
             self.reserve_window(needed - (length - 1))
         if head:
-            outputs.append(self._absorb(rec.slice(tokens, 0, head), chunk_fn, ring.read()))
+            emit(0, head, self._absorb(rec.slice(tokens, 0, head), chunk_fn, ring.read()))
             ring.clear()
             self._staged = {}
             self.anchor = self.checkpoint_position
@@ -368,17 +379,21 @@ class ReplaySchedule:
         while index < count:
             boundary = self._boundary(position)
             stop = min(count, index + boundary + length - position)
-            if self._verify_kernel_applies(boundary, position, stop - index):
-                y = self._kernel_verify(rec.slice(tokens, index, stop), boundary)
+            if self._verify_kernel_applies(boundary, position, stop - index):  # writes its slice of out
+                self._kernel_verify(rec.slice(tokens, index, stop), boundary, out[:, index:stop])
             else:
                 base = self._base(boundary)
                 history = ring.read(boundary - self.checkpoint_position, position - boundary)
                 y, records = rec.outputs(base.read(), history, rec.slice(tokens, index, stop), self._params)
                 ring.append(records, pending=True)
-            outputs.append(y)
+                emit(index, stop, y)
             position += stop - index
             index = stop
-        return outputs
+        if out is not None:
+            return out
+        if len(outputs) == 1:
+            return outputs[0].to(dtype)
+        return torch.cat([piece.to(dtype) for piece in outputs], dim=1)
 
     def _verify_kernel_applies(self, boundary: int, position: int, count: int) -> bool:
         """Whether the window piece of ``count`` tokens at ``position`` can run the family's Triton verify kernel:
@@ -412,17 +427,17 @@ class ReplaySchedule:
         operands = self._kernel_operands("kernel_fold")
         return operands is not None and operands[1] is None and self.ring.allocated and not self.store.exact_fold
 
-    def _kernel_verify(self, tokens, boundary: int) -> torch.Tensor:
-        """Outputs of a window piece from the checkpoint at ``boundary`` (the stored one, or one staged by the fold
-        kernel) and the records after it, its records appended as pending, in one launch of the family's verify
-        kernel (no state write; the positions are handed to it as per-row device tensors, all rows at the host's
-        position)."""
+    def _kernel_verify(self, tokens, boundary: int, out: torch.Tensor) -> torch.Tensor:
+        """Outputs of a window piece (into ``out``, in its dtype) from the checkpoint at ``boundary`` (the stored one,
+        or one staged by the fold kernel) and the records after it, its records appended as pending, in one launch
+        of the family's verify kernel (no state write; the positions are handed to it as per-row device tensors, all
+        rows at the host's position)."""
         ring = self.ring
         offset = boundary - self.checkpoint_position
         state = self.store.kernel_operands()[0] if offset == 0 else self._base(boundary).recurrence()
         origin, count = self._window_positions((ring.origin + offset) % ring.capacity, ring.size - offset,
                                                state.shape[0], state.device)
-        y = self.recurrence.kernel_verify(state, ring.fields, origin, count, tokens, self._params)
+        y = self.recurrence.kernel_verify(state, ring.fields, origin, count, tokens, self._params, out=out)
         ring.extend(self._num_tokens(tokens), pending=True)
         self.kernel_windows += 1
         return y

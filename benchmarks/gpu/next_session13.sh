@@ -5,7 +5,8 @@
 # kernel phase now that the host's ring positions are not specialised on), batched speculation on CUDA, the fold
 # kernels; then the Qwen3.5-like batch-64 rollback share with PackedRollback and the fold kernels (run 67: 1.17 %,
 # target under 1 %). Stage 2: tiny-gdn-copy in float32 at batch 16 (identical tokens to plain greedy), and the verify
-# kernels against per-draft snapshots (target: T = 4 at least 3x faster).
+# kernels against per-draft snapshots (target: T = 4 at least 3x faster), and profile_spec.py again (CUDA launches of
+# a crossing width-11 verify forward: 604-655 in run 70, before the fold kernels).
 # Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session13.sh", carry=[".whl/fla"], timeout_s=600), then
 #        run(command="STAGE=2 bash benchmarks/gpu/next_session13.sh", carry=[".whl/fla"], timeout_s=600).
 source benchmarks/gpu/install.sh || exit 1
@@ -21,6 +22,8 @@ else
   timeout 180 python3 -m hf_replayssm.kernels.bench_verify --family mamba2,gdn,kda --batches 256 --windows 2,4,8 \
     --out "$RES/verify.json" > "$RES/verify.txt" 2>&1
   echo "verify rc=$? $(date +%T)" | tee -a "$RES/done.txt"
+  timeout 150 python3 "$R/benchmarks/gpu/profile_spec.py" "$RES" 16 > "$RES/profile_b16.log" 2>&1  # launches now
+  echo "profile rc=$? $(date +%T)" | tee -a "$RES/done.txt"
 fi
 tail -n 8 "$RES"/*.txt
 tar czf "$OUT/next_session13_$STAGE.tgz" -C "$RES" .

@@ -8,7 +8,9 @@
 # kernels against per-draft snapshots (target: T = 4 at least 3x faster), and profile_spec.py again (CUDA launches of
 # a crossing width-11 verify forward: 604-655 in run 70, before the fold kernels).
 # Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session13.sh", carry=[".whl/fla"], timeout_s=600), then
-#        run(command="STAGE=2 bash benchmarks/gpu/next_session13.sh", carry=[".whl/fla"], timeout_s=600).
+#        run(command="STAGE=2 bash benchmarks/gpu/next_session13.sh", carry=[".whl/fla", ".triton_cache"],
+#        timeout_s=600) after copying stage 1's triton_cache.tgz to .triton_cache/cache.tgz (a cold machine then
+#        skips the kernels' JIT; a warm one keeps its own cache).
 source benchmarks/gpu/install.sh || exit 1
 RES=/tmp/w/res_next_session13_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
@@ -27,3 +29,4 @@ else
 fi
 tail -n 8 "$RES"/*.txt
 tar czf "$OUT/next_session13_$STAGE.tgz" -C "$RES" .
+save_triton_cache  # for the calls after: copy files_at/triton_cache.tgz to .triton_cache/cache.tgz, carry it

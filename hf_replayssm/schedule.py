@@ -212,10 +212,7 @@ class ReplaySchedule:
         if self.recording:
             return self._forward_recording(tokens, chunk_fn, dtype)
         self.ring.commit()
-        pieces = self._forward_plain(tokens, chunk_fn, dtype)
-        if len(pieces) == 1:
-            return pieces[0].to(dtype)
-        return torch.cat([piece.to(dtype) for piece in pieces], dim=1)
+        return _join(self._forward_plain(tokens, chunk_fn, dtype), dtype)
 
     def _num_tokens(self, tokens: Mapping[str, torch.Tensor]) -> int:
         return tokens[self.recurrence.per_token[0]].shape[1]
@@ -261,6 +258,12 @@ class ReplaySchedule:
         if self.backend != "triton" or getattr(self.recurrence, entry, None) is None:
             return None
         return self.store.kernel_operands()
+
+    def _fp32_kernel_applies(self, entry: str) -> bool:
+        """Whether the kernel entry point ``entry`` runs here on the float32 checkpoint with no read copy (the
+        speculative kernels: separated policies take the torch reference, whose outputs read the copy)."""
+        operands = self._kernel_operands(entry)
+        return operands is not None and operands[1] is None
 
     def _kernel_applies(self) -> bool:
         operands = self._kernel_operands("kernel_step")
@@ -352,8 +355,7 @@ class ReplaySchedule:
         count = self._num_tokens(tokens)
         outputs = []
         out = None  # where the verify kernels run: one [B, T, ...] output in ``dtype`` that every piece writes into
-        operands = self._kernel_operands("kernel_verify")
-        if operands is not None and operands[1] is None:
+        if self._fp32_kernel_applies("kernel_verify"):
             shaped = tokens[rec.output_like]
             out = torch.empty(shaped.shape, dtype=dtype, device=shaped.device)
 
@@ -389,11 +391,7 @@ class ReplaySchedule:
                 emit(index, stop, y)
             position += stop - index
             index = stop
-        if out is not None:
-            return out
-        if len(outputs) == 1:
-            return outputs[0].to(dtype)
-        return torch.cat([piece.to(dtype) for piece in outputs], dim=1)
+        return _join(outputs, dtype) if out is None else out
 
     def _verify_kernel_applies(self, boundary: int, position: int, count: int) -> bool:
         """Whether the window piece of ``count`` tokens at ``position`` can run the family's Triton verify kernel:
@@ -407,8 +405,7 @@ class ReplaySchedule:
             return False
         if boundary != self.checkpoint_position and not self._kernel_fold_applies():
             return False
-        operands = self._kernel_operands("kernel_verify")
-        return operands is not None and operands[1] is None
+        return self._fp32_kernel_applies("kernel_verify")
 
     def _window_positions(self, origin: int, count: int, batch: int, device: torch.device):
         """Per-row int32 ``origin`` / ``count`` tensors (every row alike) for a verify launch, kept per value: the
@@ -424,8 +421,7 @@ class ReplaySchedule:
     def _kernel_fold_applies(self) -> bool:
         """Whether folds run the family's fold kernel: the verify kernels' conditions (one fp32 checkpoint policy,
         no read copy: then the recorded d's are what a fold needs, no exact recomputation) and an allocated ring."""
-        operands = self._kernel_operands("kernel_fold")
-        return operands is not None and operands[1] is None and self.ring.allocated and not self.store.exact_fold
+        return self._fp32_kernel_applies("kernel_fold") and self.ring.allocated and not self.store.exact_fold
 
     def _kernel_verify(self, tokens, boundary: int, out: torch.Tensor) -> torch.Tensor:
         """Outputs of a window piece (into ``out``, in its dtype) from the checkpoint at ``boundary`` (the stored one,
@@ -667,6 +663,13 @@ class ReplaySchedule:
         held += [t for pair in self._position_memo.values() for t in pair]  # verify launches' position tensors
         sizes["params"] = _storage_bytes(v for v in held if v.untyped_storage().data_ptr() not in exclude)
         return sizes
+
+
+def _join(pieces: list[torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """Outputs of consecutive pieces of a forward [B, T_i, ...] as one [B, T, ...] tensor in ``dtype``."""
+    if len(pieces) == 1:
+        return pieces[0].to(dtype)
+    return torch.cat([piece.to(dtype) for piece in pieces], dim=1)
 
 
 def _storage_bytes(tensors) -> int:

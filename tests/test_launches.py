@@ -8,6 +8,7 @@ before any ReplayCache wraps them.
 """
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -18,20 +19,36 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# What both scripts below count: the ATen operations that launch a kernel on a GPU (views and allocations excluded),
+# per name.
+COUNTER = textwrap.dedent('''
+    import collections
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    NO_LAUNCH = {"view", "slice", "select", "unsqueeze", "expand", "transpose", "alias", "empty", "_unsafe_view",
+                 "permute", "squeeze", "t", "reshape", "split", "detach", "as_strided", "empty_like", "empty_strided",
+                 "split_with_sizes", "chunk", "unbind", "new_empty"}
+
+    class Launches(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = collections.Counter()
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.overloadpacket.__name__
+            if name not in NO_LAUNCH:
+                self.ops[name] += 1
+            return func(*args, **(kwargs or {}))
+''')
+
 SCRIPT = textwrap.dedent('''
     import collections, functools, inspect, json, sys
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
     from transformers import DynamicCache
     from transformers.models.kimi_linear import modeling_kimi_linear as mk
     from transformers.models.nemotron_h import modeling_nemotron_h as mn
     from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
     from hf_replayssm import ReplayCache, recurrences
     from hf_replayssm.tiny import tiny_model
-
-    NO_LAUNCH = {"view", "slice", "select", "unsqueeze", "expand", "transpose", "alias", "empty", "_unsafe_view",
-                 "permute", "squeeze", "t", "reshape", "split", "detach", "as_strided", "empty_like",
-                 "split_with_sizes", "chunk", "unbind", "new_empty"}
 
     def one_launch(module, name, make_output):
         original = getattr(module, name)
@@ -55,16 +72,6 @@ SCRIPT = textwrap.dedent('''
         return torch.empty(t[:, :1].shape, dtype=out_dtype)
     for cls in (recurrences.Mamba2Recurrence, recurrences.DeltaRuleRecurrence):
         cls.kernel_step = staticmethod(kernel_stand_in)
-
-    class Launches(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.ops = collections.Counter()
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = func.overloadpacket.__name__
-            if name not in NO_LAUNCH:
-                self.ops[name] += 1
-            return func(*args, **(kwargs or {}))
 
     def step_launches(model, ids, cache, kernels):
         with torch.no_grad():
@@ -96,7 +103,7 @@ SCRIPT = textwrap.dedent('''
 
 @pytest.mark.parametrize("model_type", ["qwen3_5_text", "nemotron_h", "kimi_linear"])
 def test_replay_step_launches_no_more_kernels_than_a_fused_stock_step(model_type):
-    run = subprocess.run([sys.executable, "-c", SCRIPT, model_type], capture_output=True, text=True, cwd=ROOT,
+    run = subprocess.run([sys.executable, "-c", COUNTER + SCRIPT, model_type], capture_output=True, text=True, cwd=ROOT,
                          timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]
     counts = json.loads(run.stdout.strip().splitlines()[-1])[model_type]
@@ -108,14 +115,9 @@ def test_replay_step_launches_no_more_kernels_than_a_fused_stock_step(model_type
 CROSSING_SCRIPT = textwrap.dedent('''
     import collections, json, sys
     import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
     from hf_replayssm import ReplayCache, recurrences
     from hf_replayssm.batched import batched_prompt_lookup
     from hf_replayssm.tiny import tiny_model
-
-    NO_LAUNCH = {"view", "slice", "select", "unsqueeze", "expand", "transpose", "alias", "empty", "_unsafe_view",
-                 "permute", "squeeze", "t", "reshape", "split", "detach", "as_strided", "empty_like",
-                 "split_with_sizes", "chunk", "unbind", "new_empty", "empty_strided"}
 
     def verify_stand_in(state, ring, origin, count, tokens, params, out=None):  # one launch, no records written
         t = tokens.get("v", tokens.get("x"))
@@ -128,15 +130,6 @@ CROSSING_SCRIPT = textwrap.dedent('''
         cls.kernel_verify = staticmethod(verify_stand_in)
         cls.kernel_fold = staticmethod(fold_stand_in)
 
-    class Launches(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.count = 0
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func.overloadpacket.__name__ not in NO_LAUNCH:
-                self.count += 1
-            return func(*args, **(kwargs or {}))
-
     model_type = sys.argv[1]
     model = tiny_model(model_type)
     cache = ReplayCache(16, backend="triton")
@@ -148,7 +141,7 @@ CROSSING_SCRIPT = textwrap.dedent('''
         with Launches() as mode:
             out = forward(*args, **kwargs)
         crossed = checkpoints() > folds
-        seen[f"{ids.shape[1]} {'crossing' if crossed else 'inside'}"].append(mode.count)
+        seen[f"{ids.shape[1]} {'crossing' if crossed else 'inside'}"].append(sum(mode.ops.values()))
         return out
 
     def checkpoints():  # staged at a crossed boundary, or stored from a complete period
@@ -174,9 +167,9 @@ def test_a_window_crossing_a_flush_boundary_costs_a_fold_launch_per_layer(model_
     the torch reference's fold and outputs (about 100 launches per layer before the fold kernels). Kernels are
     one-launch stand-ins (the Triton backend on CPU, its kernels replaced)."""
     def extra_launches_per_layer(*control):
-        env = {**__import__("os").environ, "TRITON_INTERPRET": "1"}
-        run = subprocess.run([sys.executable, "-c", CROSSING_SCRIPT, model_type, *control], capture_output=True,
-                             text=True, cwd=ROOT, timeout=600, env=env)
+        run = subprocess.run([sys.executable, "-c", COUNTER + CROSSING_SCRIPT, model_type, *control],
+                             capture_output=True, text=True, cwd=ROOT, timeout=600,
+                             env={**os.environ, "TRITON_INTERPRET": "1"})
         assert run.returncode == 0, run.stderr[-3000:]
         data = json.loads(run.stdout.strip().splitlines()[-1])
         print(data)

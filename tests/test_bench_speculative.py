@@ -27,6 +27,8 @@ def test_bench_speculative_runs_and_reports(tmp_path):
         assert 0 < entry["rollback_host_seconds"] <= entry["rollback_seconds"]  # every round dropped something
         assert entry["rollback_host_fraction"] <= entry["rollback_fraction"]
         assert entry["snapshot_seconds"] > 0 and entry["snapshot_fraction"] > 0  # copies of real checkpoints
+        # no Triton kernel compiles on the CPU torch path; None would mean this Triton cannot count them
+        assert entry["jit_compiles"] == {} and entry["greedy_jit_compiles"] == {}
     assert data["environment"]["device"] == "cpu"
 
 
@@ -140,3 +142,38 @@ def test_first_divergences_measure_greedys_margin_in_ulps():
     assert speculative._identity_label(entry) == "ties 1r<=1ulp"
     assert speculative._identity_label(dict(identical=False, divergences=found)) == "False"
     assert speculative._identity_label(dict(identical=True)) == "True"
+
+
+def test_jit_compiles_records_each_compile_and_restores_the_hook():
+    """JitCompiles counts what Triton's post-compile hook reports (called here as triton.runtime.jit calls it; the
+    GPU test compiles a real kernel), keeps a hook set before it running, and puts it back on exit."""
+    import pytest
+
+    knobs = pytest.importorskip("triton.knobs")
+    from triton.runtime.jit import JitFunctionInfo
+
+    from hf_replayssm.bench.compiles import JitCompiles
+
+    seen = []
+
+    def earlier_hook(**kwargs):
+        seen.append(kwargs["fn"].name)
+
+    def compile_event(name):  # the keywords triton.runtime.jit.JITFunction._call_hook passes
+        knobs.runtime.jit_post_compile_hook(key=(name,), repr=f"{name}[num_warps=4](x: *fp32)",
+                                            fn=JitFunctionInfo(speculative, name, None), compile={},
+                                            is_manual_warmup=False, already_compiled=False)
+
+    knobs.runtime.jit_post_compile_hook = earlier_hook
+    try:
+        with JitCompiles() as compiles:
+            assert compiles.supported
+            for name in ("_verify_kernel", "_fold_kernel", "_verify_kernel"):
+                compile_event(name)
+        assert compiles.summary() == {"_verify_kernel": 2, "_fold_kernel": 1}
+        assert seen == ["_verify_kernel", "_fold_kernel", "_verify_kernel"]
+        assert knobs.runtime.jit_post_compile_hook is earlier_hook
+        compile_event("_after")  # outside the context: not counted
+        assert compiles.summary() == {"_verify_kernel": 2, "_fold_kernel": 1}
+    finally:
+        knobs.runtime.jit_post_compile_hook = None

@@ -281,6 +281,28 @@ def test_cuda_verify_compiles_once_per_window_tile(family):
     assert variants[1] == variants[0] and variants[2] == variants[0], variants
 
 
+def test_cuda_jit_compiles_counts_a_real_compile():
+    """The benches' compile counter sees a kernel compiled on this GPU once, and not its cached second launch."""
+    import triton
+    import triton.language as tl
+
+    from hf_replayssm.bench.compiles import JitCompiles
+
+    @triton.jit
+    def _scale_by_three(x_ptr, n, BLOCK: tl.constexpr):
+        offs = tl.arange(0, BLOCK)
+        tl.store(x_ptr + offs, tl.load(x_ptr + offs, mask=offs < n) * 3, mask=offs < n)
+
+    x = torch.randn(20, device="cuda")
+    expected = x * 3 * 3  # the same two roundings as the kernel's two launches
+    with JitCompiles() as compiles:
+        _scale_by_three[(1,)](x, 20, BLOCK=32)
+        _scale_by_three[(1,)](x, 20, BLOCK=32)
+    torch.cuda.synchronize()
+    assert torch.equal(x, expected)
+    assert compiles.supported and compiles.summary() == {"_scale_by_three": 1}, compiles.summary()
+
+
 @pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text"])
 def test_cuda_decode_compiles_once_per_phase(model_type):
     """Plain decoding over three periods through the replay-or-flush kernel compiles one variant per kernel phase

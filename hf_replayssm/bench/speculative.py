@@ -32,6 +32,7 @@ from collections.abc import Sequence
 import torch
 
 from ..batched import DRAFT_SCHEDULES
+from .compiles import JitCompiles
 from .step import _sync
 
 
@@ -202,24 +203,26 @@ def run_arm(model, ids: torch.Tensor, arm: str, new_tokens: int, lookup: int, bu
 
     cache, eos = ReplayCache(buffer_len), _eos(model)
     _sync(ids.device)
-    start = time.perf_counter()
-    extra = {}
-    if arm == "greedy":
-        with torch.no_grad():
-            out = model.generate(ids, do_sample=False, max_new_tokens=new_tokens, **{cache_argument(model): cache})
-        tokens = [_until_eos(row, eos) for row in out[:, ids.shape[1] :].tolist()]
-    else:
-        clock = RollbackClock(cache)
-        kind, _, schedule = arm.partition("-")  # "lookup", "draft", "lookup-heuristic", "draft-heuristic"
-        drafter = DraftModelDrafter(draft_model, buffer_len, max_drafts=lookup) if kind == "draft" else None
-        result = batched_prompt_lookup(model, ids, max_new_tokens=new_tokens, num_draft_tokens=lookup, cache=cache,
-                                       eos_token_id=eos, drafter=drafter, draft_schedule=schedule or "constant")
-        tokens = result.new_tokens
-        extra = dict(acceptance=result.acceptance, drafted=result.drafted, accepted=result.accepted,
-                     verify_forwards=result.forwards, rollback_seconds=clock.seconds,
-                     rollback_commit_seconds=clock.commit_seconds, rollback_host_seconds=clock.host_seconds)
-    _sync(ids.device)
-    seconds = time.perf_counter() - start
+    with JitCompiles() as compiles:
+        start = time.perf_counter()
+        extra = {}
+        if arm == "greedy":
+            with torch.no_grad():
+                out = model.generate(ids, do_sample=False, max_new_tokens=new_tokens, **{cache_argument(model): cache})
+            tokens = [_until_eos(row, eos) for row in out[:, ids.shape[1] :].tolist()]
+        else:
+            clock = RollbackClock(cache)
+            kind, _, schedule = arm.partition("-")  # "lookup", "draft", "lookup-heuristic", "draft-heuristic"
+            drafter = DraftModelDrafter(draft_model, buffer_len, max_drafts=lookup) if kind == "draft" else None
+            result = batched_prompt_lookup(model, ids, max_new_tokens=new_tokens, num_draft_tokens=lookup, cache=cache,
+                                           eos_token_id=eos, drafter=drafter, draft_schedule=schedule or "constant")
+            tokens = result.new_tokens
+            extra = dict(acceptance=result.acceptance, drafted=result.drafted, accepted=result.accepted,
+                         verify_forwards=result.forwards, rollback_seconds=clock.seconds,
+                         rollback_commit_seconds=clock.commit_seconds, rollback_host_seconds=clock.host_seconds)
+        _sync(ids.device)
+        seconds = time.perf_counter() - start
+    extra["jit_compiles"] = compiles.summary()  # kernels compiled inside the timed run (None: not countable)
     if arm != "greedy":  # measured after the timed run, on the same cache
         extra["snapshot_seconds"] = snapshot_seconds_per_round(cache, lookup + 1) * extra["verify_forwards"]
     return dict(arm=arm, seconds=seconds, tokens=tokens, **extra)
@@ -306,6 +309,7 @@ def measure(model, batch: int, prompt: int, new_tokens: int, lookup: int = 10, b
                 reference_logits = greedy_logits(model, ids, new_tokens, buffer_len)
             entry["divergences"] = first_divergences(greedy["tokens"], run["tokens"], reference_logits,
                                                      next(model.parameters()).dtype)
+        entry["greedy_jit_compiles"] = greedy["jit_compiles"]
         if time_forwards:
             entry["greedy_forwards"] = greedy["forwards"]
         entry["speedup"] = entry["lookup_tokens_per_s"] / entry["greedy_tokens_per_s"]
@@ -379,6 +383,11 @@ def main(argv: list[str] | None = None) -> int:
                       f"{100 * entry['rollback_fraction_without_commits']:12.2f}% "
                       f"{100 * entry['rollback_host_fraction']:6.2f}% "
                       f"{100 * entry['snapshot_fraction']:9.2f}% {_identity_label(entry):>10}", flush=True)
+                for label, compiled in (("greedy", entry["greedy_jit_compiles"]),
+                                        (entry["arm"], entry["jit_compiles"])):
+                    if compiled:  # a timed run that compiled kernels measured the JIT too
+                        kernels = ", ".join(f"{name} x{n}" for name, n in compiled.items())
+                        print(f"      warning: the timed {label} run compiled Triton kernels ({kernels})", flush=True)
                 if args.time_forwards:
                     for label, forwards in (("greedy", entry["greedy_forwards"]), (entry["arm"], entry["forwards"])):
                         widths = ", ".join(f"width {w}: {c} x {1e3 * t / c:.2f} ms"

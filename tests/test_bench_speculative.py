@@ -142,6 +142,13 @@ def test_first_divergences_measure_greedys_margin_in_ulps():
     assert speculative._identity_label(entry) == "ties 1r<=1ulp"
     assert speculative._identity_label(dict(identical=False, divergences=found)) == "False"
     assert speculative._identity_label(dict(identical=True)) == "True"
+    # The run that made the logits parted from the timed greedy run before row 1's divergence (another near-tie
+    # rounded another way): its logits there belong to another prefix, so no margin for that row.
+    reference = [[1, 2, 3], [4, 5, 6], [7, 3, 9], [7, 8]]
+    found = speculative.first_divergences(greedy, other, logits, torch.bfloat16, reference)
+    assert found[0]["ulps"] == 1.0 and "reference_differs" not in found[0]  # same prefix up to the position
+    assert found[1]["reference_differs"] and found[1]["margin"] is None and found[1]["ulps"] is None
+    assert speculative._identity_label(dict(identical=False, divergences=found[:2])) == "ties 1r<=1ulp+1?"
 
 
 def test_jit_compiles_records_each_compile_and_restores_the_hook():

@@ -229,13 +229,16 @@ def run_arm(model, ids: torch.Tensor, arm: str, new_tokens: int, lookup: int, bu
 
 
 def first_divergences(greedy: list[list[int]], other: list[list[int]], logits: torch.Tensor,
-                      dtype: torch.dtype) -> list[dict]:
+                      dtype: torch.dtype, reference: list[list[int]] | None = None) -> list[dict]:
     """Per row whose tokens differ from plain greedy's: the first differing new-token position, and how far the
     other arm's token there trailed greedy's in greedy's own logits (``logits`` [B, new, V], greedy's scores at each
     step): ``margin`` in logit units and ``ulps``, the margin in spacings of ``dtype`` at the top logit's magnitude.
     A margin of an ulp or two is a near-tie that the rounding of a wider batched forward can flip (bf16 rounds
     logits of 4-8 to steps of 2^-5); a larger one would be a wrong rollback. Rows that only differ in length (one
-    stopped earlier) report the first position past the shorter one, margin None."""
+    stopped earlier) report the first position past the shorter one, margin None. ``reference``: the tokens of the
+    run that produced ``logits``; where they part from ``greedy`` before the position, those logits belong to another
+    prefix (plain greedy itself did not repeat: bf16 ties and nondeterministic kernels), so the row gets
+    ``reference_differs`` and no margin."""
     spacing = torch.finfo(dtype).eps
     found = []
     for row, (want, got) in enumerate(zip(greedy, other, strict=True)):
@@ -244,7 +247,9 @@ def first_divergences(greedy: list[list[int]], other: list[list[int]], logits: t
         shorter = min(len(want), len(got))
         position = next((i for i in range(shorter) if want[i] != got[i]), shorter)
         entry = dict(row=row, position=position, margin=None, ulps=None)
-        if position < shorter and position < logits.shape[1]:
+        if reference is not None and reference[row][:position] != want[:position]:
+            entry["reference_differs"] = True
+        elif position < shorter and position < logits.shape[1]:
             scores = logits[row, position].float()
             top = scores[want[position]]
             entry["margin"] = float(top - scores[got[position]])
@@ -254,23 +259,26 @@ def first_divergences(greedy: list[list[int]], other: list[list[int]], logits: t
     return found
 
 
-def greedy_logits(model, ids: torch.Tensor, new_tokens: int, buffer_len: int) -> torch.Tensor:
-    """[B, new, V] scores of an untimed plain greedy run with a ReplayCache (the timed run's tokens: deterministic)."""
+def greedy_logits(model, ids: torch.Tensor, new_tokens: int, buffer_len: int) -> tuple[torch.Tensor, list]:
+    """[B, new, V] scores of an untimed plain greedy run with a ReplayCache, and its tokens per row (up to the end of
+    sequence): the timed greedy run's, unless a near-tie rounded another way this time."""
     from ..cache import ReplayCache, cache_argument
 
     with torch.no_grad():
         out = model.generate(ids, do_sample=False, max_new_tokens=new_tokens, output_logits=True,
                              return_dict_in_generate=True,
                              **{cache_argument(model): ReplayCache(buffer_len)})
-    return torch.stack(out.logits, dim=1)
+    tokens = [_until_eos(row, _eos(model)) for row in out.sequences[:, ids.shape[1] :].tolist()]
+    return torch.stack(out.logits, dim=1), tokens
 
 
 def _identity_label(entry: dict) -> str:
     if entry["identical"]:
         return "True"
     worst = [d["ulps"] for d in entry["divergences"] if d["ulps"] is not None]
-    if len(worst) == len(entry["divergences"]):
-        return f"ties {len(worst)}r<={max(worst):.0f}ulp"
+    unrepeated = sum(bool(d.get("reference_differs")) for d in entry["divergences"])
+    if worst and len(worst) + unrepeated == len(entry["divergences"]):  # "+3?": rows where greedy did not repeat
+        return f"ties {len(worst)}r<={max(worst):.0f}ulp" + (f"+{unrepeated}?" if unrepeated else "")
     return "False"
 
 
@@ -306,9 +314,9 @@ def measure(model, batch: int, prompt: int, new_tokens: int, lookup: int = 10, b
                      **{k: v for k, v in run.items() if k not in ("arm", "tokens", "seconds")})
         if not entry["identical"]:  # where the rows part, and whether each is a near-tie of greedy's scores
             if reference_logits is None:
-                reference_logits = greedy_logits(model, ids, new_tokens, buffer_len)
+                reference_logits, reference_tokens = greedy_logits(model, ids, new_tokens, buffer_len)
             entry["divergences"] = first_divergences(greedy["tokens"], run["tokens"], reference_logits,
-                                                     next(model.parameters()).dtype)
+                                                     next(model.parameters()).dtype, reference_tokens)
         entry["greedy_jit_compiles"] = greedy["jit_compiles"]
         if time_forwards:
             entry["greedy_forwards"] = greedy["forwards"]

@@ -27,17 +27,19 @@ Design notes:
 
 * Verify grid ``(cdiv(V, BLOCK_V), B, Hv)`` like the replay step: d and o of a value column depend only on that
   column of the checkpoint and of the recorded d's, so each V tile runs the window on its own. The program reads its
-  checkpoint tile once and the committed records (``BLOCK_R = next_pow2(R - T)`` at most, masked by ``j < count``),
-  then loops over the window: unrolled over ``BLOCK_T = next_pow2(T)`` with the width T a runtime guard, so one
-  compile serves every T of a ``BLOCK_T`` (a constexpr T cost a JIT compile at every new draft count of a speculative
-  run: 0.9-9 s per width on a fresh H200). H200, against the loop unrolled over exactly T, same bits: GDN 1.03-1.07x
-  the time at T = 2..11, KDA 0.99x (run 68); a plain runtime loop was 1.17-1.55x for GDN at T <= 8 (run 67). For
-  token t, with decayed keys ``kw_j`` (record or earlier window token j, decayed to t):
+  checkpoint tile once, the committed records (``BLOCK_R = max(16, next_pow2(R - T))``, masked by ``j < count``) and
+  the whole window (tiles of ``BLOCK_T = 16`` tokens, masked by the width T, a runtime argument: one compile for
+  every width). With decayed keys ``kw_j`` (record or earlier window token j, decayed to t):
   ``P_t^T u = S0^T (exp(c_t) * u) + sum_j (kw_j . u) d_j`` for u in {q_t, k_t}; ``d_t = beta_t (v_t - P_t^T k_t)``;
-  ``o_t = P_t^T q_t + (k_t . q_t) d_t``. The decays are carried along the window: at token t the checkpoint decay
-  and every decayed key are multiplied by ``exp(g_t)`` (the recurrence's own order of operations), starting from the
-  records' decays to the end of the committed ring, which are direct sums (reverse cumulative sums over the records
-  after j, as in the replay step). Cost per token: two passes over the state tile plus O((count + T)(K + V)).
+  ``o_t = P_t^T q_t + (k_t . q_t) d_t``. Everything but the d's is known before the first d, so the checkpoint and
+  record terms of every token are matrix products (``tl.dot`` in IEEE float32, no TF32): ``[T, K] x [K, BLOCK_V]``
+  against the state tile, ``[T, K] x [K, R]`` then ``[T, R] x [R, BLOCK_V]`` against the records, and so are the
+  window's own key products ``a_kk[t, s] = kw_s . k_t`` (s < t) and ``a_qk`` (s <= t); only the d's are then solved
+  in order (``O(T^2 BLOCK_V)``), and ``o = P^T q + a_qk d`` is one more product. Decays: a scalar gate's over window
+  tokens s < i <= t are direct sums; a per-key gate's window keys are decayed token by token (no differences of
+  cumulative sums), and the checkpoint's and records' decays to token t are ``exp`` of the gates' running sum over
+  the window. The former per-token loop made two passes over the state tile per token: verify cost about T replay
+  steps (H200, run 74: GDN 1317 us at T = 4, batch 256, 2.0x the per-draft snapshots; KDA 1.15x).
 * Records are appended by the programs that own them (d by every V tile, g by V tile 0, the raw key by V tile 0 of
   the first value head of each key group).
 * Commit grid ``(cdiv(V, BLOCK_V), B, Hv)``: flushing programs fold the records one at a time in order,
@@ -46,8 +48,9 @@ Design notes:
   the one-token replay step's flush (``kernels/delta_rule.py``) sums the records in unrolled form instead, so the
   checkpoints of the two paths agree to float32 rounding, not bitwise.
 * Count update as in ``kernels/mamba2_verify.py`` (read, barrier, ticket, last ticket writes).
-* All math is fp32 on CUDA cores (no ``tl.dot``); bf16/fp16 inputs are upcast right after loading. K is at most 256
-  (one K tile per program). Launch configurations: :func:`verify_launch_config` for verify, the standard step's
+* All math is fp32 (the verify kernel's products ``tl.dot(..., input_precision="ieee")``, not TF32); bf16/fp16
+  inputs are upcast right after loading. K is at most 256 (one K tile per program); verify tiles are at least 16 on
+  every side (``tl.dot``). Launch configurations: :func:`verify_launch_config` for verify, the standard step's
   ``state_update_launch_config`` for commit; both can be overridden through the private ``_block_v`` /
   ``_num_warps`` arguments of ``_verify`` / ``_commit``. Not yet timed on a GPU (``kernels/bench_verify.py``).
 """
@@ -166,77 +169,96 @@ def _delta_verify_kernel(
         after = tl.cumsum(g_next, axis=0, reverse=True)  # [R, K]: sum_{j<i<count} g_i
         decay = tl.exp(g_first + tl.sum(tl.where(offs_r[:, None] == 0, after, 0.0), axis=0))  # [K] ckpt -> ring end
         kw_r = tl.where(valid[:, None], k_r * tl.exp(after), 0.0)  # record keys decayed to the ring end
-        kw_w = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)  # earlier window keys, decayed to the current token
     else:
         g_next = tl.load(rg_base + slots_next * stride_rg_r, mask=valid_next, other=0.0).to(tl.float32)
         g_first = tl.load(rg_base + origin * stride_rg_r, mask=count > 0, other=0.0).to(tl.float32)
         after = tl.cumsum(g_next, axis=0, reverse=True)  # [R]
         decay = tl.exp(g_first + tl.sum(tl.where(offs_r == 0, after, 0.0), axis=0))
         w_r = tl.where(valid, tl.exp(after), 0.0)  # record weights (scalar gate: kept apart from the keys)
-        k_w = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)  # earlier window keys
-        w_w = tl.zeros([BLOCK_T], dtype=tl.float32)  # and their decays to the current token
-    d_w = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)  # earlier window d's
 
-    append_v = mask_v & (offs_v < tl.where(fits, V, 0))
+    # The window's tokens, all at once: raw keys (appended as they are), q and k normalised (q scaled), v, beta, g.
+    mask_t = offs_t < window
+    tk = mask_t[:, None] & mask_k[None, :]
+    k_w_raw = tl.load(k_ptr + pid_b * stride_k_b + offs_t[:, None] * stride_k_t + hk * stride_k_h
+                      + offs_k[None, :] * stride_k_k, mask=tk, other=0.0)
+    k_w = _l2norm_rows(k_w_raw.to(tl.float32), USE_QK_L2NORM)
+    q_w = _l2norm_rows(tl.load(q_ptr + pid_b * stride_q_b + offs_t[:, None] * stride_q_t + hk * stride_q_h
+                               + offs_k[None, :] * stride_q_k, mask=tk, other=0.0).to(tl.float32), USE_QK_L2NORM)
+    q_w = q_w * scale
+    v_w = tl.load(v_ptr + pid_b * stride_v_b + offs_t[:, None] * stride_v_t + pid_h * stride_v_h
+                  + offs_v[None, :] * stride_v_v, mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    beta_w = tl.load(beta_ptr + pid_b * stride_beta_b + offs_t * stride_beta_t + pid_h * stride_beta_h,
+                     mask=mask_t, other=0.0).to(tl.float32)
+    earlier = offs_t[None, :] < offs_t[:, None]  # [t, s]: s before t
+    # P_t^T u for u in {k_t, q_t} from the checkpoint and the records, every token at once (IEEE float32 products),
+    # and the window's own terms: a_kk[t, s] = (k_s decayed to t) . k_t for s < t, a_qk the same with q_t (s <= t).
+    if GATE_PER_KEY:
+        g_w = tl.load(g_ptr + pid_b * stride_g_b + offs_t[:, None] * stride_g_t + pid_h * stride_g_h
+                      + offs_k[None, :] * stride_g_k, mask=tk, other=0.0).to(tl.float32)
+        e_w = tl.exp(tl.cumsum(g_w, axis=0))  # [T, K]: decay from the ring end to token t
+        pk = tl.dot(k_w * (decay[None, :] * e_w), s0, input_precision="ieee")
+        pq = tl.dot(q_w * (decay[None, :] * e_w), s0, input_precision="ieee")
+        pk += tl.dot(tl.dot(k_w * e_w, tl.trans(kw_r), input_precision="ieee"), d_r, input_precision="ieee")
+        pq += tl.dot(tl.dot(q_w * e_w, tl.trans(kw_r), input_precision="ieee"), d_r, input_precision="ieee")
+        # the window's keys decayed token by token (per-channel decays: no differences of cumulative sums)
+        kw_w = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+        a_kk = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)
+        a_qk = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)
+        for t in tl.static_range(BLOCK_T):
+            if t < window:
+                is_t = offs_t == t
+                kw_w = kw_w * tl.exp(tl.sum(tl.where(is_t[:, None], g_w, 0.0), axis=0))[None, :]
+                k_t = tl.sum(tl.where(is_t[:, None], k_w, 0.0), axis=0)
+                q_t = tl.sum(tl.where(is_t[:, None], q_w, 0.0), axis=0)
+                kw_w = tl.where(is_t[:, None], k_t[None, :], kw_w)  # token t itself, for a_qk's diagonal
+                a_kk = tl.where(is_t[:, None], tl.sum(kw_w * k_t[None, :], axis=1)[None, :], a_kk)
+                a_qk = tl.where(is_t[:, None], tl.sum(kw_w * q_t[None, :], axis=1)[None, :], a_qk)
+        a_kk = tl.where(earlier, a_kk, 0.0)
+    else:
+        g_w = tl.load(g_ptr + pid_b * stride_g_b + offs_t * stride_g_t + pid_h * stride_g_h,
+                      mask=mask_t, other=0.0).to(tl.float32)
+        e_w = tl.exp(tl.sum(tl.where(offs_t[None, :] <= offs_t[:, None], g_w[None, :], 0.0), axis=1))  # [T]
+        pk = (decay * e_w)[:, None] * tl.dot(k_w, s0, input_precision="ieee")
+        pq = (decay * e_w)[:, None] * tl.dot(q_w, s0, input_precision="ieee")
+        wr = w_r[None, :] * e_w[:, None]  # [T, R]: record j decayed to token t
+        pk += tl.dot(wr * tl.dot(k_w, tl.trans(k_r), input_precision="ieee"), d_r, input_precision="ieee")
+        pq += tl.dot(wr * tl.dot(q_w, tl.trans(k_r), input_precision="ieee"), d_r, input_precision="ieee")
+        # [t, s]: gates of the window tokens s < i <= t, summed directly
+        between = (offs_t[None, None, :] > offs_t[None, :, None]) & (offs_t[None, None, :] <= offs_t[:, None, None])
+        ww = tl.where(offs_t[None, :] <= offs_t[:, None],
+                      tl.exp(tl.sum(tl.where(between, g_w[None, None, :], 0.0), axis=2)), 0.0)
+        a_kk = tl.where(earlier, ww * tl.dot(k_w, tl.trans(k_w), input_precision="ieee"), 0.0)
+        a_qk = ww * tl.dot(q_w, tl.trans(k_w), input_precision="ieee")
+
+    # The corrected values in order (each needs the earlier ones): d_t = beta_t (v_t - P_t^T k_t).
+    d_w = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
     for t in tl.static_range(BLOCK_T):  # unrolled over the tile; the window's width is a runtime guard
         if t < window:
-            k_raw, q_t, k_t, v_t, beta_t, g_t = _load_token(
-                q_ptr + t * stride_q_t, k_ptr + t * stride_k_t, v_ptr + t * stride_v_t, beta_ptr + t * stride_beta_t,
-                g_ptr + t * stride_g_t, pid_b, pid_h, hk, offs_k, mask_k, offs_v, mask_v, scale,
-                stride_q_b, stride_q_h, stride_q_k, stride_k_b, stride_k_h, stride_k_k,
-                stride_v_b, stride_v_h, stride_v_v, stride_beta_b, stride_beta_h, stride_g_b, stride_g_h, stride_g_k,
-                GATE_PER_KEY, USE_QK_L2NORM)
-            a_t = tl.exp(g_t)
-            if GATE_PER_KEY:
-                decay = decay * a_t
-                kw_r = kw_r * a_t[None, :]
-                kw_w = kw_w * a_t[None, :]
-                pk = tl.sum(s0 * (decay * k_t)[:, None], axis=0)
-                pq = tl.sum(s0 * (decay * q_t)[:, None], axis=0)
-                wk_r = tl.sum(kw_r * k_t[None, :], axis=1)
-                wq_r = tl.sum(kw_r * q_t[None, :], axis=1)
-                wk_w = tl.sum(kw_w * k_t[None, :], axis=1)
-                wq_w = tl.sum(kw_w * q_t[None, :], axis=1)
-            else:
-                decay = decay * a_t
-                w_r = w_r * a_t
-                w_w = w_w * a_t
-                pk = decay * tl.sum(s0 * k_t[:, None], axis=0)
-                pq = decay * tl.sum(s0 * q_t[:, None], axis=0)
-                wk_r = w_r * tl.sum(k_r * k_t[None, :], axis=1)
-                wq_r = w_r * tl.sum(k_r * q_t[None, :], axis=1)
-                wk_w = w_w * tl.sum(k_w * k_t[None, :], axis=1)
-                wq_w = w_w * tl.sum(k_w * q_t[None, :], axis=1)
-            pk += tl.sum(wk_r[:, None] * d_r, axis=0) + tl.sum(wk_w[:, None] * d_w, axis=0)
-            pq += tl.sum(wq_r[:, None] * d_r, axis=0) + tl.sum(wq_w[:, None] * d_w, axis=0)
-            d_t = beta_t * (v_t - pk)
-            o = pq + tl.sum(k_t * q_t, axis=0) * d_t
-            o = tl.where(fits, o, float("nan"))
-            tl.store(o_ptr + pid_b * stride_o_b + t * stride_o_t + pid_h * stride_o_h + offs_v * stride_o_v,
-                     o.to(o_ptr.dtype.element_ty), mask=mask_v)
+            is_t = offs_t == t
+            a_t = tl.sum(tl.where(is_t[:, None], a_kk, 0.0), axis=0)  # [s]: row t of a_kk
+            pk_t = tl.sum(tl.where(is_t[:, None], pk, 0.0), axis=0) + tl.sum(a_t[:, None] * d_w, axis=0)
+            d_t = tl.sum(tl.where(is_t, beta_w, 0.0), axis=0) * (tl.sum(tl.where(is_t[:, None], v_w, 0.0), axis=0)
+                                                                 - pk_t)
+            d_w = tl.where(is_t[:, None], d_t[None, :], d_w)
+    o = pq + tl.dot(a_qk, d_w, input_precision="ieee")  # o_t = P_t^T q_t + sum_{s<=t} a_qk[t, s] d_s
+    o = tl.where(fits, o, float("nan"))
+    tl.store(o_ptr + pid_b * stride_o_b + offs_t[:, None] * stride_o_t + pid_h * stride_o_h
+             + offs_v[None, :] * stride_o_v, o.to(o_ptr.dtype.element_ty), mask=mask_t[:, None] & mask_v[None, :])
 
-            # This token becomes an earlier window token for the next ones.
-            row = offs_t[:, None] == t
-            d_w = tl.where(row, d_t[None, :], d_w)
-            if GATE_PER_KEY:
-                kw_w = tl.where(row, k_t[None, :], kw_w)
-            else:
-                k_w = tl.where(row, k_t[None, :], k_w)
-                w_w = tl.where(offs_t == t, 1.0, w_w)
-
-            # Its record at logical position count + t (rows that fit only).
-            slot = (origin + count + t) % ring_size
-            tl.store(rd_base + slot * stride_rd_r + offs_v * stride_rd_v, d_t.to(ring_d_ptr.dtype.element_ty),
-                     mask=append_v)
-            if pid_v == 0:
-                if GATE_PER_KEY:
-                    tl.store(rg_base + slot * stride_rg_r + offs_k * stride_rg_k, g_t.to(ring_g_ptr.dtype.element_ty),
-                             mask=offs_k < tl.where(fits, K, 0))
-                else:
-                    tl.store(rg_base + slot * stride_rg_r, g_t.to(ring_g_ptr.dtype.element_ty), mask=fits)
-                if pid_h % kv_ratio == 0:
-                    tl.store(rk_base + slot * stride_rk_r + offs_k * stride_rk_k, k_raw.to(ring_k_ptr.dtype.element_ty),
-                             mask=offs_k < tl.where(fits, K, 0))
+    # The window's records at logical positions count + t (rows that fit only).
+    slots_w = (origin + count + offs_t) % ring_size
+    append = offs_t < tl.where(fits, window, 0)
+    tl.store(rd_base + slots_w[:, None] * stride_rd_r + offs_v[None, :] * stride_rd_v,
+             d_w.to(ring_d_ptr.dtype.element_ty), mask=append[:, None] & mask_v[None, :])
+    if pid_v == 0:
+        if GATE_PER_KEY:
+            tl.store(rg_base + slots_w[:, None] * stride_rg_r + offs_k[None, :] * stride_rg_k,
+                     g_w.to(ring_g_ptr.dtype.element_ty), mask=append[:, None] & mask_k[None, :])
+        else:
+            tl.store(rg_base + slots_w * stride_rg_r, g_w.to(ring_g_ptr.dtype.element_ty), mask=append)
+        if pid_h % kv_ratio == 0:
+            tl.store(rk_base + slots_w[:, None] * stride_rk_r + offs_k[None, :] * stride_rk_k,
+                     k_w_raw.to(ring_k_ptr.dtype.element_ty), mask=append[:, None] & mask_k[None, :])
 
 
 @triton.jit
@@ -405,6 +427,7 @@ def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_
     scale = key_dim ** -0.5 if scale is None else float(scale)
     block_v, num_warps = verify_launch_config(batch, value_heads, key_dim, value_dim, per_key, window)
     block_v, num_warps = _block_v or block_v, _num_warps or num_warps
+    assert block_v >= 16, f"block_v {block_v} < 16: the verify kernel's matrix products need 16"
     grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
     with _device_guard(v):
         LAST_COMPILED["verify"] = _delta_verify_kernel[grid](
@@ -416,10 +439,10 @@ def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_
             window,
             GATE_PER_KEY=per_key,
             USE_QK_L2NORM=bool(use_qk_l2norm),
-            BLOCK_K=triton.next_power_of_2(key_dim),
+            BLOCK_K=max(16, triton.next_power_of_2(key_dim)),
             BLOCK_V=block_v,
-            BLOCK_R=max(2, triton.next_power_of_2(max(ring_size - window, 1))),  # count <= R - T for rows that fit
-            BLOCK_T=max(2, triton.next_power_of_2(window)),
+            BLOCK_R=max(16, triton.next_power_of_2(max(ring_size - window, 1))),  # count <= R - T for rows that fit
+            BLOCK_T=MAX_WINDOW,  # one compile for every width; tl.dot operands need 16 rows
             num_warps=num_warps,
         )
     return o

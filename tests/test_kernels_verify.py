@@ -385,7 +385,7 @@ def case_mamba2_verify_bf16(k, device):
     R = 7
     _check_mamba2_verify(k, device, torch.bfloat16, 4, R, [6, 5, 4, 6], [0, 1, 2, 3], dict(block_p=16, num_warps=2))
     _check_mamba2_verify(k, device, torch.bfloat16, 2, R, [6, 5, 3, 6, 0, 2], [0, 1, 2, 3, 4, 5],
-                         dict(block_p=8, num_warps=2))
+                         dict(block_p=16, num_warps=4))
     p = _mamba2_inputs(device, torch.bfloat16, 2, 4, R)
     p["origin"] = torch.tensor([3, 5], dtype=torch.int32, device=device)
     p["count"] = torch.tensor([2, 4], dtype=torch.int32, device=device)  # row 1: 4 + 4 > 7

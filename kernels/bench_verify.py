@@ -167,12 +167,15 @@ def accepted_counts(mode: str, batch: int, T: int, device) -> torch.Tensor:
     return torch.full_like(rows, T) if mode == "all" else 1 + rows % T
 
 
-def replay_steps(case, kv, accepted: torch.Tensor, L: int):
-    """L speculative steps: verify + commit, rotating over the input copies."""
+def replay_steps(case, kv, accepted: torch.Tensor, L: int, products: bool = False):
+    """L speculative steps: verify (``products``: the kernel's matrix-product form) + commit, rotating over the input
+    copies."""
+    launch = dict(_products=True) if products else {}
+
     def run():
         for i in range(L):
             c = case.copies[i % case.n]
-            case.verify(kv, c)
+            case.verify(kv, c, **launch)
             case.commit(kv, c, accepted, L)
 
     return run
@@ -202,7 +205,7 @@ def _rel(got, want) -> float:
     return ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1)).item()
 
 
-def check(family, shape, T, L, device) -> dict:
+def check(family, shape, T, L, device, products: bool = False) -> dict:
     """verify + commit kernels vs the torch references on two rows of the real shape (row 0 replays, row 1 flushes on
     commit). Relative max errors and whether counts match."""
     k = load_kernels("mamba2_verify" if family == "mamba2" else "delta_verify")
@@ -214,7 +217,7 @@ def check(family, shape, T, L, device) -> dict:
     out_name = "y" if family == "mamba2" else "o"
     c[out_name], ref[out_name] = (torch.empty(c[out_name].shape, device=device) for _ in range(2))
     accepted = torch.tensor([T, 1], dtype=torch.int32, device=device)
-    case.verify(k, c)
+    case.verify(k, c, **(dict(_products=True) if products else {}))
     case.commit(k, c, accepted, L)
     if family == "mamba2":
         p = case.params
@@ -244,8 +247,10 @@ def bench(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
         ks = load_kernels("mamba2" if family == "mamba2" else "delta_rule")
         for name, shape in shapes.items():
             if not args.no_check:
-                checks[f"{family}/{name}"] = check(family, shape, max(args.windows), L, device)
-                print(f"check {family}/{name}: {checks[f'{family}/{name}']}", flush=True)
+                for products in (False, True) if args.products else (False,):
+                    label = f"{family}/{name}" + ("/products" if products else "")
+                    checks[label] = check(family, shape, max(args.windows), L, device, products)
+                    print(f"check {label}: {checks[label]}", flush=True)
             for batch in args.batches:
                 for T in args.windows:
                     gen = torch.Generator(device=device).manual_seed(batch * 100 + T)
@@ -253,10 +258,10 @@ def bench(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                     row = dict(family=family, shape=name, **shape, batch=batch, window=T, buffer_len=L,
                                ring=L - 1 + T, copies=case.n, state_MiB=case.state_bytes / 2**20)
 
-                    for mode in args.accept:
-                        accepted = accepted_counts(mode, batch, T, device)
+                    for mode in _arms(args):
+                        accepted = accepted_counts(mode.split("_")[0], batch, T, device)
                         mean_accepted = accepted.float().mean().item()
-                        t = timer(replay_steps(case, kv, accepted, L))
+                        t = timer(replay_steps(case, kv, accepted, L, products=mode.endswith("_products")))
                         row[f"replay_{mode}_us"] = t["ms"] * 1e3 / L
                         row[f"replay_{mode}_p20_us"] = t["p20_ms"] * 1e3 / L
                         row[f"replay_{mode}_p80_us"] = t["p80_ms"] * 1e3 / L
@@ -275,7 +280,7 @@ def bench(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                             torch.cuda.empty_cache()
                     row["snapshot_model_state_bytes"] = 4 * case.state_bytes * T
                     row["steps_only_model_state_bytes"] = 2 * case.state_bytes * T
-                    for mode in args.accept:
+                    for mode in _arms(args):
                         row[f"speedup_{mode}_vs_snapshot"] = row["snapshot_us"] / row[f"replay_{mode}_us"]
                         row[f"speedup_{mode}_vs_steps_only"] = row["steps_only_us"] / row[f"replay_{mode}_us"]
                         row[f"replay_{mode}_model_GBps"] = (row[f"replay_{mode}_model_state_bytes"]
@@ -284,8 +289,14 @@ def bench(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                     row["copy_bandwidth_GBps"] = copy_bw
                     del case
                     rows.append(row)
-                    _print_row(row, args.accept, header=len(rows) == 1)
+                    _print_row(row, _arms(args), header=len(rows) == 1)
     return rows, checks
+
+
+def _arms(args) -> list[str]:
+    """Replay arms: each accept mode, and with ``--products`` the same with the verify kernel's matrix-product form
+    (``<mode>_products``), timed in the same run."""
+    return [*args.accept, *(f"{mode}_products" for mode in args.accept if args.products)]
 
 
 def _print_row(r, modes, header):
@@ -312,6 +323,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--buffer-len", type=int, default=None, help="L (default 16; 4 with --smoke)")
     parser.add_argument("--accept", default=",".join(ACCEPT), help="accepted tokens per step: 'all' (T per row) "
                         "and/or 'mixed' (1 + row mod T)")
+    parser.add_argument("--products", action="store_true",
+                        help="also time the verify kernels' matrix-product form (arms '<accept>_products')")
     parser.add_argument("--out", type=Path, default=None, help="write all numbers as JSON here")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, one repetition (CPU / TRITON_INTERPRET)")
     parser.add_argument("--no-check", action="store_true", help="skip the on-device correctness check")

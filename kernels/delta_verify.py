@@ -27,19 +27,28 @@ Design notes:
 
 * Verify grid ``(cdiv(V, BLOCK_V), B, Hv)`` like the replay step: d and o of a value column depend only on that
   column of the checkpoint and of the recorded d's, so each V tile runs the window on its own. The program reads its
-  checkpoint tile once, the committed records (``BLOCK_R = max(16, next_pow2(R - T))``, masked by ``j < count``) and
-  the whole window (tiles of ``BLOCK_T = 16`` tokens, masked by the width T, a runtime argument: one compile for
-  every width). With decayed keys ``kw_j`` (record or earlier window token j, decayed to t):
+  checkpoint tile once and the committed records (``BLOCK_R = next_pow2(R - T)`` at most, masked by ``j < count``).
+  For token t, with decayed keys ``kw_j`` (record or earlier window token j, decayed to t):
   ``P_t^T u = S0^T (exp(c_t) * u) + sum_j (kw_j . u) d_j`` for u in {q_t, k_t}; ``d_t = beta_t (v_t - P_t^T k_t)``;
-  ``o_t = P_t^T q_t + (k_t . q_t) d_t``. Everything but the d's is known before the first d, so the checkpoint and
-  record terms of every token are matrix products (``tl.dot`` in IEEE float32, no TF32): ``[T, K] x [K, BLOCK_V]``
-  against the state tile, ``[T, K] x [K, R]`` then ``[T, R] x [R, BLOCK_V]`` against the records, and so are the
-  window's own key products ``a_kk[t, s] = kw_s . k_t`` (s < t) and ``a_qk`` (s <= t); only the d's are then solved
-  in order (``O(T^2 BLOCK_V)``), and ``o = P^T q + a_qk d`` is one more product. Decays: a scalar gate's over window
-  tokens s < i <= t are direct sums; a per-key gate's window keys are decayed token by token (no differences of
-  cumulative sums), and the checkpoint's and records' decays to token t are ``exp`` of the gates' running sum over
-  the window. The former per-token loop made two passes over the state tile per token: verify cost about T replay
-  steps (H200, run 74: GDN 1317 us at T = 4, batch 256, 2.0x the per-draft snapshots; KDA 1.15x).
+  ``o_t = P_t^T q_t + (k_t . q_t) d_t``. Two forms, chosen by the constexpr ``WINDOW_AS_PRODUCTS``
+  (``_verify(..., _products=True)``):
+  - token by token (the default): unrolled over ``BLOCK_T = next_pow2(T)`` with the width T a runtime guard, so one
+    compile serves every T of a tile (a constexpr T cost a JIT compile at every new draft count of a speculative
+    run: 0.9-9 s per width on a fresh H200; against the loop unrolled over exactly T, same bits: GDN 1.03-1.07x the
+    time, KDA 0.99x, run 68). The decays are carried along the window: at token t the checkpoint decay and every
+    decayed key are multiplied by ``exp(g_t)`` (the recurrence's own order of operations), starting from the
+    records' decays to the end of the committed ring, which are direct sums (reverse cumulative sums over the records
+    after j, as in the replay step). Cost per token: two passes over the state tile plus O((count + T)(K + V)), so a
+    verify costs about T replay steps (H200, batch 256, run 74: GDN 701 / 1317 / 3121 us at T = 2 / 4 / 8, 1.89x /
+    2.01x / 1.70x faster than per-draft snapshots; KDA 1.29x / 1.15x / 1.09x; target at T = 4: 3x);
+  - as matrix products: everything but the d's is known before the first d, so the checkpoint and record terms of
+    every token are products (``tl.dot`` in IEEE float32, no TF32: ``[T, K] x [K, BLOCK_V]`` against the state
+    tile, ``[T, K] x [K, R]`` then ``[T, R] x [R, BLOCK_V]`` against the records), and so are the window's own key
+    products ``a_kk[t, s] = kw_s . k_t`` (s < t) and ``a_qk`` (s <= t) for a scalar gate (a per-key gate's window
+    keys are decayed token by token: no differences of cumulative sums); the d's are then solved in order
+    (``O(T^2 BLOCK_V)``) and ``o = P^T q + a_qk d`` is one more product. ``BLOCK_T = 16`` (one compile for every
+    width). Checked under the interpreter; not yet run on a GPU (run 76 timed out before any result came back; ptxas
+    for sm_90 then showed 2.8-4.4 KB of stack per thread on 4 warps, hence 8).
 * Records are appended by the programs that own them (d by every V tile, g by V tile 0, the raw key by V tile 0 of
   the first value head of each key group).
 * Commit grid ``(cdiv(V, BLOCK_V), B, Hv)``: flushing programs fold the records one at a time in order,
@@ -48,11 +57,11 @@ Design notes:
   the one-token replay step's flush (``kernels/delta_rule.py``) sums the records in unrolled form instead, so the
   checkpoints of the two paths agree to float32 rounding, not bitwise.
 * Count update as in ``kernels/mamba2_verify.py`` (read, barrier, ticket, last ticket writes).
-* All math is fp32 (the verify kernel's products ``tl.dot(..., input_precision="ieee")``, not TF32); bf16/fp16
-  inputs are upcast right after loading. K is at most 256 (one K tile per program); verify tiles are at least 16 on
-  every side (``tl.dot``). Launch configurations: :func:`verify_launch_config` for verify, the standard step's
-  ``state_update_launch_config`` for commit; both can be overridden through the private ``_block_v`` /
-  ``_num_warps`` arguments of ``_verify`` / ``_commit``. Not yet timed on a GPU (``kernels/bench_verify.py``).
+* All math is fp32 on CUDA cores (the products form's ``tl.dot(..., input_precision="ieee")``, not TF32); bf16/fp16
+  inputs are upcast right after loading. K is at most 256 (one K tile per program). Launch configurations:
+  :func:`verify_launch_config` for verify, the standard step's ``state_update_launch_config`` for commit; both can be
+  overridden through the private ``_block_v`` / ``_num_warps`` arguments of ``_verify`` / ``_commit``
+  (``kernels/bench_verify.py`` times them).
 """
 
 from __future__ import annotations
@@ -125,6 +134,7 @@ def _delta_verify_kernel(
     window,  # T, a runtime guard on the loop unrolled over BLOCK_T = next_pow2(T)
     GATE_PER_KEY: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
+    WINDOW_AS_PRODUCTS: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -176,89 +186,157 @@ def _delta_verify_kernel(
         decay = tl.exp(g_first + tl.sum(tl.where(offs_r == 0, after, 0.0), axis=0))
         w_r = tl.where(valid, tl.exp(after), 0.0)  # record weights (scalar gate: kept apart from the keys)
 
-    # The window's tokens, all at once: raw keys (appended as they are), q and k normalised (q scaled), v, beta, g.
-    mask_t = offs_t < window
-    tk = mask_t[:, None] & mask_k[None, :]
-    k_w_raw = tl.load(k_ptr + pid_b * stride_k_b + offs_t[:, None] * stride_k_t + hk * stride_k_h
-                      + offs_k[None, :] * stride_k_k, mask=tk, other=0.0)
-    k_w = _l2norm_rows(k_w_raw.to(tl.float32), USE_QK_L2NORM)
-    q_w = _l2norm_rows(tl.load(q_ptr + pid_b * stride_q_b + offs_t[:, None] * stride_q_t + hk * stride_q_h
-                               + offs_k[None, :] * stride_q_k, mask=tk, other=0.0).to(tl.float32), USE_QK_L2NORM)
-    q_w = q_w * scale
-    v_w = tl.load(v_ptr + pid_b * stride_v_b + offs_t[:, None] * stride_v_t + pid_h * stride_v_h
-                  + offs_v[None, :] * stride_v_v, mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-    beta_w = tl.load(beta_ptr + pid_b * stride_beta_b + offs_t * stride_beta_t + pid_h * stride_beta_h,
-                     mask=mask_t, other=0.0).to(tl.float32)
-    earlier = offs_t[None, :] < offs_t[:, None]  # [t, s]: s before t
-    # P_t^T u for u in {k_t, q_t} from the checkpoint and the records, every token at once (IEEE float32 products),
-    # and the window's own terms: a_kk[t, s] = (k_s decayed to t) . k_t for s < t, a_qk the same with q_t (s <= t).
-    if GATE_PER_KEY:
-        g_w = tl.load(g_ptr + pid_b * stride_g_b + offs_t[:, None] * stride_g_t + pid_h * stride_g_h
-                      + offs_k[None, :] * stride_g_k, mask=tk, other=0.0).to(tl.float32)
-        e_w = tl.exp(tl.cumsum(g_w, axis=0))  # [T, K]: decay from the ring end to token t
-        pk = tl.dot(k_w * (decay[None, :] * e_w), s0, input_precision="ieee")
-        pq = tl.dot(q_w * (decay[None, :] * e_w), s0, input_precision="ieee")
-        pk += tl.dot(tl.dot(k_w * e_w, tl.trans(kw_r), input_precision="ieee"), d_r, input_precision="ieee")
-        pq += tl.dot(tl.dot(q_w * e_w, tl.trans(kw_r), input_precision="ieee"), d_r, input_precision="ieee")
-        # the window's keys decayed token by token (per-channel decays: no differences of cumulative sums)
-        kw_w = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
-        a_kk = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)
-        a_qk = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)
-        for t in tl.static_range(BLOCK_T):
+    if WINDOW_AS_PRODUCTS:
+        # The window's tokens, all at once: raw keys (appended as they are), q and k normalised (q scaled), v, beta, g.
+        mask_t = offs_t < window
+        tk = mask_t[:, None] & mask_k[None, :]
+        k_w_raw = tl.load(k_ptr + pid_b * stride_k_b + offs_t[:, None] * stride_k_t + hk * stride_k_h
+                          + offs_k[None, :] * stride_k_k, mask=tk, other=0.0)
+        k_w = _l2norm_rows(k_w_raw.to(tl.float32), USE_QK_L2NORM)
+        q_w = _l2norm_rows(tl.load(q_ptr + pid_b * stride_q_b + offs_t[:, None] * stride_q_t + hk * stride_q_h
+                                   + offs_k[None, :] * stride_q_k, mask=tk, other=0.0).to(tl.float32), USE_QK_L2NORM)
+        q_w = q_w * scale
+        v_w = tl.load(v_ptr + pid_b * stride_v_b + offs_t[:, None] * stride_v_t + pid_h * stride_v_h
+                      + offs_v[None, :] * stride_v_v, mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+        beta_w = tl.load(beta_ptr + pid_b * stride_beta_b + offs_t * stride_beta_t + pid_h * stride_beta_h,
+                         mask=mask_t, other=0.0).to(tl.float32)
+        earlier = offs_t[None, :] < offs_t[:, None]  # [t, s]: s before t
+        # P_t^T u for u in {k_t, q_t} from the checkpoint and the records, every token at once (IEEE float32 products),
+        # and the window's own terms: a_kk[t, s] = (k_s decayed to t) . k_t for s < t, a_qk the same with q_t (s <= t).
+        if GATE_PER_KEY:
+            g_w = tl.load(g_ptr + pid_b * stride_g_b + offs_t[:, None] * stride_g_t + pid_h * stride_g_h
+                          + offs_k[None, :] * stride_g_k, mask=tk, other=0.0).to(tl.float32)
+            e_w = tl.exp(tl.cumsum(g_w, axis=0))  # [T, K]: decay from the ring end to token t
+            pk = tl.dot(k_w * (decay[None, :] * e_w), s0, input_precision="ieee")
+            pq = tl.dot(q_w * (decay[None, :] * e_w), s0, input_precision="ieee")
+            pk += tl.dot(tl.dot(k_w * e_w, tl.trans(kw_r), input_precision="ieee"), d_r, input_precision="ieee")
+            pq += tl.dot(tl.dot(q_w * e_w, tl.trans(kw_r), input_precision="ieee"), d_r, input_precision="ieee")
+            # the window's keys decayed token by token (per-channel decays: no differences of cumulative sums)
+            kw_w = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
+            a_kk = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)
+            a_qk = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)
+            for t in tl.static_range(BLOCK_T):
+                if t < window:
+                    is_t = offs_t == t
+                    kw_w = kw_w * tl.exp(tl.sum(tl.where(is_t[:, None], g_w, 0.0), axis=0))[None, :]
+                    k_t = tl.sum(tl.where(is_t[:, None], k_w, 0.0), axis=0)
+                    q_t = tl.sum(tl.where(is_t[:, None], q_w, 0.0), axis=0)
+                    kw_w = tl.where(is_t[:, None], k_t[None, :], kw_w)  # token t itself, for a_qk's diagonal
+                    a_kk = tl.where(is_t[:, None], tl.sum(kw_w * k_t[None, :], axis=1)[None, :], a_kk)
+                    a_qk = tl.where(is_t[:, None], tl.sum(kw_w * q_t[None, :], axis=1)[None, :], a_qk)
+            a_kk = tl.where(earlier, a_kk, 0.0)
+        else:
+            g_w = tl.load(g_ptr + pid_b * stride_g_b + offs_t * stride_g_t + pid_h * stride_g_h,
+                          mask=mask_t, other=0.0).to(tl.float32)
+            e_w = tl.exp(tl.sum(tl.where(offs_t[None, :] <= offs_t[:, None], g_w[None, :], 0.0), axis=1))  # [T]
+            pk = (decay * e_w)[:, None] * tl.dot(k_w, s0, input_precision="ieee")
+            pq = (decay * e_w)[:, None] * tl.dot(q_w, s0, input_precision="ieee")
+            wr = w_r[None, :] * e_w[:, None]  # [T, R]: record j decayed to token t
+            pk += tl.dot(wr * tl.dot(k_w, tl.trans(k_r), input_precision="ieee"), d_r, input_precision="ieee")
+            pq += tl.dot(wr * tl.dot(q_w, tl.trans(k_r), input_precision="ieee"), d_r, input_precision="ieee")
+            # [t, s]: gates of the window tokens s < i <= t, summed directly
+            between = (offs_t[None, None, :] > offs_t[None, :, None]) & (offs_t[None, None, :] <= offs_t[:, None, None])
+            ww = tl.where(offs_t[None, :] <= offs_t[:, None],
+                          tl.exp(tl.sum(tl.where(between, g_w[None, None, :], 0.0), axis=2)), 0.0)
+            a_kk = tl.where(earlier, ww * tl.dot(k_w, tl.trans(k_w), input_precision="ieee"), 0.0)
+            a_qk = ww * tl.dot(q_w, tl.trans(k_w), input_precision="ieee")
+
+        # The corrected values in order (each needs the earlier ones): d_t = beta_t (v_t - P_t^T k_t).
+        d_w = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
+        for t in tl.static_range(BLOCK_T):  # unrolled over the tile; the window's width is a runtime guard
             if t < window:
                 is_t = offs_t == t
-                kw_w = kw_w * tl.exp(tl.sum(tl.where(is_t[:, None], g_w, 0.0), axis=0))[None, :]
-                k_t = tl.sum(tl.where(is_t[:, None], k_w, 0.0), axis=0)
-                q_t = tl.sum(tl.where(is_t[:, None], q_w, 0.0), axis=0)
-                kw_w = tl.where(is_t[:, None], k_t[None, :], kw_w)  # token t itself, for a_qk's diagonal
-                a_kk = tl.where(is_t[:, None], tl.sum(kw_w * k_t[None, :], axis=1)[None, :], a_kk)
-                a_qk = tl.where(is_t[:, None], tl.sum(kw_w * q_t[None, :], axis=1)[None, :], a_qk)
-        a_kk = tl.where(earlier, a_kk, 0.0)
-    else:
-        g_w = tl.load(g_ptr + pid_b * stride_g_b + offs_t * stride_g_t + pid_h * stride_g_h,
-                      mask=mask_t, other=0.0).to(tl.float32)
-        e_w = tl.exp(tl.sum(tl.where(offs_t[None, :] <= offs_t[:, None], g_w[None, :], 0.0), axis=1))  # [T]
-        pk = (decay * e_w)[:, None] * tl.dot(k_w, s0, input_precision="ieee")
-        pq = (decay * e_w)[:, None] * tl.dot(q_w, s0, input_precision="ieee")
-        wr = w_r[None, :] * e_w[:, None]  # [T, R]: record j decayed to token t
-        pk += tl.dot(wr * tl.dot(k_w, tl.trans(k_r), input_precision="ieee"), d_r, input_precision="ieee")
-        pq += tl.dot(wr * tl.dot(q_w, tl.trans(k_r), input_precision="ieee"), d_r, input_precision="ieee")
-        # [t, s]: gates of the window tokens s < i <= t, summed directly
-        between = (offs_t[None, None, :] > offs_t[None, :, None]) & (offs_t[None, None, :] <= offs_t[:, None, None])
-        ww = tl.where(offs_t[None, :] <= offs_t[:, None],
-                      tl.exp(tl.sum(tl.where(between, g_w[None, None, :], 0.0), axis=2)), 0.0)
-        a_kk = tl.where(earlier, ww * tl.dot(k_w, tl.trans(k_w), input_precision="ieee"), 0.0)
-        a_qk = ww * tl.dot(q_w, tl.trans(k_w), input_precision="ieee")
+                a_t = tl.sum(tl.where(is_t[:, None], a_kk, 0.0), axis=0)  # [s]: row t of a_kk
+                pk_t = tl.sum(tl.where(is_t[:, None], pk, 0.0), axis=0) + tl.sum(a_t[:, None] * d_w, axis=0)
+                d_t = tl.sum(tl.where(is_t, beta_w, 0.0), axis=0) * (tl.sum(tl.where(is_t[:, None], v_w, 0.0), axis=0)
+                                                                     - pk_t)
+                d_w = tl.where(is_t[:, None], d_t[None, :], d_w)
+        o = pq + tl.dot(a_qk, d_w, input_precision="ieee")  # o_t = P_t^T q_t + sum_{s<=t} a_qk[t, s] d_s
+        o = tl.where(fits, o, float("nan"))
+        tl.store(o_ptr + pid_b * stride_o_b + offs_t[:, None] * stride_o_t + pid_h * stride_o_h
+                 + offs_v[None, :] * stride_o_v, o.to(o_ptr.dtype.element_ty), mask=mask_t[:, None] & mask_v[None, :])
 
-    # The corrected values in order (each needs the earlier ones): d_t = beta_t (v_t - P_t^T k_t).
-    d_w = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
-    for t in tl.static_range(BLOCK_T):  # unrolled over the tile; the window's width is a runtime guard
-        if t < window:
-            is_t = offs_t == t
-            a_t = tl.sum(tl.where(is_t[:, None], a_kk, 0.0), axis=0)  # [s]: row t of a_kk
-            pk_t = tl.sum(tl.where(is_t[:, None], pk, 0.0), axis=0) + tl.sum(a_t[:, None] * d_w, axis=0)
-            d_t = tl.sum(tl.where(is_t, beta_w, 0.0), axis=0) * (tl.sum(tl.where(is_t[:, None], v_w, 0.0), axis=0)
-                                                                 - pk_t)
-            d_w = tl.where(is_t[:, None], d_t[None, :], d_w)
-    o = pq + tl.dot(a_qk, d_w, input_precision="ieee")  # o_t = P_t^T q_t + sum_{s<=t} a_qk[t, s] d_s
-    o = tl.where(fits, o, float("nan"))
-    tl.store(o_ptr + pid_b * stride_o_b + offs_t[:, None] * stride_o_t + pid_h * stride_o_h
-             + offs_v[None, :] * stride_o_v, o.to(o_ptr.dtype.element_ty), mask=mask_t[:, None] & mask_v[None, :])
-
-    # The window's records at logical positions count + t (rows that fit only).
-    slots_w = (origin + count + offs_t) % ring_size
-    append = offs_t < tl.where(fits, window, 0)
-    tl.store(rd_base + slots_w[:, None] * stride_rd_r + offs_v[None, :] * stride_rd_v,
-             d_w.to(ring_d_ptr.dtype.element_ty), mask=append[:, None] & mask_v[None, :])
-    if pid_v == 0:
+        # The window's records at logical positions count + t (rows that fit only).
+        slots_w = (origin + count + offs_t) % ring_size
+        append = offs_t < tl.where(fits, window, 0)
+        tl.store(rd_base + slots_w[:, None] * stride_rd_r + offs_v[None, :] * stride_rd_v,
+                 d_w.to(ring_d_ptr.dtype.element_ty), mask=append[:, None] & mask_v[None, :])
+        if pid_v == 0:
+            if GATE_PER_KEY:
+                tl.store(rg_base + slots_w[:, None] * stride_rg_r + offs_k[None, :] * stride_rg_k,
+                         g_w.to(ring_g_ptr.dtype.element_ty), mask=append[:, None] & mask_k[None, :])
+            else:
+                tl.store(rg_base + slots_w * stride_rg_r, g_w.to(ring_g_ptr.dtype.element_ty), mask=append)
+            if pid_h % kv_ratio == 0:
+                tl.store(rk_base + slots_w[:, None] * stride_rk_r + offs_k[None, :] * stride_rk_k,
+                         k_w_raw.to(ring_k_ptr.dtype.element_ty), mask=append[:, None] & mask_k[None, :])
+    else:  # token by token: two passes over the state tile per token
         if GATE_PER_KEY:
-            tl.store(rg_base + slots_w[:, None] * stride_rg_r + offs_k[None, :] * stride_rg_k,
-                     g_w.to(ring_g_ptr.dtype.element_ty), mask=append[:, None] & mask_k[None, :])
+            kw_w = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)  # earlier window keys, decayed to the current token
         else:
-            tl.store(rg_base + slots_w * stride_rg_r, g_w.to(ring_g_ptr.dtype.element_ty), mask=append)
-        if pid_h % kv_ratio == 0:
-            tl.store(rk_base + slots_w[:, None] * stride_rk_r + offs_k[None, :] * stride_rk_k,
-                     k_w_raw.to(ring_k_ptr.dtype.element_ty), mask=append[:, None] & mask_k[None, :])
+            k_w = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)  # earlier window keys
+            w_w = tl.zeros([BLOCK_T], dtype=tl.float32)  # and their decays to the current token
+        d_w = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)  # earlier window d's
+        append_v = mask_v & (offs_v < tl.where(fits, V, 0))
+        for t in tl.static_range(BLOCK_T):  # unrolled over the tile; the window's width is a runtime guard
+            if t < window:
+                k_raw, q_t, k_t, v_t, beta_t, g_t = _load_token(
+                    q_ptr + t * stride_q_t, k_ptr + t * stride_k_t, v_ptr + t * stride_v_t,
+                    beta_ptr + t * stride_beta_t, g_ptr + t * stride_g_t, pid_b, pid_h, hk, offs_k, mask_k, offs_v,
+                    mask_v, scale, stride_q_b, stride_q_h, stride_q_k, stride_k_b, stride_k_h, stride_k_k,
+                    stride_v_b, stride_v_h, stride_v_v, stride_beta_b, stride_beta_h, stride_g_b, stride_g_h,
+                    stride_g_k, GATE_PER_KEY, USE_QK_L2NORM)
+                a_t = tl.exp(g_t)
+                if GATE_PER_KEY:
+                    decay = decay * a_t
+                    kw_r = kw_r * a_t[None, :]
+                    kw_w = kw_w * a_t[None, :]
+                    pk = tl.sum(s0 * (decay * k_t)[:, None], axis=0)
+                    pq = tl.sum(s0 * (decay * q_t)[:, None], axis=0)
+                    wk_r = tl.sum(kw_r * k_t[None, :], axis=1)
+                    wq_r = tl.sum(kw_r * q_t[None, :], axis=1)
+                    wk_w = tl.sum(kw_w * k_t[None, :], axis=1)
+                    wq_w = tl.sum(kw_w * q_t[None, :], axis=1)
+                else:
+                    decay = decay * a_t
+                    w_r = w_r * a_t
+                    w_w = w_w * a_t
+                    pk = decay * tl.sum(s0 * k_t[:, None], axis=0)
+                    pq = decay * tl.sum(s0 * q_t[:, None], axis=0)
+                    wk_r = w_r * tl.sum(k_r * k_t[None, :], axis=1)
+                    wq_r = w_r * tl.sum(k_r * q_t[None, :], axis=1)
+                    wk_w = w_w * tl.sum(k_w * k_t[None, :], axis=1)
+                    wq_w = w_w * tl.sum(k_w * q_t[None, :], axis=1)
+                pk += tl.sum(wk_r[:, None] * d_r, axis=0) + tl.sum(wk_w[:, None] * d_w, axis=0)
+                pq += tl.sum(wq_r[:, None] * d_r, axis=0) + tl.sum(wq_w[:, None] * d_w, axis=0)
+                d_t = beta_t * (v_t - pk)
+                o = pq + tl.sum(k_t * q_t, axis=0) * d_t
+                o = tl.where(fits, o, float("nan"))
+                tl.store(o_ptr + pid_b * stride_o_b + t * stride_o_t + pid_h * stride_o_h + offs_v * stride_o_v,
+                         o.to(o_ptr.dtype.element_ty), mask=mask_v)
+
+                # This token becomes an earlier window token for the next ones.
+                row = offs_t[:, None] == t
+                d_w = tl.where(row, d_t[None, :], d_w)
+                if GATE_PER_KEY:
+                    kw_w = tl.where(row, k_t[None, :], kw_w)
+                else:
+                    k_w = tl.where(row, k_t[None, :], k_w)
+                    w_w = tl.where(offs_t == t, 1.0, w_w)
+
+                # Its record at logical position count + t (rows that fit only).
+                slot = (origin + count + t) % ring_size
+                tl.store(rd_base + slot * stride_rd_r + offs_v * stride_rd_v, d_t.to(ring_d_ptr.dtype.element_ty),
+                         mask=append_v)
+                if pid_v == 0:
+                    if GATE_PER_KEY:
+                        tl.store(rg_base + slot * stride_rg_r + offs_k * stride_rg_k,
+                                 g_t.to(ring_g_ptr.dtype.element_ty), mask=offs_k < tl.where(fits, K, 0))
+                    else:
+                        tl.store(rg_base + slot * stride_rg_r, g_t.to(ring_g_ptr.dtype.element_ty), mask=fits)
+                    if pid_h % kv_ratio == 0:
+                        tl.store(rk_base + slot * stride_rk_r + offs_k * stride_rk_k,
+                                 k_raw.to(ring_k_ptr.dtype.element_ty), mask=offs_k < tl.where(fits, K, 0))
 
 
 @triton.jit
@@ -371,16 +449,18 @@ def _delta_fold_kernel(
 
 
 def verify_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: int, per_key_gate: bool,
-                         window: int) -> tuple[int, int]:
+                         window: int, products: bool = False) -> tuple[int, int]:
     """(BLOCK_V, num_warps) of the verify kernel: a [K, 4096 / K] tile on 4 warps ([128, 32] for K = 128), halved
-    (down to 16) while the grid would have fewer than ~8 programs per H200 SM. Not timed yet: chosen from ptxas
-    register counts for sm_90 at Qwen3-Next / Kimi-Linear shapes (T = 8: 168-178 registers, no spills; [128, 64]
-    needs 233-247). ``kernels/bench_verify.py`` can sweep it through ``_block_v`` / ``_num_warps``."""
+    (down to 16) while the grid would have fewer than ~8 programs per H200 SM. Chosen from ptxas register counts for
+    sm_90 at Qwen3-Next / Kimi-Linear shapes (T = 8: 168-178 registers, no spills; [128, 64] needs 233-247).
+    ``products`` (the window as matrix products): the same tile on 8 warps (on 4, ptxas put 2.8-4.4 KB per thread on
+    the stack: the float32 FMA products keep whole rows of K in registers). ``kernels/bench_verify.py`` can sweep it
+    through ``_block_v`` / ``_num_warps``."""
     block_k = triton.next_power_of_2(key_dim)
     block_v = min(triton.next_power_of_2(value_dim), max(16, 4096 // block_k))
     while block_v > 16 and batch * value_heads * triton.cdiv(value_dim, block_v) < 1024:
         block_v //= 2
-    return max(block_v, 16), 4
+    return max(block_v, 16), 8 if products else 4
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -411,7 +491,7 @@ def _window_strides(g: torch.Tensor) -> tuple[int, ...]:
 
 
 def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_qk_l2norm=True, scale=None,
-            out=None, _block_v=None, _num_warps=None):
+            out=None, _block_v=None, _num_warps=None, _products=False):
     batch, value_heads, key_heads, key_dim, value_dim, ring_size, per_key = _check_rings(
         state, ring_k, ring_d, ring_g, origin, count)
     window = k.shape[1]
@@ -425,9 +505,10 @@ def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_
     o = torch.empty_like(v) if out is None else out
     assert o.shape == v.shape
     scale = key_dim ** -0.5 if scale is None else float(scale)
-    block_v, num_warps = verify_launch_config(batch, value_heads, key_dim, value_dim, per_key, window)
+    block_v, num_warps = verify_launch_config(batch, value_heads, key_dim, value_dim, per_key, window, _products)
     block_v, num_warps = _block_v or block_v, _num_warps or num_warps
-    assert block_v >= 16, f"block_v {block_v} < 16: the verify kernel's matrix products need 16"
+    assert block_v >= 16 or not _products, f"block_v {block_v} < 16: the matrix products need 16"
+    floor = 16 if _products else 2  # tl.dot operands are at least 16 on every side
     grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
     with _device_guard(v):
         LAST_COMPILED["verify"] = _delta_verify_kernel[grid](
@@ -439,10 +520,11 @@ def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_
             window,
             GATE_PER_KEY=per_key,
             USE_QK_L2NORM=bool(use_qk_l2norm),
-            BLOCK_K=max(16, triton.next_power_of_2(key_dim)),
+            WINDOW_AS_PRODUCTS=bool(_products),
+            BLOCK_K=max(floor, triton.next_power_of_2(key_dim)),
             BLOCK_V=block_v,
-            BLOCK_R=max(16, triton.next_power_of_2(max(ring_size - window, 1))),  # count <= R - T for rows that fit
-            BLOCK_T=MAX_WINDOW,  # one compile for every width; tl.dot operands need 16 rows
+            BLOCK_R=max(floor, triton.next_power_of_2(max(ring_size - window, 1))),  # count <= R - T if rows fit
+            BLOCK_T=MAX_WINDOW if _products else max(2, triton.next_power_of_2(window)),  # products: every width
             num_warps=num_warps,
         )
     return o

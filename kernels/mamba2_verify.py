@@ -23,17 +23,22 @@ outputs for a row that does not fit (and appends nothing for it), since checking
 Design notes:
 
 * Verify grid ``(cdiv(P, BLOCK_P), B, H)``, one program per P tile of one (row, head), like the replay step. The
-  program reads its checkpoint tile once, the row's committed records (``BLOCK_R = max(16, next_pow2(R - T))`` of
-  them at most, masked by ``j < count``) and the window (``BLOCK_T = 16`` tokens, masked by the width T, a runtime
-  argument: one compile for every width). For token t:
+  program reads its checkpoint tile once, the row's committed records (``BLOCK_R = next_pow2(R - T)`` of them at
+  most, masked by ``j < count``) and the T window tokens. For token t:
   ``y_t = exp(lam_t) (S0 C_t) + sum_j w_jt (B_j . C_t) x_j + sum_{s<=t} w_st (B_s . C_t) x_s + D x_t``
   with the log decays summed directly over the terms in between (records after j, then window tokens up to t;
-  never differences of cumulative sums, see ``hf_replayssm/ops/decay.py``). No term depends on another token's
-  output, so the whole window is matrix products (``tl.dot`` in IEEE float32, no TF32): ``[T, N] x [N, BLOCK_P]``
-  against the state tile, ``[T, N] x [N, R]`` and ``[T, R] x [R, BLOCK_P]`` against the records,
-  ``[T, N] x [N, T]`` and ``[T, T] x [T, BLOCK_P]`` within the window (the SSD form of a chunk). The former runtime
-  loop over tokens cost one pass over the state tile per token (H200, run 74, batch 256: 5818 us at T = 4, 0.93x the
-  per-draft snapshots).
+  never differences of cumulative sums, see ``hf_replayssm/ops/decay.py``). Two forms of the same sums, chosen by
+  the constexpr ``WINDOW_AS_PRODUCTS`` (``_verify(..., _products=True)``):
+  - token by token (the default): a runtime loop over the window (one compile per ``BLOCK_T = next_pow2(T)``, not
+    one per width, which cost a JIT compile at every new draft count of a speculative run), one pass over the state
+    tile per token (``S0 C_t``) plus O((count + T)(N + P)). H200, batch 256 (run 74): 1903 / 5818 / 7159 us at
+    T = 2 / 4 / 8, 1.43x / 0.93x / 1.52x faster than per-draft snapshots (target at T = 4: 3x);
+  - as matrix products: no term depends on another token's output, so the whole window is the SSD form of a
+    chunk (``tl.dot`` in IEEE float32, no TF32): ``[T, N] x [N, BLOCK_P]`` against the state tile, ``[T, N] x
+    [N, R]`` and ``[T, R] x [R, BLOCK_P]`` against the records, ``[T, N] x [N, T]`` and ``[T, T] x [T, BLOCK_P]``
+    within the window; ``BLOCK_T = 16`` (one compile for every width). Checked under the interpreter; not yet run on
+    a GPU (run 76 timed out before any result came back; ptxas for sm_90 then showed the [16, 128] x 4-warp tile
+    with 4 KB of stack per thread, hence its own launch configuration).
 * Records are appended by the programs that own them (x by every P tile, dt by P tile 0, B by P tile 0 of the
   group's first head); the appended slots differ from every slot read when ``count + T <= R``.
 * Commit grid ``(cdiv(P, BLOCK_P), B, H)``: programs of rows that do not flush only take part in the count update.
@@ -46,11 +51,11 @@ Design notes:
   ticket with ``atomic_add(count[b], 1 << 16)``; the program drawing the row's last ticket writes the new count
   with an atomic exchange (clearing the ticket bits), as in ``kernels/mamba2.py``. Hence fewer than ``2**15``
   programs per row and ``count`` not shared by concurrent launches.
-* All math is fp32 (the verify kernel's products ``tl.dot(..., input_precision="ieee")``, not TF32); bf16/fp16
-  inputs are upcast right after loading (also required by ``TRITON_INTERPRET=1``); verify tiles are at least 16 on
-  every side (``tl.dot``). Launch configurations: :func:`verify_launch_config` for verify, the standard step's
-  ``state_update_launch_config`` for commit; both can be overridden through the private ``_config`` argument of
-  ``_verify`` / ``_commit``. Not yet timed on a GPU (``kernels/bench_verify.py`` does that).
+* All math is fp32 on CUDA cores (the products form's ``tl.dot(..., input_precision="ieee")``, not TF32); bf16/fp16
+  inputs are upcast right after loading (also required by ``TRITON_INTERPRET=1``). Launch configurations:
+  :func:`verify_launch_config` for verify, the standard step's ``state_update_launch_config`` for commit; both can
+  be overridden through the private ``_config`` argument of ``_verify`` / ``_commit`` (``kernels/bench_verify.py``
+  times them).
 """
 
 from __future__ import annotations
@@ -117,6 +122,7 @@ def _mamba2_verify_kernel(
     HAS_Z: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr,
+    WINDOW_AS_PRODUCTS: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -167,33 +173,58 @@ def _mamba2_verify_kernel(
 
     x_wf = x_w.to(tl.float32)
     B_wf = B_w.to(tl.float32)
-    C_w = tl.load(C_ptr + pid_b * stride_C_b + offs_t[:, None] * stride_C_t + group * stride_C_g
-                  + offs_n[None, :] * stride_C_n, mask=mask_t[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
     la_r = A_h * dt_r  # log decays of the records (0 where invalid)
     la_w = A_h * dt_w  # of the window tokens (0 beyond T)
     after_r = tl.sum(tl.where(offs_r[None, :] > offs_r[:, None], la_r[None, :], 0.0), axis=1)  # records after j
     total_r = tl.sum(la_r, axis=0)
-    upto = tl.sum(tl.where(offs_t[None, :] <= offs_t[:, None], la_w[None, :], 0.0), axis=1)  # [T]: tokens 0..t
-    # [t, s]: window tokens s < i <= t, summed directly (no differences of cumulative sums)
-    between = (offs_t[None, None, :] > offs_t[None, :, None]) & (offs_t[None, None, :] <= offs_t[:, None, None])
-    seg_w = tl.sum(tl.where(between, la_w[None, None, :], 0.0), axis=2)
+    if WINDOW_AS_PRODUCTS:  # the whole window as matrix products (BLOCK_T = 16: tl.dot needs 16 rows)
+        C_w = tl.load(C_ptr + pid_b * stride_C_b + offs_t[:, None] * stride_C_t + group * stride_C_g
+                      + offs_n[None, :] * stride_C_n, mask=mask_t[:, None] & mask_n[None, :], other=0.0)
+        C_w = C_w.to(tl.float32)
+        upto = tl.sum(tl.where(offs_t[None, :] <= offs_t[:, None], la_w[None, :], 0.0), axis=1)  # [T]: tokens 0..t
+        # [t, s]: window tokens s < i <= t, summed directly (no differences of cumulative sums)
+        i_3 = offs_t[None, None, :]
+        between = (i_3 > offs_t[None, :, None]) & (i_3 <= offs_t[:, None, None])
+        seg_w = tl.sum(tl.where(between, la_w[None, None, :], 0.0), axis=2)
 
-    # Every token at once, as matrix products (IEEE float32: no TF32 rounding on the way):
-    # y_t = exp(lam_t) (S0 C_t) + sum_j w_jt (B_j . C_t) x_j + sum_{s<=t} w_st (B_s . C_t) x_s
-    y = tl.exp(total_r + upto)[:, None] * tl.dot(C_w, tl.trans(s0), input_precision="ieee")  # [T, P]
-    w_r = tl.where(valid[None, :], dt_r[None, :] * tl.exp(after_r[None, :] + upto[:, None]), 0.0)  # [T, R]
-    y += tl.dot(w_r * tl.dot(C_w, tl.trans(B_r), input_precision="ieee"), x_r, input_precision="ieee")
-    w_w = tl.where(offs_t[None, :] <= offs_t[:, None], dt_w[None, :] * tl.exp(seg_w), 0.0)  # [T, T]
-    y += tl.dot(w_w * tl.dot(C_w, tl.trans(B_wf), input_precision="ieee"), x_wf, input_precision="ieee")
-    if HAS_D:
-        y += D_h * x_wf
-    if HAS_Z:
-        z = tl.load(z_ptr + pid_b * stride_z_b + offs_t[:, None] * stride_z_t + h * stride_z_h
-                    + offs_p[None, :] * stride_z_p, mask=mask_t[:, None] & mask_p[None, :], other=0.0).to(tl.float32)
-        y *= z * tl.sigmoid(z)
-    y = tl.where(fits, y, float("nan"))
-    tl.store(y_ptr + pid_b * stride_y_b + offs_t[:, None] * stride_y_t + h * stride_y_h + offs_p[None, :] * stride_y_p,
-             y.to(y_ptr.dtype.element_ty), mask=mask_t[:, None] & mask_p[None, :])
+        # Every token at once, as matrix products (IEEE float32: no TF32 rounding on the way):
+        # y_t = exp(lam_t) (S0 C_t) + sum_j w_jt (B_j . C_t) x_j + sum_{s<=t} w_st (B_s . C_t) x_s
+        y = tl.exp(total_r + upto)[:, None] * tl.dot(C_w, tl.trans(s0), input_precision="ieee")  # [T, P]
+        w_r = tl.where(valid[None, :], dt_r[None, :] * tl.exp(after_r[None, :] + upto[:, None]), 0.0)  # [T, R]
+        y += tl.dot(w_r * tl.dot(C_w, tl.trans(B_r), input_precision="ieee"), x_r, input_precision="ieee")
+        w_w = tl.where(offs_t[None, :] <= offs_t[:, None], dt_w[None, :] * tl.exp(seg_w), 0.0)  # [T, T]
+        y += tl.dot(w_w * tl.dot(C_w, tl.trans(B_wf), input_precision="ieee"), x_wf, input_precision="ieee")
+        if HAS_D:
+            y += D_h * x_wf
+        if HAS_Z:
+            z = tl.load(z_ptr + pid_b * stride_z_b + offs_t[:, None] * stride_z_t + h * stride_z_h
+                        + offs_p[None, :] * stride_z_p, mask=mask_t[:, None] & mask_p[None, :], other=0.0)
+            y *= z.to(tl.float32) * tl.sigmoid(z.to(tl.float32))
+        y = tl.where(fits, y, float("nan"))
+        tl.store(y_ptr + pid_b * stride_y_b + offs_t[:, None] * stride_y_t + h * stride_y_h
+                 + offs_p[None, :] * stride_y_p, y.to(y_ptr.dtype.element_ty), mask=mask_t[:, None] & mask_p[None, :])
+    else:  # token by token: one pass over the state tile per token
+        for t in range(0, window):
+            C_t = tl.load(C_ptr + pid_b * stride_C_b + t * stride_C_t + group * stride_C_g + offs_n * stride_C_n,
+                          mask=mask_n, other=0.0).to(tl.float32)
+            upto_t = tl.sum(tl.where(offs_t <= t, la_w, 0.0), axis=0)  # window tokens 0..t
+            w_r = tl.where(valid, dt_r * tl.exp(after_r + upto_t), 0.0)
+            seg_w = tl.sum(tl.where((offs_t[None, :] > offs_t[:, None]) & (offs_t[None, :] <= t), la_w[None, :],
+                                    0.0), axis=1)  # [T]: window tokens s < s' <= t
+            w_w = tl.where(offs_t <= t, dt_w * tl.exp(seg_w), 0.0)
+            bc_r = tl.sum(B_r * C_t[None, :], axis=1)
+            bc_w = tl.sum(B_wf * C_t[None, :], axis=1)
+            y = (tl.exp(total_r + upto_t) * tl.sum(s0 * C_t[None, :], axis=1)
+                 + tl.sum((w_r * bc_r)[:, None] * x_r, axis=0) + tl.sum((w_w * bc_w)[:, None] * x_wf, axis=0))
+            if HAS_D:
+                y += D_h * tl.sum(tl.where(offs_t[:, None] == t, x_wf, 0.0), axis=0)
+            if HAS_Z:
+                z = tl.load(z_ptr + pid_b * stride_z_b + t * stride_z_t + h * stride_z_h + offs_p * stride_z_p,
+                            mask=mask_p, other=0.0).to(tl.float32)
+                y *= z * tl.sigmoid(z)
+            y = tl.where(fits, y, float("nan"))
+            tl.store(y_ptr + pid_b * stride_y_b + t * stride_y_t + h * stride_y_h + offs_p * stride_y_p,
+                     y.to(y_ptr.dtype.element_ty), mask=mask_p)
 
     # Append the window's records at logical positions count + t (rows that fit only).
     new_slots = (origin + count + offs_t) % ring_size
@@ -310,14 +341,19 @@ def _mamba2_fold_kernel(
 # launch configuration
 
 
-def verify_launch_config(batch: int, heads: int, head_dim: int, d_state: int, window: int) -> dict:
+def verify_launch_config(batch: int, heads: int, head_dim: int, d_state: int, window: int,
+                         products: bool = False) -> dict:
     """``block_p`` and ``num_warps`` of the verify kernel: a 4096-element state tile on 8 warps ([32, 128] for
-    d_state 128), halved on 4 warps when batch * heads < 2048. Not timed yet: chosen from ptxas register counts for
-    sm_90 at Nemotron-H shapes (T = 2..8: 128-174 registers, no spills; the replay step's [32, 128] x 2 warps spills
-    at T = 8). ``kernels/bench_verify.py`` can sweep it through ``_config``."""
+    d_state 128), halved on 4 warps when batch * heads < 2048. Chosen from ptxas register counts for sm_90 at
+    Nemotron-H shapes (T = 2..8: 128-174 registers, no spills; the replay step's [32, 128] x 2 warps spills at T = 8).
+    ``products`` (the window as matrix products): [32, 128] on 8 warps whatever the batch (ptxas, Triton 3.6, sm_90:
+    255 registers, no stack; [16, 128] on 4 warps put 4 KB per thread on the stack: the float32 FMA products keep
+    whole rows of K in registers). ``kernels/bench_verify.py`` can sweep it through ``_config``."""
     block_n = triton.next_power_of_2(d_state)
+    if products:
+        return dict(block_p=max(16, min(triton.next_power_of_2(head_dim), 4096 // max(16, block_n))), num_warps=8)
     elements, num_warps = (4096, 8) if batch * heads >= 2048 else (2048, 4)
-    return dict(block_p=max(16, min(triton.next_power_of_2(head_dim), elements // block_n)), num_warps=num_warps)
+    return dict(block_p=min(triton.next_power_of_2(head_dim), max(1, elements // block_n)), num_warps=num_warps)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -339,7 +375,7 @@ def _check_rings(state, ring_x, ring_dt, ring_B, origin=None, count=None):
 
 
 def _verify(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=None, z=None, dt_bias=None,
-            dt_softplus=False, out=None, _config=None):
+            dt_softplus=False, out=None, _config=None, _products=False):
     batch, heads, head_dim, d_state, groups, ring_size = _check_rings(state, ring_x, ring_dt, ring_B, origin, count)
     window = x.shape[1]
     assert x.shape == (batch, window, heads, head_dim), f"x must be [B, T, H, P], got {tuple(x.shape)}"
@@ -353,8 +389,9 @@ def _verify(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=Non
     assert 1 <= window <= min(ring_size, MAX_WINDOW), f"window {window} must be in [1, min(R={ring_size}, 16)]"
     y = torch.empty_like(x) if out is None else out
     assert y.shape == x.shape
-    cfg = dict(verify_launch_config(batch, heads, head_dim, d_state, window), **(_config or {}))
-    assert cfg["block_p"] >= 16, f"block_p {cfg['block_p']} < 16: the verify kernel's matrix products need 16"
+    cfg = dict(verify_launch_config(batch, heads, head_dim, d_state, window, _products), **(_config or {}))
+    assert cfg["block_p"] >= 16 or not _products, f"block_p {cfg['block_p']} < 16: the matrix products need 16"
+    floor = 16 if _products else 2  # tl.dot operands are at least 16 on every side
     grid = (triton.cdiv(head_dim, cfg["block_p"]), batch, heads)
     with _device_guard(x):
         LAST_COMPILED["verify"] = _mamba2_verify_kernel[grid](
@@ -371,10 +408,11 @@ def _verify(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=Non
             HAS_Z=z is not None,
             HAS_DT_BIAS=dt_bias is not None,
             DT_SOFTPLUS=bool(dt_softplus),
+            WINDOW_AS_PRODUCTS=bool(_products),
             BLOCK_P=cfg["block_p"],
-            BLOCK_N=max(16, triton.next_power_of_2(d_state)),
-            BLOCK_R=max(16, triton.next_power_of_2(max(ring_size - window, 1))),  # count <= R - T for rows that fit
-            BLOCK_T=MAX_WINDOW,  # one compile for every width; tl.dot operands need 16 rows
+            BLOCK_N=max(floor, triton.next_power_of_2(d_state)),
+            BLOCK_R=max(floor, triton.next_power_of_2(max(ring_size - window, 1))),  # count <= R - T if rows fit
+            BLOCK_T=MAX_WINDOW if _products else max(2, triton.next_power_of_2(window)),  # products: every width
             num_warps=cfg["num_warps"],
         )
     return y

@@ -19,6 +19,7 @@ split-invariant bitwise instead.
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 
@@ -27,9 +28,10 @@ import torch
 from kernel_harness import HAS_TRITON, ROOT, run_bench_smoke, run_case, subprocess_env, worker_main
 from kernel_harness import assert_close as _close
 
-CASES = ["mamba2_verify_bf16", "mamba2_verify_fp32_and_commit", "mamba2_speculation", "mamba2_fold_ring",
-         "delta_verify_gdn_bf16", "delta_verify_kda_and_commit", "delta_speculation_gdn", "delta_speculation_kda",
-         "delta_fold_ring"]
+CASES = ["mamba2_verify_bf16", "mamba2_verify_products", "mamba2_verify_fp32_and_commit", "mamba2_speculation",
+         "mamba2_fold_ring", "delta_verify_gdn_bf16", "delta_verify_products", "delta_verify_kda_and_commit",
+         "delta_speculation_gdn", "delta_speculation_kda", "delta_fold_ring", "mamba2_speculation_products",
+         "delta_speculation_products"]
 SLOW_CASES = ["mamba2_speculation_long", "delta_speculation_gdn_long", "delta_speculation_kda_long"]
 
 
@@ -58,12 +60,14 @@ def test_bench_imports_and_parses_arguments():
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_bench_smoke(tmp_path):
-    data, stdout = run_bench_smoke("bench_verify", ["--family", "mamba2,gdn,kda"], tmp_path / "bench.json")
+    data, stdout = run_bench_smoke("bench_verify", ["--family", "mamba2,gdn,kda", "--products"],
+                                   tmp_path / "bench.json")
     assert [r["family"] for r in data["results"]] == ["mamba2", "gdn", "kda"]
     for row in data["results"]:
-        for key in ("replay_all_us", "replay_mixed_us", "snapshot_us", "steps_only_us", "speedup_all_vs_snapshot"):
+        for key in ("replay_all_us", "replay_mixed_us", "replay_all_products_us", "replay_mixed_products_us",
+                    "snapshot_us", "steps_only_us", "speedup_all_vs_snapshot", "speedup_all_products_vs_snapshot"):
             assert row[key] > 0, (key, row)
-    assert all(check["ok"] for check in data["checks"].values()), data["checks"]
+    assert len(data["checks"]) == 6 and all(check["ok"] for check in data["checks"].values()), data["checks"]
     assert "snapshot us" in stdout  # the printed table
 
 
@@ -120,7 +124,7 @@ def test_fold_ring_references_refuse_positions_outside_the_ring():
 # the speculation property, shared by the kernel (worker) and reference (in-process) checks
 
 
-def _family(name, device, refs=False, k=None, dtype=torch.float32, seed=0):
+def _family(name, device, refs=False, k=None, dtype=torch.float32, seed=0, products=False):
     """Token stream, ring state and step / verify / commit functions of one layer family, as a dict.
 
     ``stream(batch, n)``: per-token tensors [batch, n, ...]; ``init(batch, R)``: checkpoint + empty rings;
@@ -223,6 +227,8 @@ def _family(name, device, refs=False, k=None, dtype=torch.float32, seed=0):
     def rings(st):
         return [st[n] for n in ring_names] + [st["origin"], st["count"]]
 
+    if products:  # the verify kernel's matrix-product form
+        verify = functools.partial(k._verify, _products=True)
     return dict(name=name, stream=lambda batch, n: token_values(batch, n), init=init, window=window, token=token,
                 rings=rings, params=params, extra=extra,
                 fused=lambda st, tok, L: fused(*rings(st), **tok, buffer_len=L, out=_out(tok, name)),
@@ -357,7 +363,8 @@ def _mamba2_inputs(device, dtype, batch, T, ring, *, options=True, H=4, G=2, P=2
 M_RING = ("ring_x", "ring_dt", "ring_B")
 
 
-def _check_mamba2_verify(k, device, dtype, T, ring, origins, counts, config, options=True, poison=True):
+def _check_mamba2_verify(k, device, dtype, T, ring, origins, counts, config, options=True, poison=True,
+                         products=False):
     batch = len(counts)
     p = _mamba2_inputs(device, dtype, batch, T, ring, options=options)
     if poison:
@@ -366,9 +373,9 @@ def _check_mamba2_verify(k, device, dtype, T, ring, origins, counts, config, opt
     p["count"] = torch.tensor(counts, dtype=torch.int32, device=device)
     q = _clone(p)
     out = torch.empty(p["x"].shape, dtype=torch.float32, device=device)
-    y = k._verify(**p, out=out, _config=config)
+    y = k._verify(**p, out=out, _config=config, _products=products)
     y_ref = k.mamba2_verify_ref(**q, out=torch.empty_like(out))
-    print(f" T={T} R={ring} counts={counts} origins={origins} config={config} options={options}")
+    print(f" T={T} R={ring} counts={counts} origins={origins} config={config} options={options} products={products}")
     assert y is out
     _close("y", y, y_ref, 2e-6)
     assert torch.equal(p["state"], q["state"]) and torch.equal(p["count"], q["count"])
@@ -385,7 +392,7 @@ def case_mamba2_verify_bf16(k, device):
     R = 7
     _check_mamba2_verify(k, device, torch.bfloat16, 4, R, [6, 5, 4, 6], [0, 1, 2, 3], dict(block_p=16, num_warps=2))
     _check_mamba2_verify(k, device, torch.bfloat16, 2, R, [6, 5, 3, 6, 0, 2], [0, 1, 2, 3, 4, 5],
-                         dict(block_p=16, num_warps=4))
+                         dict(block_p=8, num_warps=2))
     p = _mamba2_inputs(device, torch.bfloat16, 2, 4, R)
     p["origin"] = torch.tensor([3, 5], dtype=torch.int32, device=device)
     p["count"] = torch.tensor([2, 4], dtype=torch.int32, device=device)  # row 1: 4 + 4 > 7
@@ -398,6 +405,27 @@ def case_mamba2_verify_bf16(k, device):
     q["origin"], q["count"] = q["origin"][:1], q["count"][:1]
     q = {n: (v[:1] if hasattr(v, "dim") and v.dim() > 1 else v) for n, v in q.items()}
     _close("fitting row unaffected", y[:1].float(), k.mamba2_verify_ref(**q).float(), 1e-2)  # bf16 outputs
+
+
+def case_mamba2_verify_products(k, device):
+    """The window as matrix products (``_products=True``): bf16 with D, z, dt_bias and softplus, P=24, N=20, T=4 and
+    a full window of 16 (wrapping origins, NaN in uncommitted slots, a row that does not fit), fp32 T=1 and T=7."""
+    _check_mamba2_verify(k, device, torch.bfloat16, 4, 7, [6, 5, 4, 6], [0, 1, 2, 3], dict(block_p=16, num_warps=4),
+                         products=True)
+    _check_mamba2_verify(k, device, torch.bfloat16, 16, 21, [20, 3, 9], [0, 5, 4], dict(block_p=32, num_warps=8),
+                         products=True)
+    _check_mamba2_verify(k, device, torch.float32, 1, 5, [4, 3, 2, 0, 4], [0, 1, 2, 3, 4],
+                         dict(block_p=16, num_warps=4), options=False, products=True)
+    _check_mamba2_verify(k, device, torch.float32, 7, 12, [11, 0, 6], [5, 0, 4], dict(block_p=16, num_warps=4),
+                         options=False, products=True)
+    p = _mamba2_inputs(device, torch.bfloat16, 2, 4, 7)
+    p["origin"] = torch.tensor([3, 5], dtype=torch.int32, device=device)
+    p["count"] = torch.tensor([2, 4], dtype=torch.int32, device=device)  # row 1: 4 + 4 > 7
+    before = _clone(p)
+    y = k._verify(**p, _products=True)
+    assert torch.isnan(y[1]).all() and torch.isfinite(y[0].float()).all()
+    for name in M_RING:
+        assert torch.equal(p[name][1], before[name][1]), f"{name} written for a row that does not fit"
 
 
 def case_mamba2_verify_fp32(k, device):
@@ -518,7 +546,8 @@ def _delta_inputs(device, dtype, batch, T, ring, *, per_key, Hk=2, Hv=4, K=32, V
 D_RING = ("ring_k", "ring_d", "ring_g")
 
 
-def _check_delta_verify(k, device, dtype, T, ring, origins, counts, block_v, *, per_key, shape=None, **options):
+def _check_delta_verify(k, device, dtype, T, ring, origins, counts, block_v, *, per_key, shape=None, products=False,
+                        **options):
     batch = len(counts)
     p = _delta_inputs(device, dtype, batch, T, ring, per_key=per_key, **(shape or {}))
     _poison(p, D_RING, origins, counts, ring)
@@ -526,9 +555,10 @@ def _check_delta_verify(k, device, dtype, T, ring, origins, counts, block_v, *, 
     p["count"] = torch.tensor(counts, dtype=torch.int32, device=device)
     q = _clone(p)
     out = torch.empty(p["v"].shape, dtype=torch.float32, device=device)
-    o = k._verify(**p, **options, out=out, _block_v=block_v)
+    o = k._verify(**p, **options, out=out, _block_v=block_v, _products=products)
     o_ref = k.delta_verify_ref(**q, **options, out=torch.empty_like(out))
-    print(f" T={T} R={ring} per_key={per_key} counts={counts} origins={origins} block_v={block_v} {options}")
+    print(f" T={T} R={ring} per_key={per_key} counts={counts} origins={origins} block_v={block_v} {options} "
+          f"products={products}")
     assert o is out
     _close("o", o, o_ref, 2e-6)
     assert torch.equal(p["state"], q["state"]) and torch.equal(p["count"], q["count"])
@@ -554,6 +584,30 @@ def case_delta_verify_gdn_bf16(k, device):
     assert torch.isnan(o[1]).all() and torch.isfinite(o[0].float()).all()
     for name in D_RING:
         assert torch.equal(p[name][1], before[name][1]), f"{name} written for a row that does not fit"
+
+
+def case_delta_verify_products(k, device):
+    """The window as matrix products (``_products=True``), GDN and KDA: bf16 GVA T=4 (wrapping origins, NaN in
+    uncommitted slots), a full window of 16, fp32 K=24 T=1 and T=7, no l2norm with a scale; a row that does not fit."""
+    for per_key in (False, True):
+        _check_delta_verify(k, device, torch.bfloat16, 4, 7, [6, 5, 4, 6], [0, 1, 2, 3], 16, per_key=per_key,
+                            products=True)
+        _check_delta_verify(k, device, torch.bfloat16, 16, 21, [20, 3, 9], [0, 5, 4], 16, per_key=per_key,
+                            products=True)
+        _check_delta_verify(k, device, torch.float32, 1, 5, [4, 3, 2, 0, 4], [0, 1, 2, 3, 4], 16, per_key=per_key,
+                            shape=dict(K=24, V=32), products=True)
+        _check_delta_verify(k, device, torch.float32, 7, 12, [11, 0, 6], [5, 0, 4], 32, per_key=per_key,
+                            shape=dict(K=24, V=32), products=True)
+        _check_delta_verify(k, device, torch.float32, 3, 5, [4, 0], [2, 1], 16, per_key=per_key,
+                            shape=dict(Hk=1, Hv=2, K=16, V=16), use_qk_l2norm=False, scale=0.3, products=True)
+        p = _delta_inputs(device, torch.bfloat16, 2, 3, 7, per_key=per_key)
+        p["origin"] = torch.tensor([3, 5], dtype=torch.int32, device=device)
+        p["count"] = torch.tensor([4, 5], dtype=torch.int32, device=device)  # row 1: 5 + 3 > 7
+        before = _clone(p)
+        o = k._verify(**p, _products=True)
+        assert torch.isnan(o[1]).all() and torch.isfinite(o[0].float()).all()
+        for name in D_RING:
+            assert torch.equal(p[name][1], before[name][1]), f"{name} written for a row that does not fit"
 
 
 def case_delta_verify_kda(k, device):
@@ -611,6 +665,18 @@ def case_delta_speculation_gdn(k, device):
 
 def case_delta_speculation_kda(k, device):
     _speculation(_family("kda", device, k=k), device, L=4, windows=[4, 1, 2, 4, 3], steps=4)
+
+
+def case_mamba2_speculation_products(k, device):
+    """The key property with the verify kernel's matrix-product form (bf16, checkpoints bitwise)."""
+    _speculation(_family("mamba2", device, k=k, dtype=torch.bfloat16, products=True), device, L=4,
+                 windows=[4, 2, 1, 4, 3], steps=4)
+
+
+def case_delta_speculation_products(k, device):
+    """The key property with the verify kernel's matrix-product form, GDN and KDA (fp32, checkpoints within 1e-5)."""
+    for family in ("gdn", "kda"):
+        _speculation(_family(family, device, k=k, products=True), device, L=4, windows=[4, 2, 1, 4, 3], steps=4)
 
 
 def case_delta_speculation_gdn_long(k, device):

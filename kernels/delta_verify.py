@@ -139,6 +139,7 @@ def _delta_verify_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    CHUNK_K: tl.constexpr,
 ):
     pid_v = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -192,10 +193,17 @@ def _delta_verify_kernel(
         tk = mask_t[:, None] & mask_k[None, :]
         k_w_raw = tl.load(k_ptr + pid_b * stride_k_b + offs_t[:, None] * stride_k_t + hk * stride_k_h
                           + offs_k[None, :] * stride_k_k, mask=tk, other=0.0)
-        k_w = _l2norm_rows(k_w_raw.to(tl.float32), USE_QK_L2NORM)
-        q_w = _l2norm_rows(tl.load(q_ptr + pid_b * stride_q_b + offs_t[:, None] * stride_q_t + hk * stride_q_h
-                                   + offs_k[None, :] * stride_q_k, mask=tk, other=0.0).to(tl.float32), USE_QK_L2NORM)
-        q_w = q_w * scale
+        k_w = k_w_raw.to(tl.float32)
+        q_w = tl.load(q_ptr + pid_b * stride_q_b + offs_t[:, None] * stride_q_t + hk * stride_q_h
+                      + offs_k[None, :] * stride_q_k, mask=tk, other=0.0).to(tl.float32)
+        if USE_QK_L2NORM:  # per-row factors (the K-chunked products below reload rows and scale them alike)
+            k_norm = tl.rsqrt(tl.sum(k_w * k_w, axis=1) + 1e-6)
+            q_norm = tl.rsqrt(tl.sum(q_w * q_w, axis=1) + 1e-6)
+        else:
+            k_norm = tl.full([BLOCK_T], 1.0, tl.float32)
+            q_norm = tl.full([BLOCK_T], 1.0, tl.float32)
+        k_w = k_w * k_norm[:, None]
+        q_w = q_w * q_norm[:, None] * scale
         v_w = tl.load(v_ptr + pid_b * stride_v_b + offs_t[:, None] * stride_v_t + pid_h * stride_v_h
                       + offs_v[None, :] * stride_v_v, mask=mask_t[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
         beta_w = tl.load(beta_ptr + pid_b * stride_beta_b + offs_t * stride_beta_t + pid_h * stride_beta_h,
@@ -238,19 +246,35 @@ def _delta_verify_kernel(
             between = (offs_t[None, None, :] > offs_t[None, :, None]) & (offs_t[None, None, :] <= offs_t[:, None, None])
             ww = tl.where(offs_t[None, :] <= offs_t[:, None],
                           tl.exp(tl.sum(tl.where(between, g_w[None, None, :], 0.0), axis=2)), 0.0)
-            a_kk = tl.where(earlier, ww * tl.dot(k_w, tl.trans(k_w), input_precision="ieee"), 0.0)
-            a_qk = ww * tl.dot(q_w, tl.trans(k_w), input_precision="ieee")
+            # k_s . k_t and q_t . k_s over chunks of K reloaded from memory: a [T, K] x [K, T] product of the
+            # register tiles above holds k_w in a second operand layout and spills (ptxas, sm_90: 216+ B of stack)
+            kk = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)
+            qk = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)
+            for c in tl.static_range(BLOCK_K // CHUNK_K):
+                offs_c = c * CHUNK_K + tl.arange(0, CHUNK_K)
+                tc = mask_t[:, None] & (offs_c[None, :] < K)
+                k_c = tl.load(k_ptr + pid_b * stride_k_b + offs_t[:, None] * stride_k_t + hk * stride_k_h
+                              + offs_c[None, :] * stride_k_k, mask=tc, other=0.0).to(tl.float32)
+                q_c = tl.load(q_ptr + pid_b * stride_q_b + offs_t[:, None] * stride_q_t + hk * stride_q_h
+                              + offs_c[None, :] * stride_q_k, mask=tc, other=0.0).to(tl.float32)
+                k_c = k_c * k_norm[:, None]
+                q_c = q_c * q_norm[:, None] * scale
+                kk += tl.dot(k_c, tl.trans(k_c), input_precision="ieee")
+                qk += tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
+            a_kk = tl.where(earlier, ww * kk, 0.0)
+            a_qk = ww * qk
 
-        # The corrected values in order (each needs the earlier ones): d_t = beta_t (v_t - P_t^T k_t).
-        d_w = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)
-        for t in tl.static_range(BLOCK_T):  # unrolled over the tile; the window's width is a runtime guard
-            if t < window:
-                is_t = offs_t == t
-                a_t = tl.sum(tl.where(is_t[:, None], a_kk, 0.0), axis=0)  # [s]: row t of a_kk
-                pk_t = tl.sum(tl.where(is_t[:, None], pk, 0.0), axis=0) + tl.sum(a_t[:, None] * d_w, axis=0)
-                d_t = tl.sum(tl.where(is_t, beta_w, 0.0), axis=0) * (tl.sum(tl.where(is_t[:, None], v_w, 0.0), axis=0)
-                                                                     - pk_t)
-                d_w = tl.where(is_t[:, None], d_t[None, :], d_w)
+        # The corrected values d_t = beta_t (v_t - P_t^T k_t - sum_{s<t} a_kk[t, s] d_s) solve the unit lower
+        # triangular system (I + X) d = beta (v - P^T k) with X = diag(beta) a_kk strictly lower, so X^16 = 0 and
+        # (I + X)^-1 = (I - X)(I + X^2)(I + X^4)(I + X^8): seven [16, 16] products instead of a token loop.
+        x = beta_w[:, None] * a_kk
+        eye = tl.where(offs_t[:, None] == offs_t[None, :], 1.0, 0.0)
+        x2 = tl.dot(x, x, input_precision="ieee")
+        x4 = tl.dot(x2, x2, input_precision="ieee")
+        inv = tl.dot(eye - x, eye + x2, input_precision="ieee")
+        inv = tl.dot(inv, eye + x4, input_precision="ieee")
+        inv = tl.dot(inv, eye + tl.dot(x4, x4, input_precision="ieee"), input_precision="ieee")
+        d_w = tl.dot(inv, beta_w[:, None] * (v_w - pk), input_precision="ieee")
         o = pq + tl.dot(a_qk, d_w, input_precision="ieee")  # o_t = P_t^T q_t + sum_{s<=t} a_qk[t, s] d_s
         o = tl.where(fits, o, float("nan"))
         tl.store(o_ptr + pid_b * stride_o_b + offs_t[:, None] * stride_o_t + pid_h * stride_o_h
@@ -453,14 +477,17 @@ def verify_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: 
     """(BLOCK_V, num_warps) of the verify kernel: a [K, 4096 / K] tile on 4 warps ([128, 32] for K = 128), halved
     (down to 16) while the grid would have fewer than ~8 programs per H200 SM. Chosen from ptxas register counts for
     sm_90 at Qwen3-Next / Kimi-Linear shapes (T = 8: 168-178 registers, no spills; [128, 64] needs 233-247).
-    ``products`` (the window as matrix products): the same tile on 8 warps (on 4, ptxas put 2.8-4.4 KB per thread on
-    the stack: the float32 FMA products keep whole rows of K in registers). ``kernels/bench_verify.py`` can sweep it
-    through ``_block_v`` / ``_num_warps``."""
+    ``products`` (the window as matrix products): 8 warps, and [128, 16] tiles for a per-key gate (ptxas, sm_90,
+    ``kernels/resources.py``: 255 registers and 8 B of stack for GDN [128, 32] and KDA [128, 16], against 0.5-7 KB of
+    stack on 4 warps: the float32 FMA products hold whole rows of K in registers). ``kernels/bench_verify.py`` can
+    sweep it through ``_block_v`` / ``_num_warps``."""
     block_k = triton.next_power_of_2(key_dim)
     block_v = min(triton.next_power_of_2(value_dim), max(16, 4096 // block_k))
     while block_v > 16 and batch * value_heads * triton.cdiv(value_dim, block_v) < 1024:
         block_v //= 2
-    return max(block_v, 16), 8 if products else 4
+    if products:
+        return (16 if per_key_gate else max(block_v, 16)), 8
+    return max(block_v, 16), 4
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -525,6 +552,7 @@ def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_
             BLOCK_V=block_v,
             BLOCK_R=max(floor, triton.next_power_of_2(max(ring_size - window, 1))),  # count <= R - T if rows fit
             BLOCK_T=MAX_WINDOW if _products else max(2, triton.next_power_of_2(window)),  # products: every width
+            CHUNK_K=min(32, max(floor, triton.next_power_of_2(key_dim))),
             num_warps=num_warps,
         )
     return o

@@ -33,7 +33,7 @@ else:  # run as a script from a checkout
     import bench_verify
     from bench_common import load_kernels
 
-__all__ = ["ResourceUsage", "available", "verify_kernel_resources"]
+__all__ = ["ResourceUsage", "available", "cubin_resources", "sass_instructions", "verify_kernel_resources"]
 
 _TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int32: "i32",
           torch.int64: "i64", torch.uint8: "u8"}
@@ -114,15 +114,28 @@ def compile_resources(kernel, args: tuple, kwargs: dict, arch: int = 90) -> Reso
     compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", arch, 32),
                               options=options)
     seconds = time.perf_counter() - start
-    with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "kernel.cubin"
-        cubin.write_bytes(compiled.asm["cubin"])
-        report = subprocess.run([str(_tool("cuobjdump")), "--dump-resource-usage", str(cubin)], check=True,
-                                capture_output=True, text=True).stdout
-    fields = dict(re.findall(r"(REG|STACK|SHARED):(\d+)", report))
-    return ResourceUsage(registers=int(fields["REG"]), stack_bytes=int(fields["STACK"]),
-                         shared_bytes=int(fields["SHARED"]), compile_s=round(seconds, 2),
+    return ResourceUsage(**cubin_resources(compiled.asm["cubin"]), compile_s=round(seconds, 2),
                          triton=triton.__version__, arch=f"sm_{arch}")
+
+
+def _cuobjdump(cubin: bytes, *flags: str) -> str:
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin)
+        return subprocess.run([str(_tool("cuobjdump")), *flags, str(path)], check=True, capture_output=True,
+                              text=True).stdout
+
+
+def cubin_resources(cubin: bytes) -> dict:
+    """{"registers", "stack_bytes", "shared_bytes"} of a one-kernel cubin, as ptxas allotted them."""
+    fields = dict(re.findall(r"(REG|STACK|SHARED):(\d+)", _cuobjdump(cubin, "--dump-resource-usage")))
+    return dict(registers=int(fields["REG"]), stack_bytes=int(fields["STACK"]), shared_bytes=int(fields["SHARED"]))
+
+
+def sass_instructions(cubin: bytes) -> int:
+    """Number of SASS instructions in a cubin (a static count, not a timing)."""
+    sass = _cuobjdump(cubin, "-sass")
+    return sum(1 for line in sass.splitlines() if line.strip().startswith("/*") and ";" in line)
 
 
 def verify_kernel_resources(family: str, batch: int, window: int, products: bool = False, arch: int = 90,

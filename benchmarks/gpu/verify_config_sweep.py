@@ -1,7 +1,7 @@
 """Launch-configuration sweep of the verify kernels (tile width and warps), H200, real shapes, batch 64 / 256,
 T = 2, 4, 8: microseconds per verify (``triton.testing.do_bench``, inputs of ``kernels/bench_verify.py``), every
-configuration against the package's default, best first. The verify kernels became matrix products over the window
-in the thirteenth session; their tiles were chosen for the former per-token loop.
+configuration of both forms (token by token, the default; matrix products, ``_products=True``) against the
+package's default, best first.
 Run on the GPU machine after ``source benchmarks/gpu/install.sh``: ``python3 $R/benchmarks/gpu/verify_config_sweep.py
 [FAMILIES]`` (comma-separated, default mamba2,gdn,kda)."""
 
@@ -17,10 +17,12 @@ from hf_replayssm.kernels import bench_verify as bv
 
 
 def configs(family: str):
-    for tile in (16, 32, 64):
-        for warps in (2, 4, 8):
-            yield (dict(_config=dict(block_p=tile, num_warps=warps)) if family == "mamba2"
-                   else dict(_block_v=tile, _num_warps=warps))
+    for products in (False, True):
+        for tile in (16, 32, 64):
+            for warps in (4, 8):
+                launch = (dict(_config=dict(block_p=tile, num_warps=warps)) if family == "mamba2"
+                          else dict(_block_v=tile, _num_warps=warps))
+                yield dict(launch, _products=True) if products else launch
 
 
 def main() -> None:
@@ -53,7 +55,7 @@ def main() -> None:
 
 def label(launch: dict) -> str:
     cfg = launch.get("_config") or dict(block_v=launch["_block_v"], num_warps=launch["_num_warps"])
-    return "/".join(str(v) for v in cfg.values())
+    return "/".join(str(v) for v in cfg.values()) + ("/products" if launch.get("_products") else "")
 
 if __name__ == "__main__":
     main()

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Planned GPU calls for the next session (not run yet). Every job packs what it wrote into $OUT right after it ends,
+# so a call that hits its limit still brings back the jobs before (run 76 packed only at the end and lost all).
+# STAGE=1 (about 9 minutes on a fresh machine, most of it JIT compiles): the verify kernels' CUDA tests with the
+#   matrix-product form (tests/test_kernels_verify.py, slow cases included), the GPU speculation and compile tests,
+#   then bench_verify with both forms side by side (run 74, token form, T = 4 x snapshots: Mamba-2 0.93x, GDN 2.01x,
+#   KDA 1.15x; target 3x).
+# STAGE=2: the launch-configuration sweep of both forms, then the bundled copying model at batch 16 end to end with
+#   the default form (if stage 1 shows the product form correct and faster, make it the default before this call).
+# Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session14.sh", carry=[".whl/fla", ".triton_cache"],
+#        timeout_s=600), then STAGE=2 the same way within 30 s (the machine stays warm).
+source benchmarks/gpu/install.sh || exit 1
+RES=/tmp/w/res_next_session14_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
+pack() { tar czf "$OUT/next_session14_$STAGE.tgz" -C "$RES" . ; }
+if [ "$STAGE" = 1 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 240 test_kernels_verify_cuda tests/test_kernels_verify.py \
+    -m "slow or not slow"; pack
+  test_job 150 test_gpu_spec tests/test_gpu.py -k "jit_compiles or compiles_once or batched_speculation"; pack
+  timeout 150 python3 -m hf_replayssm.kernels.bench_verify --family mamba2,gdn,kda --batches 256 --windows 2,4,8 \
+    --products --out "$RES/verify_products.json" > "$RES/verify_products.txt" 2>&1
+  echo "verify rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+else
+  timeout 240 python3 "$R/benchmarks/gpu/verify_config_sweep.py" > "$RES/sweep.txt" 2>&1
+  echo "sweep rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  bench_job 200 speculative_tiny_gdn_copy_b16 speculative --models tiny-gdn-copy --batches 16 --prompt 512 \
+    --new 128 --out "$RES/speculative_tiny_gdn_copy_b16.json"; pack
+fi
+tail -n 12 "$RES"/*.txt
+save_triton_cache

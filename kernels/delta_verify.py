@@ -48,7 +48,7 @@ Design notes:
     keys are decayed token by token: no differences of cumulative sums); the d's are then solved in order
     (``O(T^2 BLOCK_V)``) and ``o = P^T q + a_qk d`` is one more product. ``BLOCK_T = 16`` (one compile for every
     width). Checked under the interpreter; not yet run on a GPU (run 76 timed out before any result came back; ptxas
-    for sm_90 then showed 2.8-4.4 KB of stack per thread on 4 warps, hence 8).
+    for sm_90 then showed the first version spilling 3.6-13 KB per thread on 4 warps, hence 8 and the changes above).
 * Records are appended by the programs that own them (d by every V tile, g by V tile 0, the raw key by V tile 0 of
   the first value head of each key group).
 * Commit grid ``(cdiv(V, BLOCK_V), B, Hv)``: flushing programs fold the records one at a time in order,
@@ -477,10 +477,10 @@ def verify_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: 
     """(BLOCK_V, num_warps) of the verify kernel: a [K, 4096 / K] tile on 4 warps ([128, 32] for K = 128), halved
     (down to 16) while the grid would have fewer than ~8 programs per H200 SM. Chosen from ptxas register counts for
     sm_90 at Qwen3-Next / Kimi-Linear shapes (T = 8: 168-178 registers, no spills; [128, 64] needs 233-247).
-    ``products`` (the window as matrix products): 8 warps, and [128, 16] tiles for a per-key gate (ptxas, sm_90,
-    ``kernels/resources.py``: 255 registers and 8 B of stack for GDN [128, 32] and KDA [128, 16], against 0.5-7 KB of
-    stack on 4 warps: the float32 FMA products hold whole rows of K in registers). ``kernels/bench_verify.py`` can
-    sweep it through ``_block_v`` / ``_num_warps``."""
+    ``products`` (the window as matrix products): 8 warps, and [128, 16] tiles for a per-key gate (ptxas for sm_90,
+    Triton 3.6, ``python -m hf_replayssm.kernels.registers --verify``: GDN [128, 32] 182 registers, KDA [128, 16]
+    255 and 4 B spilled; on 4 warps both spill 24-772 B: the float32 FMA products hold whole rows of K in
+    registers). ``kernels/bench_verify.py`` can sweep it through ``_block_v`` / ``_num_warps``."""
     block_k = triton.next_power_of_2(key_dim)
     block_v = min(triton.next_power_of_2(value_dim), max(16, 4096 // block_k))
     while block_v > 16 and batch * value_heads * triton.cdiv(value_dim, block_v) < 1024:

@@ -37,8 +37,8 @@ Design notes:
     chunk (``tl.dot`` in IEEE float32, no TF32): ``[T, N] x [N, BLOCK_P]`` against the state tile, ``[T, N] x
     [N, R]`` and ``[T, R] x [R, BLOCK_P]`` against the records, ``[T, N] x [N, T]`` and ``[T, T] x [T, BLOCK_P]``
     within the window; ``BLOCK_T = 16`` (one compile for every width). Checked under the interpreter; not yet run on
-    a GPU (run 76 timed out before any result came back; ptxas for sm_90 then showed the [16, 128] x 4-warp tile
-    with 4 KB of stack per thread, hence its own launch configuration).
+    a GPU (run 76 timed out before any result came back; ptxas for sm_90 then showed [16, 128] and [32, 128] tiles
+    on 4 warps spilling 280-356 B per thread, hence its own launch configuration).
 * Records are appended by the programs that own them (x by every P tile, dt by P tile 0, B by P tile 0 of the
   group's first head); the appended slots differ from every slot read when ``count + T <= R``.
 * Commit grid ``(cdiv(P, BLOCK_P), B, H)``: programs of rows that do not flush only take part in the count update.
@@ -346,9 +346,10 @@ def verify_launch_config(batch: int, heads: int, head_dim: int, d_state: int, wi
     """``block_p`` and ``num_warps`` of the verify kernel: a 4096-element state tile on 8 warps ([32, 128] for
     d_state 128), halved on 4 warps when batch * heads < 2048. Chosen from ptxas register counts for sm_90 at
     Nemotron-H shapes (T = 2..8: 128-174 registers, no spills; the replay step's [32, 128] x 2 warps spills at T = 8).
-    ``products`` (the window as matrix products): [32, 128] on 8 warps whatever the batch (ptxas, Triton 3.6, sm_90:
-    255 registers, no stack; [16, 128] on 4 warps put 4 KB per thread on the stack: the float32 FMA products keep
-    whole rows of K in registers). ``kernels/bench_verify.py`` can sweep it through ``_config``."""
+    ``products`` (the window as matrix products): [32, 128] on 8 warps whatever the batch (ptxas for sm_90, Triton
+    3.6, ``python -m hf_replayssm.kernels.registers --family mamba2 --verify``: 174 registers, no spills; on 4 warps
+    255 registers and 280-356 B spilled: the float32 FMA products hold whole rows of N in registers).
+    ``kernels/bench_verify.py`` can sweep it through ``_config``."""
     block_n = triton.next_power_of_2(d_state)
     if products:
         return dict(block_p=max(16, min(triton.next_power_of_2(head_dim), 4096 // max(16, block_n))), num_warps=8)

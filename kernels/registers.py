@@ -16,6 +16,7 @@ Uses Triton internals (``triton.runtime.driver.set_active``, ``JITFunction.warmu
 without them raises a clear error. Command line (a table over launch configurations and read formats)::
 
     python -m hf_replayssm.kernels.registers --family gdn --arch 90   # or kda, mamba2
+    python -m hf_replayssm.kernels.registers --family gdn --verify    # the verify kernel, both forms, batch 256
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from types import ModuleType
 import torch
 import triton
 
-__all__ = ["compile_launches", "main"]
+__all__ = ["compile_launches", "main", "verify_registers"]
 
 
 class _TargetDriver:
@@ -191,6 +192,40 @@ def _kda_call(fmt: str, device_phase: bool, block_v: int, num_warps: int):
     return _delta_call(fmt, device_phase, block_v, num_warps, per_key=True)
 
 
+def _verify_call(family: str, batch: int, window: int, products: bool, launch: dict | None):
+    """The speculative verify kernel of ``family`` (bench_verify's real shapes, one row of tensors) with the launch
+    configuration its wrapper picks for ``batch`` rows (or ``launch``: ``_config`` for Mamba-2, ``_block_v`` /
+    ``_num_warps`` for the delta rule); ``products``: the kernel's matrix-product form."""
+    from hf_replayssm.kernels import bench_verify
+
+    name = "mamba2_verify" if family == "mamba2" else "delta_verify"
+    module = __import__(f"hf_replayssm.kernels.{name}", fromlist=["_verify"])
+    shape = next(iter(bench_verify.SHAPES[family].values()))
+    if launch is None:
+        if family == "mamba2":
+            launch = dict(_config=module.verify_launch_config(batch, shape["heads"], shape["head_dim"],
+                                                              shape["d_state"], window, products))
+        else:
+            block_v, warps = module.verify_launch_config(batch, shape["value_heads"], shape["key_dim"],
+                                                         shape["value_dim"], family == "kda", window, products)
+            launch = dict(_block_v=block_v, _num_warps=warps)
+    case = bench_verify.make_case(family, shape, 1, window, 16, torch.device("cpu"), torch.Generator().manual_seed(0),
+                                  False)
+
+    def call():
+        case.verify(module, case.copies[0], _products=products, **launch)
+
+    return module, [f"_{'mamba2' if family == 'mamba2' else 'delta'}_verify_kernel"], call
+
+
+def verify_registers(family: str, batch: int = 256, window: int = 4, products: bool = False, arch: int = 90,
+                     launch: dict | None = None) -> dict:
+    """Registers and spills of ``family``'s verify kernel ("mamba2", "gdn", "kda") at a batch's launch
+    configuration (see :func:`_verify_call`), compiled for ``sm_<arch>``."""
+    (row,) = compile_launches(*_verify_call(family, batch, window, products, launch), arch=arch)
+    return dict(row, family=family, batch=batch, window=window, products=products)
+
+
 FAMILIES = {"gdn": (_gdn_call, [(64, 4), (32, 4), (32, 2), (16, 2)]),
             "kda": (_kda_call, [(64, 4), (32, 4), (32, 2), (16, 2)]),
             "mamba2": (_mamba2_call, [(32, 2), (16, 2), (16, 4), (8, 2)])}
@@ -201,9 +236,24 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--family", choices=sorted(FAMILIES), default="gdn")
     parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: Hopper, the H200)")
     parser.add_argument("--formats", default="fp32,fp8,nvfp4")
+    parser.add_argument("--verify", action="store_true",
+                        help="the speculative verify kernel instead, at --batch's launch configuration, both forms")
+    parser.add_argument("--batch", type=int, default=256, help="with --verify: the batch whose launch to compile")
+    parser.add_argument("--windows", default="2,4,8", help="with --verify: window widths")
     args = parser.parse_args(argv)
-    make_call, configs = FAMILIES[args.family]
     rows = []
+    if args.verify:
+        print(f"{args.family} verify, sm_{args.arch}, triton {triton.__version__}, batch {args.batch}")
+        for window in (int(w) for w in args.windows.split(",")):
+            for products in (False, True):
+                r = verify_registers(args.family, args.batch, window, products, args.arch)
+                rows.append(r)
+                tile = r.get("BLOCK_P", r.get("BLOCK_V"))
+                print(f"  T {window:>2}  {'products' if products else 'tokens':>8}  tile {tile:>3} x "
+                      f"{r['num_warps']} warps  {r['registers']:>3} registers  {r['spill_store_bytes']:>5} B spilled",
+                      flush=True)
+        return rows
+    make_call, configs = FAMILIES[args.family]
     print(f"{args.family}, sm_{args.arch}, triton {triton.__version__}: registers / spill bytes per launch")
     for tile, num_warps in configs:
         for fmt in args.formats.split(","):

@@ -55,3 +55,35 @@ def test_registers_of_the_mamba2_replay_launches():
     # the flush launch carries the fold too: more registers than the replay-only ones
     assert device[0]["registers"] > max(host[0]["registers"], device[1]["registers"]), (host, device)
     assert result["restored"] == "JITFunction"  # the module's kernel is back in place
+
+
+VERIFY_WORKER = r"""
+import json
+from hf_replayssm.kernels import delta_verify, registers
+rows = [registers.verify_registers(family, 256, 4, products) for family in ("mamba2", "gdn", "kda")
+        for products in (False, True)]
+print(json.dumps(dict(rows=rows, restored=type(delta_verify._delta_verify_kernel).__name__)))
+"""
+
+
+@pytest.mark.skipif(not _ptxas_available(), reason="triton bundles no ptxas here")
+def test_verify_kernels_at_batch_256_and_the_default_form_does_not_spill():
+    """The speculative verify kernels at the launch configurations their wrappers pick for 256 rows and a window of
+    4: the token-by-token form (the default, the one the H200 measured) spills nothing; the matrix-product form
+    (``_products=True``) compiles with its 16-token tiles."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["OMP_NUM_THREADS"] = "1"
+    done = subprocess.run([sys.executable, "-c", VERIFY_WORKER], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    rows = result["rows"]
+    assert [(r["family"], r["products"], r["kernel"]) for r in rows] == [
+        (family, products, f"_{'mamba2' if family == 'mamba2' else 'delta'}_verify_kernel")
+        for family in ("mamba2", "gdn", "kda") for products in (False, True)]
+    for r in rows:
+        print(r)
+        assert 16 <= r["registers"] <= 255 and r["WINDOW_AS_PRODUCTS"] == r["products"], r
+        assert r["BLOCK_T"] == (16 if r["products"] else 4), r
+        if not r["products"]:
+            assert r["spill_store_bytes"] == 0, f"the default verify form spills: {r}"
+    assert result["restored"] == "JITFunction"

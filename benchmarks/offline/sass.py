@@ -9,17 +9,18 @@ How: Triton's active driver is replaced by a stand-in that names the target, and
 only), on CPU tensors built by the read-copy kernel tests (``tests/test_kernels_read_copy.py``) at real shapes
 (Qwen3-Next GDN 32 / 16 heads of 128, Nemotron-H-8B Mamba-2 128 heads x 64 x 128), device positions, batch 64 by
 default (the launch configuration depends on the grid's size).
-Uses Triton internals (``driver.set_active``, ``JITFunction.run(warmup=True)``), checked with Triton 3.9. The verify
-kernels have their own entry point, ``python -m hf_replayssm.kernels.resources`` (a captured launch compiled with
-``triton.compile``), which also reads the cubins here.
+Uses Triton internals (``driver.set_active``, ``JITFunction.run(warmup=True)``), checked with Triton 3.9.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
 import sys
 from pathlib import Path
 
 import torch
+import triton
 from triton.backends.compiler import GPUTarget
 from triton.runtime import driver
 from triton.runtime.jit import JITFunction
@@ -55,12 +56,15 @@ def _compile_only(self, grid):
 
 
 def report(label: str) -> None:
-    from hf_replayssm.kernels.resources import cubin_resources, sass_instructions
-
+    cuobjdump = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
     for name, kernel in COMPILED:
-        cubin = kernel.asm["cubin"]
-        usage = ", ".join(f"{key} {value}" for key, value in cubin_resources(cubin).items())
-        print(f"{label:14s} {name}: {sass_instructions(cubin)} SASS instructions, {usage}")
+        path = Path(os.environ.get("TMPDIR", "/tmp")) / f"{name}.cubin"
+        path.write_bytes(kernel.asm["cubin"])
+        sass = subprocess.run([cuobjdump, "-sass", path], capture_output=True, text=True).stdout
+        instructions = sum(1 for line in sass.splitlines() if line.strip().startswith("/*") and ";" in line)
+        usage = subprocess.run([cuobjdump, "-res-usage", path], capture_output=True, text=True).stdout
+        resources = " ".join(line.strip().split("Function")[0] for line in usage.splitlines() if "REG" in line)
+        print(f"{label:14s} {name}: {instructions} SASS instructions, {resources.strip()}")
     COMPILED.clear()
 
 

@@ -363,6 +363,19 @@ def _mamba2_inputs(device, dtype, batch, T, ring, *, options=True, H=4, G=2, P=2
 M_RING = ("ring_x", "ring_dt", "ring_B")
 
 
+def _check_row_that_does_not_fit(verify, p, ring_names, counts):
+    """Row 1's count plus the window exceeds the ring: NaN outputs and none of its ring slots written; row 0 fits.
+    Returns the outputs and the inputs before the call."""
+    p["origin"] = torch.tensor([3, 5], dtype=torch.int32, device=p["state"].device)
+    p["count"] = torch.tensor(counts, dtype=torch.int32, device=p["state"].device)
+    before = _clone(p)
+    out = verify(**p)
+    assert torch.isnan(out[1]).all() and torch.isfinite(out[0].float()).all()
+    for name in ring_names:
+        assert torch.equal(p[name][1], before[name][1]), f"{name} written for a row that does not fit"
+    return out, before
+
+
 def _check_mamba2_verify(k, device, dtype, T, ring, origins, counts, config, options=True, poison=True,
                          products=False):
     batch = len(counts)
@@ -393,14 +406,8 @@ def case_mamba2_verify_bf16(k, device):
     _check_mamba2_verify(k, device, torch.bfloat16, 4, R, [6, 5, 4, 6], [0, 1, 2, 3], dict(block_p=16, num_warps=2))
     _check_mamba2_verify(k, device, torch.bfloat16, 2, R, [6, 5, 3, 6, 0, 2], [0, 1, 2, 3, 4, 5],
                          dict(block_p=8, num_warps=2))
-    p = _mamba2_inputs(device, torch.bfloat16, 2, 4, R)
-    p["origin"] = torch.tensor([3, 5], dtype=torch.int32, device=device)
-    p["count"] = torch.tensor([2, 4], dtype=torch.int32, device=device)  # row 1: 4 + 4 > 7
-    before = _clone(p)
-    y = k.mamba2_verify(**p)
-    assert torch.isnan(y[1]).all() and torch.isfinite(y[0].float()).all()
-    for name in M_RING:
-        assert torch.equal(p[name][1], before[name][1]), f"{name} written for a row that does not fit"
+    y, before = _check_row_that_does_not_fit(k.mamba2_verify, _mamba2_inputs(device, torch.bfloat16, 2, 4, R),
+                                             M_RING, [2, 4])  # row 1: 4 + 4 > 7
     q = _clone(before)
     q["origin"], q["count"] = q["origin"][:1], q["count"][:1]
     q = {n: (v[:1] if hasattr(v, "dim") and v.dim() > 1 else v) for n, v in q.items()}
@@ -418,14 +425,8 @@ def case_mamba2_verify_products(k, device):
                          dict(block_p=16, num_warps=4), options=False, products=True)
     _check_mamba2_verify(k, device, torch.float32, 7, 12, [11, 0, 6], [5, 0, 4], dict(block_p=16, num_warps=4),
                          options=False, products=True)
-    p = _mamba2_inputs(device, torch.bfloat16, 2, 4, 7)
-    p["origin"] = torch.tensor([3, 5], dtype=torch.int32, device=device)
-    p["count"] = torch.tensor([2, 4], dtype=torch.int32, device=device)  # row 1: 4 + 4 > 7
-    before = _clone(p)
-    y = k._verify(**p, _products=True)
-    assert torch.isnan(y[1]).all() and torch.isfinite(y[0].float()).all()
-    for name in M_RING:
-        assert torch.equal(p[name][1], before[name][1]), f"{name} written for a row that does not fit"
+    _check_row_that_does_not_fit(functools.partial(k._verify, _products=True),
+                                 _mamba2_inputs(device, torch.bfloat16, 2, 4, 7), M_RING, [2, 4])
 
 
 def case_mamba2_verify_fp32(k, device):
@@ -576,14 +577,8 @@ def case_delta_verify_gdn_bf16(k, device):
     _check_delta_verify(k, device, torch.bfloat16, 4, R, [6, 5, 4, 6], [0, 1, 2, 3], 16, per_key=False)
     _check_delta_verify(k, device, torch.bfloat16, 2, R, [6, 5, 3, 6, 0, 2], [0, 1, 2, 3, 4, 5], 32,
                         per_key=False)
-    p = _delta_inputs(device, torch.bfloat16, 2, 3, R, per_key=False)
-    p["origin"] = torch.tensor([3, 5], dtype=torch.int32, device=device)
-    p["count"] = torch.tensor([4, 5], dtype=torch.int32, device=device)  # row 1: 5 + 3 > 7
-    before = _clone(p)
-    o = k.delta_verify(**p)
-    assert torch.isnan(o[1]).all() and torch.isfinite(o[0].float()).all()
-    for name in D_RING:
-        assert torch.equal(p[name][1], before[name][1]), f"{name} written for a row that does not fit"
+    _check_row_that_does_not_fit(k.delta_verify, _delta_inputs(device, torch.bfloat16, 2, 3, R, per_key=False),
+                                 D_RING, [4, 5])  # row 1: 5 + 3 > 7
 
 
 def case_delta_verify_products(k, device):
@@ -600,14 +595,8 @@ def case_delta_verify_products(k, device):
                             shape=dict(K=24, V=32), products=True)
         _check_delta_verify(k, device, torch.float32, 3, 5, [4, 0], [2, 1], 16, per_key=per_key,
                             shape=dict(Hk=1, Hv=2, K=16, V=16), use_qk_l2norm=False, scale=0.3, products=True)
-        p = _delta_inputs(device, torch.bfloat16, 2, 3, 7, per_key=per_key)
-        p["origin"] = torch.tensor([3, 5], dtype=torch.int32, device=device)
-        p["count"] = torch.tensor([4, 5], dtype=torch.int32, device=device)  # row 1: 5 + 3 > 7
-        before = _clone(p)
-        o = k._verify(**p, _products=True)
-        assert torch.isnan(o[1]).all() and torch.isfinite(o[0].float()).all()
-        for name in D_RING:
-            assert torch.equal(p[name][1], before[name][1]), f"{name} written for a row that does not fit"
+        _check_row_that_does_not_fit(functools.partial(k._verify, _products=True),
+                                     _delta_inputs(device, torch.bfloat16, 2, 3, 7, per_key=per_key), D_RING, [4, 5])
 
 
 def case_delta_verify_kda(k, device):

@@ -29,10 +29,11 @@ Design notes:
   with the log decays summed directly over the terms in between (records after j, then window tokens up to t;
   never differences of cumulative sums, see ``hf_replayssm/ops/decay.py``). Two forms of the same sums, chosen by
   the constexpr ``WINDOW_AS_PRODUCTS`` (``_verify(..., _products=True)``):
-  - token by token (the default): a runtime loop over the window (one compile per ``BLOCK_T = next_pow2(T)``, not
-    one per width, which cost a JIT compile at every new draft count of a speculative run), one pass over the state
-    tile per token (``S0 C_t``) plus O((count + T)(N + P)). H200, batch 256 (run 74): 1903 / 5818 / 7159 us at
-    T = 2 / 4 / 8, 1.43x / 0.93x / 1.52x faster than per-draft snapshots (target at T = 4: 3x);
+  - token by token (the default): a runtime loop over the window (one compile per ``BLOCK_T = max(8,
+    next_pow2(T))``, not one per width, which cost a JIT compile at every new draft count of a speculative run), one
+    pass over the state tile per token (``S0 C_t``) plus O((count + T)(N + P)). H200, batch 256 (run 74, tiles of
+    next_pow2(T) then): 1903 / 5818 / 7159 us at T = 2 / 4 / 8, 1.43x / 0.93x / 1.52x faster than per-draft
+    snapshots (target at T = 4: 3x); the 4-token tile took 172 registers against 128 (ptxas, sm_90), hence 8 now;
   - as matrix products: no term depends on another token's output, so the whole window is the SSD form of a
     chunk (``tl.dot`` in IEEE float32, no TF32): ``[T, N] x [N, BLOCK_P]`` against the state tile, ``[T, N] x
     [N, R]`` and ``[T, R] x [R, BLOCK_P]`` against the records, ``[T, N] x [N, T]`` and ``[T, T] x [T, BLOCK_P]``
@@ -117,7 +118,7 @@ def _mamba2_verify_kernel(
     stride_A, stride_D, stride_dt_bias,
     stride_z_b, stride_z_t, stride_z_h, stride_z_p,
     stride_y_b, stride_y_t, stride_y_h, stride_y_p,
-    window,  # T, a runtime loop bound (BLOCK_T = next_pow2(T) sizes the window tiles)
+    window,  # T, a runtime loop bound (BLOCK_T >= T sizes the window tiles)
     HAS_D: tl.constexpr,
     HAS_Z: tl.constexpr,
     HAS_DT_BIAS: tl.constexpr,
@@ -413,7 +414,9 @@ def _verify(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=Non
             BLOCK_P=cfg["block_p"],
             BLOCK_N=max(floor, triton.next_power_of_2(d_state)),
             BLOCK_R=max(floor, triton.next_power_of_2(max(ring_size - window, 1))),  # count <= R - T if rows fit
-            BLOCK_T=MAX_WINDOW if _products else max(2, triton.next_power_of_2(window)),  # products: every width
+            # products: one tile for every width; tokens: 8 or 16 (ptxas, sm_90, [32, 128] x 8 warps: a tile of 4 took
+            # 172 registers against 128 for 2 or 8, one program per SM fewer: run 74's T = 4 ran 3x slower than T = 2)
+            BLOCK_T=MAX_WINDOW if _products else max(8, triton.next_power_of_2(window)),
             num_warps=cfg["num_warps"],
         )
     return y

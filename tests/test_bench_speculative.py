@@ -184,3 +184,27 @@ def test_jit_compiles_records_each_compile_and_restores_the_hook():
         assert compiles.summary() == {"_verify_kernel": 2, "_fold_kernel": 1}
     finally:
         knobs.runtime.jit_post_compile_hook = None
+
+
+def test_sdpa_backend_pins_attention_for_a_run(tmp_path):
+    """``--sdpa`` restricts scaled-dot-product attention for the whole run: the math backend computes what the default
+    does; cuDNN attention (no CPU kernel) is then the only choice and fails; a bench run with ``--sdpa math`` records
+    the setting and still emits plain greedy's tokens."""
+    import pytest
+    import torch
+
+    from hf_replayssm.bench.attention import sdpa_backend
+
+    q, k, v = (torch.randn(2, 4, 5, 8) for _ in range(3))
+    expected = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with sdpa_backend("math"):
+        torch.testing.assert_close(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), expected)
+    with sdpa_backend("cudnn"), pytest.raises(RuntimeError):
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    with pytest.raises(ValueError, match="--sdpa"):
+        sdpa_backend("fastest")
+    out = tmp_path / "spec.json"
+    speculative.main(["--models", "qwen3_5", "--tiny", "--batches", "2", "--prompt", "32", "--new", "6", "--lookup",
+                      "3", "--buffer-len", "4", "--device", "cpu", "--sdpa", "math", "--out", str(out)])
+    data = json.loads(out.read_text())
+    assert data["settings"]["sdpa"] == "math" and data["results"][0]["identical"], data["results"][0]

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .attention import SDPA_CHOICES, sdpa_backend
 from .step import _sync
 
 ARMS = ("stock", "stock-static-compiled", "replay", "replay-compiled", "replay-fp8-compiled",
@@ -657,6 +658,8 @@ def build_parser():
                         "(32: Qwen3.5-4B's depth)")
     parser.add_argument("--tiny", action="store_true", help="tiny hidden sizes (CPU tests, smoke runs)")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--sdpa", default="default", choices=SDPA_CHOICES,
+                        help="pin attention to one SDPA backend for the whole run (efficient: no cuDNN graph builds)")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--speculative", action="store_true", help="batch 1 speculative decoding instead (greedy vs "
@@ -728,13 +731,14 @@ def main(argv: list[str] | None = None) -> int:
     _raise_recompile_limit()
     results = {"environment": {**environment(args.device), "argv": sys.argv[1:] if argv is None else list(argv)},
                "settings": vars(args), "results": [], "speculative": []}
-    for name in args.models.split(","):
-        if args.speculative:
-            results["speculative"] += _speculate_model(name, args, settings)
-        else:
-            results["results"] += _bench_model(name, args, settings)
-        if args.device.startswith("cuda"):
-            torch.cuda.empty_cache()
+    with sdpa_backend(args.sdpa):
+        for name in args.models.split(","):
+            if args.speculative:
+                results["speculative"] += _speculate_model(name, args, settings)
+            else:
+                results["results"] += _bench_model(name, args, settings)
+            if args.device.startswith("cuda"):
+                torch.cuda.empty_cache()
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=2)

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 import torch
 
 from ..batched import DRAFT_SCHEDULES
+from .attention import SDPA_CHOICES, sdpa_backend
 from .compiles import JitCompiles
 from .step import _sync
 
@@ -347,6 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--drafts", default=None,
                         help="comma-separated draft models, one per --models entry (a bundled name or a shaped model, "
                              "same vocabulary; e.g. tiny-mamba2 for small-mamba2): adds a 'draft' arm")
+    parser.add_argument("--sdpa", default="default", choices=SDPA_CHOICES,
+                        help="pin attention to one SDPA backend for the whole run (efficient: no cuDNN graph builds)")
     parser.add_argument("--schedules", default="constant",
                         help="draft schedules, comma-separated: constant (num drafts every round), heuristic (per row: "
                              "+2 after a fully accepted round, -1 otherwise; adds the *-heuristic arms)")
@@ -371,6 +374,15 @@ def main(argv: list[str] | None = None) -> int:
     drafts = args.drafts.split(",") if args.drafts else [None] * len(names)
     if len(drafts) != len(names):
         raise SystemExit(f"--drafts names {len(drafts)} models for {len(names)} --models entries")
+    with sdpa_backend(args.sdpa):
+        _run_models(args, names, drafts, dtype, schedules, results)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=2)
+    return 0
+
+
+def _run_models(args, names, drafts, dtype, schedules, results) -> None:
     for name, draft_name in zip(names, drafts, strict=True):
         model, tokenizer = _load(name, args.device, dtype, args.tiny)
         draft = _load(draft_name, args.device, dtype, args.tiny)[0] if draft_name else None
@@ -402,7 +414,3 @@ def main(argv: list[str] | None = None) -> int:
                                            for w, (c, t) in forwards["by_width"].items())
                         print(f"      {label} forwards {forwards['seconds']:.3f} s ({widths})", flush=True)
         del model, draft
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=2)
-    return 0

@@ -247,7 +247,7 @@ def _delta_verify_kernel(
             ww = tl.where(offs_t[None, :] <= offs_t[:, None],
                           tl.exp(tl.sum(tl.where(between, g_w[None, None, :], 0.0), axis=2)), 0.0)
             # k_s . k_t and q_t . k_s over chunks of K reloaded from memory: a [T, K] x [K, T] product of the
-            # register tiles above holds k_w in a second operand layout and spills (ptxas, sm_90: 216+ B of stack)
+            # register tiles above holds k_w in a second operand layout and spilled (ptxas for sm_90)
             kk = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)
             qk = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)
             for c in tl.static_range(BLOCK_K // CHUNK_K):

@@ -25,7 +25,7 @@ python3 -m pip install -q --no-index --no-deps --no-build-isolation --no-compile
 export PYTHONPATH=/tmp/site:/tmp/fla PATH=/tmp/site/bin:$PATH
 mkdir -p /tmp/w
 # Triton's kernel cache across machines: each call starts a fresh machine, whose first process spends 50-90 s
-# compiling our kernels (runs 69-72). A cache tarball a call saved (save_triton_cache, $OUT/triton_cache.tgz) and the
+# compiling our kernels (runs 69-72). A cache tarball a call saved (save_triton_cache, $OUT/triton_cache.tgz*) and the
 # next call carries (.triton_cache/cache.tgz, git-ignored) is unpacked here; entries are keyed by kernel source,
 # Triton and CUDA versions and the GPU, so a changed kernel just compiles again.
 export TRITON_CACHE_DIR=/tmp/triton_cache
@@ -33,10 +33,15 @@ if [ -f "$R/.triton_cache/cache.tgz" ] && [ ! -d "$TRITON_CACHE_DIR" ]; then
   mkdir -p "$TRITON_CACHE_DIR" && tar xzf "$R/.triton_cache/cache.tgz" -C "$TRITON_CACHE_DIR" \
     && echo "triton cache: $(ls "$TRITON_CACHE_DIR" | wc -l) entries carried in"
 fi
-save_triton_cache() {  # $OUT/triton_cache.tgz when it fits what a call brings back (16 MiB a file)
+save_triton_cache() {  # $OUT/triton_cache.tgz, split into 15 MB parts (.part-aa, -ab, ...) when it is larger: a call
+  # brings back 16 MiB a file and 8 files, a call carries 64 MiB, so at most 3 parts (45 MB) go back
   [ -d "$TRITON_CACHE_DIR" ] || return 0
   tar czf /tmp/triton_cache.tgz -C "$TRITON_CACHE_DIR" . && local size=$(stat -c %s /tmp/triton_cache.tgz)
-  if [ "$size" -lt 15000000 ]; then cp /tmp/triton_cache.tgz "$OUT/triton_cache.tgz"; fi
+  if [ "$size" -lt 15000000 ]; then
+    cp /tmp/triton_cache.tgz "$OUT/triton_cache.tgz"
+  elif [ "$size" -lt 45000000 ]; then
+    split -b 15000000 /tmp/triton_cache.tgz "$OUT/triton_cache.tgz.part-"
+  fi
   echo "triton cache: $(ls "$TRITON_CACHE_DIR" | wc -l) entries, $size bytes compressed"
 }
 bench_job() {  # bench_job SECONDS NAME ARGS...: one `hf-replayssm bench ARGS` with a time limit, into $RES/NAME.txt

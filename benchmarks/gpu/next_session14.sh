@@ -11,7 +11,8 @@
 #   (no cuDNN graph builds) and with torch's default, each counting JIT compiles: run 73 measured 0.09x where run 75
 #   measured 0.70x.
 # Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session14.sh", carry=[".whl/fla", ".triton_cache"],
-#        timeout_s=600), then STAGE=2 the same way within 30 s (the machine stays warm).
+#        timeout_s=600), then STAGE=2 the same way within 30 s (the machine stays warm). Before a call on a fresh
+#        machine: cat FILES_AT/triton_cache.tgz* > .triton_cache/cache.tgz (the last call's compiled kernels).
 source benchmarks/gpu/install.sh || exit 1
 RES=/tmp/w/res_next_session14_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
 pack() { tar czf "$OUT/next_session14_$STAGE.tgz" -C "$RES" . ; }

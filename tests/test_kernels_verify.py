@@ -583,7 +583,8 @@ def case_delta_verify_gdn_bf16(k, device):
 
 def case_delta_verify_products(k, device):
     """The window as matrix products (``_products=True``), GDN and KDA: bf16 GVA T=4 (wrapping origins, NaN in
-    uncommitted slots), a full window of 16, fp32 K=24 T=1 and T=7, no l2norm with a scale; a row that does not fit."""
+    uncommitted slots), a full window of 16, fp32 K=24 T=1 and T=7, no l2norm with a scale; a row that does not fit;
+    a full window whose triangular system is hard (nearly parallel keys, beta near 1, some strong gates)."""
     for per_key in (False, True):
         _check_delta_verify(k, device, torch.bfloat16, 4, 7, [6, 5, 4, 6], [0, 1, 2, 3], 16, per_key=per_key,
                             products=True)
@@ -597,6 +598,19 @@ def case_delta_verify_products(k, device):
                             shape=dict(Hk=1, Hv=2, K=16, V=16), use_qk_l2norm=False, scale=0.3, products=True)
         _check_row_that_does_not_fit(functools.partial(k._verify, _products=True),
                                      _delta_inputs(device, torch.bfloat16, 2, 3, 7, per_key=per_key), D_RING, [4, 5])
+        # A hard system for the d's solved by (I + X)^-1 = (I - X)(I + X^2)(I + X^4)(I + X^8): 16 nearly parallel
+        # keys, beta near 1, a fifth of the gates 21x stronger.
+        p = _delta_inputs(device, torch.float32, 3, 16, 20, per_key=per_key, seed=3)
+        gen = torch.Generator().manual_seed(4)
+        p["k"] = torch.randn(3, 1, *p["k"].shape[2:], generator=gen).to(device) + 0.05 * p["k"]
+        p["beta"] = 0.95 + 0.05 * torch.rand(p["beta"].shape, generator=gen).to(device)
+        p["g"] = p["g"] * (1 + 20 * (torch.rand(p["g"].shape, generator=gen) > 0.8).to(device))
+        p["origin"] = torch.tensor([19, 3, 7], dtype=torch.int32, device=device)
+        p["count"] = torch.tensor([0, 4, 3], dtype=torch.int32, device=device)
+        q = _clone(p)
+        o = k._verify(**p, out=torch.empty(p["v"].shape, device=device), _products=True)
+        _close("o, a hard window", o, k.delta_verify_ref(**q, out=torch.empty(p["v"].shape, device=device)), 2e-6)
+        _close("ring_d, a hard window", p["ring_d"].nan_to_num(), q["ring_d"].nan_to_num(), 1e-5)
 
 
 def case_delta_verify_kda(k, device):

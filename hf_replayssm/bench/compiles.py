@@ -13,8 +13,8 @@ def _runtime_knobs():
         import triton.knobs as knobs
     except ImportError:  # no triton, or one older than its knobs (3.4): nothing to count
         return None
-    return getattr(knobs, "runtime", None) if hasattr(getattr(knobs, "runtime", None), "jit_post_compile_hook") \
-        else None
+    runtime = getattr(knobs, "runtime", None)
+    return runtime if hasattr(runtime, "jit_post_compile_hook") else None
 
 
 class JitCompiles:

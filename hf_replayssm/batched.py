@@ -15,7 +15,7 @@ batched forward; ``tests/test_batched_speculation.py``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -84,16 +84,32 @@ class BatchedSpeculationResult:
         return self.accepted / self.drafted if self.drafted else 0.0
 
 
+def _stop_tokens(eos_token_id) -> frozenset[int]:
+    if eos_token_id is None:
+        return frozenset()
+    if isinstance(eos_token_id, torch.Tensor):
+        eos_token_id = eos_token_id.flatten().tolist()
+    return frozenset(int(t) for t in eos_token_id) if isinstance(eos_token_id, (list, tuple)) else \
+        frozenset((int(eos_token_id),))
+
+
+def _first_stop(tokens: list[int], stops: frozenset[int]) -> int:
+    """1 + the index of the first end-of-sequence token in ``tokens``, or 0 if there is none."""
+    return next((i + 1 for i, t in enumerate(tokens) if t in stops), 0) if stops else 0
+
+
 def batched_prompt_lookup(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                           max_new_tokens: int = 32, num_draft_tokens: int = 4, max_ngram: int = 2,
-                          eos_token_id: int | None = None, cache=None,
+                          eos_token_id: int | Sequence[int] | None = None, cache=None,
                           drafter: Callable[[int, list[int], int], list[int]] | None = None,
                           draft_schedule: str = "constant") -> BatchedSpeculationResult:
     """Greedy decoding of a batch with per-row prompt-lookup speculation.
 
     Args:
         input_ids: [B, S] prompts, left-padded where ``attention_mask`` [B, S] has zeros.
-        max_new_tokens: new tokens per row (fewer for a row that emits ``eos_token_id``).
+        max_new_tokens: new tokens per row (fewer for a row that emits an end-of-sequence token).
+        eos_token_id: the end-of-sequence token, or several (as in a generation config's list): a row stops after
+            the first of them it emits.
         num_draft_tokens: drafts per row and round (the verify window is one more token).
         cache: a ``ReplayCache`` (default: ``ReplayCache()``); it must be empty.
         drafter: ``drafter(row, tokens, n)`` -> up to n draft tokens following ``tokens`` (the row's prompt and
@@ -122,6 +138,7 @@ def batched_prompt_lookup(model, input_ids: torch.Tensor, attention_mask: torch.
     if cache.get_seq_length():
         raise ValueError("batched_prompt_lookup needs an empty cache (cache.reset() or a new ReplayCache())")
     draft_batch = _batched(drafter, max_ngram)
+    stops = _stop_tokens(eos_token_id)
     device = input_ids.device
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device).long()
     key = cache_argument(model)
@@ -167,19 +184,19 @@ def batched_prompt_lookup(model, input_ids: torch.Tensor, attention_mask: torch.
                     if draft_schedule == "heuristic" and draft:
                         grown = budget[r] + 2 if kept == len(draft) else budget[r] - 1
                         budget[r] = min(num_draft_tokens, max(1, grown))
-                    result.new_tokens[r] += [next_token[r], *draft[:kept]]
+                    added = [next_token[r], *draft[:kept]]
+                    result.new_tokens[r] += added
                     next_token[r] = predictions[r][kept]
                     real[r] += 1 + kept
-                    emitted = result.new_tokens[r]
-                    if len(emitted) >= max_new_tokens or (eos_token_id is not None and eos_token_id in emitted):
+                    if len(result.new_tokens[r]) >= max_new_tokens or _first_stop(added, stops):
                         done[r] = True
                 drop_newest(cache, mask, dropped)
     finally:
         cache.deactivate_past_recording()
     for r in range(batch):
         emitted = result.new_tokens[r][:max_new_tokens]
-        if eos_token_id is not None and eos_token_id in emitted:
-            emitted = emitted[: emitted.index(eos_token_id) + 1]
+        end = _first_stop(emitted, stops)
+        emitted = emitted[:end] if end else emitted
         result.new_tokens[r] = emitted
         result.sequences.append(prompts[r] + emitted)
     return result

@@ -272,11 +272,11 @@ def _batched_lookup(model, cache, drafts: int, args: tuple, kwargs: dict):
     new = _setting(model, kwargs, "max_new_tokens")
     if new is None:
         raise ValueError("batched prompt lookup needs max_new_tokens")
-    eos = _setting(model, kwargs, "eos_token_id")
-    if isinstance(eos, (list, tuple)):
-        if len(eos) > 1:
-            raise ValueError("batched prompt lookup supports one eos_token_id")
-        eos = eos[0] if eos else None
+    eos = _setting(model, kwargs, "eos_token_id")  # one id or several (a generation config's list)
+    if isinstance(eos, torch.Tensor):
+        eos = eos.flatten().tolist()
+    if isinstance(eos, (list, tuple)) and not eos:
+        eos = None
     from .batched import batched_prompt_lookup
 
     drafter, schedule = None, "constant"  # prompt lookup drafts a constant number, as in transformers
@@ -294,7 +294,8 @@ def _batched_lookup(model, cache, drafts: int, args: tuple, kwargs: dict):
         eos_token_id=eos, cache=cache, drafter=drafter, draft_schedule=schedule,
     )
     pad = _setting(model, kwargs, "pad_token_id")
-    pad = eos if pad is None else pad
+    if pad is None:  # as transformers pads: with the (first) end-of-sequence id
+        pad = eos[0] if isinstance(eos, (list, tuple)) else eos
     width = max(len(t) for t in result.new_tokens)
     tail = torch.full((prompt.shape[0], width), 0 if pad is None else int(pad), dtype=prompt.dtype,
                       device=prompt.device)

@@ -243,6 +243,34 @@ def test_generate_routes_a_batch_with_prompt_lookup(model_type):
                        logits_processor=LogitsProcessorList([MinLengthLogitsProcessor(20, eos_token_id=2)]))
 
 
+def test_several_end_of_sequence_ids_as_in_a_generation_config():
+    """A generation config may list several end-of-sequence ids (Qwen's do): each row stops at the first of them it
+    emits, through generate() and batched_prompt_lookup, exactly as plain batched greedy generate stops and pads."""
+    from hf_replayssm.batched import batched_prompt_lookup
+
+    model = _model("qwen3_5_text")
+    prompts = _repetitive_prompts(model.config.vocab_size, [10, 10, 10], seed=11)
+    input_ids = torch.tensor(prompts)
+    free = [_greedy_alone(model, p, 12)[len(p) :] for p in prompts]
+
+    def first_stops(ids):
+        return [next((t for t in row if t in ids), None) for row in free]
+
+    # two ids such that one row stops at each (rows stop at different places; a row may not stop at all)
+    eos = next([a, b] for a in free[0][1:6] for b in free[1][3:9]
+               if a != b and {a, b} <= set(first_stops([a, b])))
+    plain = model.generate(input_ids, do_sample=False, max_new_tokens=12, eos_token_id=eos, pad_token_id=0)
+    routed = model.generate(input_ids, do_sample=False, max_new_tokens=12, eos_token_id=eos, pad_token_id=0,
+                            prompt_lookup_num_tokens=3, past_key_values=ReplayCache(4))
+    assert torch.equal(routed[:, : plain.shape[1]], plain) and (routed[:, plain.shape[1] :] == 0).all()
+    result = batched_prompt_lookup(model, input_ids, max_new_tokens=12, num_draft_tokens=3, eos_token_id=eos,
+                                   cache=ReplayCache(4))
+    for row, tokens in enumerate(result.new_tokens):
+        end = next((i + 1 for i, t in enumerate(free[row]) if t in eos), 12)
+        assert tokens == free[row][:end], (row, tokens, free[row], eos)
+    assert {tokens[-1] for tokens in result.new_tokens} >= set(eos)  # rows stopped at each of the ids
+
+
 @pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text"])
 def test_heuristic_draft_schedule_per_row(model_type):
     """draft_schedule="heuristic": a row whose drafts always fail falls to one draft per round, a row whose drafts

@@ -180,13 +180,16 @@ def snapshot_seconds_per_round(cache, window: int, repeats: int = 3) -> float:
     return best
 
 
-def _eos(model) -> int | None:
+def _eos(model) -> list[int] | None:
+    """The model's end-of-sequence ids (a generation config may list several), or None."""
     eos = model.generation_config.eos_token_id
-    return eos[0] if isinstance(eos, (list, tuple)) and eos else eos
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    return eos or None
 
 
-def _until_eos(tokens: list[int], eos: int | None) -> list[int]:
-    return tokens[: tokens.index(eos) + 1] if eos is not None and eos in tokens else tokens
+def _until_eos(tokens: list[int], eos: list[int] | None) -> list[int]:
+    end = next((i + 1 for i, t in enumerate(tokens) if t in eos), 0) if eos else 0
+    return tokens[:end] if end else tokens
 
 
 def run_arm(model, ids: torch.Tensor, arm: str, new_tokens: int, lookup: int, buffer_len: int,

@@ -206,7 +206,10 @@ def _check_mtp_heads(model) -> None:
         )
 
 
-_PLAIN_GREEDY = {"do_sample": False, "num_beams": 1, "return_dict_in_generate": False, "num_return_sequences": 1}
+_PLAIN_GREEDY = {"do_sample": False, "num_beams": 1, "num_return_sequences": 1}
+# What the batched route cannot return: it keeps no per-step scores or activations (rows advance unevenly).
+_NOT_RETURNED = {"output_scores": False, "output_logits": False, "output_attentions": False,
+                 "output_hidden_states": False}
 # Settings whose logits processors or stopping criteria change what greedy decoding emits. The batched route picks
 # the argmax of the raw logits and stops at max_new_tokens / eos, so it refuses them rather than silently ignore them.
 _NOT_BATCHED = {
@@ -238,6 +241,10 @@ def _refuse_unbatched_settings(model, kwargs: dict) -> None:
             f"{name}={value!r} (a logits processor or stopping criterion of plain generate()); leave it unset "
             f"(or {_NOT_BATCHED[name]!r}), or decode this batch without prompt_lookup_num_tokens / assistant_model"
         )
+    for name, value in _non_neutral_settings(model, kwargs, _NOT_RETURNED):
+        raise ValueError(f"batched speculation with a ReplayCache returns the sequences only: {name}={value!r} is not "
+                         "supported; decode this batch without prompt_lookup_num_tokens / assistant_model, or one row "
+                         "at a time (transformers' own assisted generation returns them at batch size 1)")
     for name in _NOT_BATCHED_ARGUMENTS:
         if kwargs.get(name):
             raise ValueError(f"batched speculation with a ReplayCache does not run {name}=...; decode this batch "
@@ -248,7 +255,8 @@ def _batched_lookup(model, cache, drafts: int, args: tuple, kwargs: dict):
     """Greedy prompt lookup or a draft model (``assistant_model``; ``drafts`` per round, as ``_speculative_window``
     counts them) over a batch (transformers' assisted generation takes batch size 1 only): the route through
     ``hf_replayssm.batched``. Returns the [B, S + new] sequences (new tokens right-padded with the pad id after a row's
-    end of sequence), or None where transformers' own path applies (batch 1, other modes)."""
+    end of sequence; in a ``GenerateDecoderOnlyOutput`` with ``return_dict_in_generate``), or None where transformers'
+    own path applies (batch 1, other modes)."""
     prompt = _prompt_ids(args, kwargs)
     if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or prompt.shape[0] == 1:
         return None
@@ -301,7 +309,13 @@ def _batched_lookup(model, cache, drafts: int, args: tuple, kwargs: dict):
                       device=prompt.device)
     for row, tokens in enumerate(result.new_tokens):
         tail[row, : len(tokens)] = torch.tensor(tokens, dtype=prompt.dtype)
-    return torch.cat([prompt, tail], dim=1)
+    sequences = torch.cat([prompt, tail], dim=1)
+    if _setting(model, kwargs, "return_dict_in_generate", False):
+        from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+        # no past_key_values: the cache's attention layers hold rejected drafts that only this route's mask hides
+        return GenerateDecoderOnlyOutput(sequences=sequences)
+    return sequences
 
 
 def _wrap_generate(original):

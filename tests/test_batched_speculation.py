@@ -229,6 +229,15 @@ def test_generate_routes_a_batch_with_prompt_lookup(model_type):
     with pytest.raises(ValueError, match="greedy only"):
         model.generate(input_ids, attention_mask=mask, do_sample=True, max_new_tokens=4, prompt_lookup_num_tokens=3,
                        past_key_values=ReplayCache(4))
+    # return_dict_in_generate gives the same sequences in transformers' output type; per-step outputs are refused
+    as_dict = model.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=12,
+                             prompt_lookup_num_tokens=3, past_key_values=ReplayCache(4), return_dict_in_generate=True)
+    assert type(as_dict).__name__ == "GenerateDecoderOnlyOutput" and torch.equal(as_dict.sequences, routed)
+    for output in ("output_scores", "output_logits", "output_attentions", "output_hidden_states"):
+        with pytest.raises(ValueError, match=f"returns the sequences only: {output}=True"):
+            model.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=4,
+                           prompt_lookup_num_tokens=3, past_key_values=ReplayCache(4), return_dict_in_generate=True,
+                           **{output: True})
     # settings whose logits processors change greedy's choice are refused, not ignored
     for setting in ({"min_new_tokens": 4}, {"suppress_tokens": [0]}, {"repetition_penalty": 1.3},
                     {"no_repeat_ngram_size": 2}, {"bad_words_ids": [[5]]}):

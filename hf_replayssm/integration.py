@@ -251,6 +251,23 @@ def _refuse_unbatched_settings(model, kwargs: dict) -> None:
                              "without prompt_lookup_num_tokens / assistant_model, or one row at a time")
 
 
+def _new_tokens(model, kwargs: dict, prompt_len: int) -> int:
+    """New tokens per row as plain generate() counts them: max_new_tokens, else max_length minus the prompt, else
+    transformers' default of 20 (within the model's max_position_embeddings)."""
+    new = _setting(model, kwargs, "max_new_tokens")
+    if new is not None:
+        return int(new)
+    length = _setting(model, kwargs, "max_length")
+    if length is None:
+        length = prompt_len + 20
+        positions = getattr(model.config, "max_position_embeddings", None)
+        length = min(length, positions) if positions is not None else length
+    if length <= prompt_len:
+        raise ValueError(f"Input length of input_ids is {prompt_len}, but `max_length` is set to {length}: no room for "
+                         "new tokens. Increase `max_length` or, better, set `max_new_tokens`.")
+    return int(length) - prompt_len
+
+
 def _batched_lookup(model, cache, drafts: int, args: tuple, kwargs: dict):
     """Greedy prompt lookup or a draft model (``assistant_model``; ``drafts`` per round, as ``_speculative_window``
     counts them) over a batch (transformers' assisted generation takes batch size 1 only): the route through
@@ -277,9 +294,7 @@ def _batched_lookup(model, cache, drafts: int, args: tuple, kwargs: dict):
                 "(assistant_tokenizer=...) runs at batch size 1 only"
             )
     _refuse_unbatched_settings(model, kwargs)
-    new = _setting(model, kwargs, "max_new_tokens")
-    if new is None:
-        raise ValueError("batched prompt lookup needs max_new_tokens")
+    new = _new_tokens(model, kwargs, prompt.shape[1])
     eos = _setting(model, kwargs, "eos_token_id")  # one id or several (a generation config's list)
     if isinstance(eos, torch.Tensor):
         eos = eos.flatten().tolist()

@@ -252,6 +252,21 @@ def test_generate_routes_a_batch_with_prompt_lookup(model_type):
                        logits_processor=LogitsProcessorList([MinLengthLogitsProcessor(20, eos_token_id=2)]))
 
 
+def test_generate_route_counts_new_tokens_as_generate_does():
+    """Without max_new_tokens the batched route takes max_length minus the prompt, or transformers' default of 20 new
+    tokens, as plain generate() does (it used to refuse such calls); a max_length that leaves no room is an error."""
+    model = _model("qwen3_5_text")
+    input_ids = torch.tensor(_repetitive_prompts(model.config.vocab_size, [12, 12], seed=2))
+    for lengths in ({"max_length": 27}, {}):
+        plain = model.generate(input_ids, do_sample=False, **lengths)
+        routed = model.generate(input_ids, do_sample=False, prompt_lookup_num_tokens=3, past_key_values=ReplayCache(4),
+                                **lengths)
+        assert plain.shape[1] == 12 + (15 if lengths else 20) and torch.equal(routed, plain), lengths
+    with pytest.raises(ValueError, match="no room for new tokens"):
+        model.generate(input_ids, do_sample=False, max_length=10, prompt_lookup_num_tokens=3,
+                       past_key_values=ReplayCache(4))
+
+
 def test_several_end_of_sequence_ids_as_in_a_generation_config():
     """A generation config may list several end-of-sequence ids (Qwen's do): each row stops at the first of them it
     emits, through generate() and batched_prompt_lookup, exactly as plain batched greedy generate stops and pads."""

@@ -251,6 +251,19 @@ def _refuse_unbatched_settings(model, kwargs: dict) -> None:
                              "without prompt_lookup_num_tokens / assistant_model, or one row at a time")
 
 
+def _attention_mask(model, kwargs: dict, prompt: torch.Tensor, eos) -> torch.Tensor | None:
+    """The caller's attention mask, else the one plain generate() infers: zeros at pad tokens when the prompt holds
+    the pad id and the pad id is not an end-of-sequence id (else none: every token counts)."""
+    mask = kwargs.get("attention_mask")
+    pad = _setting(model, kwargs, "pad_token_id")
+    if mask is not None or pad is None:
+        return mask
+    ends = eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos]
+    if int(pad) in {int(t) for t in ends} or not bool((prompt == int(pad)).any()):
+        return None
+    return prompt.ne(int(pad)).long()
+
+
 def _new_tokens(model, kwargs: dict, prompt_len: int) -> int:
     """New tokens per row as plain generate() counts them: max_new_tokens, else max_length minus the prompt, else
     transformers' default of 20 (within the model's max_position_embeddings)."""
@@ -312,7 +325,7 @@ def _batched_lookup(model, cache, drafts: int, args: tuple, kwargs: dict):
                                                                                              "heuristic_transient"):
             schedule = "heuristic"
     result = batched_prompt_lookup(
-        model, prompt, attention_mask=kwargs.get("attention_mask"), max_new_tokens=int(new),
+        model, prompt, attention_mask=_attention_mask(model, kwargs, prompt, eos), max_new_tokens=int(new),
         num_draft_tokens=drafts, max_ngram=int(_setting(model, kwargs, "max_matching_ngram_size") or 2),
         eos_token_id=eos, cache=cache, drafter=drafter, draft_schedule=schedule,
     )

@@ -267,6 +267,23 @@ def test_generate_route_counts_new_tokens_as_generate_does():
                        past_key_values=ReplayCache(4))
 
 
+def test_generate_route_infers_the_padding_mask_as_generate_does():
+    """A left-padded batch passed without attention_mask: plain generate() masks the pad tokens (when the pad id is
+    not an end-of-sequence id), and so does the batched route; with pad == eos nothing is masked in either."""
+    model = _model("qwen3_5_text")
+    input_ids = torch.tensor(_repetitive_prompts(model.config.vocab_size, [12, 12], seed=4))
+    input_ids[1, :4] = 1
+    for ids in ({"pad_token_id": 1}, {"pad_token_id": 1, "eos_token_id": 1}):
+        plain = model.generate(input_ids, do_sample=False, max_new_tokens=8, **ids)
+        routed = model.generate(input_ids, do_sample=False, max_new_tokens=8, prompt_lookup_num_tokens=3,
+                                past_key_values=ReplayCache(4), **ids)
+        assert torch.equal(routed[:, : plain.shape[1]], plain), ids
+    unmasked = model.generate(input_ids, do_sample=False, max_new_tokens=8, pad_token_id=1,
+                              attention_mask=torch.ones_like(input_ids))
+    assert not torch.equal(unmasked[1], model.generate(input_ids, do_sample=False, max_new_tokens=8,
+                                                       pad_token_id=1)[1])  # the mask matters for the padded row
+
+
 def test_several_end_of_sequence_ids_as_in_a_generation_config():
     """A generation config may list several end-of-sequence ids (Qwen's do): each row stops at the first of them it
     emits, through generate() and batched_prompt_lookup, exactly as plain batched greedy generate stops and pads."""

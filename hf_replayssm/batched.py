@@ -84,7 +84,8 @@ class BatchedSpeculationResult:
         return self.accepted / self.drafted if self.drafted else 0.0
 
 
-def _stop_tokens(eos_token_id) -> frozenset[int]:
+def stop_tokens(eos_token_id) -> frozenset[int]:
+    """The end-of-sequence ids of ``eos_token_id`` (None, one id, or a list / tensor of them) as a set."""
     if eos_token_id is None:
         return frozenset()
     if isinstance(eos_token_id, torch.Tensor):
@@ -93,9 +94,10 @@ def _stop_tokens(eos_token_id) -> frozenset[int]:
         frozenset((int(eos_token_id),))
 
 
-def _first_stop(tokens: list[int], stops: frozenset[int]) -> int:
-    """1 + the index of the first end-of-sequence token in ``tokens``, or 0 if there is none."""
-    return next((i + 1 for i, t in enumerate(tokens) if t in stops), 0) if stops else 0
+def until_stop(tokens: list[int], stops: frozenset[int]) -> list[int]:
+    """``tokens`` up to and with the first end-of-sequence token in ``stops`` (all of them if there is none)."""
+    end = next((i + 1 for i, t in enumerate(tokens) if t in stops), len(tokens))
+    return tokens[:end]
 
 
 def batched_prompt_lookup(model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
@@ -138,7 +140,7 @@ def batched_prompt_lookup(model, input_ids: torch.Tensor, attention_mask: torch.
     if cache.get_seq_length():
         raise ValueError("batched_prompt_lookup needs an empty cache (cache.reset() or a new ReplayCache())")
     draft_batch = _batched(drafter, max_ngram)
-    stops = _stop_tokens(eos_token_id)
+    stops = stop_tokens(eos_token_id)
     device = input_ids.device
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(device).long()
     key = cache_argument(model)
@@ -188,15 +190,13 @@ def batched_prompt_lookup(model, input_ids: torch.Tensor, attention_mask: torch.
                     result.new_tokens[r] += added
                     next_token[r] = predictions[r][kept]
                     real[r] += 1 + kept
-                    if len(result.new_tokens[r]) >= max_new_tokens or _first_stop(added, stops):
+                    if len(result.new_tokens[r]) >= max_new_tokens or not stops.isdisjoint(added):
                         done[r] = True
                 drop_newest(cache, mask, dropped)
     finally:
         cache.deactivate_past_recording()
     for r in range(batch):
-        emitted = result.new_tokens[r][:max_new_tokens]
-        end = _first_stop(emitted, stops)
-        emitted = emitted[:end] if end else emitted
+        emitted = until_stop(result.new_tokens[r][:max_new_tokens], stops)
         result.new_tokens[r] = emitted
         result.sequences.append(prompts[r] + emitted)
     return result

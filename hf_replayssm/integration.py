@@ -258,8 +258,9 @@ def _attention_mask(model, kwargs: dict, prompt: torch.Tensor, eos) -> torch.Ten
     pad = _setting(model, kwargs, "pad_token_id")
     if mask is not None or pad is None:
         return mask
-    ends = eos if isinstance(eos, (list, tuple)) else [] if eos is None else [eos]
-    if int(pad) in {int(t) for t in ends} or not bool((prompt == int(pad)).any()):
+    from .batched import stop_tokens
+
+    if int(pad) in stop_tokens(eos) or not bool((prompt == int(pad)).any()):
         return None
     return prompt.ne(int(pad)).long()
 

@@ -31,7 +31,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..batched import DRAFT_SCHEDULES
+from ..batched import DRAFT_SCHEDULES, stop_tokens, until_stop
 from .attention import SDPA_CHOICES, sdpa_backend
 from .compiles import JitCompiles
 from .step import _sync
@@ -180,16 +180,13 @@ def snapshot_seconds_per_round(cache, window: int, repeats: int = 3) -> float:
     return best
 
 
-def _eos(model) -> list[int] | None:
-    """The model's end-of-sequence ids (a generation config may list several), or None."""
-    eos = model.generation_config.eos_token_id
-    eos = [eos] if isinstance(eos, int) else list(eos or [])
-    return eos or None
+def _eos(model):
+    """The model's end-of-sequence id or ids (a generation config may list several), or None."""
+    return model.generation_config.eos_token_id
 
 
-def _until_eos(tokens: list[int], eos: list[int] | None) -> list[int]:
-    end = next((i + 1 for i, t in enumerate(tokens) if t in eos), 0) if eos else 0
-    return tokens[:end] if end else tokens
+def _until_eos(tokens: list[int], eos) -> list[int]:
+    return until_stop(tokens, stop_tokens(eos))
 
 
 def run_arm(model, ids: torch.Tensor, arm: str, new_tokens: int, lookup: int, buffer_len: int,

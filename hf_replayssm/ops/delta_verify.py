@@ -80,7 +80,7 @@ def delta_verify_ref(
         start, num = int(origin[b]), int(count[b])
         if num < 0 or num + window > ring_size:
             raise ValueError(f"row {b}: count {num} + window {window} exceeds the ring capacity {ring_size}")
-        slots = (start + torch.arange(num, device=k.device)) % ring_size
+        slots = ring_slots(start, num, ring_size, k.device)
         hist_k = delta_keys(ring_k[b, slots], value_heads, use_qk_l2norm)[None]
         o, d = delta_replay(state[b : b + 1], hist_k, ring_d[b, slots][None].float(), ring_g[b, slots][None].float(),
                             qn[b : b + 1], kn[b : b + 1], v[b : b + 1], beta[b : b + 1].float(), g[b : b + 1].float())
@@ -130,7 +130,7 @@ def delta_commit_ref(
         if int(accepted[b]) < 0 or num > ring_size:
             raise ValueError(f"row {b}: count {int(count[b])} + accepted {int(accepted[b])} is not in [0, {ring_size}]")
         if num >= buffer_len:
-            slots = (start + torch.arange(num, device=ring_k.device)) % ring_size
+            slots = ring_slots(start, num, ring_size, ring_k.device)
             keys = delta_keys(ring_k[b, slots], value_heads, use_qk_l2norm)
             state[b].copy_(delta_fold_records(state[b], keys, ring_d[b, slots], ring_g[b, slots]))
             num = 0

@@ -73,7 +73,7 @@ def mamba2_verify_ref(
         start, num = int(origin[b]), int(count[b])
         if num < 0 or num + window > ring_size:
             raise ValueError(f"row {b}: count {num} + window {window} exceeds the ring capacity {ring_size}")
-        slots = (start + torch.arange(num, device=x.device)) % ring_size
+        slots = ring_slots(start, num, ring_size, x.device)
         ys.append(ssd_replay(state[b : b + 1], ring_x[b, slots][None], ring_dt[b, slots][None],
                              ring_B[b, slots][None], x[b : b + 1], dtp[b : b + 1], B[b : b + 1], C[b : b + 1], A,
                              D)[0])
@@ -118,7 +118,7 @@ def mamba2_commit_ref(
         if int(accepted[b]) < 0 or num > ring_size:
             raise ValueError(f"row {b}: count {int(count[b])} + accepted {int(accepted[b])} is not in [0, {ring_size}]")
         if num >= buffer_len:
-            slots = (start + torch.arange(num, device=ring_x.device)) % ring_size
+            slots = ring_slots(start, num, ring_size, ring_x.device)
             state[b].copy_(mamba2_fold_records(state[b], ring_x[b, slots], ring_dt[b, slots], ring_B[b, slots], A))
             num = 0
         count[b] = num

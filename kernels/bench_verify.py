@@ -49,11 +49,13 @@ if __package__:
     from .bench_common import compiled_info as _compiled_info
     from .bench_common import json_default as _json_default
     from .bench_common import num_copies as _num_copies
+    from .verify_products import DOT_PRECISIONS
 else:  # run as a script from a checkout: python kernels/bench_verify.py
     from bench_common import Timer, copy_bandwidth, load_kernels
     from bench_common import compiled_info as _compiled_info
     from bench_common import json_default as _json_default
     from bench_common import num_copies as _num_copies
+    from verify_products import DOT_PRECISIONS
 
 SHAPES = {
     "mamba2": {"nemotron-h-8b": dict(heads=128, head_dim=64, d_state=128, groups=8)},
@@ -167,10 +169,10 @@ def accepted_counts(mode: str, batch: int, T: int, device) -> torch.Tensor:
     return torch.full_like(rows, T) if mode == "all" else 1 + rows % T
 
 
-def replay_steps(case, kv, accepted: torch.Tensor, L: int, products: bool = False):
-    """L speculative steps: verify (``products``: the kernel's matrix-product form) + commit, rotating over the input
-    copies."""
-    launch = dict(_products=True) if products else {}
+def replay_steps(case, kv, accepted: torch.Tensor, L: int, products: bool | str = False):
+    """L speculative steps: verify (``products``: the kernel's matrix-product form, ``True`` or ``"tf32x3"``) +
+    commit, rotating over the input copies."""
+    launch = dict(_products=products) if products else {}
 
     def run():
         for i in range(L):
@@ -205,7 +207,7 @@ def _rel(got, want) -> float:
     return ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1)).item()
 
 
-def check(family, shape, T, L, device, products: bool = False) -> dict:
+def check(family, shape, T, L, device, products: bool | str = False) -> dict:
     """verify + commit kernels vs the torch references on two rows of the real shape (row 0 replays, row 1 flushes on
     commit). Relative max errors and whether counts match."""
     k = load_kernels("mamba2_verify" if family == "mamba2" else "delta_verify")
@@ -217,7 +219,7 @@ def check(family, shape, T, L, device, products: bool = False) -> dict:
     out_name = "y" if family == "mamba2" else "o"
     c[out_name], ref[out_name] = (torch.empty(c[out_name].shape, device=device) for _ in range(2))
     accepted = torch.tensor([T, 1], dtype=torch.int32, device=device)
-    case.verify(k, c, **(dict(_products=True) if products else {}))
+    case.verify(k, c, **(dict(_products=products) if products else {}))
     case.commit(k, c, accepted, L)
     if family == "mamba2":
         p = case.params
@@ -247,8 +249,8 @@ def bench(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
         ks = load_kernels("mamba2" if family == "mamba2" else "delta_rule")
         for name, shape in shapes.items():
             if not args.no_check:
-                for products in (False, True) if args.products else (False,):
-                    label = f"{family}/{name}" + ("/products" if products else "")
+                for products in (False, *args.products):
+                    label = f"{family}/{name}" + (f"/{_form_label(products)}" if products else "")
                     checks[label] = check(family, shape, max(args.windows), L, device, products)
                     print(f"check {label}: {checks[label]}", flush=True)
             for batch in args.batches:
@@ -261,7 +263,7 @@ def bench(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                     for mode in _arms(args):
                         accepted = accepted_counts(mode.split("_")[0], batch, T, device)
                         mean_accepted = accepted.float().mean().item()
-                        t = timer(replay_steps(case, kv, accepted, L, products=mode.endswith("_products")))
+                        t = timer(replay_steps(case, kv, accepted, L, products=_arm_products(mode)))
                         row[f"replay_{mode}_us"] = t["ms"] * 1e3 / L
                         row[f"replay_{mode}_p20_us"] = t["p20_ms"] * 1e3 / L
                         row[f"replay_{mode}_p80_us"] = t["p80_ms"] * 1e3 / L
@@ -294,9 +296,28 @@ def bench(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
 
 
 def _arms(args) -> list[str]:
-    """Replay arms: each accept mode, and with ``--products`` the same with the verify kernel's matrix-product form
-    (``<mode>_products``), timed in the same run."""
-    return [*args.accept, *(f"{mode}_products" for mode in args.accept if args.products)]
+    """Replay arms: each accept mode, and with ``--products`` the same with each named matrix-product form of the
+    verify kernel (``<mode>_products`` for IEEE float32, ``<mode>_tf32x3``), timed in the same run."""
+    return [*args.accept, *(f"{mode}_{_form_label(form)}" for form in args.products for mode in args.accept)]
+
+
+def _form_label(products: bool | str) -> str:
+    return "products" if products is True else str(products)
+
+
+def _arm_products(arm: str) -> bool | str:
+    """The ``_products`` argument of a replay arm (``all``, ``all_products``, ``mixed_tf32x3``, ...)."""
+    form = arm.partition("_")[2]
+    return False if not form else True if form == "products" else form
+
+
+def _forms(text: str) -> list[bool | str]:
+    """--products: ``ieee`` (or empty) -> True, ``tf32x3`` -> "tf32x3"."""
+    forms = [True if f in ("", "ieee", "products") else f for f in text.split(",")]
+    for form in forms:
+        if form is not True and form not in DOT_PRECISIONS:
+            raise argparse.ArgumentTypeError(f"unknown products form {form!r}; use ieee and/or tf32x3")
+    return forms
 
 
 def _print_row(r, modes, header):
@@ -323,8 +344,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--buffer-len", type=int, default=None, help="L (default 16; 4 with --smoke)")
     parser.add_argument("--accept", default=",".join(ACCEPT), help="accepted tokens per step: 'all' (T per row) "
                         "and/or 'mixed' (1 + row mod T)")
-    parser.add_argument("--products", action="store_true",
-                        help="also time the verify kernels' matrix-product form (arms '<accept>_products')")
+    parser.add_argument("--products", nargs="?", type=_forms, const=[True], default=[],
+                        help="also time the verify kernels' matrix-product form: 'ieee' (the default; arms "
+                        "'<accept>_products') and/or 'tf32x3' (arms '<accept>_tf32x3'), comma-separated")
     parser.add_argument("--out", type=Path, default=None, help="write all numbers as JSON here")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, one repetition (CPU / TRITON_INTERPRET)")
     parser.add_argument("--no-check", action="store_true", help="skip the on-device correctness check")

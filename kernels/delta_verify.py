@@ -57,7 +57,8 @@ Design notes:
   the one-token replay step's flush (``kernels/delta_rule.py``) sums the records in unrolled form instead, so the
   checkpoints of the two paths agree to float32 rounding, not bitwise.
 * Count update as in ``kernels/mamba2_verify.py`` (read, barrier, ticket, last ticket writes).
-* All math is fp32 on CUDA cores (the products form's ``tl.dot(..., input_precision="ieee")``, not TF32); bf16/fp16
+* All math is fp32 on CUDA cores (the products form's ``tl.dot`` in IEEE float32, not TF32, unless ``_products`` names
+  ``"tf32x3"``: see ``kernels/verify_products.py``); bf16/fp16
   inputs are upcast right after loading. K is at most 256 (one K tile per program). Launch configurations:
   :func:`verify_launch_config` for verify, the standard step's ``state_update_launch_config`` for commit; both can be
   overridden through the private ``_block_v`` / ``_num_warps`` arguments of ``_verify`` / ``_commit``
@@ -70,6 +71,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hf_replayssm.kernels.verify_products import dot_precision
 from hf_replayssm.ops.delta_verify import delta_commit_ref, delta_fold_ring_ref, delta_verify_ref
 
 if __package__:
@@ -135,6 +137,7 @@ def _delta_verify_kernel(
     GATE_PER_KEY: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
     WINDOW_AS_PRODUCTS: tl.constexpr,
+    PRECISION: tl.constexpr,  # the products' tl.dot input precision ("ieee" or "tf32x3")
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -215,10 +218,10 @@ def _delta_verify_kernel(
             g_w = tl.load(g_ptr + pid_b * stride_g_b + offs_t[:, None] * stride_g_t + pid_h * stride_g_h
                           + offs_k[None, :] * stride_g_k, mask=tk, other=0.0).to(tl.float32)
             e_w = tl.exp(tl.cumsum(g_w, axis=0))  # [T, K]: decay from the ring end to token t
-            pk = tl.dot(k_w * (decay[None, :] * e_w), s0, input_precision="ieee")
-            pq = tl.dot(q_w * (decay[None, :] * e_w), s0, input_precision="ieee")
-            pk += tl.dot(tl.dot(k_w * e_w, tl.trans(kw_r), input_precision="ieee"), d_r, input_precision="ieee")
-            pq += tl.dot(tl.dot(q_w * e_w, tl.trans(kw_r), input_precision="ieee"), d_r, input_precision="ieee")
+            pk = tl.dot(k_w * (decay[None, :] * e_w), s0, input_precision=PRECISION)
+            pq = tl.dot(q_w * (decay[None, :] * e_w), s0, input_precision=PRECISION)
+            pk += tl.dot(tl.dot(k_w * e_w, tl.trans(kw_r), input_precision=PRECISION), d_r, input_precision=PRECISION)
+            pq += tl.dot(tl.dot(q_w * e_w, tl.trans(kw_r), input_precision=PRECISION), d_r, input_precision=PRECISION)
             # the window's keys decayed token by token (per-channel decays: no differences of cumulative sums)
             kw_w = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)
             a_kk = tl.zeros([BLOCK_T, BLOCK_T], dtype=tl.float32)
@@ -237,11 +240,11 @@ def _delta_verify_kernel(
             g_w = tl.load(g_ptr + pid_b * stride_g_b + offs_t * stride_g_t + pid_h * stride_g_h,
                           mask=mask_t, other=0.0).to(tl.float32)
             e_w = tl.exp(tl.sum(tl.where(offs_t[None, :] <= offs_t[:, None], g_w[None, :], 0.0), axis=1))  # [T]
-            pk = (decay * e_w)[:, None] * tl.dot(k_w, s0, input_precision="ieee")
-            pq = (decay * e_w)[:, None] * tl.dot(q_w, s0, input_precision="ieee")
+            pk = (decay * e_w)[:, None] * tl.dot(k_w, s0, input_precision=PRECISION)
+            pq = (decay * e_w)[:, None] * tl.dot(q_w, s0, input_precision=PRECISION)
             wr = w_r[None, :] * e_w[:, None]  # [T, R]: record j decayed to token t
-            pk += tl.dot(wr * tl.dot(k_w, tl.trans(k_r), input_precision="ieee"), d_r, input_precision="ieee")
-            pq += tl.dot(wr * tl.dot(q_w, tl.trans(k_r), input_precision="ieee"), d_r, input_precision="ieee")
+            pk += tl.dot(wr * tl.dot(k_w, tl.trans(k_r), input_precision=PRECISION), d_r, input_precision=PRECISION)
+            pq += tl.dot(wr * tl.dot(q_w, tl.trans(k_r), input_precision=PRECISION), d_r, input_precision=PRECISION)
             # [t, s]: gates of the window tokens s < i <= t, summed directly
             between = (offs_t[None, None, :] > offs_t[None, :, None]) & (offs_t[None, None, :] <= offs_t[:, None, None])
             ww = tl.where(offs_t[None, :] <= offs_t[:, None],
@@ -259,8 +262,8 @@ def _delta_verify_kernel(
                               + offs_c[None, :] * stride_q_k, mask=tc, other=0.0).to(tl.float32)
                 k_c = k_c * k_norm[:, None]
                 q_c = q_c * q_norm[:, None] * scale
-                kk += tl.dot(k_c, tl.trans(k_c), input_precision="ieee")
-                qk += tl.dot(q_c, tl.trans(k_c), input_precision="ieee")
+                kk += tl.dot(k_c, tl.trans(k_c), input_precision=PRECISION)
+                qk += tl.dot(q_c, tl.trans(k_c), input_precision=PRECISION)
             a_kk = tl.where(earlier, ww * kk, 0.0)
             a_qk = ww * qk
 
@@ -269,13 +272,13 @@ def _delta_verify_kernel(
         # (I + X)^-1 = (I - X)(I + X^2)(I + X^4)(I + X^8): seven [16, 16] products instead of a token loop.
         x = beta_w[:, None] * a_kk
         eye = tl.where(offs_t[:, None] == offs_t[None, :], 1.0, 0.0)
-        x2 = tl.dot(x, x, input_precision="ieee")
-        x4 = tl.dot(x2, x2, input_precision="ieee")
-        inv = tl.dot(eye - x, eye + x2, input_precision="ieee")
-        inv = tl.dot(inv, eye + x4, input_precision="ieee")
-        inv = tl.dot(inv, eye + tl.dot(x4, x4, input_precision="ieee"), input_precision="ieee")
-        d_w = tl.dot(inv, beta_w[:, None] * (v_w - pk), input_precision="ieee")
-        o = pq + tl.dot(a_qk, d_w, input_precision="ieee")  # o_t = P_t^T q_t + sum_{s<=t} a_qk[t, s] d_s
+        x2 = tl.dot(x, x, input_precision=PRECISION)
+        x4 = tl.dot(x2, x2, input_precision=PRECISION)
+        inv = tl.dot(eye - x, eye + x2, input_precision=PRECISION)
+        inv = tl.dot(inv, eye + x4, input_precision=PRECISION)
+        inv = tl.dot(inv, eye + tl.dot(x4, x4, input_precision=PRECISION), input_precision=PRECISION)
+        d_w = tl.dot(inv, beta_w[:, None] * (v_w - pk), input_precision=PRECISION)
+        o = pq + tl.dot(a_qk, d_w, input_precision=PRECISION)  # o_t = P_t^T q_t + sum_{s<=t} a_qk[t, s] d_s
         o = tl.where(fits, o, float("nan"))
         tl.store(o_ptr + pid_b * stride_o_b + offs_t[:, None] * stride_o_t + pid_h * stride_o_h
                  + offs_v[None, :] * stride_o_v, o.to(o_ptr.dtype.element_ty), mask=mask_t[:, None] & mask_v[None, :])
@@ -548,6 +551,7 @@ def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_
             GATE_PER_KEY=per_key,
             USE_QK_L2NORM=bool(use_qk_l2norm),
             WINDOW_AS_PRODUCTS=bool(_products),
+            PRECISION=dot_precision(_products),
             BLOCK_K=max(floor, triton.next_power_of_2(key_dim)),
             BLOCK_V=block_v,
             BLOCK_R=max(floor, triton.next_power_of_2(max(ring_size - window, 1))),  # count <= R - T if rows fit

@@ -52,7 +52,8 @@ Design notes:
   ticket with ``atomic_add(count[b], 1 << 16)``; the program drawing the row's last ticket writes the new count
   with an atomic exchange (clearing the ticket bits), as in ``kernels/mamba2.py``. Hence fewer than ``2**15``
   programs per row and ``count`` not shared by concurrent launches.
-* All math is fp32 on CUDA cores (the products form's ``tl.dot(..., input_precision="ieee")``, not TF32); bf16/fp16
+* All math is fp32 on CUDA cores (the products form's ``tl.dot`` in IEEE float32, not TF32, unless ``_products`` names
+  ``"tf32x3"``: see ``kernels/verify_products.py``); bf16/fp16
   inputs are upcast right after loading (also required by ``TRITON_INTERPRET=1``). Launch configurations:
   :func:`verify_launch_config` for verify, the standard step's ``state_update_launch_config`` for commit; both can
   be overridden through the private ``_config`` argument of ``_verify`` / ``_commit`` (``kernels/bench_verify.py``
@@ -65,6 +66,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hf_replayssm.kernels.verify_products import dot_precision
 from hf_replayssm.ops.mamba2_verify import mamba2_commit_ref, mamba2_fold_ring_ref, mamba2_verify_ref
 
 if __package__:
@@ -124,6 +126,7 @@ def _mamba2_verify_kernel(
     HAS_DT_BIAS: tl.constexpr,
     DT_SOFTPLUS: tl.constexpr,
     WINDOW_AS_PRODUCTS: tl.constexpr,
+    PRECISION: tl.constexpr,  # the products' tl.dot input precision ("ieee" or "tf32x3")
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -190,11 +193,11 @@ def _mamba2_verify_kernel(
 
         # Every token at once, as matrix products (IEEE float32: no TF32 rounding on the way):
         # y_t = exp(lam_t) (S0 C_t) + sum_j w_jt (B_j . C_t) x_j + sum_{s<=t} w_st (B_s . C_t) x_s
-        y = tl.exp(total_r + upto)[:, None] * tl.dot(C_w, tl.trans(s0), input_precision="ieee")  # [T, P]
+        y = tl.exp(total_r + upto)[:, None] * tl.dot(C_w, tl.trans(s0), input_precision=PRECISION)  # [T, P]
         w_r = tl.where(valid[None, :], dt_r[None, :] * tl.exp(after_r[None, :] + upto[:, None]), 0.0)  # [T, R]
-        y += tl.dot(w_r * tl.dot(C_w, tl.trans(B_r), input_precision="ieee"), x_r, input_precision="ieee")
+        y += tl.dot(w_r * tl.dot(C_w, tl.trans(B_r), input_precision=PRECISION), x_r, input_precision=PRECISION)
         w_w = tl.where(offs_t[None, :] <= offs_t[:, None], dt_w[None, :] * tl.exp(seg_w), 0.0)  # [T, T]
-        y += tl.dot(w_w * tl.dot(C_w, tl.trans(B_wf), input_precision="ieee"), x_wf, input_precision="ieee")
+        y += tl.dot(w_w * tl.dot(C_w, tl.trans(B_wf), input_precision=PRECISION), x_wf, input_precision=PRECISION)
         if HAS_D:
             y += D_h * x_wf
         if HAS_Z:
@@ -411,6 +414,7 @@ def _verify(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=Non
             HAS_DT_BIAS=dt_bias is not None,
             DT_SOFTPLUS=bool(dt_softplus),
             WINDOW_AS_PRODUCTS=bool(_products),
+            PRECISION=dot_precision(_products),
             BLOCK_P=cfg["block_p"],
             BLOCK_N=max(floor, triton.next_power_of_2(d_state)),
             BLOCK_R=max(floor, triton.next_power_of_2(max(ring_size - window, 1))),  # count <= R - T if rows fit

@@ -192,10 +192,11 @@ def _kda_call(fmt: str, device_phase: bool, block_v: int, num_warps: int):
     return _delta_call(fmt, device_phase, block_v, num_warps, per_key=True)
 
 
-def _verify_call(family: str, batch: int, window: int, products: bool, launch: dict | None):
+def _verify_call(family: str, batch: int, window: int, products: bool | str, launch: dict | None):
     """The speculative verify kernel of ``family`` (bench_verify's real shapes, one row of tensors) with the launch
     configuration its wrapper picks for ``batch`` rows (or ``launch``: ``_config`` for Mamba-2, ``_block_v`` /
-    ``_num_warps`` for the delta rule); ``products``: the kernel's matrix-product form."""
+    ``_num_warps`` for the delta rule); ``products``: the kernel's matrix-product form (``True``, or ``"tf32x3"`` for
+    its tensor-core products, ``kernels/verify_products.py``)."""
     from hf_replayssm.kernels import bench_verify
 
     name = "mamba2_verify" if family == "mamba2" else "delta_verify"
@@ -218,7 +219,7 @@ def _verify_call(family: str, batch: int, window: int, products: bool, launch: d
     return module, [f"_{'mamba2' if family == 'mamba2' else 'delta'}_verify_kernel"], call
 
 
-def verify_registers(family: str, batch: int = 256, window: int = 4, products: bool = False, arch: int = 90,
+def verify_registers(family: str, batch: int = 256, window: int = 4, products: bool | str = False, arch: int = 90,
                      launch: dict | None = None) -> dict:
     """Registers and spills of ``family``'s verify kernel ("mamba2", "gdn", "kda") at a batch's launch
     configuration (see :func:`_verify_call`), compiled for ``sm_<arch>``."""
@@ -237,7 +238,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--arch", type=int, default=90, help="compute capability x 10 (90: Hopper, the H200)")
     parser.add_argument("--formats", default="fp32,fp8,nvfp4")
     parser.add_argument("--verify", action="store_true",
-                        help="the speculative verify kernel instead, at --batch's launch configuration, both forms")
+                        help="the speculative verify kernel instead, at --batch's launch configuration: tokens, "
+                        "products (IEEE) and products (tf32x3)")
     parser.add_argument("--batch", type=int, default=256, help="with --verify: the batch whose launch to compile")
     parser.add_argument("--windows", default="2,4,8", help="with --verify: window widths")
     args = parser.parse_args(argv)
@@ -245,11 +247,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.verify:
         print(f"{args.family} verify, sm_{args.arch}, triton {triton.__version__}, batch {args.batch}")
         for window in (int(w) for w in args.windows.split(",")):
-            for products in (False, True):
+            for products in (False, True, "tf32x3"):
                 r = verify_registers(args.family, args.batch, window, products, args.arch)
                 rows.append(r)
                 tile = r.get("BLOCK_P", r.get("BLOCK_V"))
-                print(f"  T {window:>2}  {'products' if products else 'tokens':>8}  tile {tile:>3} x "
+                form = {False: "tokens", True: "products"}.get(products, products)
+                print(f"  T {window:>2}  {form:>8}  tile {tile:>3} x "
                       f"{r['num_warps']} warps  {r['registers']:>3} registers  {r['spill_store_bytes']:>5} B spilled",
                       flush=True)
         return rows

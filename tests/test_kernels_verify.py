@@ -3,8 +3,10 @@ torch references, and the property exact speculation rests on: verifying a windo
 stepping on gives the outputs and checkpoints of one-token-at-a-time decoding.
 
 Kernel checks run in subprocesses (this file executed as a script) with ``TRITON_INTERPRET=1`` on CPU tensors, as in
-``tests/test_kernels_mamba2.py``; ``REPLAYSSM_KERNEL_TEST_DEVICE=cuda`` runs them on a GPU (bitwise checkpoint
-comparisons then also assume the compiler contracts the same expression the same way in both kernels). The
+``tests/test_kernels_mamba2.py``; ``REPLAYSSM_KERNEL_TEST_DEVICE=cuda`` runs them on a GPU, where the bitwise
+checkpoint comparisons are relaxed to 1e-5 as for the delta rule: on the H200 (run 77) the fused step's flush and the
+standard step kernel came out one ulp apart (2.4e-7), the compiler contracting the same expression into FMAs
+differently in the two kernels. The
 references' own sequence checks run in-process. Shapes are tiny; the default set takes about 75 s of CPU, the ``slow``
 variants (8-token windows, buffer length 8, and the benchmark's smoke run) about two minutes more.
 
@@ -60,14 +62,16 @@ def test_bench_imports_and_parses_arguments():
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_bench_smoke(tmp_path):
-    data, stdout = run_bench_smoke("bench_verify", ["--family", "mamba2,gdn,kda", "--products"],
+    data, stdout = run_bench_smoke("bench_verify", ["--family", "mamba2,gdn,kda", "--products", "ieee,tf32x3"],
                                    tmp_path / "bench.json")
     assert [r["family"] for r in data["results"]] == ["mamba2", "gdn", "kda"]
     for row in data["results"]:
         for key in ("replay_all_us", "replay_mixed_us", "replay_all_products_us", "replay_mixed_products_us",
-                    "snapshot_us", "steps_only_us", "speedup_all_vs_snapshot", "speedup_all_products_vs_snapshot"):
+                    "replay_all_tf32x3_us", "replay_mixed_tf32x3_us", "snapshot_us", "steps_only_us",
+                    "speedup_all_vs_snapshot", "speedup_all_products_vs_snapshot", "speedup_all_tf32x3_vs_snapshot"):
             assert row[key] > 0, (key, row)
-    assert len(data["checks"]) == 6 and all(check["ok"] for check in data["checks"].values()), data["checks"]
+    assert len(data["checks"]) == 9 and all(check["ok"] for check in data["checks"].values()), data["checks"]
+    assert {label.rsplit("/", 1)[1] for label in data["checks"]} >= {"products", "tf32x3"}
     assert "snapshot us" in stdout  # the printed table
 
 
@@ -249,7 +253,7 @@ def _speculation(fam, device, L, windows, steps, batch=3, seed=5, bitwise=True):
     writes no state and keeps ``count``, the counts after each commit, and the checkpoint after every flush (bitwise
     for Mamba-2 where ``bitwise``, else within 1e-5)."""
     gen = torch.Generator().manual_seed(seed)
-    bitwise = bitwise and fam["name"] == "mamba2"
+    bitwise = bitwise and fam["name"] == "mamba2" and str(device) == "cpu"  # compiled kernels: within 1e-5
     R = L - 1 + max(windows)
     n = sum(windows) + steps + 1
     stream = fam["stream"](batch, n)

@@ -7,6 +7,9 @@
 #   KDA 1.15x; target 3x).
 # STAGE=2: the launch-configuration sweep of both forms, then the bundled copying model at batch 16 end to end with
 #   the default form (if stage 1 shows the product form correct and faster, make it the default before this call).
+# STAGE=4 (run 78, added after run 77 timed the IEEE product form 1.3-14x slower than the token form): the product
+#   form with tf32x3 tensor-core products side by side with the token form, the sweep of both at T = 4, and the
+#   Mamba-2 speculation cases with checkpoints within 1e-5 on CUDA (run 77: the two step kernels one ulp apart).
 # STAGE=3 (optional): the Qwen3.5-like batch-64 speculative arm with attention pinned to memory-efficient SDPA
 #   (no cuDNN graph builds) and with torch's default, each counting JIT compiles: run 73 measured 0.09x where run 75
 #   measured 0.70x.
@@ -23,6 +26,15 @@ if [ "$STAGE" = 1 ]; then
   timeout 150 python3 -m hf_replayssm.kernels.bench_verify --family mamba2,gdn,kda --batches 256 --windows 2,4,8 \
     --products --out "$RES/verify_products.json" > "$RES/verify_products.txt" 2>&1
   echo "verify rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+elif [ "$STAGE" = 4 ]; then  # run 78: the product form with tensor-core products (tf32x3), then the token form's sweep
+  timeout 200 python3 -m hf_replayssm.kernels.bench_verify --family mamba2,gdn,kda --batches 256 --windows 2,4,8 \
+    --products tf32x3 --out "$RES/verify_tf32x3.json" > "$RES/verify_tf32x3.txt" 2>&1
+  echo "verify rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  timeout 230 python3 "$R/benchmarks/gpu/verify_config_sweep.py" --batches 256 --windows 4 --forms tokens,tf32x3 \
+    > "$RES/sweep.txt" 2>&1
+  echo "sweep rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 120 test_kernels_verify_cuda tests/test_kernels_verify.py \
+    -m "slow or not slow" -k "mamba2_speculation"; pack
 elif [ "$STAGE" = 3 ]; then
   for sdpa in efficient default; do
     bench_job 280 speculative_qwen3_5_b64_$sdpa speculative --models qwen3_5 --batches 64 --prompt 512 --new 64 \

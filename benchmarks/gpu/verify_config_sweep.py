@@ -1,39 +1,51 @@
-"""Launch-configuration sweep of the verify kernels (tile width and warps), H200, real shapes, batch 64 / 256,
-T = 2, 4, 8: microseconds per verify (``triton.testing.do_bench``, inputs of ``kernels/bench_verify.py``), every
-configuration of both forms (token by token, the default; matrix products, ``_products=True``) against the
-package's default, best first.
+"""Launch-configuration sweep of the verify kernels (tile width and warps), H200, real shapes: microseconds per
+verify (``triton.testing.do_bench``, inputs of ``kernels/bench_verify.py``), every configuration of the chosen forms
+(``tokens``, the default token-by-token form; ``ieee`` / ``tf32x3``, the matrix-product form with that ``tl.dot``
+precision) against the package's default, best four first.
 Run on the GPU machine after ``source benchmarks/gpu/install.sh``: ``python3 $R/benchmarks/gpu/verify_config_sweep.py
-[FAMILIES]`` (comma-separated, default mamba2,gdn,kda)."""
+[--families mamba2,gdn,kda] [--batches 64,256] [--windows 2,4,8] [--forms tokens,ieee]``."""
 
 from __future__ import annotations
 
+import argparse
 import importlib
-import sys
 
 import torch
 from triton.testing import do_bench
 
 from hf_replayssm.kernels import bench_verify as bv
 
+FORMS = {"tokens": False, "ieee": True, "tf32x3": "tf32x3"}
 
-def configs(family: str):
-    for products in (False, True):
+
+def configs(family: str, forms: list[str]):
+    for form in forms:
         for tile in (16, 32, 64):
             for warps in (4, 8):
                 launch = (dict(_config=dict(block_p=tile, num_warps=warps)) if family == "mamba2"
                           else dict(_block_v=tile, _num_warps=warps))
-                yield dict(launch, _products=True) if products else launch
+                yield dict(launch, _products=FORMS[form]) if FORMS[form] else launch
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--families", default="mamba2,gdn,kda")
+    parser.add_argument("--batches", default="64,256")
+    parser.add_argument("--windows", default="2,4,8")
+    parser.add_argument("--forms", default="tokens,ieee", help=f"comma-separated subset of {','.join(FORMS)}")
+    args = parser.parse_args()
+    forms = args.forms.split(",")
+    unknown = set(forms) - set(FORMS)
+    if unknown:
+        parser.error(f"unknown forms {sorted(unknown)}; choose from {','.join(FORMS)}")
     device = torch.device("cuda")
     gen = torch.Generator(device=device).manual_seed(0)
-    for family in (sys.argv[1].split(",") if len(sys.argv) > 1 else ("mamba2", "gdn", "kda")):
+    for family in args.families.split(","):
         shape = next(iter(bv.SHAPES[family].values()))
         module = importlib.import_module(
             f"hf_replayssm.kernels.{bv.Mamba2Case.verify_module if family == 'mamba2' else bv.DeltaCase.verify_module}")
-        for batch in (64, 256):
-            for T in (2, 4, 8):
+        for batch in (int(b) for b in args.batches.split(",")):
+            for T in (int(t) for t in args.windows.split(",")):
                 case = bv.make_case(family, shape, batch, T, 16, device, gen, True)
 
                 def verify(launch, case=case, module=module):
@@ -41,7 +53,7 @@ def main() -> None:
 
                 default = do_bench(lambda: verify({}), warmup=25, rep=100) * 1e3
                 rows = []
-                for launch in configs(family):
+                for launch in configs(family, forms):
                     try:
                         us = do_bench(lambda la=launch: verify(la), warmup=25, rep=100) * 1e3
                     except Exception as error:  # out of resources (shared memory, registers) for this tile
@@ -55,7 +67,8 @@ def main() -> None:
 
 def label(launch: dict) -> str:
     cfg = launch.get("_config") or dict(block_v=launch["_block_v"], num_warps=launch["_num_warps"])
-    return "/".join(str(v) for v in cfg.values()) + ("/products" if launch.get("_products") else "")
+    form = launch.get("_products")
+    return "/".join(str(v) for v in cfg.values()) + ("" if not form else "/ieee" if form is True else f"/{form}")
 
 if __name__ == "__main__":
     main()

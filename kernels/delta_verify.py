@@ -476,20 +476,24 @@ def _delta_fold_kernel(
 
 
 def verify_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: int, per_key_gate: bool,
-                         window: int, products: bool = False) -> tuple[int, int]:
-    """(BLOCK_V, num_warps) of the verify kernel: a [K, 4096 / K] tile on 4 warps ([128, 32] for K = 128), halved
-    (down to 16) while the grid would have fewer than ~8 programs per H200 SM. Chosen from ptxas register counts for
-    sm_90 at Qwen3-Next / Kimi-Linear shapes (T = 8: 168-178 registers, no spills; [128, 64] needs 233-247).
-    ``products`` (the window as matrix products): 8 warps, and [128, 16] tiles for a per-key gate (ptxas for sm_90,
-    Triton 3.6, ``python -m hf_replayssm.kernels.registers --verify``: GDN [128, 32] 182 registers, KDA [128, 16]
-    255 and 4 B spilled; on 4 warps both spill 24-772 B: the float32 FMA products hold whole rows of K in
-    registers). ``kernels/bench_verify.py`` can sweep it through ``_block_v`` / ``_num_warps``."""
+                         window: int, products: bool | str = False) -> tuple[int, int]:
+    """(BLOCK_V, num_warps) of the verify kernel: a [K, 8192 / K] tile on 4 warps ([128, 64] for K = 128), halved
+    (down to 16) while the grid would have fewer than ~8 programs per H200 SM. Every V tile of a (row, head) redoes
+    the work that does not depend on V (the records' and window keys' products with each token's k and q, per-key
+    decays), so fewer, wider programs win: H200, batch 256, T = 4 (run 78, ``benchmarks/gpu/verify_config_sweep.py``):
+    GDN [128, 64] x 4 warps 928 us against 1142 us for [128, 32] (the earlier default), KDA 1324 against 2139 us.
+    ``products`` (the window as matrix products; slower on the H200, run 77 / 78): 8 warps, and [128, 16] tiles for a
+    per-key gate (ptxas for sm_90, Triton 3.6: GDN [128, 32] 182 registers, KDA [128, 16] 255 and 4 B spilled).
+    ``kernels/bench_verify.py`` can sweep it through ``_block_v`` / ``_num_warps``."""
     block_k = triton.next_power_of_2(key_dim)
-    block_v = min(triton.next_power_of_2(value_dim), max(16, 4096 // block_k))
+    if products:
+        block_v = min(triton.next_power_of_2(value_dim), max(16, 4096 // block_k))
+        while block_v > 16 and batch * value_heads * triton.cdiv(value_dim, block_v) < 1024:
+            block_v //= 2
+        return (16 if per_key_gate else max(block_v, 16)), 8
+    block_v = min(triton.next_power_of_2(value_dim), max(16, 8192 // block_k))
     while block_v > 16 and batch * value_heads * triton.cdiv(value_dim, block_v) < 1024:
         block_v //= 2
-    if products:
-        return (16 if per_key_gate else max(block_v, 16)), 8
     return max(block_v, 16), 4
 
 

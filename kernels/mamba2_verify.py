@@ -345,20 +345,32 @@ def _mamba2_fold_kernel(
 # launch configuration
 
 
+# The form a window of T tokens gets by default: from 4 tokens on the tensor-core product form (H200, batch 256,
+# T = 4, run 78: 1310 us against 1915 us for the best token-form launch); below, token by token (the product form's
+# cost does not fall with T: its window tile is 16 rows whatever T is).
+PRODUCTS_FROM_WINDOW = 4
+
+
+def default_form(window: int) -> bool | str:
+    """The verify form a window of ``window`` tokens gets when ``_products`` is not given: ``"tf32x3"`` (matrix
+    products on tensor cores, ``kernels/verify_products.py``) from :data:`PRODUCTS_FROM_WINDOW` tokens on, else
+    ``False`` (token by token)."""
+    return "tf32x3" if window >= PRODUCTS_FROM_WINDOW else False
+
+
 def verify_launch_config(batch: int, heads: int, head_dim: int, d_state: int, window: int,
-                         products: bool = False) -> dict:
-    """``block_p`` and ``num_warps`` of the verify kernel: a 4096-element state tile on 8 warps ([32, 128] for
-    d_state 128), halved on 4 warps when batch * heads < 2048. Chosen from ptxas register counts for sm_90 at
-    Nemotron-H shapes (T = 2..8: 128-174 registers, no spills; the replay step's [32, 128] x 2 warps spills at T = 8).
-    ``products`` (the window as matrix products): [32, 128] on 8 warps whatever the batch (ptxas for sm_90, Triton
-    3.6, ``python -m hf_replayssm.kernels.registers --family mamba2 --verify``: 174 registers, no spills; on 4 warps
-    255 registers and 280-356 B spilled: the float32 FMA products hold whole rows of N in registers).
+                         products: bool | str = False) -> dict:
+    """``block_p`` and ``num_warps`` of the verify kernel: an 8192-element state tile ([64, 128] for d_state 128,
+    one program per Nemotron-H head) on 4 warps, halved while the grid would have fewer than 2048 programs. Every
+    program redoes the per-(row, head) work (records and window keys against C), so fewer, wider programs win: H200,
+    batch 256, T = 4 (run 78, ``benchmarks/gpu/verify_config_sweep.py``): token form [64, 128] x 4 warps 1915 us,
+    [32, 128] x 8 (the earlier default) 3578 us; product form (tf32x3) [64, 128] x 4 1310 us, x 8 1833 us.
     ``kernels/bench_verify.py`` can sweep it through ``_config``."""
     block_n = triton.next_power_of_2(d_state)
-    if products:
-        return dict(block_p=max(16, min(triton.next_power_of_2(head_dim), 4096 // max(16, block_n))), num_warps=8)
-    elements, num_warps = (4096, 8) if batch * heads >= 2048 else (2048, 4)
-    return dict(block_p=min(triton.next_power_of_2(head_dim), max(1, elements // block_n)), num_warps=num_warps)
+    block_p = min(triton.next_power_of_2(head_dim), max(1, 8192 // block_n))
+    while block_p > 16 and batch * heads * triton.cdiv(head_dim, block_p) < 2048:
+        block_p //= 2
+    return dict(block_p=max(16, block_p) if products else block_p, num_warps=4)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -380,7 +392,7 @@ def _check_rings(state, ring_x, ring_dt, ring_B, origin=None, count=None):
 
 
 def _verify(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=None, z=None, dt_bias=None,
-            dt_softplus=False, out=None, _config=None, _products=False):
+            dt_softplus=False, out=None, _config=None, _products=None):
     batch, heads, head_dim, d_state, groups, ring_size = _check_rings(state, ring_x, ring_dt, ring_B, origin, count)
     window = x.shape[1]
     assert x.shape == (batch, window, heads, head_dim), f"x must be [B, T, H, P], got {tuple(x.shape)}"
@@ -394,6 +406,7 @@ def _verify(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=Non
     assert 1 <= window <= min(ring_size, MAX_WINDOW), f"window {window} must be in [1, min(R={ring_size}, 16)]"
     y = torch.empty_like(x) if out is None else out
     assert y.shape == x.shape
+    _products = default_form(window) if _products is None else _products
     cfg = dict(verify_launch_config(batch, heads, head_dim, d_state, window, _products), **(_config or {}))
     assert cfg["block_p"] >= 16 or not _products, f"block_p {cfg['block_p']} < 16: the matrix products need 16"
     floor = 16 if _products else 2  # tl.dot operands are at least 16 on every side

@@ -10,6 +10,8 @@
 # STAGE=4 (run 78, added after run 77 timed the IEEE product form 1.3-14x slower than the token form): the product
 #   form with tf32x3 tensor-core products side by side with the token form, the sweep of both at T = 4, and the
 #   Mamba-2 speculation cases with checkpoints within 1e-5 on CUDA (run 77: the two step kernels one ulp apart).
+# STAGE=5 (run 79): bench_verify at the launch defaults run 78's sweep chose, the sweep of wider tiles (and Mamba-2's
+#   two forms at every T), the verify kernels' CUDA tests (default set).
 # STAGE=3 (optional): the Qwen3.5-like batch-64 speculative arm with attention pinned to memory-efficient SDPA
 #   (no cuDNN graph builds) and with torch's default, each counting JIT compiles: run 73 measured 0.09x where run 75
 #   measured 0.70x.
@@ -35,6 +37,17 @@ elif [ "$STAGE" = 4 ]; then  # run 78: the product form with tensor-core product
   echo "sweep rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 120 test_kernels_verify_cuda tests/test_kernels_verify.py \
     -m "slow or not slow" -k "mamba2_speculation"; pack
+elif [ "$STAGE" = 5 ]; then  # run 79: the new defaults (wider tiles, Mamba-2's tf32x3 products from T = 4) and the sweep
+  timeout 150 python3 -m hf_replayssm.kernels.bench_verify --family mamba2,gdn,kda --batches 256 --windows 2,4,8 \
+    --out "$RES/verify_defaults.json" > "$RES/verify_defaults.txt" 2>&1
+  echo "verify rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  timeout 130 python3 "$R/benchmarks/gpu/verify_config_sweep.py" --families mamba2 --batches 64,256 --windows 2,4,8 \
+    --forms tokens,tf32x3 --tiles 32,64 --warps 2,4,8 > "$RES/sweep_mamba2.txt" 2>&1
+  echo "sweep rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  timeout 110 python3 "$R/benchmarks/gpu/verify_config_sweep.py" --families gdn,kda --batches 64,256 --windows 2,4,8 \
+    --forms tokens --tiles 64,128 --warps 4,8 > "$RES/sweep_delta.txt" 2>&1
+  echo "sweep rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_verify_cuda tests/test_kernels_verify.py; pack
 elif [ "$STAGE" = 3 ]; then
   for sdpa in efficient default; do
     bench_job 280 speculative_qwen3_5_b64_$sdpa speculative --models qwen3_5 --batches 64 --prompt 512 --new 64 \

@@ -1,9 +1,10 @@
 """Launch-configuration sweep of the verify kernels (tile width and warps), H200, real shapes: microseconds per
 verify (``triton.testing.do_bench``, inputs of ``kernels/bench_verify.py``), every configuration of the chosen forms
 (``tokens``, the default token-by-token form; ``ieee`` / ``tf32x3``, the matrix-product form with that ``tl.dot``
-precision) against the package's default, best four first.
+precision) against the package's default, best six first.
 Run on the GPU machine after ``source benchmarks/gpu/install.sh``: ``python3 $R/benchmarks/gpu/verify_config_sweep.py
-[--families mamba2,gdn,kda] [--batches 64,256] [--windows 2,4,8] [--forms tokens,ieee]``."""
+[--families mamba2,gdn,kda] [--batches 64,256] [--windows 2,4,8] [--forms tokens,ieee] [--tiles 16,32,64]
+[--warps 4,8]``."""
 
 from __future__ import annotations
 
@@ -18,13 +19,13 @@ from hf_replayssm.kernels import bench_verify as bv
 FORMS = {"tokens": False, "ieee": True, "tf32x3": "tf32x3"}
 
 
-def configs(family: str, forms: list[str]):
+def configs(family: str, forms: list[str], tiles: list[int], warps_list: list[int]):
     for form in forms:
-        for tile in (16, 32, 64):
-            for warps in (4, 8):
+        for tile in tiles:
+            for warps in warps_list:
                 launch = (dict(_config=dict(block_p=tile, num_warps=warps)) if family == "mamba2"
                           else dict(_block_v=tile, _num_warps=warps))
-                yield dict(launch, _products=FORMS[form]) if FORMS[form] else launch
+                yield dict(launch, _products=FORMS[form])  # explicit: the default form depends on T
 
 
 def main() -> None:
@@ -33,6 +34,8 @@ def main() -> None:
     parser.add_argument("--batches", default="64,256")
     parser.add_argument("--windows", default="2,4,8")
     parser.add_argument("--forms", default="tokens,ieee", help=f"comma-separated subset of {','.join(FORMS)}")
+    parser.add_argument("--tiles", default="16,32,64", help="BLOCK_P (Mamba-2) / BLOCK_V (delta rule) values")
+    parser.add_argument("--warps", default="4,8")
     args = parser.parse_args()
     forms = args.forms.split(",")
     unknown = set(forms) - set(FORMS)
@@ -53,7 +56,8 @@ def main() -> None:
 
                 default = do_bench(lambda: verify({}), warmup=25, rep=100) * 1e3
                 rows = []
-                for launch in configs(family, forms):
+                for launch in configs(family, forms, [int(t) for t in args.tiles.split(",")],
+                                      [int(w) for w in args.warps.split(",")]):
                     try:
                         us = do_bench(lambda la=launch: verify(la), warmup=25, rep=100) * 1e3
                     except Exception as error:  # out of resources (shared memory, registers) for this tile
@@ -61,7 +65,7 @@ def main() -> None:
                         continue
                     rows.append((us, launch, ""))
                 rows.sort(key=lambda r: r[0])
-                best = ", ".join(f"{label(la)}: {us:.0f}{' ' + err if err else ''}" for us, la, err in rows[:4])
+                best = ", ".join(f"{label(la)}: {us:.0f}{' ' + err if err else ''}" for us, la, err in rows[:6])
                 print(f"{family:<7} batch {batch:>4} T {T:>2} | default {default:8.1f} us | best {best}", flush=True)
 
 
@@ -69,6 +73,7 @@ def label(launch: dict) -> str:
     cfg = launch.get("_config") or dict(block_v=launch["_block_v"], num_warps=launch["_num_warps"])
     form = launch.get("_products")
     return "/".join(str(v) for v in cfg.values()) + ("" if not form else "/ieee" if form is True else f"/{form}")
+
 
 if __name__ == "__main__":
     main()

@@ -475,26 +475,35 @@ def _delta_fold_kernel(
 # launch configuration
 
 
+def default_form(window: int) -> bool | str:
+    """The verify form when ``_products`` is not given: token by token at every width (the product form ran 1.3-14x
+    slower on the H200 in IEEE float32, run 77, and slower still with tf32x3 products, run 78)."""
+    return False
+
+
 def verify_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: int, per_key_gate: bool,
                          window: int, products: bool | str = False) -> tuple[int, int]:
-    """(BLOCK_V, num_warps) of the verify kernel: a [K, 8192 / K] tile on 4 warps ([128, 64] for K = 128), halved
-    (down to 16) while the grid would have fewer than ~8 programs per H200 SM. Every V tile of a (row, head) redoes
-    the work that does not depend on V (the records' and window keys' products with each token's k and q, per-key
-    decays), so fewer, wider programs win: H200, batch 256, T = 4 (run 78, ``benchmarks/gpu/verify_config_sweep.py``):
-    GDN [128, 64] x 4 warps 928 us against 1142 us for [128, 32] (the earlier default), KDA 1324 against 2139 us.
-    ``products`` (the window as matrix products; slower on the H200, run 77 / 78): 8 warps, and [128, 16] tiles for a
-    per-key gate (ptxas for sm_90, Triton 3.6: GDN [128, 32] 182 registers, KDA [128, 16] 255 and 4 B spilled).
-    ``kernels/bench_verify.py`` can sweep it through ``_block_v`` / ``_num_warps``."""
+    """(BLOCK_V, num_warps) of the verify kernel: a [K, 16384 / K] tile on 4 warps ([128, 128] for K = 128: one
+    program per (row, head)) for a per-key gate or a window of up to 2 tokens, else [K, 8192 / K]; halved (down to 16)
+    while the grid would have fewer than ~8 programs per H200 SM. Every V tile of a (row, head) redoes the work that
+    does not depend on V (the records' and window keys' products with each token's k and q, per-key decays), so
+    fewer, wider programs win. H200, verify alone, batch 256 (runs 78 / 79, ``benchmarks/gpu/verify_config_sweep.py``):
+    GDN at T = 2 / 4 / 8: [128, 128] x 4 warps 411 / 953 / 2742 us, [128, 64] 469 / 933 / 1994, [128, 32] (the earlier
+    default) - / 1142 / -; KDA [128, 128] 487 / 1062 / 2777, [128, 64] 679 / 1325 / 3345, [128, 32] - / 2139 / -;
+    8 warps slower everywhere. ``products`` (the window as matrix products; slower on the H200, runs 77 / 78): 8
+    warps, and [128, 16] tiles for a per-key gate (ptxas for sm_90, Triton 3.6: GDN [128, 32] 182 registers, KDA
+    [128, 16] 255 and 4 B spilled). ``kernels/bench_verify.py`` can sweep it through ``_block_v`` / ``_num_warps``."""
     block_k = triton.next_power_of_2(key_dim)
     if products:
-        block_v = min(triton.next_power_of_2(value_dim), max(16, 4096 // block_k))
-        while block_v > 16 and batch * value_heads * triton.cdiv(value_dim, block_v) < 1024:
-            block_v //= 2
-        return (16 if per_key_gate else max(block_v, 16)), 8
-    block_v = min(triton.next_power_of_2(value_dim), max(16, 8192 // block_k))
+        elements, num_warps = 4096, 8
+    else:
+        elements, num_warps = (16384 if per_key_gate or window <= 2 else 8192), 4
+    block_v = min(triton.next_power_of_2(value_dim), max(16, elements // block_k))
     while block_v > 16 and batch * value_heads * triton.cdiv(value_dim, block_v) < 1024:
         block_v //= 2
-    return max(block_v, 16), 4
+    if products and per_key_gate:
+        block_v = 16
+    return max(block_v, 16), num_warps
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -525,7 +534,7 @@ def _window_strides(g: torch.Tensor) -> tuple[int, ...]:
 
 
 def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_qk_l2norm=True, scale=None,
-            out=None, _block_v=None, _num_warps=None, _products=False):
+            out=None, _block_v=None, _num_warps=None, _products=None):
     batch, value_heads, key_heads, key_dim, value_dim, ring_size, per_key = _check_rings(
         state, ring_k, ring_d, ring_g, origin, count)
     window = k.shape[1]
@@ -539,6 +548,7 @@ def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_
     o = torch.empty_like(v) if out is None else out
     assert o.shape == v.shape
     scale = key_dim ** -0.5 if scale is None else float(scale)
+    _products = default_form(window) if _products is None else _products
     block_v, num_warps = verify_launch_config(batch, value_heads, key_dim, value_dim, per_key, window, _products)
     block_v, num_warps = _block_v or block_v, _num_warps or num_warps
     assert block_v >= 16 or not _products, f"block_v {block_v} < 16: the matrix products need 16"

@@ -345,10 +345,11 @@ def _mamba2_fold_kernel(
 # launch configuration
 
 
-# The form a window of T tokens gets by default: from 4 tokens on the tensor-core product form (H200, batch 256,
-# T = 4, run 78: 1310 us against 1915 us for the best token-form launch); below, token by token (the product form's
-# cost does not fall with T: its window tile is 16 rows whatever T is).
-PRODUCTS_FROM_WINDOW = 4
+# The form a window of T tokens gets by default: token by token up to 4 tokens, the tensor-core product form from 5
+# on (its window tile is 16 rows whatever T is, so its cost hardly moves with T). H200, batch 256, verify alone
+# (run 79, ``benchmarks/gpu/verify_config_sweep.py``): token form [64, 128] x 2 warps 736 / 1218 / 2190 us at
+# T = 2 / 4 / 8, product form (tf32x3) [64, 128] x 4 warps 1282 / 1314 / 1358 us.
+PRODUCTS_FROM_WINDOW = 5
 
 
 def default_form(window: int) -> bool | str:
@@ -361,16 +362,17 @@ def default_form(window: int) -> bool | str:
 def verify_launch_config(batch: int, heads: int, head_dim: int, d_state: int, window: int,
                          products: bool | str = False) -> dict:
     """``block_p`` and ``num_warps`` of the verify kernel: an 8192-element state tile ([64, 128] for d_state 128,
-    one program per Nemotron-H head) on 4 warps, halved while the grid would have fewer than 2048 programs. Every
-    program redoes the per-(row, head) work (records and window keys against C), so fewer, wider programs win: H200,
-    batch 256, T = 4 (run 78, ``benchmarks/gpu/verify_config_sweep.py``): token form [64, 128] x 4 warps 1915 us,
-    [32, 128] x 8 (the earlier default) 3578 us; product form (tf32x3) [64, 128] x 4 1310 us, x 8 1833 us.
+    one program per Nemotron-H head), halved while the grid would have fewer than 2048 programs; 2 warps for the
+    token form, 4 for the product form. Every program redoes the per-(row, head) work (records and window keys
+    against C), so fewer, wider programs win. H200, batch 256, T = 4 (runs 78 / 79,
+    ``benchmarks/gpu/verify_config_sweep.py``): token form [64, 128] x 2 warps 1218 us, x 4 1915 us, [32, 128] x 8
+    (the earlier default) 3578 us; product form (tf32x3) [64, 128] x 4 1314 us, x 8 1835 us.
     ``kernels/bench_verify.py`` can sweep it through ``_config``."""
     block_n = triton.next_power_of_2(d_state)
     block_p = min(triton.next_power_of_2(head_dim), max(1, 8192 // block_n))
     while block_p > 16 and batch * heads * triton.cdiv(head_dim, block_p) < 2048:
         block_p //= 2
-    return dict(block_p=max(16, block_p) if products else block_p, num_warps=4)
+    return dict(block_p=max(16, block_p), num_warps=4) if products else dict(block_p=block_p, num_warps=2)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -192,16 +192,17 @@ def _kda_call(fmt: str, device_phase: bool, block_v: int, num_warps: int):
     return _delta_call(fmt, device_phase, block_v, num_warps, per_key=True)
 
 
-def _verify_call(family: str, batch: int, window: int, products: bool | str, launch: dict | None):
+def _verify_call(family: str, batch: int, window: int, products: bool | str | None, launch: dict | None):
     """The speculative verify kernel of ``family`` (bench_verify's real shapes, one row of tensors) with the launch
     configuration its wrapper picks for ``batch`` rows (or ``launch``: ``_config`` for Mamba-2, ``_block_v`` /
     ``_num_warps`` for the delta rule); ``products``: the kernel's matrix-product form (``True``, or ``"tf32x3"`` for
-    its tensor-core products, ``kernels/verify_products.py``)."""
+    its tensor-core products, ``kernels/verify_products.py``), ``None``: the form the wrapper picks for ``window``."""
     from hf_replayssm.kernels import bench_verify
 
     name = "mamba2_verify" if family == "mamba2" else "delta_verify"
     module = __import__(f"hf_replayssm.kernels.{name}", fromlist=["_verify"])
     shape = next(iter(bench_verify.SHAPES[family].values()))
+    products = module.default_form(window) if products is None else products
     if launch is None:
         if family == "mamba2":
             launch = dict(_config=module.verify_launch_config(batch, shape["heads"], shape["head_dim"],
@@ -219,8 +220,8 @@ def _verify_call(family: str, batch: int, window: int, products: bool | str, lau
     return module, [f"_{'mamba2' if family == 'mamba2' else 'delta'}_verify_kernel"], call
 
 
-def verify_registers(family: str, batch: int = 256, window: int = 4, products: bool | str = False, arch: int = 90,
-                     launch: dict | None = None) -> dict:
+def verify_registers(family: str, batch: int = 256, window: int = 4, products: bool | str | None = False,
+                     arch: int = 90, launch: dict | None = None) -> dict:
     """Registers and spills of ``family``'s verify kernel ("mamba2", "gdn", "kda") at a batch's launch
     configuration (see :func:`_verify_call`), compiled for ``sm_<arch>``."""
     (row,) = compile_launches(*_verify_call(family, batch, window, products, launch), arch=arch)

@@ -12,6 +12,7 @@
 #   Mamba-2 speculation cases with checkpoints within 1e-5 on CUDA (run 77: the two step kernels one ulp apart).
 # STAGE=5 (run 79): bench_verify at the launch defaults run 78's sweep chose, the sweep of wider tiles (and Mamba-2's
 #   two forms at every T), the verify kernels' CUDA tests (default set).
+# STAGE=6 (run 80): bench_verify at batch 64 and 256 with the launches run 79's sweep chose, then the CUDA tests.
 # STAGE=3 (optional): the Qwen3.5-like batch-64 speculative arm with attention pinned to memory-efficient SDPA
 #   (no cuDNN graph builds) and with torch's default, each counting JIT compiles: run 73 measured 0.09x where run 75
 #   measured 0.70x.
@@ -48,6 +49,11 @@ elif [ "$STAGE" = 5 ]; then  # run 79: the new defaults (wider tiles, Mamba-2's 
     --forms tokens --tiles 64,128 --warps 4,8 > "$RES/sweep_delta.txt" 2>&1
   echo "sweep rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_verify_cuda tests/test_kernels_verify.py; pack
+elif [ "$STAGE" = 6 ]; then  # run 80: bench_verify and the verify kernels' CUDA tests at run 79's launch choices
+  timeout 140 python3 -m hf_replayssm.kernels.bench_verify --family mamba2,gdn,kda --batches 64,256 --windows 2,4,8 \
+    --out "$RES/verify_final.json" > "$RES/verify_final.txt" 2>&1
+  echo "verify rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 270 test_kernels_verify_cuda tests/test_kernels_verify.py; pack
 elif [ "$STAGE" = 3 ]; then
   for sdpa in efficient default; do
     bench_job 280 speculative_qwen3_5_b64_$sdpa speculative --models qwen3_5 --batches 64 --prompt 512 --new 64 \

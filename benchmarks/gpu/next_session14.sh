@@ -13,6 +13,7 @@
 # STAGE=5 (run 79): bench_verify at the launch defaults run 78's sweep chose, the sweep of wider tiles (and Mamba-2's
 #   two forms at every T), the verify kernels' CUDA tests (default set).
 # STAGE=6 (run 80): bench_verify at batch 64 and 256 with the launches run 79's sweep chose, then the CUDA tests.
+# STAGE=7 (run 81): the replay step at one program per (row, head) and other wide tiles against its defaults.
 # STAGE=3 (optional): the Qwen3.5-like batch-64 speculative arm with attention pinned to memory-efficient SDPA
 #   (no cuDNN graph builds) and with torch's default, each counting JIT compiles: run 73 measured 0.09x where run 75
 #   measured 0.70x.
@@ -54,6 +55,10 @@ elif [ "$STAGE" = 6 ]; then  # run 80: bench_verify and the verify kernels' CUDA
     --out "$RES/verify_final.json" > "$RES/verify_final.txt" 2>&1
   echo "verify rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 270 test_kernels_verify_cuda tests/test_kernels_verify.py; pack
+elif [ "$STAGE" = 7 ]; then  # run 81: wider replay-step tiles (the verify kernels' lesson), batch 256
+  timeout 200 python3 "$R/benchmarks/gpu/replay_config_sweep.py" --families mamba2,kda,gdn --batches 256 \
+    > "$RES/replay_sweep.txt" 2>&1
+  echo "replay sweep rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
 elif [ "$STAGE" = 3 ]; then
   for sdpa in efficient default; do
     bench_job 280 speculative_qwen3_5_b64_$sdpa speculative --models qwen3_5 --batches 64 --prompt 512 --new 64 \

@@ -37,8 +37,9 @@ def test_read_copy_kernel(case):
 def test_delta_read_copy_launch_config():
     """The measured launch rule (H200, Qwen3-Next shape, batch 256): scalar-gate replay launches that read a copy
     take 32 x 2 tiles, except fp8 with device positions; fp32 launches and small grids are untouched. Per-key gates
-    (KDA) take 32 x 2 whatever the copy when their decays come from the per-head pre-launch (the default; H200,
-    Kimi-Linear, batch 64 and 256), and 64 x 4 without it."""
+    (KDA) take 32 x 2 when their decays come from the per-head pre-launch (the default) with device positions or a
+    read copy (H200, Kimi-Linear, batch 64 and 256, rows in mixed phases), 64 x 4 with host positions on the fp32
+    checkpoint (run 81, batch 256) and 64 x 4 without the pre-launch."""
     k = load_kernel_module("delta_rule")
     shape = (256, 32, 128, 128)
     assert k.replay_launch_config(*shape) == (64, 4)
@@ -47,7 +48,8 @@ def test_delta_read_copy_launch_config():
     assert k.replay_launch_config(*shape, read_format="nvfp4") == (32, 2)
     assert k.replay_launch_config(*shape, read_format="nvfp4", device_phase=True) == (32, 2)
     assert k.replay_launch_config(*shape, read_format="fp8", device_phase=True) == (64, 4)
-    assert k.replay_launch_config(*shape, per_key_gate=True) == (32, 2)
+    assert k.replay_launch_config(*shape, per_key_gate=True) == (64, 4)
+    assert k.replay_launch_config(*shape, per_key_gate=True, device_phase=True) == (32, 2)
     assert k.replay_launch_config(*shape, per_key_gate=True, read_format="fp8") == (32, 2)
     assert k.replay_launch_config(*shape, per_key_gate=True, read_format="fp8", kda_weights=False) == (64, 4)
     assert k.replay_launch_config(*shape, per_key_gate=True, kda_weights=False) == (64, 4)

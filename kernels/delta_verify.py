@@ -31,24 +31,27 @@ Design notes:
   For token t, with decayed keys ``kw_j`` (record or earlier window token j, decayed to t):
   ``P_t^T u = S0^T (exp(c_t) * u) + sum_j (kw_j . u) d_j`` for u in {q_t, k_t}; ``d_t = beta_t (v_t - P_t^T k_t)``;
   ``o_t = P_t^T q_t + (k_t . q_t) d_t``. Two forms, chosen by the constexpr ``WINDOW_AS_PRODUCTS``
-  (``_verify(..., _products=True)``):
-  - token by token (the default): unrolled over ``BLOCK_T = next_pow2(T)`` with the width T a runtime guard, so one
+  (``_verify(..., _products=...)``; by default token by token, :func:`default_form`):
+  - token by token: unrolled over ``BLOCK_T = next_pow2(T)`` with the width T a runtime guard, so one
     compile serves every T of a tile (a constexpr T cost a JIT compile at every new draft count of a speculative
     run: 0.9-9 s per width on a fresh H200; against the loop unrolled over exactly T, same bits: GDN 1.03-1.07x the
     time, KDA 0.99x, run 68). The decays are carried along the window: at token t the checkpoint decay and every
     decayed key are multiplied by ``exp(g_t)`` (the recurrence's own order of operations), starting from the
     records' decays to the end of the committed ring, which are direct sums (reverse cumulative sums over the records
-    after j, as in the replay step). Cost per token: two passes over the state tile plus O((count + T)(K + V)), so a
-    verify costs about T replay steps (H200, batch 256, run 74: GDN 701 / 1317 / 3121 us at T = 2 / 4 / 8, 1.89x /
-    2.01x / 1.70x faster than per-draft snapshots; KDA 1.29x / 1.15x / 1.09x; target at T = 4: 3x);
+    after j, as in the replay step). Cost per token: two passes over the state tile plus O((count + T)(K + V)), the
+    latter redone by every V tile, hence wide tiles (:func:`verify_launch_config`). H200, batch 256, verify + commit
+    against per-draft snapshots, both accept modes (run 80): GDN 2.60-2.71x / 2.41-2.55x / 2.28-2.44x at T = 2 / 4 /
+    8, KDA 2.24-2.33x / 2.14-2.25x / 1.73-1.81x (run 74 on [128, 32] tiles: GDN 1.89 / 2.01 / 1.70x, KDA 1.29 / 1.15
+    / 1.09x; target at T = 4: 3x);
   - as matrix products: everything but the d's is known before the first d, so the checkpoint and record terms of
-    every token are products (``tl.dot`` in IEEE float32, no TF32: ``[T, K] x [K, BLOCK_V]`` against the state
-    tile, ``[T, K] x [K, R]`` then ``[T, R] x [R, BLOCK_V]`` against the records), and so are the window's own key
-    products ``a_kk[t, s] = kw_s . k_t`` (s < t) and ``a_qk`` (s <= t) for a scalar gate (a per-key gate's window
-    keys are decayed token by token: no differences of cumulative sums); the d's are then solved in order
-    (``O(T^2 BLOCK_V)``) and ``o = P^T q + a_qk d`` is one more product. ``BLOCK_T = 16`` (one compile for every
-    width). Checked under the interpreter; not yet run on a GPU (run 76 timed out before any result came back; ptxas
-    for sm_90 then showed the first version spilling 3.6-13 KB per thread on 4 warps, hence 8 and the changes above).
+    every token are products (``[T, K] x [K, BLOCK_V]`` against the state tile, ``[T, K] x [K, R]`` then
+    ``[T, R] x [R, BLOCK_V]`` against the records), and so are the window's own key products
+    ``a_kk[t, s] = kw_s . k_t`` (s < t) and ``a_qk`` (s <= t) for a scalar gate (a per-key gate's window keys are
+    decayed token by token: no differences of cumulative sums); the d's come from ``(I + X)^-1 = (I - X)(I + X^2)
+    (I + X^4)(I + X^8)`` and ``o = P^T q + a_qk d`` is one more product. ``BLOCK_T = 16`` (one compile for every
+    width). Slower than the token form on the H200 in both precisions: IEEE float32 (``_products=True``) GDN 0.34-1.28x
+    and KDA 0.13-0.24x the snapshots' speed at T = 2-8 (run 77), tf32x3 slower still (run 78; 236-1036 B spilled per
+    thread at sm_90).
 * Records are appended by the programs that own them (d by every V tile, g by V tile 0, the raw key by V tile 0 of
   the first value head of each key group).
 * Commit grid ``(cdiv(V, BLOCK_V), B, Hv)``: flushing programs fold the records one at a time in order,

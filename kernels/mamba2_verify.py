@@ -28,18 +28,20 @@ Design notes:
   ``y_t = exp(lam_t) (S0 C_t) + sum_j w_jt (B_j . C_t) x_j + sum_{s<=t} w_st (B_s . C_t) x_s + D x_t``
   with the log decays summed directly over the terms in between (records after j, then window tokens up to t;
   never differences of cumulative sums, see ``hf_replayssm/ops/decay.py``). Two forms of the same sums, chosen by
-  the constexpr ``WINDOW_AS_PRODUCTS`` (``_verify(..., _products=True)``):
-  - token by token (the default): a runtime loop over the window (one compile per ``BLOCK_T = max(8,
-    next_pow2(T))``, not one per width, which cost a JIT compile at every new draft count of a speculative run), one
-    pass over the state tile per token (``S0 C_t``) plus O((count + T)(N + P)). H200, batch 256 (run 74, tiles of
-    next_pow2(T) then): 1903 / 5818 / 7159 us at T = 2 / 4 / 8, 1.43x / 0.93x / 1.52x faster than per-draft
-    snapshots (target at T = 4: 3x); the 4-token tile took 172 registers against 128 (ptxas, sm_90), hence 8 now;
+  the constexpr ``WINDOW_AS_PRODUCTS`` (``_verify(..., _products=...)``; by default :func:`default_form`: tokens up
+  to 4 tokens, tf32x3 products from 5):
+  - token by token: a runtime loop over the window (one compile per ``BLOCK_T = max(8, next_pow2(T))``, not one
+    per width, which cost a JIT compile at every new draft count of a speculative run), one pass over the state
+    tile per token (``S0 C_t``) plus O((count + T)(N + P));
   - as matrix products: no term depends on another token's output, so the whole window is the SSD form of a
-    chunk (``tl.dot`` in IEEE float32, no TF32): ``[T, N] x [N, BLOCK_P]`` against the state tile, ``[T, N] x
-    [N, R]`` and ``[T, R] x [R, BLOCK_P]`` against the records, ``[T, N] x [N, T]`` and ``[T, T] x [T, BLOCK_P]``
-    within the window; ``BLOCK_T = 16`` (one compile for every width). Checked under the interpreter; not yet run on
-    a GPU (run 76 timed out before any result came back; ptxas for sm_90 then showed [16, 128] and [32, 128] tiles
-    on 4 warps spilling 280-356 B per thread, hence its own launch configuration).
+    chunk: ``[T, N] x [N, BLOCK_P]`` against the state tile, ``[T, N] x [N, R]`` and ``[T, R] x [R, BLOCK_P]``
+    against the records, ``[T, N] x [N, T]`` and ``[T, T] x [T, BLOCK_P]`` within the window; ``BLOCK_T = 16`` (one
+    compile for every width), so its cost hardly moves with T. ``tl.dot`` in IEEE float32 (``_products=True``) is
+    compute-bound on CUDA cores (H200, run 77: 1.3-3.6x slower than the token form); ``"tf32x3"`` (three TF32
+    tensor-core products, float32 accuracy; ``kernels/verify_products.py``) is the fast one.
+  H200, batch 256, verify + commit against per-draft snapshots, both accept modes (run 80, ``bench_verify``):
+  2.85-2.95x at T = 2, 3.45-3.69x at T = 4, 5.54-6.29x at T = 8 (run 74, token form on [32, 128] x 8 warps:
+  1.43x / 0.93x / 1.52x).
 * Records are appended by the programs that own them (x by every P tile, dt by P tile 0, B by P tile 0 of the
   group's first head); the appended slots differ from every slot read when ``count + T <= R``.
 * Commit grid ``(cdiv(P, BLOCK_P), B, H)``: programs of rows that do not flush only take part in the count update.
@@ -508,7 +510,8 @@ def mamba2_verify(
     Requires ``count[b] + T <= R`` (rows that do not fit get NaN outputs and no records). Token t of row b sees the
     checkpoint, the committed records and window tokens 0..t; the window's records (x, post-softplus dt, B) go to
     slots ``(origin[b] + count[b] + t) % R``. Returns y [B, T, H, P] in x's dtype (or ``out``). Same semantics as
-    :func:`mamba2_verify_ref`.
+    :func:`mamba2_verify_ref`; windows of 5 tokens or more take the tensor-core product form (tf32x3, float32
+    accuracy: on the H200 within 3.6e-7 relative of the reference, against 1.5e-7 token by token).
     """
     return _verify(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, dt_softplus, out)
 

@@ -6,15 +6,15 @@ Kernel checks run in subprocesses (this file executed as a script) with ``TRITON
 ``tests/test_kernels_mamba2.py``; ``REPLAYSSM_KERNEL_TEST_DEVICE=cuda`` runs them on a GPU, where the bitwise
 checkpoint comparisons are relaxed to 1e-5 as for the delta rule: on the H200 (run 77) the fused step's flush and the
 standard step kernel came out one ulp apart (2.4e-7), the compiler contracting the same expression into FMAs
-differently in the two kernels. The
-references' own sequence checks run in-process. Shapes are tiny; the default set takes about 75 s of CPU, the ``slow``
-variants (8-token windows, buffer length 8, and the benchmark's smoke run) about two minutes more.
+differently in the two kernels. The references' own sequence checks run in-process. Shapes are tiny; the default set
+takes about 75 s of CPU, the ``slow`` variants (8-token windows, buffer length 8, and the benchmark's smoke run)
+about two minutes more.
 
-Tolerances: outputs of replayed tokens are compared with 1e-4 x max(|ref|, 1) like the replay-step tests (the
-replay sums the same terms in a different order than stepping); kernel vs reference within 2e-6 (outputs), 1e-5
-(delta d's) and one ulp-level 1e-6 (ring dt, checkpoints: numpy's and torch's exp/softplus differ in the last
-bit). Mamba-2 checkpoints after a commit are compared bitwise with the standard step kernel (same sequential
-expression); gated delta rule checkpoints within 1e-5, because the d's of the two paths are computed from different
+Tolerances: outputs of replayed tokens are compared with 1e-4 x max(|ref|, 1) like the replay-step tests (the replay
+sums the same terms in a different order than stepping); kernel vs reference within 2e-6 (outputs), 1e-5 (delta d's) and
+one ulp-level 1e-6 (ring dt, checkpoints: numpy's and torch's exp/softplus differ in the last bit). Mamba-2 checkpoints
+after a commit are compared bitwise with the standard step kernel (same sequential expression; within 1e-5 on CUDA, see
+above); gated delta rule checkpoints within 1e-5, because the d's of the two paths are computed from different
 checkpoint/ring splits (and the one-token replay step's flush uses the unrolled sum); their commit is checked to be
 split-invariant bitwise instead.
 """

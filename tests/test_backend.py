@@ -111,6 +111,20 @@ SCRIPT = textwrap.dedent('''
         assert max_logit_diff(out.logits, greedy.logits) < 1e-4, model_type
         assert kernel_windows(cache) > 0 and kernel_folds(cache) > 0, model_type
         assert cache.stats()["rolled_back_tokens"] > 0, model_type
+    # Mamba-2 windows of PRODUCTS_FROM_WINDOW tokens or more take the verify kernel's tensor-core product form
+    # (tf32x3 on a GPU; the interpreter computes it in float32): widths seen through the kernel's form choice
+    from hf_replayssm.kernels import mamba2_verify as m2v
+    widths, form = [], m2v.default_form
+    m2v.default_form = lambda window: widths.append(window) or form(window)
+    other = tiny_model("nemotron_h", initializer_range=0.2)
+    prompt = torch.cat([torch.randint(3, 120, (1, 7))] * 4, dim=1)
+    greedy = other.generate(prompt, past_key_values=DynamicCache(config=other.config), **GREEDY_KW)
+    cache = ReplayCache(backend="triton")
+    out = other.generate(prompt, past_key_values=cache, prompt_lookup_num_tokens=6, **GREEDY_KW)
+    m2v.default_form = form
+    assert torch.equal(out.sequences, greedy.sequences) and max_logit_diff(out.logits, greedy.logits) < 1e-4
+    assert max(widths) >= m2v.PRODUCTS_FROM_WINDOW and min(widths) < m2v.PRODUCTS_FROM_WINDOW, widths
+    assert cache.stats()["rolled_back_tokens"] > 0
     # batched speculation (rows accept different numbers of drafts; per-row rollback of kernel-written records,
     # neutral records folded by the fold kernel): GDN and Mamba-2
     for model_type in ("qwen3_5_text", "nemotron_h"):

@@ -37,7 +37,7 @@ Design notes:
     chunk: ``[T, N] x [N, BLOCK_P]`` against the state tile, ``[T, N] x [N, R]`` and ``[T, R] x [R, BLOCK_P]``
     against the records, ``[T, N] x [N, T]`` and ``[T, T] x [T, BLOCK_P]`` within the window; ``BLOCK_T = 16`` (one
     compile for every width), so its cost hardly moves with T. ``tl.dot`` in IEEE float32 (``_products=True``) is
-    compute-bound on CUDA cores (H200, run 77: 1.3-3.6x slower than the token form); ``"tf32x3"`` (three TF32
+    compute-bound on CUDA cores (H200, run 77: 1.2-3.6x slower than the token form); ``"tf32x3"`` (three TF32
     tensor-core products, float32 accuracy; ``kernels/verify_products.py``) is the fast one.
   H200, batch 256, verify + commit against per-draft snapshots, both accept modes (run 80, ``bench_verify``):
   2.85-2.95x at T = 2, 3.45-3.69x at T = 4, 5.54-6.29x at T = 8 (run 74, token form on [32, 128] x 8 warps:

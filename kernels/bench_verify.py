@@ -49,13 +49,11 @@ if __package__:
     from .bench_common import compiled_info as _compiled_info
     from .bench_common import json_default as _json_default
     from .bench_common import num_copies as _num_copies
-    from .verify_products import DOT_PRECISIONS
 else:  # run as a script from a checkout: python kernels/bench_verify.py
     from bench_common import Timer, copy_bandwidth, load_kernels
     from bench_common import compiled_info as _compiled_info
     from bench_common import json_default as _json_default
     from bench_common import num_copies as _num_copies
-    from verify_products import DOT_PRECISIONS
 
 SHAPES = {
     "mamba2": {"nemotron-h-8b": dict(heads=128, head_dim=64, d_state=128, groups=8)},
@@ -169,10 +167,10 @@ def accepted_counts(mode: str, batch: int, T: int, device) -> torch.Tensor:
     return torch.full_like(rows, T) if mode == "all" else 1 + rows % T
 
 
-def replay_steps(case, kv, accepted: torch.Tensor, L: int, products: bool | str = False):
-    """L speculative steps: verify (``products``: the kernel's matrix-product form, ``True`` or ``"tf32x3"``) +
-    commit, rotating over the input copies."""
-    launch = dict(_products=products) if products else {}
+def replay_steps(case, kv, accepted: torch.Tensor, L: int, launch: dict | None = None):
+    """L speculative steps: verify (``launch``: the verify form's private arguments, see :data:`FORMS`) + commit,
+    rotating over the input copies."""
+    launch = launch or {}
 
     def run():
         for i in range(L):
@@ -207,7 +205,7 @@ def _rel(got, want) -> float:
     return ((got.float() - want.float()).abs().max() / want.float().abs().max().clamp_min(1)).item()
 
 
-def check(family, shape, T, L, device, products: bool | str = False) -> dict:
+def check(family, shape, T, L, device, launch: dict | None = None) -> dict:
     """verify + commit kernels vs the torch references on two rows of the real shape (row 0 replays, row 1 flushes on
     commit). Relative max errors and whether counts match."""
     k = load_kernels("mamba2_verify" if family == "mamba2" else "delta_verify")
@@ -219,7 +217,7 @@ def check(family, shape, T, L, device, products: bool | str = False) -> dict:
     out_name = "y" if family == "mamba2" else "o"
     c[out_name], ref[out_name] = (torch.empty(c[out_name].shape, device=device) for _ in range(2))
     accepted = torch.tensor([T, 1], dtype=torch.int32, device=device)
-    case.verify(k, c, **(dict(_products=products) if products else {}))
+    case.verify(k, c, **(launch or {}))
     case.commit(k, c, accepted, L)
     if family == "mamba2":
         p = case.params
@@ -249,9 +247,9 @@ def bench(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
         ks = load_kernels("mamba2" if family == "mamba2" else "delta_rule")
         for name, shape in shapes.items():
             if not args.no_check:
-                for products in (False, *args.products):
-                    label = f"{family}/{name}" + (f"/{_form_label(products)}" if products else "")
-                    checks[label] = check(family, shape, max(args.windows), L, device, products)
+                for form in ("", *_family_forms(args, family)):
+                    label = f"{family}/{name}" + (f"/{form}" if form else "")
+                    checks[label] = check(family, shape, max(args.windows), L, device, FORMS[form])
                     print(f"check {label}: {checks[label]}", flush=True)
             for batch in args.batches:
                 for T in args.windows:
@@ -260,10 +258,11 @@ def bench(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                     row = dict(family=family, shape=name, **shape, batch=batch, window=T, buffer_len=L,
                                ring=L - 1 + T, copies=case.n, state_MiB=case.state_bytes / 2**20)
 
-                    for mode in _arms(args):
-                        accepted = accepted_counts(mode.split("_")[0], batch, T, device)
+                    for mode in _arms(args, family):
+                        accept, _, form = mode.partition("_")
+                        accepted = accepted_counts(accept, batch, T, device)
                         mean_accepted = accepted.float().mean().item()
-                        t = timer(replay_steps(case, kv, accepted, L, products=_arm_products(mode)))
+                        t = timer(replay_steps(case, kv, accepted, L, FORMS[form]))
                         row[f"replay_{mode}_us"] = t["ms"] * 1e3 / L
                         row[f"replay_{mode}_p20_us"] = t["p20_ms"] * 1e3 / L
                         row[f"replay_{mode}_p80_us"] = t["p80_ms"] * 1e3 / L
@@ -282,7 +281,7 @@ def bench(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                             torch.cuda.empty_cache()
                     row["snapshot_model_state_bytes"] = 4 * case.state_bytes * T
                     row["steps_only_model_state_bytes"] = 2 * case.state_bytes * T
-                    for mode in _arms(args):
+                    for mode in _arms(args, family):
                         row[f"speedup_{mode}_vs_snapshot"] = row["snapshot_us"] / row[f"replay_{mode}_us"]
                         row[f"speedup_{mode}_vs_steps_only"] = row["steps_only_us"] / row[f"replay_{mode}_us"]
                         row[f"replay_{mode}_model_GBps"] = (row[f"replay_{mode}_model_state_bytes"]
@@ -291,32 +290,32 @@ def bench(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                     row["copy_bandwidth_GBps"] = copy_bw
                     del case
                     rows.append(row)
-                    _print_row(row, _arms(args), header=len(rows) == 1)
+                    _print_row(row, _arms(args, family), header=len(rows) == 1 or rows[-2]["family"] != family)
     return rows, checks
 
 
-def _arms(args) -> list[str]:
-    """Replay arms: each accept mode, and with ``--products`` the same with each named matrix-product form of the
-    verify kernel (``<mode>_products`` for IEEE float32, ``<mode>_tf32x3``), timed in the same run."""
-    return [*args.accept, *(f"{mode}_{_form_label(form)}" for form in args.products for mode in args.accept)]
+# Verify forms timed beside the default (arms ``<accept>_<form>``): the private arguments of ``_verify``.
+FORMS = {"": {}, "products": dict(_products=True), "tf32x3": dict(_products="tf32x3"), "steps": dict(_steps=True)}
+DELTA_ONLY_FORMS = ("steps",)  # the delta-rule verify's steps form has no Mamba-2 counterpart
 
 
-def _form_label(products: bool | str) -> str:
-    return "products" if products is True else str(products)
+def _family_forms(args, family: str) -> list[str]:
+    return [form for form in args.forms if family != "mamba2" or form not in DELTA_ONLY_FORMS]
 
 
-def _arm_products(arm: str) -> bool | str:
-    """The ``_products`` argument of a replay arm (``all``, ``all_products``, ``mixed_tf32x3``, ...)."""
-    form = arm.partition("_")[2]
-    return False if not form else True if form == "products" else form
+def _arms(args, family: str) -> list[str]:
+    """Replay arms: each accept mode (the default form), and with ``--forms`` the same with each named form of the
+    verify kernel (``<mode>_products`` for IEEE float32 products, ``<mode>_tf32x3``, ``<mode>_steps``), timed in the
+    same run."""
+    return [*args.accept, *(f"{mode}_{form}" for form in _family_forms(args, family) for mode in args.accept)]
 
 
-def _forms(text: str) -> list[bool | str]:
-    """--products: ``ieee`` (or empty) -> True, ``tf32x3`` -> "tf32x3"."""
-    forms = [True if f in ("", "ieee", "products") else f for f in text.split(",")]
+def _forms(text: str) -> list[str]:
+    """--forms: ``ieee`` (or empty) -> "products", ``tf32x3``, ``steps``."""
+    forms = ["products" if f in ("", "ieee", "products") else f for f in text.split(",")]
     for form in forms:
-        if form is not True and form not in DOT_PRECISIONS:
-            raise argparse.ArgumentTypeError(f"unknown products form {form!r}; use ieee and/or tf32x3")
+        if form not in FORMS or not form:
+            raise argparse.ArgumentTypeError(f"unknown verify form {form!r}; use ieee, tf32x3 and/or steps")
     return forms
 
 
@@ -344,9 +343,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--buffer-len", type=int, default=None, help="L (default 16; 4 with --smoke)")
     parser.add_argument("--accept", default=",".join(ACCEPT), help="accepted tokens per step: 'all' (T per row) "
                         "and/or 'mixed' (1 + row mod T)")
-    parser.add_argument("--products", nargs="?", type=_forms, const=[True], default=[],
-                        help="also time the verify kernels' matrix-product form: 'ieee' (the default; arms "
-                        "'<accept>_products') and/or 'tf32x3' (arms '<accept>_tf32x3'), comma-separated")
+    parser.add_argument("--forms", "--products", dest="forms", nargs="?", type=_forms, const=["products"], default=[],
+                        help="also time other forms of the verify kernels, comma-separated: 'ieee' (the default: "
+                        "matrix products in IEEE float32, arms '<accept>_products'), 'tf32x3' (products on tensor "
+                        "cores, '<accept>_tf32x3'), 'steps' (delta rule: records folded, then the window stepped in "
+                        "registers, '<accept>_steps')")
     parser.add_argument("--out", type=Path, default=None, help="write all numbers as JSON here")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, one repetition (CPU / TRITON_INTERPRET)")
     parser.add_argument("--no-check", action="store_true", help="skip the on-device correctness check")

@@ -116,6 +116,28 @@ MAX_WINDOW = 16  # the window tiles are [BLOCK_T, ...] registers
 LAST_COMPILED: dict = {}
 
 
+@triton.jit
+def _store_token(o, d_t, g_t, k_raw, t, fits, o_row, rk_base, rd_base, rg_base, end, ring_size, pid_v, pid_h, kv_ratio,
+                 K: tl.constexpr, offs_k, offs_v, mask_v, append_v, stride_o_t, stride_o_v, stride_rk_r, stride_rk_k,
+                 stride_rd_r, stride_rd_v, stride_rg_r, stride_rg_k, GATE_PER_KEY: tl.constexpr):
+    """Window token t's output (NaN for a row that does not fit) and its record at logical position ``end + t``
+    (``end`` = origin + count; rows that fit only): d by every V tile, g by V tile 0, the raw key by V tile 0 of the
+    first value head of each key group."""
+    o = tl.where(fits, o, float("nan"))
+    tl.store(o_row + t * stride_o_t + offs_v * stride_o_v, o.to(o_row.dtype.element_ty), mask=mask_v)
+    slot = (end + t) % ring_size
+    tl.store(rd_base + slot * stride_rd_r + offs_v * stride_rd_v, d_t.to(rd_base.dtype.element_ty), mask=append_v)
+    if pid_v == 0:
+        if GATE_PER_KEY:
+            tl.store(rg_base + slot * stride_rg_r + offs_k * stride_rg_k, g_t.to(rg_base.dtype.element_ty),
+                     mask=offs_k < tl.where(fits, K, 0))
+        else:
+            tl.store(rg_base + slot * stride_rg_r, g_t.to(rg_base.dtype.element_ty), mask=fits)
+        if pid_h % kv_ratio == 0:
+            tl.store(rk_base + slot * stride_rk_r + offs_k * stride_rk_k, k_raw.to(rk_base.dtype.element_ty),
+                     mask=offs_k < tl.where(fits, K, 0))
+
+
 # One compile per BLOCK_T, not per window width: the width and the batch strides of the window tensors (T times a
 # row's size, so 16-divisible for some widths and not others) are not specialised on.
 @triton.jit(do_not_specialize=["window", "stride_q_b", "stride_k_b", "stride_v_b", "stride_beta_b", "stride_g_b",
@@ -140,7 +162,8 @@ def _delta_verify_kernel(
     GATE_PER_KEY: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
     WINDOW_AS_PRODUCTS: tl.constexpr,
-    PRECISION: tl.constexpr,  # the products' tl.dot input precision ("ieee" or "tf32x3")
+    WINDOW_AS_STEPS: tl.constexpr,
+    PRECISION: tl.constexpr,  # tl.dot input precision of the products ("ieee" or "tf32x3") or the steps form's fold
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
     BLOCK_R: tl.constexpr,
@@ -300,6 +323,35 @@ def _delta_verify_kernel(
             if pid_h % kv_ratio == 0:
                 tl.store(rk_base + slots_w[:, None] * stride_rk_r + offs_k[None, :] * stride_rk_k,
                          k_w_raw.to(ring_k_ptr.dtype.element_ty), mask=append[:, None] & mask_k[None, :])
+    elif WINDOW_AS_STEPS:
+        # The committed records folded into the checkpoint tile in registers (one [K, R] x [R, BLOCK_V] product, the
+        # replay step's flush), then the window stepped through the recurrence on that tile, which is never written
+        # back: per token two reductions over K (S^T k before its update, S^T q after) where the token form needs
+        # eleven across warps (its checkpoint, record and window terms apart, each against k and q).
+        if GATE_PER_KEY:
+            s = s0 * decay[:, None] + tl.dot(tl.trans(kw_r), d_r, input_precision=PRECISION)
+        else:
+            s = s0 * decay + tl.dot(tl.trans(k_r * w_r[:, None]), d_r, input_precision=PRECISION)
+        append_v = mask_v & (offs_v < tl.where(fits, V, 0))
+        for t in tl.static_range(BLOCK_T):  # unrolled over the tile; the window's width is a runtime guard
+            if t < window:
+                k_raw, q_t, k_t, v_t, beta_t, g_t = _load_token(
+                    q_ptr + t * stride_q_t, k_ptr + t * stride_k_t, v_ptr + t * stride_v_t,
+                    beta_ptr + t * stride_beta_t, g_ptr + t * stride_g_t, pid_b, pid_h, hk, offs_k, mask_k, offs_v,
+                    mask_v, scale, stride_q_b, stride_q_h, stride_q_k, stride_k_b, stride_k_h, stride_k_k,
+                    stride_v_b, stride_v_h, stride_v_v, stride_beta_b, stride_beta_h, stride_g_b, stride_g_h,
+                    stride_g_k, GATE_PER_KEY, USE_QK_L2NORM)
+                a_t = tl.exp(g_t)
+                if GATE_PER_KEY:
+                    a_t = a_t[:, None]
+                s = s * a_t
+                d_t = beta_t * (v_t - tl.sum(s * k_t[:, None], axis=0))
+                s += k_t[:, None] * d_t[None, :]
+                o = tl.sum(s * q_t[:, None], axis=0)
+                _store_token(o, d_t, g_t, k_raw, t, fits, o_ptr + pid_b * stride_o_b + pid_h * stride_o_h,
+                             rk_base, rd_base, rg_base, origin + count, ring_size, pid_v, pid_h, kv_ratio, K, offs_k,
+                             offs_v, mask_v, append_v, stride_o_t, stride_o_v, stride_rk_r, stride_rk_k, stride_rd_r,
+                             stride_rd_v, stride_rg_r, stride_rg_k, GATE_PER_KEY)
     else:  # token by token: two passes over the state tile per token
         if GATE_PER_KEY:
             kw_w = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)  # earlier window keys, decayed to the current token
@@ -341,9 +393,10 @@ def _delta_verify_kernel(
                 pq += tl.sum(wq_r[:, None] * d_r, axis=0) + tl.sum(wq_w[:, None] * d_w, axis=0)
                 d_t = beta_t * (v_t - pk)
                 o = pq + tl.sum(k_t * q_t, axis=0) * d_t
-                o = tl.where(fits, o, float("nan"))
-                tl.store(o_ptr + pid_b * stride_o_b + t * stride_o_t + pid_h * stride_o_h + offs_v * stride_o_v,
-                         o.to(o_ptr.dtype.element_ty), mask=mask_v)
+                _store_token(o, d_t, g_t, k_raw, t, fits, o_ptr + pid_b * stride_o_b + pid_h * stride_o_h,
+                             rk_base, rd_base, rg_base, origin + count, ring_size, pid_v, pid_h, kv_ratio, K, offs_k,
+                             offs_v, mask_v, append_v, stride_o_t, stride_o_v, stride_rk_r, stride_rk_k, stride_rd_r,
+                             stride_rd_v, stride_rg_r, stride_rg_k, GATE_PER_KEY)
 
                 # This token becomes an earlier window token for the next ones.
                 row = offs_t[:, None] == t
@@ -353,20 +406,6 @@ def _delta_verify_kernel(
                 else:
                     k_w = tl.where(row, k_t[None, :], k_w)
                     w_w = tl.where(offs_t == t, 1.0, w_w)
-
-                # Its record at logical position count + t (rows that fit only).
-                slot = (origin + count + t) % ring_size
-                tl.store(rd_base + slot * stride_rd_r + offs_v * stride_rd_v, d_t.to(ring_d_ptr.dtype.element_ty),
-                         mask=append_v)
-                if pid_v == 0:
-                    if GATE_PER_KEY:
-                        tl.store(rg_base + slot * stride_rg_r + offs_k * stride_rg_k,
-                                 g_t.to(ring_g_ptr.dtype.element_ty), mask=offs_k < tl.where(fits, K, 0))
-                    else:
-                        tl.store(rg_base + slot * stride_rg_r, g_t.to(ring_g_ptr.dtype.element_ty), mask=fits)
-                    if pid_h % kv_ratio == 0:
-                        tl.store(rk_base + slot * stride_rk_r + offs_k * stride_rk_k,
-                                 k_raw.to(ring_k_ptr.dtype.element_ty), mask=offs_k < tl.where(fits, K, 0))
 
 
 @triton.jit
@@ -537,7 +576,7 @@ def _window_strides(g: torch.Tensor) -> tuple[int, ...]:
 
 
 def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_qk_l2norm=True, scale=None,
-            out=None, _block_v=None, _num_warps=None, _products=None):
+            out=None, _block_v=None, _num_warps=None, _products=None, _steps=False):
     batch, value_heads, key_heads, key_dim, value_dim, ring_size, per_key = _check_rings(
         state, ring_k, ring_d, ring_g, origin, count)
     window = k.shape[1]
@@ -552,10 +591,12 @@ def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_
     assert o.shape == v.shape
     scale = key_dim ** -0.5 if scale is None else float(scale)
     _products = default_form(window) if _products is None else _products
+    if _products and _steps:
+        raise ValueError("_products and _steps name two different verify forms; pass one")
     block_v, num_warps = verify_launch_config(batch, value_heads, key_dim, value_dim, per_key, window, _products)
     block_v, num_warps = _block_v or block_v, _num_warps or num_warps
-    assert block_v >= 16 or not _products, f"block_v {block_v} < 16: the matrix products need 16"
-    floor = 16 if _products else 2  # tl.dot operands are at least 16 on every side
+    assert block_v >= 16 or not (_products or _steps), f"block_v {block_v} < 16: tl.dot needs 16"
+    floor = 16 if _products or _steps else 2  # tl.dot operands are at least 16 on every side
     grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
     with _device_guard(v):
         LAST_COMPILED["verify"] = _delta_verify_kernel[grid](
@@ -568,7 +609,9 @@ def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_
             GATE_PER_KEY=per_key,
             USE_QK_L2NORM=bool(use_qk_l2norm),
             WINDOW_AS_PRODUCTS=bool(_products),
-            PRECISION=dot_precision(_products),
+            WINDOW_AS_STEPS=bool(_steps),
+            # the steps form's record fold: tf32x3 like the replay step's flush (``_steps=True``) or as named
+            PRECISION=dot_precision(_products or ("tf32x3" if _steps is True else _steps)),
             BLOCK_K=max(floor, triton.next_power_of_2(key_dim)),
             BLOCK_V=block_v,
             BLOCK_R=max(floor, triton.next_power_of_2(max(ring_size - window, 1))),  # count <= R - T if rows fit

@@ -192,11 +192,13 @@ def _kda_call(fmt: str, device_phase: bool, block_v: int, num_warps: int):
     return _delta_call(fmt, device_phase, block_v, num_warps, per_key=True)
 
 
-def _verify_call(family: str, batch: int, window: int, products: bool | str | None, launch: dict | None):
+def _verify_call(family: str, batch: int, window: int, products: bool | str | None, launch: dict | None,
+                 steps: bool = False):
     """The speculative verify kernel of ``family`` (bench_verify's real shapes, one row of tensors) with the launch
     configuration its wrapper picks for ``batch`` rows (or ``launch``: ``_config`` for Mamba-2, ``_block_v`` /
     ``_num_warps`` for the delta rule); ``products``: the kernel's matrix-product form (``True``, or ``"tf32x3"`` for
-    its tensor-core products, ``kernels/verify_products.py``), ``None``: the form the wrapper picks for ``window``."""
+    its tensor-core products, ``kernels/verify_products.py``), ``None``: the form the wrapper picks for ``window``;
+    ``steps``: the delta rule's steps form."""
     from hf_replayssm.kernels import bench_verify
 
     name = "mamba2_verify" if family == "mamba2" else "delta_verify"
@@ -215,17 +217,17 @@ def _verify_call(family: str, batch: int, window: int, products: bool | str | No
                                   False)
 
     def call():
-        case.verify(module, case.copies[0], _products=products, **launch)
+        case.verify(module, case.copies[0], _products=products, **launch, **(dict(_steps=True) if steps else {}))
 
     return module, [f"_{'mamba2' if family == 'mamba2' else 'delta'}_verify_kernel"], call
 
 
 def verify_registers(family: str, batch: int = 256, window: int = 4, products: bool | str | None = False,
-                     arch: int = 90, launch: dict | None = None) -> dict:
+                     arch: int = 90, launch: dict | None = None, steps: bool = False) -> dict:
     """Registers and spills of ``family``'s verify kernel ("mamba2", "gdn", "kda") at a batch's launch
     configuration (see :func:`_verify_call`), compiled for ``sm_<arch>``."""
-    (row,) = compile_launches(*_verify_call(family, batch, window, products, launch), arch=arch)
-    return dict(row, family=family, batch=batch, window=window, products=products)
+    (row,) = compile_launches(*_verify_call(family, batch, window, products, launch, steps), arch=arch)
+    return dict(row, family=family, batch=batch, window=window, products=products, steps=steps)
 
 
 FAMILIES = {"gdn": (_gdn_call, [(64, 4), (32, 4), (32, 2), (16, 2)]),
@@ -240,7 +242,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--formats", default="fp32,fp8,nvfp4")
     parser.add_argument("--verify", action="store_true",
                         help="the speculative verify kernel instead, at --batch's launch configuration: tokens, "
-                        "products (IEEE) and products (tf32x3)")
+                        "products (IEEE), products (tf32x3) and (delta rule) steps")
     parser.add_argument("--batch", type=int, default=256, help="with --verify: the batch whose launch to compile")
     parser.add_argument("--windows", default="2,4,8", help="with --verify: window widths")
     args = parser.parse_args(argv)
@@ -248,11 +250,13 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.verify:
         print(f"{args.family} verify, sm_{args.arch}, triton {triton.__version__}, batch {args.batch}")
         for window in (int(w) for w in args.windows.split(",")):
-            for products in (False, True, "tf32x3"):
-                r = verify_registers(args.family, args.batch, window, products, args.arch)
+            forms = [(False, False), (True, False), ("tf32x3", False)] + ([(False, True)] if args.family != "mamba2"
+                                                                           else [])
+            for products, steps in forms:
+                r = verify_registers(args.family, args.batch, window, products, args.arch, steps=steps)
                 rows.append(r)
                 tile = r.get("BLOCK_P", r.get("BLOCK_V"))
-                form = {False: "tokens", True: "products"}.get(products, products)
+                form = "steps" if steps else {False: "tokens", True: "products"}.get(products, products)
                 print(f"  T {window:>2}  {form:>8}  tile {tile:>3} x "
                       f"{r['num_warps']} warps  {r['registers']:>3} registers  {r['spill_store_bytes']:>5} B spilled",
                       flush=True)

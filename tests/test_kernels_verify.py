@@ -33,7 +33,7 @@ from kernel_harness import assert_close as _close
 CASES = ["mamba2_verify_bf16", "mamba2_verify_products", "mamba2_verify_fp32_and_commit", "mamba2_speculation",
          "mamba2_fold_ring", "delta_verify_gdn_bf16", "delta_verify_products", "delta_verify_kda_and_commit",
          "delta_speculation_gdn", "delta_speculation_kda", "delta_fold_ring", "mamba2_speculation_products",
-         "delta_speculation_products"]
+         "delta_speculation_products", "delta_verify_steps", "delta_speculation_steps"]
 SLOW_CASES = ["mamba2_speculation_long", "delta_speculation_gdn_long", "delta_speculation_kda_long"]
 
 
@@ -62,16 +62,19 @@ def test_bench_imports_and_parses_arguments():
 @pytest.mark.slow
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_bench_smoke(tmp_path):
-    data, stdout = run_bench_smoke("bench_verify", ["--family", "mamba2,gdn,kda", "--products", "ieee,tf32x3"],
+    data, stdout = run_bench_smoke("bench_verify", ["--family", "mamba2,gdn,kda", "--forms", "ieee,tf32x3,steps"],
                                    tmp_path / "bench.json")
     assert [r["family"] for r in data["results"]] == ["mamba2", "gdn", "kda"]
     for row in data["results"]:
-        for key in ("replay_all_us", "replay_mixed_us", "replay_all_products_us", "replay_mixed_products_us",
-                    "replay_all_tf32x3_us", "replay_mixed_tf32x3_us", "snapshot_us", "steps_only_us",
-                    "speedup_all_vs_snapshot", "speedup_all_products_vs_snapshot", "speedup_all_tf32x3_vs_snapshot"):
+        forms = ["products", "tf32x3"] + (["steps"] if row["family"] != "mamba2" else [])
+        keys = ["replay_all_us", "replay_mixed_us", "snapshot_us", "steps_only_us", "speedup_all_vs_snapshot"]
+        keys += [f"replay_{mode}_{form}_us" for form in forms for mode in ("all", "mixed")]
+        keys += [f"speedup_all_{form}_vs_snapshot" for form in forms]
+        for key in keys:
             assert row[key] > 0, (key, row)
-    assert len(data["checks"]) == 9 and all(check["ok"] for check in data["checks"].values()), data["checks"]
-    assert {label.rsplit("/", 1)[1] for label in data["checks"]} >= {"products", "tf32x3"}
+        assert row["family"] != "mamba2" or "replay_all_steps_us" not in row  # no steps form for Mamba-2
+    assert len(data["checks"]) == 11 and all(check["ok"] for check in data["checks"].values()), data["checks"]
+    assert {label.rsplit("/", 1)[1] for label in data["checks"]} >= {"products", "tf32x3", "steps"}
     assert "snapshot us" in stdout  # the printed table
 
 
@@ -128,7 +131,7 @@ def test_fold_ring_references_refuse_positions_outside_the_ring():
 # the speculation property, shared by the kernel (worker) and reference (in-process) checks
 
 
-def _family(name, device, refs=False, k=None, dtype=torch.float32, seed=0, products=False):
+def _family(name, device, refs=False, k=None, dtype=torch.float32, seed=0, products=False, steps=False):
     """Token stream, ring state and step / verify / commit functions of one layer family, as a dict.
 
     ``stream(batch, n)``: per-token tensors [batch, n, ...]; ``init(batch, R)``: checkpoint + empty rings;
@@ -233,6 +236,8 @@ def _family(name, device, refs=False, k=None, dtype=torch.float32, seed=0, produ
 
     if products:  # the verify kernel's matrix-product form
         verify = functools.partial(k._verify, _products=True)
+    if steps:  # the delta-rule verify kernel's steps form
+        verify = functools.partial(k._verify, _steps=True)
     return dict(name=name, stream=lambda batch, n: token_values(batch, n), init=init, window=window, token=token,
                 rings=rings, params=params, extra=extra,
                 fused=lambda st, tok, L: fused(*rings(st), **tok, buffer_len=L, out=_out(tok, name)),
@@ -552,7 +557,7 @@ D_RING = ("ring_k", "ring_d", "ring_g")
 
 
 def _check_delta_verify(k, device, dtype, T, ring, origins, counts, block_v, *, per_key, shape=None, products=False,
-                        **options):
+                        steps=False, **options):
     batch = len(counts)
     p = _delta_inputs(device, dtype, batch, T, ring, per_key=per_key, **(shape or {}))
     _poison(p, D_RING, origins, counts, ring)
@@ -560,10 +565,10 @@ def _check_delta_verify(k, device, dtype, T, ring, origins, counts, block_v, *, 
     p["count"] = torch.tensor(counts, dtype=torch.int32, device=device)
     q = _clone(p)
     out = torch.empty(p["v"].shape, dtype=torch.float32, device=device)
-    o = k._verify(**p, **options, out=out, _block_v=block_v, _products=products)
+    o = k._verify(**p, **options, out=out, _block_v=block_v, _products=products, _steps=steps)
     o_ref = k.delta_verify_ref(**q, **options, out=torch.empty_like(out))
     print(f" T={T} R={ring} per_key={per_key} counts={counts} origins={origins} block_v={block_v} {options} "
-          f"products={products}")
+          f"products={products} steps={steps}")
     assert o is out
     _close("o", o, o_ref, 2e-6)
     assert torch.equal(p["state"], q["state"]) and torch.equal(p["count"], q["count"])
@@ -615,6 +620,25 @@ def case_delta_verify_products(k, device):
         o = k._verify(**p, out=torch.empty(p["v"].shape, device=device), _products=True)
         _close("o, a hard window", o, k.delta_verify_ref(**q, out=torch.empty(p["v"].shape, device=device)), 2e-6)
         _close("ring_d, a hard window", p["ring_d"].nan_to_num(), q["ring_d"].nan_to_num(), 1e-5)
+
+
+def case_delta_verify_steps(k, device):
+    """The steps form (``_steps=True``: the records folded into the checkpoint tile by one product, then the window
+    stepped through the recurrence in registers), GDN and KDA: bf16 GVA T=4 (wrapping origins, NaN in uncommitted
+    slots), a full window of 16, fp32 K=24 T=1 and T=7, no l2norm with a scale; a row that does not fit."""
+    for per_key in (False, True):
+        _check_delta_verify(k, device, torch.bfloat16, 4, 7, [6, 5, 4, 6], [0, 1, 2, 3], 16, per_key=per_key,
+                            steps=True)
+        _check_delta_verify(k, device, torch.bfloat16, 16, 21, [20, 3, 9], [0, 5, 4], 16, per_key=per_key,
+                            steps=True)
+        _check_delta_verify(k, device, torch.float32, 1, 5, [4, 3, 2, 0, 4], [0, 1, 2, 3, 4], 16, per_key=per_key,
+                            shape=dict(K=24, V=32), steps=True)
+        _check_delta_verify(k, device, torch.float32, 7, 12, [11, 0, 6], [5, 0, 4], 32, per_key=per_key,
+                            shape=dict(K=24, V=32), steps=True)
+        _check_delta_verify(k, device, torch.float32, 3, 5, [4, 0], [2, 1], 16, per_key=per_key,
+                            shape=dict(Hk=1, Hv=2, K=16, V=16), use_qk_l2norm=False, scale=0.3, steps=True)
+        _check_row_that_does_not_fit(functools.partial(k._verify, _steps=True),
+                                     _delta_inputs(device, torch.bfloat16, 2, 3, 7, per_key=per_key), D_RING, [4, 5])
 
 
 def case_delta_verify_kda(k, device):
@@ -684,6 +708,12 @@ def case_delta_speculation_products(k, device):
     """The key property with the verify kernel's matrix-product form, GDN and KDA (fp32, checkpoints within 1e-5)."""
     for family in ("gdn", "kda"):
         _speculation(_family(family, device, k=k, products=True), device, L=4, windows=[4, 2, 1, 4, 3], steps=4)
+
+
+def case_delta_speculation_steps(k, device):
+    """The key property with the verify kernel's steps form, GDN and KDA (fp32, checkpoints within 1e-5)."""
+    for family in ("gdn", "kda"):
+        _speculation(_family(family, device, k=k, steps=True), device, L=4, windows=[4, 2, 1, 4, 3], steps=4)
 
 
 def case_delta_speculation_gdn_long(k, device):

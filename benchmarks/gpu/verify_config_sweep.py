@@ -1,7 +1,8 @@
 """Launch-configuration sweep of the verify kernels (tile width and warps), H200, real shapes: microseconds per
 verify (``triton.testing.do_bench``, inputs of ``kernels/bench_verify.py``), every configuration of the chosen forms
 (``tokens``, the default token-by-token form; ``ieee`` / ``tf32x3``, the matrix-product form with that ``tl.dot``
-precision) against the package's default, best six first.
+precision; ``steps``, the delta rule's records folded then the window stepped in registers) against the package's
+default, best six first.
 Run on the GPU machine after ``source benchmarks/gpu/install.sh``: ``python3 $R/benchmarks/gpu/verify_config_sweep.py
 [--families mamba2,gdn,kda] [--batches 64,256] [--windows 2,4,8] [--forms tokens,ieee] [--tiles 16,32,64]
 [--warps 4,8]``."""
@@ -16,16 +17,20 @@ from triton.testing import do_bench
 
 from hf_replayssm.kernels import bench_verify as bv
 
-FORMS = {"tokens": False, "ieee": True, "tf32x3": "tf32x3"}
+# explicit private arguments of _verify (the default form depends on T)
+FORMS = {"tokens": dict(_products=False), "ieee": dict(_products=True), "tf32x3": dict(_products="tf32x3"),
+         "steps": dict(_products=False, _steps=True)}  # steps: the delta rule only
 
 
 def configs(family: str, forms: list[str], tiles: list[int], warps_list: list[int]):
     for form in forms:
+        if family == "mamba2" and form == "steps":
+            continue
         for tile in tiles:
             for warps in warps_list:
                 launch = (dict(_config=dict(block_p=tile, num_warps=warps)) if family == "mamba2"
                           else dict(_block_v=tile, _num_warps=warps))
-                yield dict(launch, _products=FORMS[form])  # explicit: the default form depends on T
+                yield dict(launch, **FORMS[form], _form=form)
 
 
 def main() -> None:
@@ -52,7 +57,7 @@ def main() -> None:
                 case = bv.make_case(family, shape, batch, T, 16, device, gen, True)
 
                 def verify(launch, case=case, module=module):
-                    return case.verify(module, case.copies[0], **launch)
+                    return case.verify(module, case.copies[0], **{k: v for k, v in launch.items() if k != "_form"})
 
                 default = do_bench(lambda: verify({}), warmup=25, rep=100) * 1e3
                 rows = []
@@ -71,8 +76,8 @@ def main() -> None:
 
 def label(launch: dict) -> str:
     cfg = launch.get("_config") or dict(block_v=launch["_block_v"], num_warps=launch["_num_warps"])
-    form = launch.get("_products")
-    return "/".join(str(v) for v in cfg.values()) + ("" if not form else "/ieee" if form is True else f"/{form}")
+    form = launch["_form"]
+    return "/".join(str(v) for v in cfg.values()) + ("" if form == "tokens" else f"/{form}")
 
 
 if __name__ == "__main__":

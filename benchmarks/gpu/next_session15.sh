@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Planned GPU calls for the next session (not run yet). Every job packs what it wrote into $OUT right after it ends.
+# STAGE=1 (about 8 minutes): the delta-rule verify kernel's steps form (new in the fourteenth session, unmeasured:
+#   records folded into the checkpoint tile by one tf32x3 product, then the window stepped in registers; ptxas for
+#   sm_90 counts 2.2-2.4x fewer barriers than the token form and 168 against 227 registers at [128, 64] x 4): its
+#   CUDA tests first, then bench_verify with it beside the default (run 80 at T = 4, batch 256: GDN 2.41x, KDA 2.14x
+#   snapshots; target 3x), then its launch sweep (tiles 64 / 128 on 4 / 8 warps; 8 warps compile to 127-144
+#   registers for it). If it wins, make it the default (delta_verify.default_form and verify_launch_config).
+# STAGE=2: where the token form's time goes (verify_cost_probe.py: T, records, normalisation), the KDA replay step's
+#   host-phase tile at batch 64 (run 81 measured batch 256 only), and the Qwen3.5-like batch-64 speculative arm with
+#   attention pinned to memory-efficient SDPA against the default (run 73 0.09x against run 75 0.70x, unexplained).
+# Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session15.sh", carry=[".triton_cache"], timeout_s=600), then
+#   STAGE=2 the same way. Before a call on a fresh machine: cat FILES_AT/triton_cache.tgz* > .triton_cache/cache.tgz
+#   (tracked files plus the carried cache must stay under 64 MiB: prune verify entries of unused tiles if needed).
+source benchmarks/gpu/install.sh || exit 1
+RES=/tmp/w/res_next_session15_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
+pack() { tar czf "$OUT/next_session15_$STAGE.tgz" -C "$RES" . ; }
+if [ "$STAGE" = 1 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_verify_steps_cuda tests/test_kernels_verify.py \
+    -k "steps and not bench"; pack
+  timeout 150 python3 -m hf_replayssm.kernels.bench_verify --family gdn,kda --batches 64,256 --windows 2,4,8 \
+    --forms steps --out "$RES/verify_steps.json" > "$RES/verify_steps.txt" 2>&1
+  echo "verify rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  timeout 150 python3 "$R/benchmarks/gpu/verify_config_sweep.py" --families gdn,kda --batches 64,256 \
+    --windows 2,4,8 --forms tokens,steps --tiles 64,128 --warps 4,8 > "$RES/sweep_steps.txt" 2>&1
+  echo "sweep rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+else
+  timeout 120 python3 "$R/benchmarks/gpu/verify_cost_probe.py" > "$RES/verify_cost_probe.txt" 2>&1
+  echo "probe rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  timeout 90 python3 "$R/benchmarks/gpu/replay_config_sweep.py" --families kda --batches 64 \
+    > "$RES/replay_sweep_kda_b64.txt" 2>&1
+  echo "replay sweep rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  for sdpa in efficient default; do
+    bench_job 160 speculative_qwen3_5_b64_$sdpa speculative --models qwen3_5 --batches 64 --prompt 512 --new 64 \
+      --schedules heuristic --sdpa $sdpa --out "$RES/speculative_qwen3_5_b64_$sdpa.json"; pack
+  done
+fi
+tail -n 12 "$RES"/*.txt
+save_triton_cache

@@ -30,8 +30,8 @@ Design notes:
   checkpoint tile once and the committed records (``BLOCK_R = next_pow2(R - T)`` at most, masked by ``j < count``).
   For token t, with decayed keys ``kw_j`` (record or earlier window token j, decayed to t):
   ``P_t^T u = S0^T (exp(c_t) * u) + sum_j (kw_j . u) d_j`` for u in {q_t, k_t}; ``d_t = beta_t (v_t - P_t^T k_t)``;
-  ``o_t = P_t^T q_t + (k_t . q_t) d_t``. Two forms, chosen by the constexpr ``WINDOW_AS_PRODUCTS``
-  (``_verify(..., _products=...)``; by default token by token, :func:`default_form`):
+  ``o_t = P_t^T q_t + (k_t . q_t) d_t``. Three forms, chosen by the constexprs ``WINDOW_AS_PRODUCTS`` and
+  ``WINDOW_AS_STEPS`` (``_verify(..., _products=..., _steps=...)``; by default token by token, :func:`default_form`):
   - token by token: unrolled over ``BLOCK_T = next_pow2(T)`` with the width T a runtime guard, so one
     compile serves every T of a tile (a constexpr T cost a JIT compile at every new draft count of a speculative
     run: 0.9-9 s per width on a fresh H200; against the loop unrolled over exactly T, same bits: GDN 1.03-1.07x the
@@ -52,6 +52,12 @@ Design notes:
     width). Slower than the token form on the H200 in both precisions: IEEE float32 (``_products=True``) GDN 0.34-1.28x
     and KDA 0.13-0.24x the snapshots' speed at T = 2-8 (run 77), tf32x3 slower still (run 78; 236-1036 B spilled per
     thread at sm_90).
+  - as steps (``_steps=True``; new, not yet timed on a GPU): the committed records folded into the checkpoint tile
+    in registers by one ``[K, R] x [R, BLOCK_V]`` product (tf32x3, as the replay step's flush), then each window
+    token one step of the recurrence on that tile (decay, ``d = beta (v - S^T k)``, ``S += k d^T``,
+    ``o = S^T q``), never written back. Two reductions over K per token where the token form has eleven that cross
+    warps; ptxas for sm_90 (Triton 3.6) counts 87 barriers against 197 for GDN at T = 4 on [128, 64] x 4 warps
+    (167 / 401 at T = 8) and 168 registers against 227. Outputs agree with the token form to float32 rounding.
 * Records are appended by the programs that own them (d by every V tile, g by V tile 0, the raw key by V tile 0 of
   the first value head of each key group).
 * Commit grid ``(cdiv(V, BLOCK_V), B, Hv)``: flushing programs fold the records one at a time in order,

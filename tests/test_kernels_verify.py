@@ -590,23 +590,29 @@ def case_delta_verify_gdn_bf16(k, device):
                                  D_RING, [4, 5])  # row 1: 5 + 3 > 7
 
 
-def case_delta_verify_products(k, device):
-    """The window as matrix products (``_products=True``), GDN and KDA: bf16 GVA T=4 (wrapping origins, NaN in
-    uncommitted slots), a full window of 16, fp32 K=24 T=1 and T=7, no l2norm with a scale; a row that does not fit;
-    a full window whose triangular system is hard (nearly parallel keys, beta near 1, some strong gates)."""
+def _check_delta_form(k, device, **form):
+    """One verify form (``products=True`` or ``steps=True``) of GDN and KDA against the reference: bf16 GVA T=4
+    (wrapping origins, NaN in uncommitted slots), a full window of 16, fp32 K=24 T=1 and T=7, no l2norm with a scale;
+    a row that does not fit."""
+    launch = {f"_{name}": value for name, value in form.items()}
     for per_key in (False, True):
-        _check_delta_verify(k, device, torch.bfloat16, 4, 7, [6, 5, 4, 6], [0, 1, 2, 3], 16, per_key=per_key,
-                            products=True)
-        _check_delta_verify(k, device, torch.bfloat16, 16, 21, [20, 3, 9], [0, 5, 4], 16, per_key=per_key,
-                            products=True)
+        _check_delta_verify(k, device, torch.bfloat16, 4, 7, [6, 5, 4, 6], [0, 1, 2, 3], 16, per_key=per_key, **form)
+        _check_delta_verify(k, device, torch.bfloat16, 16, 21, [20, 3, 9], [0, 5, 4], 16, per_key=per_key, **form)
         _check_delta_verify(k, device, torch.float32, 1, 5, [4, 3, 2, 0, 4], [0, 1, 2, 3, 4], 16, per_key=per_key,
-                            shape=dict(K=24, V=32), products=True)
+                            shape=dict(K=24, V=32), **form)
         _check_delta_verify(k, device, torch.float32, 7, 12, [11, 0, 6], [5, 0, 4], 32, per_key=per_key,
-                            shape=dict(K=24, V=32), products=True)
+                            shape=dict(K=24, V=32), **form)
         _check_delta_verify(k, device, torch.float32, 3, 5, [4, 0], [2, 1], 16, per_key=per_key,
-                            shape=dict(Hk=1, Hv=2, K=16, V=16), use_qk_l2norm=False, scale=0.3, products=True)
-        _check_row_that_does_not_fit(functools.partial(k._verify, _products=True),
+                            shape=dict(Hk=1, Hv=2, K=16, V=16), use_qk_l2norm=False, scale=0.3, **form)
+        _check_row_that_does_not_fit(functools.partial(k._verify, **launch),
                                      _delta_inputs(device, torch.bfloat16, 2, 3, 7, per_key=per_key), D_RING, [4, 5])
+
+
+def case_delta_verify_products(k, device):
+    """The window as matrix products (``_products=True``), GDN and KDA: the checks of :func:`_check_delta_form`, and
+    a full window whose triangular system is hard (nearly parallel keys, beta near 1, some strong gates)."""
+    _check_delta_form(k, device, products=True)
+    for per_key in (False, True):
         # A hard system for the d's solved by (I + X)^-1 = (I - X)(I + X^2)(I + X^4)(I + X^8): 16 nearly parallel
         # keys, beta near 1, a fifth of the gates 21x stronger.
         p = _delta_inputs(device, torch.float32, 3, 16, 20, per_key=per_key, seed=3)
@@ -624,21 +630,8 @@ def case_delta_verify_products(k, device):
 
 def case_delta_verify_steps(k, device):
     """The steps form (``_steps=True``: the records folded into the checkpoint tile by one product, then the window
-    stepped through the recurrence in registers), GDN and KDA: bf16 GVA T=4 (wrapping origins, NaN in uncommitted
-    slots), a full window of 16, fp32 K=24 T=1 and T=7, no l2norm with a scale; a row that does not fit."""
-    for per_key in (False, True):
-        _check_delta_verify(k, device, torch.bfloat16, 4, 7, [6, 5, 4, 6], [0, 1, 2, 3], 16, per_key=per_key,
-                            steps=True)
-        _check_delta_verify(k, device, torch.bfloat16, 16, 21, [20, 3, 9], [0, 5, 4], 16, per_key=per_key,
-                            steps=True)
-        _check_delta_verify(k, device, torch.float32, 1, 5, [4, 3, 2, 0, 4], [0, 1, 2, 3, 4], 16, per_key=per_key,
-                            shape=dict(K=24, V=32), steps=True)
-        _check_delta_verify(k, device, torch.float32, 7, 12, [11, 0, 6], [5, 0, 4], 32, per_key=per_key,
-                            shape=dict(K=24, V=32), steps=True)
-        _check_delta_verify(k, device, torch.float32, 3, 5, [4, 0], [2, 1], 16, per_key=per_key,
-                            shape=dict(Hk=1, Hv=2, K=16, V=16), use_qk_l2norm=False, scale=0.3, steps=True)
-        _check_row_that_does_not_fit(functools.partial(k._verify, _steps=True),
-                                     _delta_inputs(device, torch.bfloat16, 2, 3, 7, per_key=per_key), D_RING, [4, 5])
+    stepped through the recurrence in registers), GDN and KDA: the checks of :func:`_check_delta_form`."""
+    _check_delta_form(k, device, steps=True)
 
 
 def case_delta_verify_kda(k, device):

@@ -174,13 +174,13 @@ def _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, pid_b, pid_h, hk, offs_k, 
 @triton.jit
 def _token_update(s, k_t, v_t, beta_t, g_t, GATE_PER_KEY: tl.constexpr):
     """The state tile ``s`` [K, BLOCK_V] after one token of the gated delta rule: decay, then the corrected value
-    ``d = beta (v - S^T k)`` written along k."""
+    ``d = beta (v - S^T k)`` written along k. Returns the new tile and d [BLOCK_V]."""
     decay = tl.exp(g_t)
     if GATE_PER_KEY:
         decay = decay[:, None]
     s = s * decay
     d_t = beta_t * (v_t - tl.sum(s * k_t[:, None], axis=0))
-    return s + k_t[:, None] * d_t[None, :]
+    return s + k_t[:, None] * d_t[None, :], d_t
 
 
 @triton.jit
@@ -204,7 +204,7 @@ def _exact_fold(s, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size,
             s = s * tl.exp(tl.load(rg_base + slot_j * stride_rg_r).to(tl.float32))
         d_j = beta_j * (v_j - tl.sum(s * k_j[:, None], axis=0))
         s += k_j[:, None] * d_j[None, :]
-    s = _token_update(s, k_t, v_t, beta_t, g_t, GATE_PER_KEY)
+    s, _ = _token_update(s, k_t, v_t, beta_t, g_t, GATE_PER_KEY)
     return s, tl.sum(s * q_t[:, None], axis=0)
 
 
@@ -571,7 +571,7 @@ def _delta_state_update_kernel(
         stride_v_b, stride_v_h, stride_v_v, stride_beta_b, stride_beta_h, stride_g_b, stride_g_h, stride_g_k,
         GATE_PER_KEY, USE_QK_L2NORM)
 
-    s = _token_update(s, k_t, v_t, beta_t, g_t, GATE_PER_KEY)
+    s, _ = _token_update(s, k_t, v_t, beta_t, g_t, GATE_PER_KEY)
     tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask_kv)
     o = tl.sum(s * q_t[:, None], axis=0)
     tl.store(o_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_v * stride_o_v,

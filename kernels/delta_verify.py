@@ -90,6 +90,7 @@ if __package__:
         _l2norm_rows,
         _load_token,
         _ring_gate_strides,
+        _token_update,
         state_update_launch_config,
     )
 else:  # loaded from its file outside the package (a checkout without the package installed)
@@ -105,7 +106,8 @@ else:  # loaded from its file outside the package (a checkout without the packag
     _m = sys.modules["_replayssm_kernels_delta_rule"]
     MAX_KEY_DIM, _device_guard, _l2norm_rows, _load_token = (_m.MAX_KEY_DIM, _m._device_guard, _m._l2norm_rows,
                                                              _m._load_token)
-    _ring_gate_strides, state_update_launch_config = _m._ring_gate_strides, _m.state_update_launch_config
+    _ring_gate_strides, _token_update = _m._ring_gate_strides, _m._token_update
+    state_update_launch_config = _m.state_update_launch_config
 
 __all__ = [
     "delta_commit",
@@ -329,15 +331,24 @@ def _delta_verify_kernel(
             if pid_h % kv_ratio == 0:
                 tl.store(rk_base + slots_w[:, None] * stride_rk_r + offs_k[None, :] * stride_rk_k,
                          k_w_raw.to(ring_k_ptr.dtype.element_ty), mask=append[:, None] & mask_k[None, :])
-    elif WINDOW_AS_STEPS:
-        # The committed records folded into the checkpoint tile in registers (one [K, R] x [R, BLOCK_V] product, the
-        # replay step's flush), then the window stepped through the recurrence on that tile, which is never written
-        # back: per token two reductions over K (S^T k before its update, S^T q after) where the token form needs
-        # eleven across warps (its checkpoint, record and window terms apart, each against k and q).
-        if GATE_PER_KEY:
-            s = s0 * decay[:, None] + tl.dot(tl.trans(kw_r), d_r, input_precision=PRECISION)
+    else:
+        # Token by token, or as steps (``WINDOW_AS_STEPS``): the committed records folded into the checkpoint tile in
+        # registers (one [K, R] x [R, BLOCK_V] product, the replay step's flush), then the window stepped through the
+        # recurrence on that tile, which is never written back: per token two reductions over K (S^T k before its
+        # update, S^T q after) where the token form needs eleven across warps (its checkpoint, record and window
+        # terms apart, each against k and q).
+        if WINDOW_AS_STEPS:
+            if GATE_PER_KEY:
+                s = s0 * decay[:, None] + tl.dot(tl.trans(kw_r), d_r, input_precision=PRECISION)
+            else:
+                s = s0 * decay + tl.dot(tl.trans(k_r * w_r[:, None]), d_r, input_precision=PRECISION)
         else:
-            s = s0 * decay + tl.dot(tl.trans(k_r * w_r[:, None]), d_r, input_precision=PRECISION)
+            if GATE_PER_KEY:
+                kw_w = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)  # earlier window keys, decayed to the token
+            else:
+                k_w = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)  # earlier window keys
+                w_w = tl.zeros([BLOCK_T], dtype=tl.float32)  # and their decays to the current token
+            d_w = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)  # earlier window d's
         append_v = mask_v & (offs_v < tl.where(fits, V, 0))
         for t in tl.static_range(BLOCK_T):  # unrolled over the tile; the window's width is a runtime guard
             if t < window:
@@ -347,71 +358,47 @@ def _delta_verify_kernel(
                     mask_v, scale, stride_q_b, stride_q_h, stride_q_k, stride_k_b, stride_k_h, stride_k_k,
                     stride_v_b, stride_v_h, stride_v_v, stride_beta_b, stride_beta_h, stride_g_b, stride_g_h,
                     stride_g_k, GATE_PER_KEY, USE_QK_L2NORM)
-                a_t = tl.exp(g_t)
-                if GATE_PER_KEY:
-                    a_t = a_t[:, None]
-                s = s * a_t
-                d_t = beta_t * (v_t - tl.sum(s * k_t[:, None], axis=0))
-                s += k_t[:, None] * d_t[None, :]
-                o = tl.sum(s * q_t[:, None], axis=0)
+                if WINDOW_AS_STEPS:
+                    s, d_t = _token_update(s, k_t, v_t, beta_t, g_t, GATE_PER_KEY)
+                    o = tl.sum(s * q_t[:, None], axis=0)
+                else:  # two passes over the checkpoint tile per token
+                    a_t = tl.exp(g_t)
+                    if GATE_PER_KEY:
+                        decay = decay * a_t
+                        kw_r = kw_r * a_t[None, :]
+                        kw_w = kw_w * a_t[None, :]
+                        pk = tl.sum(s0 * (decay * k_t)[:, None], axis=0)
+                        pq = tl.sum(s0 * (decay * q_t)[:, None], axis=0)
+                        wk_r = tl.sum(kw_r * k_t[None, :], axis=1)
+                        wq_r = tl.sum(kw_r * q_t[None, :], axis=1)
+                        wk_w = tl.sum(kw_w * k_t[None, :], axis=1)
+                        wq_w = tl.sum(kw_w * q_t[None, :], axis=1)
+                    else:
+                        decay = decay * a_t
+                        w_r = w_r * a_t
+                        w_w = w_w * a_t
+                        pk = decay * tl.sum(s0 * k_t[:, None], axis=0)
+                        pq = decay * tl.sum(s0 * q_t[:, None], axis=0)
+                        wk_r = w_r * tl.sum(k_r * k_t[None, :], axis=1)
+                        wq_r = w_r * tl.sum(k_r * q_t[None, :], axis=1)
+                        wk_w = w_w * tl.sum(k_w * k_t[None, :], axis=1)
+                        wq_w = w_w * tl.sum(k_w * q_t[None, :], axis=1)
+                    pk += tl.sum(wk_r[:, None] * d_r, axis=0) + tl.sum(wk_w[:, None] * d_w, axis=0)
+                    pq += tl.sum(wq_r[:, None] * d_r, axis=0) + tl.sum(wq_w[:, None] * d_w, axis=0)
+                    d_t = beta_t * (v_t - pk)
+                    o = pq + tl.sum(k_t * q_t, axis=0) * d_t
+                    # This token becomes an earlier window token for the next ones.
+                    row = offs_t[:, None] == t
+                    d_w = tl.where(row, d_t[None, :], d_w)
+                    if GATE_PER_KEY:
+                        kw_w = tl.where(row, k_t[None, :], kw_w)
+                    else:
+                        k_w = tl.where(row, k_t[None, :], k_w)
+                        w_w = tl.where(offs_t == t, 1.0, w_w)
                 _store_token(o, d_t, g_t, k_raw, t, fits, o_ptr + pid_b * stride_o_b + pid_h * stride_o_h,
                              rk_base, rd_base, rg_base, origin + count, ring_size, pid_v, pid_h, kv_ratio, K, offs_k,
                              offs_v, mask_v, append_v, stride_o_t, stride_o_v, stride_rk_r, stride_rk_k, stride_rd_r,
                              stride_rd_v, stride_rg_r, stride_rg_k, GATE_PER_KEY)
-    else:  # token by token: two passes over the state tile per token
-        if GATE_PER_KEY:
-            kw_w = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)  # earlier window keys, decayed to the current token
-        else:
-            k_w = tl.zeros([BLOCK_T, BLOCK_K], dtype=tl.float32)  # earlier window keys
-            w_w = tl.zeros([BLOCK_T], dtype=tl.float32)  # and their decays to the current token
-        d_w = tl.zeros([BLOCK_T, BLOCK_V], dtype=tl.float32)  # earlier window d's
-        append_v = mask_v & (offs_v < tl.where(fits, V, 0))
-        for t in tl.static_range(BLOCK_T):  # unrolled over the tile; the window's width is a runtime guard
-            if t < window:
-                k_raw, q_t, k_t, v_t, beta_t, g_t = _load_token(
-                    q_ptr + t * stride_q_t, k_ptr + t * stride_k_t, v_ptr + t * stride_v_t,
-                    beta_ptr + t * stride_beta_t, g_ptr + t * stride_g_t, pid_b, pid_h, hk, offs_k, mask_k, offs_v,
-                    mask_v, scale, stride_q_b, stride_q_h, stride_q_k, stride_k_b, stride_k_h, stride_k_k,
-                    stride_v_b, stride_v_h, stride_v_v, stride_beta_b, stride_beta_h, stride_g_b, stride_g_h,
-                    stride_g_k, GATE_PER_KEY, USE_QK_L2NORM)
-                a_t = tl.exp(g_t)
-                if GATE_PER_KEY:
-                    decay = decay * a_t
-                    kw_r = kw_r * a_t[None, :]
-                    kw_w = kw_w * a_t[None, :]
-                    pk = tl.sum(s0 * (decay * k_t)[:, None], axis=0)
-                    pq = tl.sum(s0 * (decay * q_t)[:, None], axis=0)
-                    wk_r = tl.sum(kw_r * k_t[None, :], axis=1)
-                    wq_r = tl.sum(kw_r * q_t[None, :], axis=1)
-                    wk_w = tl.sum(kw_w * k_t[None, :], axis=1)
-                    wq_w = tl.sum(kw_w * q_t[None, :], axis=1)
-                else:
-                    decay = decay * a_t
-                    w_r = w_r * a_t
-                    w_w = w_w * a_t
-                    pk = decay * tl.sum(s0 * k_t[:, None], axis=0)
-                    pq = decay * tl.sum(s0 * q_t[:, None], axis=0)
-                    wk_r = w_r * tl.sum(k_r * k_t[None, :], axis=1)
-                    wq_r = w_r * tl.sum(k_r * q_t[None, :], axis=1)
-                    wk_w = w_w * tl.sum(k_w * k_t[None, :], axis=1)
-                    wq_w = w_w * tl.sum(k_w * q_t[None, :], axis=1)
-                pk += tl.sum(wk_r[:, None] * d_r, axis=0) + tl.sum(wk_w[:, None] * d_w, axis=0)
-                pq += tl.sum(wq_r[:, None] * d_r, axis=0) + tl.sum(wq_w[:, None] * d_w, axis=0)
-                d_t = beta_t * (v_t - pk)
-                o = pq + tl.sum(k_t * q_t, axis=0) * d_t
-                _store_token(o, d_t, g_t, k_raw, t, fits, o_ptr + pid_b * stride_o_b + pid_h * stride_o_h,
-                             rk_base, rd_base, rg_base, origin + count, ring_size, pid_v, pid_h, kv_ratio, K, offs_k,
-                             offs_v, mask_v, append_v, stride_o_t, stride_o_v, stride_rk_r, stride_rk_k, stride_rd_r,
-                             stride_rd_v, stride_rg_r, stride_rg_k, GATE_PER_KEY)
-
-                # This token becomes an earlier window token for the next ones.
-                row = offs_t[:, None] == t
-                d_w = tl.where(row, d_t[None, :], d_w)
-                if GATE_PER_KEY:
-                    kw_w = tl.where(row, k_t[None, :], kw_w)
-                else:
-                    k_w = tl.where(row, k_t[None, :], k_w)
-                    w_w = tl.where(offs_t == t, 1.0, w_w)
 
 
 @triton.jit

@@ -17,20 +17,21 @@ from triton.testing import do_bench
 
 from hf_replayssm.kernels import bench_verify as bv
 
-# explicit private arguments of _verify (the default form depends on T)
-FORMS = {"tokens": dict(_products=False), "ieee": dict(_products=True), "tf32x3": dict(_products="tf32x3"),
-         "steps": dict(_products=False, _steps=True)}  # steps: the delta rule only
+# this sweep's form names -> bench_verify's FORMS (the private arguments of _verify)
+FORMS = {"tokens": "", "ieee": "products", "tf32x3": "tf32x3", "steps": "steps"}
 
 
 def configs(family: str, forms: list[str], tiles: list[int], warps_list: list[int]):
     for form in forms:
-        if family == "mamba2" and form == "steps":
+        if family == "mamba2" and FORMS[form] in bv.DELTA_ONLY_FORMS:
             continue
+        # the token form named explicitly: without _products the default form depends on T
+        launch_form = {"_products": False, **bv.FORMS[FORMS[form]], "_form": form}
         for tile in tiles:
             for warps in warps_list:
                 launch = (dict(_config=dict(block_p=tile, num_warps=warps)) if family == "mamba2"
                           else dict(_block_v=tile, _num_warps=warps))
-                yield dict(launch, **FORMS[form], _form=form)
+                yield dict(launch, **launch_form)
 
 
 def main() -> None:

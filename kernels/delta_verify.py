@@ -31,7 +31,8 @@ Design notes:
   For token t, with decayed keys ``kw_j`` (record or earlier window token j, decayed to t):
   ``P_t^T u = S0^T (exp(c_t) * u) + sum_j (kw_j . u) d_j`` for u in {q_t, k_t}; ``d_t = beta_t (v_t - P_t^T k_t)``;
   ``o_t = P_t^T q_t + (k_t . q_t) d_t``. Three forms, chosen by the constexprs ``WINDOW_AS_PRODUCTS`` and
-  ``WINDOW_AS_STEPS`` (``_verify(..., _products=..., _steps=...)``; by default token by token, :func:`default_form`):
+  ``WINDOW_AS_STEPS`` (``_verify(..., _products=..., _steps=...)``; by default token by token up to 2-token windows
+  and as steps from 3, :func:`default_form`):
   - token by token: unrolled over ``BLOCK_T = next_pow2(T)`` with the width T a runtime guard, so one
     compile serves every T of a tile (a constexpr T cost a JIT compile at every new draft count of a speculative
     run: 0.9-9 s per width on a fresh H200; against the loop unrolled over exactly T, same bits: GDN 1.03-1.07x the
@@ -52,12 +53,13 @@ Design notes:
     width). Slower than the token form on the H200 in both precisions: IEEE float32 (``_products=True``) GDN 0.34-1.28x
     and KDA 0.13-0.24x the snapshots' speed at T = 2-8 (run 77), tf32x3 slower still (run 78; 236-1036 B spilled per
     thread at sm_90).
-  - as steps (``_steps=True``; new, not yet timed on a GPU): the committed records folded into the checkpoint tile
-    in registers by one ``[K, R] x [R, BLOCK_V]`` product (tf32x3, as the replay step's flush), then each window
-    token one step of the recurrence on that tile (decay, ``d = beta (v - S^T k)``, ``S += k d^T``,
-    ``o = S^T q``), never written back. Two reductions over K per token where the token form has eleven that cross
-    warps; ptxas for sm_90 (Triton 3.6) counts 87 barriers against 197 for GDN at T = 4 on [128, 64] x 4 warps
-    (167 / 401 at T = 8) and 168 registers against 227. Outputs agree with the token form to float32 rounding.
+  - as steps (``_steps=True``): the committed records folded into the checkpoint tile in registers by one
+    ``[K, R] x [R, BLOCK_V]`` product (tf32x3, as the replay step's flush), then each window token one step of the
+    recurrence on that tile (decay, ``d = beta (v - S^T k)``, ``S += k d^T``, ``o = S^T q``), never written back.
+    Two reductions over K per token where the token form has eleven that cross warps; on one warp
+    (:func:`verify_launch_config`) none crosses warps. Outputs agree with the token form to float32 rounding. H200,
+    batch 256, verify alone (runs 84 / 85): GDN T = 4 509 us on [128, 32] x 1 against 926 for the token form's earlier
+    default, KDA 705 against 1057; ptxas for sm_90 (Triton 3.6): 255 registers and 0-68 B spilled on [128, 32] x 1.
 * Records are appended by the programs that own them (d by every V tile, g by V tile 0, the raw key by V tile 0 of
   the first value head of each key group).
 * Commit grid ``(cdiv(V, BLOCK_V), B, Hv)``: flushing programs fold the records one at a time in order,
@@ -510,29 +512,62 @@ def _delta_fold_kernel(
 # launch configuration
 
 
-def default_form(window: int) -> bool | str:
-    """The verify form when ``_products`` is not given: token by token at every width (the product form ran 1.3-9.7x
-    slower on the H200 in IEEE float32, run 77, and slower still with tf32x3 products, run 78)."""
-    return False
+STEPS_FROM_WINDOW = 3  # the steps form from 3-token windows on (H200, runs 83-85: tokens faster at 2, steps at 3+)
+NARROW_STEPS_FROM_WINDOW = 6  # the steps form's tile halves from here (run 85: [128, 16] faster at T = 8, not at 4)
+
+
+def default_form(window: int) -> str:
+    """The verify form when neither ``_products`` nor ``_steps`` is given: ``"tokens"`` for windows of up to 2
+    tokens, ``"steps"`` from :data:`STEPS_FROM_WINDOW` on. H200, verify alone at the launches of
+    :func:`verify_launch_config`, batch 256 (runs 84 / 85): GDN at T = 2 tokens 281 us / steps 414; T = 3 steps 439
+    / tokens 711 (the earlier default); KDA T = 2 397 / 533, T = 3 613 / 831. The product form is never the default
+    (1.3-9.7x slower in IEEE float32, run 77; slower still with tf32x3, run 78)."""
+    return "steps" if window >= STEPS_FROM_WINDOW else "tokens"
+
+
+def resolve_form(window: int, products: bool | str | None = None,
+                 steps: bool | str | None = None) -> tuple[bool | str, bool | str]:
+    """(``_products``, ``_steps``) for ``_verify``: :func:`default_form` when neither is given, else the one given
+    (the other off). Two forms at once are an error."""
+    if products is None and steps is None:
+        steps = default_form(window) == "steps"
+    products, steps = products or False, steps or False
+    if products and steps:
+        raise ValueError("_products and _steps name two different verify forms; pass one")
+    return products, steps
 
 
 def verify_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: int, per_key_gate: bool,
-                         window: int, products: bool | str = False) -> tuple[int, int]:
-    """(BLOCK_V, num_warps) of the verify kernel: a [K, 16384 / K] tile on 4 warps ([128, 128] for K = 128: one
-    program per (row, head)) for a per-key gate or a window of up to 2 tokens, else [K, 8192 / K]; halved (down to 16)
-    while the grid would have fewer than ~8 programs per H200 SM. Every V tile of a (row, head) redoes the work that
-    does not depend on V (the records' and window keys' products with each token's k and q, per-key decays), so
-    fewer, wider programs win. H200, verify alone, batch 256 (runs 78 / 79, ``benchmarks/gpu/verify_config_sweep.py``):
-    GDN at T = 2 / 4 / 8: [128, 128] x 4 warps 411 / 953 / 2742 us, [128, 64] 469 / 933 / 1994, [128, 32] (the earlier
-    default) - / 1142 / -; KDA [128, 128] 487 / 1062 / 2777, [128, 64] 679 / 1325 / 3345, [128, 32] - / 2139 / -;
-    8 warps slower everywhere. ``products`` (the window as matrix products; slower on the H200, runs 77 / 78): 8
-    warps, and [128, 16] tiles for a per-key gate (ptxas for sm_90, Triton 3.6: GDN [128, 32] 182 registers, KDA
-    [128, 16] 255 and 4 B spilled). ``kernels/bench_verify.py`` can sweep it through ``_block_v`` / ``_num_warps``."""
+                         window: int, products: bool | str = False, steps: bool | str = False) -> tuple[int, int]:
+    """(BLOCK_V, num_warps) of the verify kernel, halved (down to 16) while the grid would have fewer than ~8 programs
+    per H200 SM:
+
+    * token form: a [K, 8192 / K] tile ([128, 64] for K = 128) on 2 warps where it is the default (windows of up to
+      2 tokens); for longer windows (not the default) the earlier choice, 4 warps on [K, 8192 / K], [K, 16384 / K]
+      for a per-key gate (T = 4, runs 79 / 83: GDN 925 us, KDA 1056; 2 warps spill 712 B at sm_90). Each token's
+      reductions over K cross warps (eleven of them), so fewer warps win; and every V tile of a (row, head) redoes
+      the work that does not depend on V (the records' and window keys' products with k and q, per-key decays), so
+      wider tiles win. H200, verify alone, batch 256, T = 2 (runs 79 / 84 / 85): GDN [128, 64] x 2 281 us, x 4 469;
+      [128, 128] x 4 (the earlier default) 408, x 2 744; [128, 32] x 1 312; KDA [128, 64] x 2 397, [128, 128] x 4 484.
+    * steps form: one warp, a [K, 4096 / K] tile ([128, 32]) up to 5-token windows, [K, 2048 / K] from
+      :data:`NARROW_STEPS_FROM_WINDOW`: the window's state tile lives in one warp's registers and its two reductions
+      over K per token stay in that warp. Runs 83-85, batch 256: GDN T = 4 [128, 32] x 1 509 us, [128, 16] x 1 685,
+      [128, 64] x 2 631, x 4 752; T = 8 [128, 16] x 1 1079, [128, 32] x 1 1316; KDA T = 4 [128, 32] x 1 705, [128, 64]
+      x 2 754; T = 8 [128, 16] x 1 1567, [128, 32] x 1 1938.
+    * ``products`` (the window as matrix products; slower on the H200, runs 77 / 78): 8 warps, [K, 4096 / K] tiles,
+      [K, 16] for a per-key gate (ptxas for sm_90, Triton 3.6: GDN [128, 32] 182 registers, KDA [128, 16] 255 and
+      4 B spilled).
+
+    ``kernels/bench_verify.py`` and ``benchmarks/gpu/verify_config_sweep.py`` sweep it through ``_block_v`` /
+    ``_num_warps``."""
     block_k = triton.next_power_of_2(key_dim)
     if products:
         elements, num_warps = 4096, 8
+    elif steps:
+        elements, num_warps = (2048 if window >= NARROW_STEPS_FROM_WINDOW else 4096), 1
     else:
-        elements, num_warps = (16384 if per_key_gate or window <= 2 else 8192), 4
+        short = window < STEPS_FROM_WINDOW
+        elements, num_warps = (8192 if short or not per_key_gate else 16384), (2 if short else 4)
     block_v = min(triton.next_power_of_2(value_dim), max(16, elements // block_k))
     while block_v > 16 and batch * value_heads * triton.cdiv(value_dim, block_v) < 1024:
         block_v //= 2
@@ -569,7 +604,7 @@ def _window_strides(g: torch.Tensor) -> tuple[int, ...]:
 
 
 def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_qk_l2norm=True, scale=None,
-            out=None, _block_v=None, _num_warps=None, _products=None, _steps=False):
+            out=None, _block_v=None, _num_warps=None, _products=None, _steps=None):
     batch, value_heads, key_heads, key_dim, value_dim, ring_size, per_key = _check_rings(
         state, ring_k, ring_d, ring_g, origin, count)
     window = k.shape[1]
@@ -583,10 +618,9 @@ def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_
     o = torch.empty_like(v) if out is None else out
     assert o.shape == v.shape
     scale = key_dim ** -0.5 if scale is None else float(scale)
-    _products = default_form(window) if _products is None else _products
-    if _products and _steps:
-        raise ValueError("_products and _steps name two different verify forms; pass one")
-    block_v, num_warps = verify_launch_config(batch, value_heads, key_dim, value_dim, per_key, window, _products)
+    _products, _steps = resolve_form(window, _products, _steps)
+    block_v, num_warps = verify_launch_config(batch, value_heads, key_dim, value_dim, per_key, window, _products,
+                                              _steps)
     block_v, num_warps = _block_v or block_v, _num_warps or num_warps
     assert block_v >= 16 or not (_products or _steps), f"block_v {block_v} < 16: tl.dot needs 16"
     floor = 16 if _products or _steps else 2  # tl.dot operands are at least 16 on every side

@@ -198,26 +198,29 @@ def _verify_call(family: str, batch: int, window: int, products: bool | str | No
     configuration its wrapper picks for ``batch`` rows (or ``launch``: ``_config`` for Mamba-2, ``_block_v`` /
     ``_num_warps`` for the delta rule); ``products``: the kernel's matrix-product form (``True``, or ``"tf32x3"`` for
     its tensor-core products, ``kernels/verify_products.py``), ``None``: the form the wrapper picks for ``window``;
-    ``steps``: the delta rule's steps form."""
+    ``steps``: the delta rule's steps form (with ``products=None``, the wrapper's choice of the two)."""
     from hf_replayssm.kernels import bench_verify
 
     name = "mamba2_verify" if family == "mamba2" else "delta_verify"
     module = __import__(f"hf_replayssm.kernels.{name}", fromlist=["_verify"])
     shape = next(iter(bench_verify.SHAPES[family].values()))
-    products = module.default_form(window) if products is None else products
-    if launch is None:
-        if family == "mamba2":
+    if family == "mamba2":
+        products, form = module.default_form(window) if products is None else products, {}
+        if launch is None:
             launch = dict(_config=module.verify_launch_config(batch, shape["heads"], shape["head_dim"],
                                                               shape["d_state"], window, products))
-        else:
+    else:
+        products, steps = module.resolve_form(window, products, steps or (None if products is None else False))
+        form = dict(_steps=steps)
+        if launch is None:
             block_v, warps = module.verify_launch_config(batch, shape["value_heads"], shape["key_dim"],
-                                                         shape["value_dim"], family == "kda", window, products)
+                                                         shape["value_dim"], family == "kda", window, products, steps)
             launch = dict(_block_v=block_v, _num_warps=warps)
     case = bench_verify.make_case(family, shape, 1, window, 16, torch.device("cpu"), torch.Generator().manual_seed(0),
                                   False)
 
     def call():
-        case.verify(module, case.copies[0], _products=products, **launch, **(dict(_steps=True) if steps else {}))
+        case.verify(module, case.copies[0], _products=products, **launch, **form)
 
     return module, [f"_{'mamba2' if family == 'mamba2' else 'delta'}_verify_kernel"], call
 

@@ -65,20 +65,20 @@ rows = [registers.verify_registers(family, 256, window, None) for family in ("ma
 print(json.dumps(dict(rows=rows, restored=type(delta_verify._delta_verify_kernel).__name__)))
 """
 
-# What the wrappers pick at batch 256 (runs 78 / 79 on the H200, the fastest measured launches):
-# (family, window) -> (products form, tile, warps, BLOCK_T)
-VERIFY_DEFAULTS = {("mamba2", 2): (False, 64, 2, 8), ("mamba2", 8): (True, 64, 4, 16),
-                   ("gdn", 2): (False, 128, 4, 2), ("gdn", 8): (False, 64, 4, 8),
-                   ("kda", 2): (False, 128, 4, 2), ("kda", 8): (False, 128, 4, 8)}
+# What the wrappers pick at batch 256 (runs 78 / 79 / 84 / 85 on the H200, the fastest measured launches):
+# (family, window) -> (form, tile, warps, BLOCK_T)
+VERIFY_DEFAULTS = {("mamba2", 2): ("tokens", 64, 2, 8), ("mamba2", 8): ("tf32x3", 64, 4, 16),
+                   ("gdn", 2): ("tokens", 64, 2, 2), ("gdn", 8): ("steps", 16, 1, 8),
+                   ("kda", 2): ("tokens", 64, 2, 2), ("kda", 8): ("steps", 16, 1, 8)}
 
 
 @pytest.mark.skipif(not _ptxas_available(), reason="triton bundles no ptxas here")
 def test_verify_kernels_default_launches_at_batch_256():
     """The speculative verify kernels at the form and launch configuration their wrappers pick for 256 rows and
-    windows of 2 and 8 tokens: Mamba-2 switches to the tensor-core product form (tf32x3) at 8, the delta rule stays
-    token by token; tiles as chosen on the H200. They compile within 255 registers, spilling at most 512 B per thread:
-    the fastest measured launches spill a little (Triton 3.6 for sm_90: 100-376 B) where the first product form spilled
-    3.6-13.2 KB."""
+    windows of 2 and 8 tokens: at 8 Mamba-2 switches to the tensor-core product form (tf32x3) and the delta rule to
+    the steps form (one warp); tiles as chosen on the H200. They compile within 255 registers, spilling at most 512 B
+    per thread: the fastest measured launches spill a little (Triton 3.6 for sm_90: 100-376 B) where the first product
+    form spilled 3.6-13.2 KB."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["OMP_NUM_THREADS"] = "1"
     done = subprocess.run([sys.executable, "-c", VERIFY_WORKER], env=env, capture_output=True, text=True, timeout=600)
@@ -90,10 +90,11 @@ def test_verify_kernels_default_launches_at_batch_256():
         for family in ("mamba2", "gdn", "kda") for window in (2, 8)]
     for r in rows:
         print(r)
-        products, tile, warps, block_t = VERIFY_DEFAULTS[r["family"], r["window"]]
-        assert r["WINDOW_AS_PRODUCTS"] == products and r["BLOCK_T"] == block_t, r
+        form, tile, warps, block_t = VERIFY_DEFAULTS[r["family"], r["window"]]
+        assert r["WINDOW_AS_PRODUCTS"] == (form == "tf32x3") and r.get("WINDOW_AS_STEPS", False) == (form == "steps"), r
+        assert r["BLOCK_T"] == block_t, r
         assert r.get("BLOCK_P", r.get("BLOCK_V")) == tile and r["num_warps"] == warps, r
-        if products:
+        if form != "tokens":  # the product form's tl.dot and the steps form's record fold: tf32x3
             assert r["PRECISION"] == "tf32x3", r
         assert 16 <= r["registers"] <= 255 and r["spill_store_bytes"] <= 512, r
     assert result["restored"] == "JITFunction"

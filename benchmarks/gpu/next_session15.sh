@@ -24,12 +24,29 @@ if [ "$STAGE" = 1 ]; then
   timeout 150 python3 "$R/benchmarks/gpu/verify_config_sweep.py" --families gdn,kda --batches 64,256 \
     --windows 2,4,8 --forms tokens,steps --tiles 64,128 --warps 4,8 > "$RES/sweep_steps.txt" 2>&1
   echo "sweep rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
-else
-  timeout 120 python3 "$R/benchmarks/gpu/verify_cost_probe.py" > "$RES/verify_cost_probe.txt" 2>&1
-  echo "probe rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+elif [ "$STAGE" = 2 ]; then
+  timeout 200 python3 "$R/benchmarks/gpu/verify_config_sweep.py" --families gdn,kda --batches 64,256 \
+    --windows 3,4,8 --forms tokens,steps --tiles 32,64,128 --warps 4 > "$RES/sweep_steps_tiles.txt" 2>&1
+  echo "sweep rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  timeout 60 python3 "$R/benchmarks/gpu/verify_config_sweep.py" --families gdn,kda --batches 256 \
+    --windows 4 --forms steps --tiles 32,64 --warps 2 > "$RES/sweep_steps_2warps.txt" 2>&1
+  echo "sweep 2 warps rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   timeout 90 python3 "$R/benchmarks/gpu/replay_config_sweep.py" --families kda --batches 64 \
     > "$RES/replay_sweep_kda_b64.txt" 2>&1
   echo "replay sweep rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+elif [ "$STAGE" = 3 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 170 test_kernels_verify_cuda tests/test_kernels_verify.py -k "not bench"
+  pack
+  timeout 150 python3 -m hf_replayssm.kernels.bench_verify --family mamba2,gdn,kda --batches 64,256 --windows 2,3,4,8 \
+    --out "$RES/verify.json" > "$RES/verify.txt" 2>&1
+  echo "verify rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  timeout 60 python3 "$R/benchmarks/gpu/verify_config_sweep.py" --families gdn,kda --batches 256 --windows 5,6 \
+    --forms steps --tiles 16,32 --warps 1 > "$RES/sweep_steps_t56.txt" 2>&1
+  echo "sweep rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  timeout 120 python3 "$R/benchmarks/gpu/replay_config_sweep.py" --families gdn,kda,mamba2 --batches 256 \
+    --configs 32x1,16x1,64x2,32x2,16x1x4,32x1x4,32x2x4,64x1x4 > "$RES/replay_sweep_warps.txt" 2>&1
+  echo "replay sweep rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+else
   for sdpa in efficient default; do
     bench_job 160 speculative_qwen3_5_b64_$sdpa speculative --models qwen3_5 --batches 64 --prompt 512 --new 64 \
       --schedules heuristic --sdpa $sdpa --out "$RES/speculative_qwen3_5_b64_$sdpa.json"; pack

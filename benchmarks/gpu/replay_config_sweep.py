@@ -3,7 +3,9 @@ mixed phases through the device-phase launch, and all rows at one host-known pos
 launches), the package default against one program per (row, head) or half of it. Why: the verify kernels ran
 1.2-2.9x faster with fewer, wider programs (runs 78 / 79), since each program redoes the per-(row, head) record work.
 Run on the GPU machine after ``source benchmarks/gpu/install.sh``: ``python3 $R/benchmarks/gpu/replay_config_sweep.py
-[--batches 256] [--families mamba2,gdn,kda]``."""
+[--batches 256] [--families mamba2,gdn,kda] [--configs 32x1,16x1]`` (``--configs``: launches instead of the built-in
+list, ``VxW`` for the delta rule, ``PxWxU`` for Mamba-2; with several families, each takes the entries of its
+arity)."""
 
 from __future__ import annotations
 
@@ -23,7 +25,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", default="256")
     parser.add_argument("--families", default="mamba2,gdn,kda")
+    parser.add_argument("--configs", default="", help="VxW (delta rule) / PxWxU (Mamba-2) launches, comma-separated")
     args = parser.parse_args()
+    configs = dict(CONFIGS)
+    if args.configs:
+        given = [tuple(int(n) for n in c.split("x")) for c in args.configs.split(",")]
+        configs = {family: [c for c in given if len(c) == (3 if family == "mamba2" else 2)] for family in CONFIGS}
     device = torch.device("cuda")
     timer = Timer(device, reps=None, budget_ms=80.0)
     L = 16
@@ -38,7 +45,7 @@ def main() -> None:
                     default = mamba2.replay_launch_config(batch, *shape[:3])
                     launches = [("default", dict(_config=default))] + [
                         (f"p{p}w{w}u{u}", dict(_config=dict(block_p=p, num_warps=w, fold_unroll=u)))
-                        for p, w, u in CONFIGS[family]]
+                        for p, w, u in configs[family]]
                     step = mamba2._replay_step
                 else:
                     name, shape = next(iter(bench_delta.SHAPES[family].items()))
@@ -47,7 +54,7 @@ def main() -> None:
                     Hv, _, K, V = shape
                     block_v, warps = delta_rule.replay_launch_config(batch, Hv, K, V, per_key_gate=family == "kda")
                     launches = [("default", dict(_block_v=block_v, _num_warps=warps))] + [
-                        (f"v{v}w{w}", dict(_block_v=v, _num_warps=w)) for v, w in CONFIGS[family]]
+                        (f"v{v}w{w}", dict(_block_v=v, _num_warps=w)) for v, w in configs[family]]
                     step = delta_rule._replay_step
                 cells = []
                 for label, launch in launches:

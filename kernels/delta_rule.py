@@ -598,14 +598,20 @@ def replay_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: 
     Per-key gates whose decays come from the per-head pre-launch (``kda_weights``, the default) take 32 x 2 as
     well with device positions or a read copy (H200, Kimi-Linear, rows in mixed phases: batch 256 292 us against 341
     at 64 x 4, batch 64 89 vs 102), but keep 64 x 4 with host positions and the fp32 checkpoint (run 81, batch 256,
-    host-phase cycle: 295 us against 339 at 32 x 2; ``benchmarks/gpu/replay_config_sweep.py``)."""
+    host-phase cycle: 295 us against 339 at 32 x 2; ``benchmarks/gpu/replay_config_sweep.py``).
+
+    Fewer warps where the reads are the fp32 checkpoint (run 86, batch 256, per step): scalar gates 64 x 2 (GDN rows
+    in mixed phases 227 us against 241 at 64 x 4, host positions 211 against 227); per-key gates with device
+    positions 16 x 1 (275 against 292 at 32 x 2; host positions keep 64 x 4: 295 against 473 at 32 x 1)."""
     block_k = triton.next_power_of_2(key_dim)
     block_v = min(triton.next_power_of_2(value_dim), max(16, 8192 // block_k))
     while block_v > 16 and batch * value_heads * triton.cdiv(value_dim, block_v) < 1024:
         block_v //= 2
-    block_v, num_warps = max(block_v, 16), 4
     reads_copy = read_format not in (None, "fp32")
-    if per_key_gate and kda_weights and (device_phase or reads_copy) and block_v > 32:
+    block_v, num_warps = max(block_v, 16), (2 if not per_key_gate and not reads_copy else 4)
+    if per_key_gate and kda_weights and device_phase and not reads_copy and block_v > 16:
+        block_v, num_warps = 16, 1
+    elif per_key_gate and kda_weights and (device_phase or reads_copy) and block_v > 32:
         block_v, num_warps = 32, 2
     if reads_copy and not per_key_gate and (not device_phase or read_format == "nvfp4") and block_v > 32:
         block_v, num_warps = 32, 2

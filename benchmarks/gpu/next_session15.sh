@@ -46,6 +46,17 @@ elif [ "$STAGE" = 3 ]; then
   timeout 120 python3 "$R/benchmarks/gpu/replay_config_sweep.py" --families gdn,kda,mamba2 --batches 256 \
     --configs 32x1,16x1,64x2,32x2,16x1x4,32x1x4,32x2x4,64x1x4 > "$RES/replay_sweep_warps.txt" 2>&1
   echo "replay sweep rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+elif [ "$STAGE" = 4 ]; then  # the new replay launches (GDN 64 x 2 fp32; KDA 16 x 1 with device positions), KDA T = 5 / 6
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_verify_delta_cuda tests/test_kernels_verify.py \
+    -k "delta and not bench"; pack
+  for family in gdn kda; do
+    timeout 110 python3 -m hf_replayssm.kernels.bench_delta --family $family --batches 64,256 --no-sweep --no-fla \
+      --no-torch --out "$RES/replay_$family.json" > "$RES/replay_$family.txt" 2>&1
+    echo "replay $family rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  done
+  timeout 60 python3 -m hf_replayssm.kernels.bench_verify --family kda --batches 256 --windows 5,6 \
+    --out "$RES/verify_kda_t56.json" > "$RES/verify_kda_t56.txt" 2>&1
+  echo "verify rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
 else
   for sdpa in efficient default; do
     bench_job 160 speculative_qwen3_5_b64_$sdpa speculative --models qwen3_5 --batches 64 --prompt 512 --new 64 \

@@ -52,7 +52,8 @@ def main() -> None:
                     inputs = bench_delta.ReplayInputs(batch, shape, family == "kda", L, device, gen,
                                                       "mixed" if phase == "mixed" else "in_phase", True)
                     Hv, _, K, V = shape
-                    block_v, warps = delta_rule.replay_launch_config(batch, Hv, K, V, per_key_gate=family == "kda")
+                    block_v, warps = delta_rule.replay_launch_config(batch, Hv, K, V, per_key_gate=family == "kda",
+                                                                     device_phase=phase == "mixed")
                     launches = [("default", dict(_block_v=block_v, _num_warps=warps))] + [
                         (f"v{v}w{w}", dict(_block_v=v, _num_warps=w)) for v, w in configs[family]]
                     step = delta_rule._replay_step

@@ -473,7 +473,8 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
 
             # replay, mixed phases: default config and sweep
             inputs = ReplayInputs(batch, shape, per_key, L, device, gen, "mixed", cuda)
-            default_cfg = k.replay_launch_config(batch, Hv, K, V, per_key)
+            # rows in mixed phases run the device-phase launch: its default (KDA's differs from host positions')
+            default_cfg = k.replay_launch_config(batch, Hv, K, V, per_key, device_phase=True)
             sweep = {}
             for cfg in dict.fromkeys([default_cfg, *[c for c in replay_sweep if c[0] <= max(16, V)]]):
                 t = timer(inputs.fn(k._replay_step, _block_v=cfg[0], _num_warps=cfg[1]))

@@ -1,17 +1,16 @@
 #!/usr/bin/env bash
-# Planned GPU calls for the next session (not run yet). Every job packs what it wrote into $OUT right after it ends.
-# STAGE=1 (about 8 minutes): the delta-rule verify kernel's steps form (new in the fourteenth session, unmeasured:
-#   records folded into the checkpoint tile by one tf32x3 product, then the window stepped in registers; ptxas for
-#   sm_90 counts 2.2-2.4x fewer barriers than the token form and 168 against 227 registers at [128, 64] x 4): its
-#   CUDA tests first, then bench_verify with it beside the default (run 80 at T = 4, batch 256: GDN 2.41x, KDA 2.14x
-#   snapshots; target 3x), then its launch sweep (tiles 64 / 128 on 4 / 8 warps; 8 warps compile to 127-144
-#   registers for it). If it wins, make it the default (delta_verify.default_form and verify_launch_config).
-# STAGE=2: where the token form's time goes (verify_cost_probe.py: T, records, normalisation), the KDA replay step's
-#   host-phase tile at batch 64 (run 81 measured batch 256 only), and the Qwen3.5-like batch-64 speculative arm with
+# GPU calls of the fifteenth session (2026-12-01); every job packs what it wrote into $OUT right after it ends.
+# STAGE=1 (run 82): the delta-rule verify kernel's steps form (records folded into the checkpoint tile by one tf32x3
+#   product, then the window stepped in registers): its CUDA tests, bench_verify beside the default, its launch sweep.
+# STAGE=2 (run 83): the sweep at T = 3 / 4 / 8 over tiles 32-128 on 4 warps, 2 warps at T = 4, KDA's replay host tile
+#   at batch 64. Runs 84 / 85 were inline sweeps on one and two warps (see BENCHMARKS.md).
+# STAGE=3 (run 86): the new defaults: verify CUDA tests, bench_verify for all families at T = 2 / 3 / 4 / 8, the steps
+#   tile at T = 5 / 6, the replay step on fewer warps. STAGE=4 (run 87): delta verify CUDA tests, replay cycles at the
+#   new replay launches, KDA verify at T = 5 / 6. STAGE=5 (not run): the Qwen3.5-like batch-64 speculative arm with
 #   attention pinned to memory-efficient SDPA against the default (run 73 0.09x against run 75 0.70x, unexplained).
-# Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session15.sh", carry=[".triton_cache"], timeout_s=600), then
-#   STAGE=2 the same way. Before a call on a fresh machine: cat FILES_AT/triton_cache.tgz* > .triton_cache/cache.tgz
-#   (tracked files plus the carried cache must stay under 64 MiB: prune verify entries of unused tiles if needed).
+# Calls: run(command="STAGE=N bash benchmarks/gpu/next_session15.sh", carry=[".triton_cache"], timeout_s=600).
+#   Before a call on a fresh machine: cat FILES_AT/triton_cache.tgz* > .triton_cache/cache.tgz (tracked files plus
+#   the carried cache must stay under 64 MiB: prune verify entries of unused tiles if needed).
 source benchmarks/gpu/install.sh || exit 1
 RES=/tmp/w/res_next_session15_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
 pack() { tar czf "$OUT/next_session15_$STAGE.tgz" -C "$RES" . ; }
@@ -57,7 +56,7 @@ elif [ "$STAGE" = 4 ]; then  # the new replay launches (GDN 64 x 2 fp32; KDA 16 
   timeout 60 python3 -m hf_replayssm.kernels.bench_verify --family kda --batches 256 --windows 5,6 \
     --out "$RES/verify_kda_t56.json" > "$RES/verify_kda_t56.txt" 2>&1
   echo "verify rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
-else
+elif [ "$STAGE" = 5 ]; then
   for sdpa in efficient default; do
     bench_job 160 speculative_qwen3_5_b64_$sdpa speculative --models qwen3_5 --batches 64 --prompt 512 --new 64 \
       --schedules heuristic --sdpa $sdpa --out "$RES/speculative_qwen3_5_b64_$sdpa.json"; pack

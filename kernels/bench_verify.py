@@ -170,13 +170,14 @@ def accepted_counts(mode: str, batch: int, T: int, device) -> torch.Tensor:
 def replay_steps(case, kv, accepted: torch.Tensor, L: int, launch: dict | None = None):
     """L speculative steps: verify (``launch``: the verify form's private arguments, see :data:`FORMS`) + commit,
     rotating over the input copies."""
-    launch = launch or {}
+    launch = dict(launch or {})
+    commit_launch = launch.pop("_commit", {})
 
     def run():
         for i in range(L):
             c = case.copies[i % case.n]
             case.verify(kv, c, **launch)
-            case.commit(kv, c, accepted, L)
+            case.commit(kv, c, accepted, L, **commit_launch)
 
     return run
 
@@ -217,8 +218,10 @@ def check(family, shape, T, L, device, launch: dict | None = None) -> dict:
     out_name = "y" if family == "mamba2" else "o"
     c[out_name], ref[out_name] = (torch.empty(c[out_name].shape, device=device) for _ in range(2))
     accepted = torch.tensor([T, 1], dtype=torch.int32, device=device)
-    case.verify(k, c, **(launch or {}))
-    case.commit(k, c, accepted, L)
+    launch = dict(launch or {})
+    commit_launch = launch.pop("_commit", {})
+    case.verify(k, c, **launch)
+    case.commit(k, c, accepted, L, **commit_launch)
     if family == "mamba2":
         p = case.params
         k.mamba2_verify_ref(*case.rings(ref), *[ref[n] for n in ("x", "dt", "B", "C")], p["A"], p["D"], ref["z"],
@@ -294,9 +297,11 @@ def bench(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
     return rows, checks
 
 
-# Verify forms timed beside the default (arms ``<accept>_<form>``): the private arguments of ``_verify``.
-FORMS = {"": {}, "products": dict(_products=True), "tf32x3": dict(_products="tf32x3"), "steps": dict(_steps=True)}
-DELTA_ONLY_FORMS = ("steps",)  # the delta-rule verify's steps form has no Mamba-2 counterpart
+# Forms timed beside the default (arms ``<accept>_<form>``): the private arguments of ``_verify``, and under
+# ``_commit`` those of ``_commit`` (``fold_dot``: the default verify, the commit's records folded as one product).
+FORMS = {"": {}, "products": dict(_products=True), "tf32x3": dict(_products="tf32x3"), "steps": dict(_steps=True),
+         "fold_dot": dict(_commit=dict(_fold_dot=True))}
+DELTA_ONLY_FORMS = ("steps", "fold_dot")  # the delta rule's steps form and product fold: no Mamba-2 counterpart
 
 
 def _family_forms(args, family: str) -> list[str]:
@@ -305,17 +310,17 @@ def _family_forms(args, family: str) -> list[str]:
 
 def _arms(args, family: str) -> list[str]:
     """Replay arms: each accept mode (the default form), and with ``--forms`` the same with each named form of the
-    verify kernel (``<mode>_products`` for IEEE float32 products, ``<mode>_tf32x3``, ``<mode>_steps``), timed in the
-    same run."""
+    verify kernel (``<mode>_products`` for IEEE float32 products, ``<mode>_tf32x3``, ``<mode>_steps``) or commit
+    (``<mode>_fold_dot``), timed in the same run."""
     return [*args.accept, *(f"{mode}_{form}" for form in _family_forms(args, family) for mode in args.accept)]
 
 
 def _forms(text: str) -> list[str]:
-    """--forms: ``ieee`` (or empty) -> "products", ``tf32x3``, ``steps``."""
+    """--forms: ``ieee`` (or empty) -> "products", ``tf32x3``, ``steps``, ``fold_dot``."""
     forms = ["products" if f in ("", "ieee", "products") else f for f in text.split(",")]
     for form in forms:
         if form not in FORMS or not form:
-            raise argparse.ArgumentTypeError(f"unknown verify form {form!r}; use ieee, tf32x3 and/or steps")
+            raise argparse.ArgumentTypeError(f"unknown verify form {form!r}; use ieee, tf32x3, steps and/or fold_dot")
     return forms
 
 
@@ -347,7 +352,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="also time other forms of the verify kernels, comma-separated: 'ieee' (the default: "
                         "matrix products in IEEE float32, arms '<accept>_products'), 'tf32x3' (products on tensor "
                         "cores, '<accept>_tf32x3'), 'steps' (delta rule: records folded, then the window stepped in "
-                        "registers, '<accept>_steps')")
+                        "registers, '<accept>_steps'), 'fold_dot' (delta rule: the default verify, the commit's "
+                        "records folded as one tf32x3 product, '<accept>_fold_dot')")
     parser.add_argument("--out", type=Path, default=None, help="write all numbers as JSON here")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, one repetition (CPU / TRITON_INTERPRET)")
     parser.add_argument("--no-check", action="store_true", help="skip the on-device correctness check")

@@ -66,7 +66,12 @@ Design notes:
   ``S = diag(exp(g_j)) S; S += k_j d_j^T`` (the standard step's expressions given d), so folding is split-invariant:
   flushing after more than ``buffer_len`` records (a window can overshoot) gives the bits of two flushes. Note that
   the one-token replay step's flush (``kernels/delta_rule.py``) sums the records in unrolled form instead, so the
-  checkpoints of the two paths agree to float32 rounding, not bitwise.
+  checkpoints of the two paths agree to float32 rounding, not bitwise. ``_commit(..., _fold_dot=True)`` (and
+  ``_fold``) loads every record at once and sums them as one tf32x3 ``[K, R] x [R, BLOCK_V]`` product, as the steps
+  form of verify does (the record-by-record loop waits one memory round trip per record); float32 rounding apart
+  from the loop, not split-invariant bitwise; not the default until timed on a GPU (``bench_verify --forms
+  fold_dot``). Compile-only, sm_90, [128, 64] x 4 warps: GDN 217 registers against 124, KDA 248 against 127, no
+  spills.
 * Count update as in ``kernels/mamba2_verify.py`` (read, barrier, ticket, last ticket writes).
 * All math is fp32 on CUDA cores (the products form's ``tl.dot`` in IEEE float32, not TF32, unless ``_products`` names
   ``"tf32x3"``: see ``kernels/verify_products.py``); bf16/fp16
@@ -148,6 +153,41 @@ def _store_token(o, d_t, g_t, k_raw, t, fits, o_row, rk_base, rd_base, rg_base, 
                      mask=offs_k < tl.where(fits, K, 0))
 
 
+@triton.jit
+def _committed_records(rk_base, rd_base, rg_base, origin, count, ring_size, offs_r, offs_k, mask_k, offs_v, mask_v,
+                       stride_rk_r, stride_rk_k, stride_rd_r, stride_rd_v, stride_rg_r, stride_rg_k, K: tl.constexpr,
+                       GATE_PER_KEY: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
+    """The ``count`` committed records from ring slot ``origin`` on, in logical order (rows ``offs_r``; the rest
+    masked to 0): normalised keys k_r [R, K], d_r [R, BLOCK_V], the decay from the checkpoint to the end of the
+    records (``decay``, [K] for a per-key gate, a scalar otherwise: exp of every record's gate), and each record's
+    decay to that end (direct sums of the later gates): the decayed keys [R, K] for a per-key gate, the weights [R]
+    for a scalar one. The state after the records is ``decay * S0 + sum_j (decayed k_j) d_j^T``."""
+    valid = offs_r < count
+    slots = (origin + offs_r) % ring_size
+    k_r = tl.load(rk_base + slots[:, None] * stride_rk_r + offs_k[None, :] * stride_rk_k,
+                  mask=valid[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+    k_r = _l2norm_rows(k_r, USE_QK_L2NORM)
+    d_r = tl.load(rd_base + slots[:, None] * stride_rd_r + offs_v[None, :] * stride_rd_v,
+                  mask=valid[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    slots_next = (origin + offs_r + 1) % ring_size
+    valid_next = offs_r + 1 < count
+    if GATE_PER_KEY:
+        g_next = tl.load(rg_base + slots_next[:, None] * stride_rg_r + offs_k[None, :] * stride_rg_k,
+                         mask=valid_next[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+        g_first = tl.load(rg_base + origin * stride_rg_r + offs_k * stride_rg_k,
+                          mask=offs_k < tl.where(count > 0, K, 0), other=0.0).to(tl.float32)
+        after = tl.cumsum(g_next, axis=0, reverse=True)  # [R, K]: sum_{j<i<count} g_i
+        decay = tl.exp(g_first + tl.sum(tl.where(offs_r[:, None] == 0, after, 0.0), axis=0))  # [K] ckpt -> ring end
+        weights = tl.where(valid[:, None], k_r * tl.exp(after), 0.0)
+    else:
+        g_next = tl.load(rg_base + slots_next * stride_rg_r, mask=valid_next, other=0.0).to(tl.float32)
+        g_first = tl.load(rg_base + origin * stride_rg_r, mask=count > 0, other=0.0).to(tl.float32)
+        after = tl.cumsum(g_next, axis=0, reverse=True)  # [R]
+        decay = tl.exp(g_first + tl.sum(tl.where(offs_r == 0, after, 0.0), axis=0))
+        weights = tl.where(valid, tl.exp(after), 0.0)
+    return k_r, d_r, decay, weights
+
+
 # One compile per BLOCK_T, not per window width: the width and the batch strides of the window tensors (T times a
 # row's size, so 16-divisible for some widths and not others) are not specialised on.
 @triton.jit(do_not_specialize=["window", "stride_q_b", "stride_k_b", "stride_v_b", "stride_beta_b", "stride_g_b",
@@ -199,32 +239,17 @@ def _delta_verify_kernel(
 
     # Committed records in logical order, and their decays to the end of the ring (direct sums of later gates).
     offs_r = tl.arange(0, BLOCK_R)
-    valid = offs_r < count
-    slots = (origin + offs_r) % ring_size
     rk_base = ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h
     rd_base = ring_d_ptr + pid_b * stride_rd_b + pid_h * stride_rd_h
     rg_base = ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h
-    k_r = tl.load(rk_base + slots[:, None] * stride_rk_r + offs_k[None, :] * stride_rk_k,
-                  mask=valid[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-    k_r = _l2norm_rows(k_r, USE_QK_L2NORM)
-    d_r = tl.load(rd_base + slots[:, None] * stride_rd_r + offs_v[None, :] * stride_rd_v,
-                  mask=valid[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-    slots_next = (origin + offs_r + 1) % ring_size
-    valid_next = offs_r + 1 < count
+    k_r, d_r, decay, weights = _committed_records(rk_base, rd_base, rg_base, origin, count, ring_size, offs_r, offs_k,
+                                                  mask_k, offs_v, mask_v, stride_rk_r, stride_rk_k, stride_rd_r,
+                                                  stride_rd_v, stride_rg_r, stride_rg_k, K, GATE_PER_KEY,
+                                                  USE_QK_L2NORM)
     if GATE_PER_KEY:
-        g_next = tl.load(rg_base + slots_next[:, None] * stride_rg_r + offs_k[None, :] * stride_rg_k,
-                         mask=valid_next[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-        g_first = tl.load(rg_base + origin * stride_rg_r + offs_k * stride_rg_k,
-                          mask=offs_k < tl.where(count > 0, K, 0), other=0.0).to(tl.float32)
-        after = tl.cumsum(g_next, axis=0, reverse=True)  # [R, K]: sum_{j<i<count} g_i
-        decay = tl.exp(g_first + tl.sum(tl.where(offs_r[:, None] == 0, after, 0.0), axis=0))  # [K] ckpt -> ring end
-        kw_r = tl.where(valid[:, None], k_r * tl.exp(after), 0.0)  # record keys decayed to the ring end
+        kw_r = weights  # [R, K]: record keys decayed to the ring end
     else:
-        g_next = tl.load(rg_base + slots_next * stride_rg_r, mask=valid_next, other=0.0).to(tl.float32)
-        g_first = tl.load(rg_base + origin * stride_rg_r, mask=count > 0, other=0.0).to(tl.float32)
-        after = tl.cumsum(g_next, axis=0, reverse=True)  # [R]
-        decay = tl.exp(g_first + tl.sum(tl.where(offs_r == 0, after, 0.0), axis=0))
-        w_r = tl.where(valid, tl.exp(after), 0.0)  # record weights (scalar gate: kept apart from the keys)
+        w_r = weights  # [R]: record weights (scalar gate: kept apart from the keys)
 
     if WINDOW_AS_PRODUCTS:
         # The window's tokens, all at once: raw keys (appended as they are), q and k normalised (q scaled), v, beta, g.
@@ -425,6 +450,25 @@ def _fold_ring(s, rk_base, rd_base, rg_base, origin, count, ring_size, offs_k, m
 
 
 @triton.jit
+def _fold_ring_dot(s, rk_base, rd_base, rg_base, origin, count, ring_size, offs_k, mask_k, offs_v, mask_v,
+                   stride_rk_r, stride_rk_k, stride_rd_r, stride_rd_v, stride_rg_r, stride_rg_k, K: tl.constexpr,
+                   GATE_PER_KEY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, BLOCK_R: tl.constexpr,
+                   PRECISION: tl.constexpr):
+    """:func:`_fold_ring` with every record loaded at once (one memory round trip, not ``count`` dependent ones) and
+    summed as one [K, R] x [R, BLOCK_V] product (``PRECISION``, e.g. tf32x3), as the steps form of verify folds them;
+    needs ``count <= BLOCK_R``. Agrees with the sequential fold to float32 rounding, not bitwise (nor split-invariant
+    bitwise)."""
+    k_r, d_r, decay, weights = _committed_records(rk_base, rd_base, rg_base, origin, count, ring_size,
+                                                  tl.arange(0, BLOCK_R), offs_k, mask_k, offs_v, mask_v, stride_rk_r,
+                                                  stride_rk_k, stride_rd_r, stride_rd_v, stride_rg_r, stride_rg_k, K,
+                                                  GATE_PER_KEY, USE_QK_L2NORM)
+    if GATE_PER_KEY:
+        return s * decay[:, None] + tl.dot(tl.trans(weights), d_r, input_precision=PRECISION)
+    else:
+        return s * decay + tl.dot(tl.trans(k_r * weights[:, None]), d_r, input_precision=PRECISION)
+
+
+@triton.jit
 def _delta_commit_kernel(
     state_ptr, ring_k_ptr, ring_d_ptr, ring_g_ptr, origin_ptr, count_ptr, accepted_ptr,
     K: tl.constexpr, V: tl.constexpr, ring_size, kv_ratio,
@@ -438,6 +482,9 @@ def _delta_commit_kernel(
     USE_QK_L2NORM: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    FOLD_DOT: tl.constexpr,  # fold with _fold_ring_dot (one product) instead of _fold_ring (record by record)
+    PRECISION: tl.constexpr,  # FOLD_DOT's tl.dot precision
+    BLOCK_R: tl.constexpr,  # FOLD_DOT: next_pow2(R), at least 16
 ):
     pid_v = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -458,11 +505,17 @@ def _delta_commit_kernel(
         state_ptrs = (state_ptr + pid_b * stride_s_b + pid_h * stride_s_h
                       + offs_k[:, None] * stride_s_k + offs_v[None, :] * stride_s_v)
         s = tl.load(state_ptrs, mask=mask_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-        s = _fold_ring(s, ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h,
-                       ring_d_ptr + pid_b * stride_rd_b + pid_h * stride_rd_h,
-                       ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h, origin, new_count, ring_size,
-                       offs_k, mask_k, offs_v, mask_v, stride_rk_r, stride_rk_k, stride_rd_r, stride_rd_v,
-                       stride_rg_r, stride_rg_k, GATE_PER_KEY, USE_QK_L2NORM)
+        rk_base = ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h
+        rd_base = ring_d_ptr + pid_b * stride_rd_b + pid_h * stride_rd_h
+        rg_base = ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h
+        if FOLD_DOT:
+            s = _fold_ring_dot(s, rk_base, rd_base, rg_base, origin, new_count, ring_size, offs_k, mask_k, offs_v,
+                               mask_v, stride_rk_r, stride_rk_k, stride_rd_r, stride_rd_v, stride_rg_r, stride_rg_k,
+                               K, GATE_PER_KEY, USE_QK_L2NORM, BLOCK_R, PRECISION)
+        else:
+            s = _fold_ring(s, rk_base, rd_base, rg_base, origin, new_count, ring_size, offs_k, mask_k, offs_v, mask_v,
+                           stride_rk_r, stride_rk_k, stride_rd_r, stride_rd_v, stride_rg_r, stride_rg_k, GATE_PER_KEY,
+                           USE_QK_L2NORM)
         tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask_k[:, None] & mask_v[None, :])
 
     # Count update: every warp has consumed count (barrier) before this program's ticket; the row's last ticket
@@ -486,6 +539,9 @@ def _delta_fold_kernel(
     USE_QK_L2NORM: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    FOLD_DOT: tl.constexpr,  # as in _delta_commit_kernel
+    PRECISION: tl.constexpr,
+    BLOCK_R: tl.constexpr,
 ):
     pid_v = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -498,11 +554,17 @@ def _delta_fold_kernel(
     tile = mask_k[:, None] & mask_v[None, :]
     s = tl.load(state_ptr + pid_b * stride_s_b + pid_h * stride_s_h + offs_k[:, None] * stride_s_k
                 + offs_v[None, :] * stride_s_v, mask=tile, other=0.0).to(tl.float32)
-    s = _fold_ring(s, ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h,
-                   ring_d_ptr + pid_b * stride_rd_b + pid_h * stride_rd_h,
-                   ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h, origin, count, ring_size,
-                   offs_k, mask_k, offs_v, mask_v, stride_rk_r, stride_rk_k, stride_rd_r, stride_rd_v,
-                   stride_rg_r, stride_rg_k, GATE_PER_KEY, USE_QK_L2NORM)
+    rk_base = ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h
+    rd_base = ring_d_ptr + pid_b * stride_rd_b + pid_h * stride_rd_h
+    rg_base = ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h
+    if FOLD_DOT:
+        s = _fold_ring_dot(s, rk_base, rd_base, rg_base, origin, count, ring_size, offs_k, mask_k, offs_v, mask_v,
+                           stride_rk_r, stride_rk_k, stride_rd_r, stride_rd_v, stride_rg_r, stride_rg_k, K,
+                           GATE_PER_KEY, USE_QK_L2NORM, BLOCK_R, PRECISION)
+    else:
+        s = _fold_ring(s, rk_base, rd_base, rg_base, origin, count, ring_size, offs_k, mask_k, offs_v, mask_v,
+                       stride_rk_r, stride_rk_k, stride_rd_r, stride_rd_v, stride_rg_r, stride_rg_k, GATE_PER_KEY,
+                       USE_QK_L2NORM)
     # each program owns its tile: out may be the state itself
     tl.store(out_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_k[:, None] * stride_o_k
              + offs_v[None, :] * stride_o_v, s.to(out_ptr.dtype.element_ty), mask=tile)
@@ -652,15 +714,23 @@ def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_
     return o
 
 
+def _fold_launch(ring_size: int, fold_dot: bool | str) -> dict:
+    """The fold's constexprs: ``fold_dot`` False (record by record, the default), True (one tf32x3 product) or a
+    ``tl.dot`` precision name."""
+    return dict(FOLD_DOT=bool(fold_dot), PRECISION=dot_precision("tf32x3" if fold_dot is True else fold_dot),
+                BLOCK_R=max(16, triton.next_power_of_2(ring_size)))
+
+
 def _commit(state, ring_k, ring_d, ring_g, origin, count, accepted, buffer_len, use_qk_l2norm=True, _block_v=None,
-            _num_warps=None):
+            _num_warps=None, _fold_dot=False):
     batch, value_heads, key_heads, key_dim, value_dim, ring_size, per_key = _check_rings(
         state, ring_k, ring_d, ring_g, origin, count)
     assert accepted.shape == (batch,) and accepted.dtype == torch.int32, "accepted must be [B] int32"
     assert 1 <= buffer_len < (1 << _TICKET_SHIFT), "buffer_len out of range"
     # the fold is a standard step per record: the standard step's tile
     block_v, num_warps = state_update_launch_config(batch, value_heads, key_dim, value_dim, per_key)
-    block_v, num_warps = _block_v or block_v, _num_warps or num_warps
+    block_v, num_warps = _block_v or (max(block_v, 16) if _fold_dot else block_v), _num_warps or num_warps
+    assert block_v >= 16 or not _fold_dot, f"block_v {block_v} < 16: tl.dot needs 16"
     grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
     assert grid[0] * value_heads < (1 << (31 - _TICKET_SHIFT)), "too many programs per row for the count ticket"
     with _device_guard(state):
@@ -672,18 +742,20 @@ def _commit(state, ring_k, ring_d, ring_g, origin, count, accepted, buffer_len, 
             BUFFER_LEN=buffer_len,
             GATE_PER_KEY=per_key,
             USE_QK_L2NORM=bool(use_qk_l2norm),
-            BLOCK_K=triton.next_power_of_2(key_dim),
+            BLOCK_K=max(16 if _fold_dot else 1, triton.next_power_of_2(key_dim)),
             BLOCK_V=block_v,
+            **_fold_launch(ring_size, _fold_dot),
             num_warps=num_warps,
         )
 
 
-def _fold(state, ring_k, ring_d, ring_g, origin, count, use_qk_l2norm=True, out=None):
+def _fold(state, ring_k, ring_d, ring_g, origin, count, use_qk_l2norm=True, out=None, _fold_dot=False):
     batch, value_heads, key_heads, key_dim, value_dim, ring_size, per_key = _check_rings(state, ring_k, ring_d, ring_g)
     assert 0 <= origin < ring_size and 0 <= count <= ring_size, f"origin {origin} / count {count} outside the ring"
     out = torch.empty_like(state) if out is None else out
     assert out.shape == state.shape, f"out must be {tuple(state.shape)}, got {tuple(out.shape)}"
     block_v, num_warps = state_update_launch_config(batch, value_heads, key_dim, value_dim, per_key)
+    block_v = max(block_v, 16) if _fold_dot else block_v  # tl.dot needs 16
     grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
     with _device_guard(state):
         LAST_COMPILED["fold"] = _delta_fold_kernel[grid](
@@ -692,8 +764,9 @@ def _fold(state, ring_k, ring_d, ring_g, origin, count, use_qk_l2norm=True, out=
             *state.stride(), *out.stride(), *ring_k.stride(), *ring_d.stride(), *_ring_gate_strides(ring_g),
             GATE_PER_KEY=per_key,
             USE_QK_L2NORM=bool(use_qk_l2norm),
-            BLOCK_K=triton.next_power_of_2(key_dim),
+            BLOCK_K=max(16 if _fold_dot else 1, triton.next_power_of_2(key_dim)),
             BLOCK_V=block_v,
+            **_fold_launch(ring_size, _fold_dot),
             num_warps=num_warps,
         )
     return out

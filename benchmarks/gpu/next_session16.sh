@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Planned GPU calls for the next session (not run yet). Every job packs what it wrote into $OUT right after it ends.
+# STAGE=1 (about 6 minutes): the delta commit's product fold (`_fold_dot`, new in the fifteenth session, unmeasured:
+#   every record loaded at once and summed by one tf32x3 product instead of one dependent round trip per record;
+#   sm_90: GDN 217 / KDA 248 registers at [128, 64] x 4, no spills): its CUDA tests, then bench_verify with it beside
+#   the default (run 86 at T = 4, batch 256: GDN 3.83x, KDA 2.94x snapshots; verify alone was 509 / 705 us of the
+#   691 / 904 us verify + commit, so the commit's flush is most of the rest), then KDA's replay cycle with the bench's
+#   mixed arm at the device-phase default (16 x 1; run 87 timed it at 64 x 4). If the product fold wins, make it the
+#   default of _commit and _fold (split invariance then holds to rounding only: keep its bitwise test for the loop).
+# STAGE=2 (about 6 minutes): Kimi-Linear-like end to end at batch 64 / 256, compiled (run 52: 1.17x / 1.29x against
+#   1.15x / 1.4x targets, with other jobs on the same GPU; the KDA device-phase replay launch is 6 % faster since).
+# STAGE=3: the Qwen3.5-like batch-64 speculative arm with attention pinned to memory-efficient SDPA against the
+#   default (run 73 0.09x against run 75 0.70x, unexplained).
+# Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session16.sh", carry=[".triton_cache"], timeout_s=600), then
+#   STAGE=2, 3 the same way. Before a call on a fresh machine: cat FILES_AT/triton_cache.tgz* > .triton_cache/cache.tgz
+#   (tracked files plus the carried cache must stay under 64 MiB: prune verify entries of unused tiles if needed).
+source benchmarks/gpu/install.sh || exit 1
+RES=/tmp/w/res_next_session16_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
+pack() { tar czf "$OUT/next_session16_$STAGE.tgz" -C "$RES" . ; }
+if [ "$STAGE" = 1 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 120 test_kernels_verify_fold_dot_cuda tests/test_kernels_verify.py \
+    -k "fold_dot or kda_and_commit or delta_fold_ring"; pack
+  timeout 200 python3 -m hf_replayssm.kernels.bench_verify --family gdn,kda --batches 64,256 --windows 2,4,8 \
+    --forms fold_dot --out "$RES/verify_fold_dot.json" > "$RES/verify_fold_dot.txt" 2>&1
+  echo "verify rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  timeout 100 python3 -m hf_replayssm.kernels.bench_delta --family kda --batches 64,256 --no-sweep --no-fla \
+    --no-torch --out "$RES/replay_kda.json" > "$RES/replay_kda.txt" 2>&1
+  echo "replay kda rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+elif [ "$STAGE" = 2 ]; then
+  bench_job 420 generate_kimi_linear generate --models kimi_linear --batches 64,256 \
+    --arms stock-static-compiled,replay-compiled --prompt 512 --new 128 --repeats 1 \
+    --out "$RES/generate_kimi_linear.json"; pack
+else
+  for sdpa in efficient default; do
+    bench_job 160 speculative_qwen3_5_b64_$sdpa speculative --models qwen3_5 --batches 64 --prompt 512 --new 64 \
+      --schedules heuristic --sdpa $sdpa --out "$RES/speculative_qwen3_5_b64_$sdpa.json"; pack
+  done
+fi
+tail -n 12 "$RES"/*.txt
+save_triton_cache

@@ -73,7 +73,8 @@ MAMBA2_SHAPES = {  # name: (heads, head_dim, d_state, groups)
 }
 BATCHES = [1, 8, 32, 64, 128, 256, 512]
 # Launch configurations swept: replay (block_p, num_warps, fold_unroll), standard (block_p, num_warps).
-REPLAY_SWEEP = [(16, 2, 4), (16, 2, 1), (32, 2, 4), (32, 2, 1), (8, 2, 4), (16, 4, 4), (32, 4, 4), (64, 8, 4)]
+REPLAY_SWEEP = [(16, 2, 4), (16, 2, 1), (32, 2, 4), (32, 2, 1), (8, 2, 4), (16, 4, 4), (32, 4, 4), (64, 8, 4),
+                (16, 1, 4), (32, 1, 4)]
 STANDARD_SWEEP = [(4, 4), (8, 4), (16, 8), (32, 8), (64, 8)]
 CONFIG_KEYS = ("block_p", "num_warps", "fold_unroll")
 

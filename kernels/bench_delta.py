@@ -74,7 +74,8 @@ SHAPES = {  # family: {name: (value heads, key heads, key dim, value dim)}
 }
 SMOKE_SHAPES = {"gdn": {"smoke": (4, 2, 16, 16)}, "kda": {"smoke": (2, 2, 16, 16)}}
 BATCHES = [1, 8, 32, 64, 128, 256, 512]
-REPLAY_SWEEP = [(16, 2), (16, 4), (32, 2), (32, 4), (32, 8), (64, 4), (64, 8), (128, 8)]
+# one- and two-warp tiles since run 86 (GDN 64 x 2 and KDA's device-phase 16 x 1 were the fastest fp32 replays)
+REPLAY_SWEEP = [(16, 1), (16, 2), (16, 4), (32, 1), (32, 2), (32, 4), (32, 8), (64, 2), (64, 4), (64, 8), (128, 8)]
 STANDARD_SWEEP = [(8, 1), (8, 2), (16, 1), (16, 2), (16, 4), (32, 1), (32, 2), (32, 4), (64, 4), (64, 8)]
 
 

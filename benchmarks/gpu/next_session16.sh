@@ -11,6 +11,9 @@
 #   1.15x / 1.4x targets, with other jobs on the same GPU; the KDA device-phase replay launch is 6 % faster since).
 # STAGE=3: the Qwen3.5-like batch-64 speculative arm with attention pinned to memory-efficient SDPA against the
 #   default (run 73 0.09x against run 75 0.70x, unexplained).
+# STAGE=4: the read-copy replay launches (fp8 / nvfp4, separated precision; targets 3.5x / 4.5x over the fp32
+#   standard step, run 59: Mamba-2 fp8 2.15x, GDN fp8 1.00x, nvfp4 0.56-0.82x, "instruction- and latency-bound") swept
+#   over one- and two-warp tiles too (the sweep lists gained them after run 86), batch 256.
 # Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session16.sh", carry=[".triton_cache"], timeout_s=600), then
 #   STAGE=2, 3 the same way. Before a call on a fresh machine: cat FILES_AT/triton_cache.tgz* > .triton_cache/cache.tgz
 #   (tracked files plus the carried cache must stay under 64 MiB: prune verify entries of unused tiles if needed).
@@ -30,6 +33,15 @@ elif [ "$STAGE" = 2 ]; then
   bench_job 420 generate_kimi_linear generate --models kimi_linear --batches 64,256 \
     --arms stock-static-compiled,replay-compiled --prompt 512 --new 128 --repeats 1 \
     --out "$RES/generate_kimi_linear.json"; pack
+elif [ "$STAGE" = 4 ]; then
+  for fmt in fp8 nvfp4; do
+    timeout 140 python3 -m hf_replayssm.kernels.bench_delta --family gdn --shapes qwen3-next --batches 256 --no-fla \
+      --no-torch --no-check --no-sweep --read-format $fmt --read-copy-sweep --out "$RES/gdn_$fmt.json" \
+      > "$RES/gdn_$fmt.txt" 2>&1
+    echo "gdn $fmt rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+    bench_job 140 mamba2_$fmt kernels --family mamba2 --shapes nemotron-h-8b --batches 256 --no-sweep --no-check \
+      --read-format $fmt --read-copy-sweep --out "$RES/mamba2_$fmt.json"; pack
+  done
 else
   for sdpa in efficient default; do
     bench_job 160 speculative_qwen3_5_b64_$sdpa speculative --models qwen3_5 --batches 64 --prompt 512 --new 64 \

@@ -613,12 +613,12 @@ def verify_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: 
       the work that does not depend on V (the records' and window keys' products with k and q, per-key decays), so
       wider tiles win. H200, verify alone, batch 256, T = 2 (runs 79 / 84 / 85): GDN [128, 64] x 2 281 us, x 4 469;
       [128, 128] x 4 (the earlier default) 408, x 2 744; [128, 32] x 1 312; KDA [128, 64] x 2 397, [128, 128] x 4 484.
-    * steps form: one warp, a [K, 4096 / K] tile ([128, 32]), [K, 2048 / K] from :data:`NARROW_STEPS_FROM_WINDOW`
-      (7 tokens for a scalar gate, 5 for a per-key gate): the window's state tile lives in one warp's registers and
-      its two reductions over K per token stay in that warp. Runs 83-86, batch 256: GDN T = 4 [128, 32] x 1 509 us,
-      [128, 16] x 1 685, [128, 64] x 2 631, x 4 752; T = 6 [128, 32] x 1 798, [128, 16] 873; T = 8 [128, 16] x 1
-      1079, [128, 32] x 1 1316; KDA T = 4 [128, 32] x 1 705, [128, 64] x 2 754; T = 5 [128, 16] x 1 1209, [128, 32]
-      1369; T = 8 [128, 16] x 1 1567, [128, 32] x 1 1938.
+    * steps form: one warp (two for K = 256), a [K, 4096 / K] tile ([128, 32]), [K, 2048 / K] from
+      :data:`NARROW_STEPS_FROM_WINDOW` (7 tokens for a scalar gate, 5 for a per-key gate): the window's state tile
+      lives in one warp's registers and its two reductions over K per token stay in that warp. Runs 83-86, batch
+      256: GDN T = 4 [128, 32] x 1 509 us, [128, 16] x 1 685, [128, 64] x 2 631, x 4 752; T = 6 [128, 32] x 1 798,
+      [128, 16] 873; T = 8 [128, 16] x 1 1079, [128, 32] x 1 1316; KDA T = 4 [128, 32] x 1 705, [128, 64] x 2 754;
+      T = 5 [128, 16] x 1 1209, [128, 32] 1369; T = 8 [128, 16] x 1 1567, [128, 32] x 1 1938.
     * ``products`` (the window as matrix products; slower on the H200, runs 77 / 78): 8 warps, [K, 4096 / K] tiles,
       [K, 16] for a per-key gate (ptxas for sm_90, Triton 3.6: GDN [128, 32] 182 registers, KDA [128, 16] 255 and
       4 B spilled).
@@ -629,7 +629,9 @@ def verify_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: 
     if products:
         elements, num_warps = 4096, 8
     elif steps:
-        elements, num_warps = (2048 if window >= NARROW_STEPS_FROM_WINDOW[per_key_gate] else 4096), 1
+        # one warp per 128 keys: K = 256 on one warp spills 588-824 B at sm_90, on two none (compile-only, Triton 3.6)
+        elements = 2048 if window >= NARROW_STEPS_FROM_WINDOW[per_key_gate] else 4096
+        num_warps = max(1, block_k // 128)
     else:
         short = window < STEPS_FROM_WINDOW
         elements, num_warps = (8192 if short or not per_key_gate else 16384), (2 if short else 4)

@@ -36,9 +36,9 @@ def test_read_copy_kernel(case):
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_delta_read_copy_launch_config():
     """The measured launch rule (H200, Qwen3-Next shape, batch 256): scalar-gate replay launches that read a copy
-    take 32 x 2 tiles, except fp8 with device positions; fp32 launches and small grids are untouched. Per-key gates
-    (KDA) take 32 x 2 when their decays come from the per-head pre-launch (the default) with device positions or a
-    read copy (H200, Kimi-Linear, batch 64 and 256, rows in mixed phases), 64 x 4 with host positions on the fp32
+    take 32 x 2 tiles, except fp8 with device positions; fp32 reads 64 x 2 (run 86); small grids halve the tile.
+    Per-key gates (KDA) take 16 x 1 with device positions on the fp32 checkpoint (run 86) and 32 x 2 with a read
+    copy, when their decays come from the per-head pre-launch (the default), 64 x 4 with host positions on the fp32
     checkpoint (run 81, batch 256) and 64 x 4 without the pre-launch."""
     k = load_kernel_module("delta_rule")
     shape = (256, 32, 128, 128)

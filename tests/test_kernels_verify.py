@@ -52,6 +52,34 @@ def test_kernel_slow(case):
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_delta_verify_form_and_launch_rules():
+    """The delta verify's default form (tokens up to 2-token windows, steps from 3; an explicit form wins; two forms
+    at once refuse) and its launches as measured on the H200 at batch 256 (runs 84-86): tokens [128, 64] x 2, steps
+    [128, 32] x 1, narrowing to [128, 16] from 7 tokens (scalar gate) / 5 (per-key gate), two warps for K = 256 (one
+    spills at sm_90); the explicit token form for longer windows keeps the earlier 4-warp tiles; small grids halve
+    the tile down to 16."""
+    from kernel_harness import load_kernel_module
+
+    k = load_kernel_module("delta_verify")
+    assert [k.default_form(t) for t in (1, 2, 3, 16)] == ["tokens", "tokens", "steps", "steps"]
+    assert k.resolve_form(2) == (False, False) and k.resolve_form(4) == (False, True)
+    assert k.resolve_form(4, products=False) == (False, False) and k.resolve_form(2, steps=True) == (False, True)
+    assert k.resolve_form(8, products="tf32x3") == ("tf32x3", False)
+    with pytest.raises(ValueError, match="two different verify forms"):
+        k.resolve_form(4, products=True, steps=True)
+    config = k.verify_launch_config
+    assert config(256, 32, 128, 128, False, 2) == (64, 2) and config(256, 32, 128, 128, True, 2) == (64, 2)
+    for per_key, narrow_from in ((False, 7), (True, 5)):
+        for T in (3, 4, narrow_from - 1):
+            assert config(256, 32, 128, 128, per_key, T, steps=True) == (32, 1), (per_key, T)
+        for T in (narrow_from, 8, 16):
+            assert config(256, 32, 128, 128, per_key, T, steps=True) == (16, 1), (per_key, T)
+    assert config(256, 32, 256, 256, False, 4, steps=True) == (16, 2)
+    assert config(256, 32, 128, 128, False, 4) == (64, 4) and config(256, 32, 128, 128, True, 4) == (128, 4)
+    assert config(1, 32, 128, 128, False, 4, steps=True) == (16, 1)  # 256 programs: the narrowest tile
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_bench_imports_and_parses_arguments():
     code = "from kernel_harness import load_kernel_module; load_kernel_module('bench_verify').main(['--help'])"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,

@@ -532,6 +532,10 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
             best_host = min(sweep, key=lambda c: sweep[c]["us"])
             row.update(replay_host_sweep=sweep, replay_host_best_config=best_host,
                        replay_host_us=sweep[best_host]["us"], replay_host_default_us=sweep[_key(default_cfg)]["us"])
+            if not per_key:  # the per-head pre-launch of decays and record weights (off by default for GDN)
+                hbv, hnw = (int(x) for x in best_host.split("x"))
+                row["replay_host_gdn_weights_us"] = per_step_us(timer(inputs.host_fn(
+                    k._replay_step, _block_v=hbv, _num_warps=hnw, _gdn_weights=True)))
             if args.diag:  # single launches of the host-phase kernels: replay-only at count L/2, flush-only
                 hbv, hnw = (int(x) for x in best_host.split("x"))
                 row["diag_host_phase_us"] = {
@@ -646,6 +650,10 @@ def _print_row(r, header):
           f"{100 * r['replay_host_frac_of_copy_bw']:>4.0f}% of copy BW, "
           f"x std {r['speedup_replay_host_vs_standard']:.2f}, x fla {_fmt(r['speedup_replay_host_vs_fla'], 5)} "
           f"[{r['replay_host_best_config']}]", flush=True)
+    if r.get("replay_host_gdn_weights_us"):
+        w = r["replay_host_gdn_weights_us"]
+        print(f"{'':<14}{'':>6} | host-phase replay with the per-head weights pre-launch (_gdn_weights): {w:>9.2f} us, "
+              f"x std {r['standard_us'] / w:.2f} [{r['replay_host_best_config']}]", flush=True)
     if r.get("replay_mixed_per_tile_decays_us"):
         w = r["replay_mixed_per_tile_decays_us"]
         print(f"{'':<14}{'':>6} | decays per V tile (_kda_weights=False, the former default): mixed {w:>9.2f} us, "

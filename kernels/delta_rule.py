@@ -228,6 +228,21 @@ def _kda_record_weights(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, 
     return decay, kw_r, wq, wk
 
 
+@triton.jit
+def _scalar_record_weights(k_r, rg_base, origin, count, ring_size, offs_r, valid, q_t, k_t, g_t, stride_rg_r):
+    """Scalar gates, records in logical order: the decay since the checkpoint exp(c), the records' decays exp(s_j)
+    and their weights exp(s_j) (k_j . q) and exp(s_j) (k_j . k_t) [R] (0 past ``count``; s_j = sum_{j<i<count} g_i
+    + g_t as a reverse cumsum, c = g_0 + s_0)."""
+    slots_next = (origin + offs_r + 1) % ring_size
+    valid_next = offs_r + 1 < count
+    g_next = tl.load(rg_base + slots_next * stride_rg_r, mask=valid_next, other=0.0).to(tl.float32)
+    g_first = tl.load(rg_base + origin * stride_rg_r, mask=count > 0, other=0.0).to(tl.float32)
+    seg = tl.cumsum(g_next, axis=0, reverse=True) + g_t  # [R]
+    decay = tl.exp(g_first + tl.sum(tl.where(offs_r == 0, seg, 0.0), axis=0))
+    w_r = tl.where(valid, tl.exp(seg), 0.0)
+    return decay, w_r, w_r * tl.sum(k_r * q_t[None, :], axis=1), w_r * tl.sum(k_r * k_t[None, :], axis=1)
+
+
 @triton.jit(do_not_specialize=["origin_host", "count_host"])  # as the replay step below
 def _kda_weights_kernel(
     ring_k_ptr, ring_g_ptr, origin_ptr, count_ptr, q_ptr, k_ptr, g_ptr, weights_ptr,
@@ -242,11 +257,14 @@ def _kda_weights_kernel(
     USE_QK_L2NORM: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_R: tl.constexpr,
+    GATE_PER_KEY: tl.constexpr,
 ):
-    """Kimi Delta Attention's per-(row, value head) replay quantities, once: exp(c) [BLOCK_K] and the records'
-    weights (exp(s_j) * k_j) . q and . k_t [BLOCK_R] each, into ``weights`` [B, Hv, BLOCK_K + 2 BLOCK_R]. The replay
-    kernel's V tiles of one head then read them instead of each recomputing the [R, K] decays (their exponentials
-    and registers). Grid (B, Hv); positions as the replay kernel reads them (the counts before the step)."""
+    """A head's replay quantities that do not depend on the value column, once per (row, value head): the decay
+    since the checkpoint exp(c) ([BLOCK_K]; a scalar gate's in every slot) and the records' weights
+    (exp(s_j) * k_j) . q and . k_t [BLOCK_R] each, into ``weights`` [B, Hv, BLOCK_K + 2 BLOCK_R]. The replay
+    kernel's V tiles of one head then read them instead of each recomputing them (for per-key gates the [R, K]
+    decays, their exponentials and registers; for a scalar gate the records' reductions over K). Grid (B, Hv);
+    positions as the replay kernel reads them (the counts before the step)."""
     pid_b = tl.program_id(0).to(tl.int64)
     pid_h = tl.program_id(1)
     hk = pid_h // kv_ratio
@@ -261,8 +279,6 @@ def _kda_weights_kernel(
         count = count_host
     _, q_t, k_t = _load_qk(q_ptr, k_ptr, pid_b, hk, offs_k, mask_k, scale, stride_q_b, stride_q_h, stride_q_k,
                            stride_k_b, stride_k_h, stride_k_k, USE_QK_L2NORM)
-    g_t = tl.load(g_ptr + pid_b * stride_g_b + pid_h * stride_g_h + offs_k * stride_g_k, mask=mask_k,
-                  other=0.0).to(tl.float32)
     valid = offs_r < count
     slots = (origin + offs_r) % ring_size
     rk_base = ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h
@@ -270,8 +286,16 @@ def _kda_weights_kernel(
                   mask=valid[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
     k_r = _l2norm_rows(k_r, USE_QK_L2NORM)
     rg_base = ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h
-    decay, _, wq, wk = _kda_record_weights(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, valid, q_t, k_t,
-                                           g_t, stride_rg_r, stride_rg_k, K)
+    if GATE_PER_KEY:
+        g_t = tl.load(g_ptr + pid_b * stride_g_b + pid_h * stride_g_h + offs_k * stride_g_k, mask=mask_k,
+                      other=0.0).to(tl.float32)
+        decay, _, wq, wk = _kda_record_weights(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, valid, q_t,
+                                               k_t, g_t, stride_rg_r, stride_rg_k, K)
+    else:
+        g_t = tl.load(g_ptr + pid_b * stride_g_b + pid_h * stride_g_h).to(tl.float32)
+        decay, _, wq, wk = _scalar_record_weights(k_r, rg_base, origin, count, ring_size, offs_r, valid, q_t, k_t,
+                                                  g_t, stride_rg_r)
+        decay = decay + tl.zeros([BLOCK_K], dtype=tl.float32)
     w_base = weights_ptr + (pid_b * tl.num_programs(1) + pid_h) * (BLOCK_K + 2 * BLOCK_R)
     tl.store(w_base + offs_k, decay)
     tl.store(w_base + BLOCK_K + offs_r, wq)
@@ -424,10 +448,8 @@ def _delta_replay_step_kernel(
             k_r = _l2norm_rows(k_r, USE_QK_L2NORM)
         d_r = tl.load(rd_base + slots[:, None] * stride_rd_r + offs_v[None, :] * stride_rd_v,
                       mask=valid[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-        # Gates one record later (position r + 1 < count): s_r = sum_{r<i<count} g_i + g_t as a reverse cumsum, and
-        # the decay since the checkpoint c = g_0 + s_0.
-        slots_next = (origin + offs_r + 1) % ring_size
-        valid_next = offs_r + 1 < count
+        # Decays from the gates one record later (s_r = sum_{r<i<count} g_i + g_t; c = g_0 + s_0) and the records'
+        # weights: from the per-head pre-launch (WEIGHTS_GIVEN) or here.
         if GATE_PER_KEY:
             if WEIGHTS_GIVEN:  # computed once per (row, head), not once per V tile
                 w_base = weights_ptr + (pid_b * tl.num_programs(2) + pid_h) * (BLOCK_K + 2 * BLOCK_R)
@@ -440,19 +462,22 @@ def _delta_replay_step_kernel(
             pq = tl.sum(s0 * (decay * q_t)[:, None], axis=0)  # [BLOCK_V]: S0^T (exp(c) * q)
             pk = tl.sum(s0 * (decay * k_t)[:, None], axis=0)
         else:
-            if RING_PHYSICAL:
+            if WEIGHTS_GIVEN:  # replay-only launches: computed once per (row, head) by _kda_weights_kernel
+                w_base = weights_ptr + (pid_b * tl.num_programs(2) + pid_h) * (BLOCK_K + 2 * BLOCK_R)
+                decay = tl.load(w_base)
+                wq = tl.load(w_base + BLOCK_K + offs_r)
+                wk = tl.load(w_base + BLOCK_K + BLOCK_R + offs_r)
+            elif RING_PHYSICAL:
                 g_r = tl.load(rg_base + slots * stride_rg_r, mask=valid, other=0.0).to(tl.float32)
                 after = pos[None, :] > pos[:, None]  # [j, i]: record i comes after record j (invalid g_i are 0)
                 seg = tl.sum(tl.where(after, g_r[None, :], 0.0), axis=1) + g_t  # [R], direct sums
                 decay = tl.exp(tl.sum(g_r, axis=0) + g_t)
+                w_r = tl.where(valid, tl.exp(seg), 0.0)
+                wq = w_r * tl.sum(k_r * q_t[None, :], axis=1)
+                wk = w_r * tl.sum(k_r * k_t[None, :], axis=1)
             else:
-                g_next = tl.load(rg_base + slots_next * stride_rg_r, mask=valid_next, other=0.0).to(tl.float32)
-                g_first = tl.load(rg_base + origin * stride_rg_r, mask=count > 0, other=0.0).to(tl.float32)
-                seg = tl.cumsum(g_next, axis=0, reverse=True) + g_t  # [R]
-                decay = tl.exp(g_first + tl.sum(tl.where(offs_r == 0, seg, 0.0), axis=0))
-            w_r = tl.where(valid, tl.exp(seg), 0.0)
-            wq = w_r * tl.sum(k_r * q_t[None, :], axis=1)
-            wk = w_r * tl.sum(k_r * k_t[None, :], axis=1)
+                decay, w_r, wq, wk = _scalar_record_weights(k_r, rg_base, origin, count, ring_size, offs_r, valid,
+                                                            q_t, k_t, g_t, stride_rg_r)
             pq = decay * tl.sum(s0 * q_t[:, None], axis=0)
             pk = decay * tl.sum(s0 * k_t[:, None], axis=0)
         pq += tl.sum(wq[:, None] * d_r, axis=0)
@@ -672,7 +697,7 @@ def _replay_step(
     out=None, read_copy=None, read_format=None, ring_v=None, ring_beta=None, _block_v=None, _num_warps=None,
     _flush_dot=None, _ticket=True, _ring_physical=False, _split=False, _prefetch=True,
     _count_launch=True, flush_reads_copy=False,
-    _nvfp4_pairs=True, _kda_weights=True,
+    _nvfp4_pairs=True, _kda_weights=True, _gdn_weights=False,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot``; ``_split`` (device positions only): the step as a flush-only launch for the rows due (the others
@@ -690,7 +715,10 @@ def _replay_step(
     each (row, value head)'s decay since the checkpoint and record weights once (``_kda_weights_kernel``), which the
     replay programs of its V tiles read instead of each recomputing the [R, K] decays (launches that fold with the
     flush dot still compute their own); off, every V tile computes them (H200, Kimi-Linear, rows in mixed phases,
-    each at its best tile: batch 256 292 vs 500 us, batch 64 89 vs 136)."""
+    each at its best tile: batch 256 292 vs 500 us, batch 64 89 vs 136). ``_gdn_weights`` (scalar gates; off by
+    default, not yet timed on a GPU): the same pre-launch for the replay-only launches (host positions, and the
+    replay launch of a split step), so that their programs skip the records' keys and reductions over K (compile-only,
+    sm_90, host positions, [128, 64] x 2 warps: see ``BENCHMARKS.md``)."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -742,14 +770,19 @@ def _replay_step(
         # and write the checkpoint alone.
         return (flush_uses_dot(per_key) or kernel_phase in (2, 3)) if _flush_dot is None else bool(_flush_dot)
 
-    weighted = {phase_: per_key and bool(_kda_weights) and not uses_dot(phase_) for phase_ in launches}
+    # per-key gates: every launch that folds without the dot; scalar gates: the replay-only launches (their flush code
+    # is dead, so it may take the loop form, which needs no record keys in registers) reading the ring in logical
+    # order like the pre-launch
+    weighted = {phase_: (per_key and bool(_kda_weights) and not uses_dot(phase_))
+                or (not per_key and bool(_gdn_weights) and not _ring_physical and phase_ in (1, 4))
+                for phase_ in launches}
     weights = state  # (unused pointer)
     if any(weighted.values()):
         weights = torch.empty((batch, value_heads, block_k + 2 * block_r), dtype=torch.float32, device=v.device)
 
     def launch(kernel_phase):
         flush_only = kernel_phase in (2, 3)
-        flush_dot = uses_dot(kernel_phase)
+        flush_dot = uses_dot(kernel_phase) and not (weighted[kernel_phase] and not per_key)
         ring_physical = bool(_ring_physical) and not per_key
         kernel = _delta_replay_step_kernel[grid](
             state, ring_k, ring_d, ring_g, *positions, q, k, v, beta, g, o, *read_operands[:3], *raw_records[:2],
@@ -791,6 +824,7 @@ def _replay_step(
                 USE_QK_L2NORM=bool(use_qk_l2norm),
                 BLOCK_K=block_k,
                 BLOCK_R=block_r,
+                GATE_PER_KEY=per_key,
                 num_warps=4,
             )
         for kernel_phase in launches:  # in stream order: the replay launch (4) reads the counts the flush one read

@@ -16,7 +16,7 @@ from kernel_harness import HAS_TRITON, run_bench_smoke, run_case, worker_main
 from kernel_harness import assert_close as _close
 
 CASES = ["replay_mixed_gdn_bf16", "replay_launch_variants", "replay_mixed_kda", "replay_options", "state_update",
-         "sequence_gdn", "sequence_kda", "buffer_len_one", "host_phase", "kda_weights"]
+         "sequence_gdn", "sequence_kda", "buffer_len_one", "host_phase", "kda_weights", "gdn_weights"]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -39,6 +39,9 @@ def test_bench_smoke(tmp_path, family):
                  "replay_host_read_copy_nvfp4_nibbles_us", "replay_in_phase_read_copy_nvfp4_nibbles_us",
                  "replay_mixed_read_copy_per_tile_reencode_us", "replay_in_phase_read_copy_per_tile_reencode_us",
                  "replay_in_phase_read_copy_split_us"]
+    if family == "gdn":  # the per-head weights pre-launch (off by default for scalar gates), timed
+        keys += ["replay_host_gdn_weights_us"]
+        assert "weights pre-launch (_gdn_weights)" in stdout
     if family == "kda":  # the former per-V-tile decays, timed and checked against the default
         keys += ["replay_mixed_per_tile_decays_us", "replay_in_phase_per_tile_decays_us"]
         assert all(check["variants_equal_default"]["per_tile_decays"] for check in data["checks"].values())
@@ -371,6 +374,36 @@ def case_host_phase(k, device):
     _close("o physical vs logical", results[0][0], results[1][0], 2e-6)
     _close("ring_d physical vs logical", results[0][1], results[1][1], 2e-6)
     assert torch.equal(results[0][2], results[1][2])
+
+
+def case_gdn_weights(k, device):
+    """``_gdn_weights`` (scalar gates: the per-head pre-launch of the decay and record weights for the replay-only
+    launches; off by default): against the reference with device positions (split steps: the replay launch takes the
+    weights; fused steps do not), NaN in uncommitted slots, two V tiles per head, GVA; with host positions at every
+    count equal to the launch without it, bit for bit on the CPU (the same expressions), and the pre-launch ran."""
+    import torch
+
+    k.LAST_COMPILED.pop("kda_weights", None)
+    _check_replay(k, device, torch.float32, key_heads=2, value_heads=4, key_dim=24, value_dim=32, per_key=False,
+                  buffer_len=5, ring=7, origins=[6, 5, 0, 6, 3], counts=[4, 3, 0, 2, 1], block_vs=[16], rel=1e-5,
+                  poison=True, flush_dots=(True,), splits=(True, False), launch=dict(_gdn_weights=True))
+    L, R, batch = 5, 4, 2
+    for count in range(L):
+        origin = (3 * count + 1) % R
+        runs = []
+        for weights in (True, False):
+            p = _make(device, torch.bfloat16, batch, 2, 4, 24, 20, R, per_key=False, seed=count)
+            out = torch.empty(p["v"].shape, dtype=torch.float32, device=device)
+            runs.append((_run_replay(k._replay_step, p, origin, count, buffer_len=L, out=out, _block_v=16,
+                                     _gdn_weights=weights), p))
+        print(f" host phase: origin={origin} count={count}")
+        (o, p), (o_plain, p_plain) = runs
+        assert torch.isfinite(o).all()
+        exact = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=2e-6, atol=2e-6)
+        torch.testing.assert_close(o, o_plain, **exact)
+        for name in RING:
+            torch.testing.assert_close(p[name], p_plain[name], **exact)
+    assert "kda_weights" in k.LAST_COMPILED  # the pre-launch ran (replay-only launches)
 
 
 def case_kda_weights(k, device):

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Planned GPU calls for the next session (not run yet). Every job packs what it wrote into $OUT right after it ends.
-# STAGE=1 (about 6 minutes): the delta commit's product fold (`_fold_dot`, new in the fifteenth session, unmeasured:
+# STAGE=1 (about 7 minutes): the delta commit's product fold (`_fold_dot`, new in the fifteenth session, unmeasured:
 #   every record loaded at once and summed by one tf32x3 product instead of one dependent round trip per record;
 #   sm_90: GDN 217 / KDA 248 registers at [128, 64] x 4, no spills): its CUDA tests, then bench_verify with it beside
 #   the default (run 86 at T = 4, batch 256: GDN 3.83x, KDA 2.94x snapshots; verify alone was 509 / 705 us of the
 #   691 / 904 us verify + commit, so the commit's flush is most of the rest), then KDA's replay cycle with the bench's
-#   mixed arm at the device-phase default (16 x 1; run 87 timed it at 64 x 4). If the product fold wins, make it the
-#   default of _commit and _fold (split invariance then holds to rounding only: keep its bitwise test for the loop).
+#   mixed arm at the device-phase default (16 x 1; run 87 timed it at 64 x 4), and GDN's with the per-head weights
+#   pre-launch for the replay-only launches (`_gdn_weights`, new, unmeasured: halves the replay program's shuffles at
+#   sm_90). If the product fold wins, make it the default of _commit and _fold (split invariance then holds to
+#   rounding only: keep its bitwise test for the loop); if the pre-launch wins, make _gdn_weights the default.
 # STAGE=2 (about 6 minutes): Kimi-Linear-like end to end at batch 64 / 256, compiled (run 52: 1.17x / 1.29x against
 #   1.15x / 1.4x targets, with other jobs on the same GPU; the KDA device-phase replay launch is 6 % faster since).
 # STAGE=3: the Qwen3.5-like batch-64 speculative arm with attention pinned to memory-efficient SDPA against the
@@ -26,9 +28,11 @@ if [ "$STAGE" = 1 ]; then
   timeout 200 python3 -m hf_replayssm.kernels.bench_verify --family gdn,kda --batches 64,256 --windows 2,4,8 \
     --forms fold_dot --out "$RES/verify_fold_dot.json" > "$RES/verify_fold_dot.txt" 2>&1
   echo "verify rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
-  timeout 100 python3 -m hf_replayssm.kernels.bench_delta --family kda --batches 64,256 --no-sweep --no-fla \
-    --no-torch --out "$RES/replay_kda.json" > "$RES/replay_kda.txt" 2>&1
-  echo "replay kda rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  for family in kda gdn; do  # gdn: also the host-phase cycle with the per-head weights pre-launch (_gdn_weights)
+    timeout 100 python3 -m hf_replayssm.kernels.bench_delta --family $family --batches 64,256 --no-sweep --no-fla \
+      --no-torch --out "$RES/replay_$family.json" > "$RES/replay_$family.txt" 2>&1
+    echo "replay $family rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  done
 elif [ "$STAGE" = 2 ]; then
   bench_job 420 generate_kimi_linear generate --models kimi_linear --batches 64,256 \
     --arms stock-static-compiled,replay-compiled --prompt 512 --new 128 --repeats 1 \

@@ -512,6 +512,13 @@ def _delta_replay_step_kernel(
                     # The record sum as one [K, R] x [R, BLOCK_V] product (FLUSH_PRECISION "tf32x3": three tensor-core
                     # passes, float32 accuracy; "ieee": exact fp32 FMA, many more registers).
                     if not GATE_PER_KEY:
+                        if WEIGHTS_GIVEN:  # the replaying programs took the pre-launch's weights; a flushing one
+                            # loads the record keys and their decays here, once per L steps
+                            k_r = tl.load(rk_base + slots[:, None] * stride_rk_r + offs_k[None, :] * stride_rk_k,
+                                          mask=valid[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+                            k_r = _l2norm_rows(k_r, USE_QK_L2NORM)
+                            _, w_r, _, _ = _scalar_record_weights(k_r, rg_base, origin, count, ring_size, offs_r,
+                                                                  valid, q_t, k_t, g_t, stride_rg_r)
                         kw_r = k_r * w_r[:, None]
                     s += tl.dot(tl.trans(kw_r), d_r, input_precision=FLUSH_PRECISION)
                 else:
@@ -716,9 +723,10 @@ def _replay_step(
     replay programs of its V tiles read instead of each recomputing the [R, K] decays (launches that fold with the
     flush dot still compute their own); off, every V tile computes them (H200, Kimi-Linear, rows in mixed phases,
     each at its best tile: batch 256 292 vs 500 us, batch 64 89 vs 136). ``_gdn_weights`` (scalar gates; off by
-    default, not yet timed on a GPU): the same pre-launch for the replay-only launches (host positions, and the
-    replay launch of a split step), so that their programs skip the records' keys and reductions over K (compile-only,
-    sm_90, host positions, [128, 64] x 2 warps: see ``BENCHMARKS.md``)."""
+    default, not yet timed on a GPU): the same pre-launch for the launches with replaying programs (host positions,
+    device positions fused or the replay launch of a split step), so that those programs skip the records' keys and
+    their reductions over K (a flushing program computes its record decays itself; compile-only counts for sm_90 in
+    ``BENCHMARKS.md``)."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -770,11 +778,11 @@ def _replay_step(
         # and write the checkpoint alone.
         return (flush_uses_dot(per_key) or kernel_phase in (2, 3)) if _flush_dot is None else bool(_flush_dot)
 
-    # per-key gates: every launch that folds without the dot; scalar gates: the replay-only launches (their flush code
-    # is dead, so it may take the loop form, which needs no record keys in registers) reading the ring in logical
-    # order like the pre-launch
+    # per-key gates: every launch that folds without the dot; scalar gates: the launches with replaying programs
+    # (a flushing program of the fused launch computes its record decays itself), reading the ring in logical order
+    # like the pre-launch
     weighted = {phase_: (per_key and bool(_kda_weights) and not uses_dot(phase_))
-                or (not per_key and bool(_gdn_weights) and not _ring_physical and phase_ in (1, 4))
+                or (not per_key and bool(_gdn_weights) and not _ring_physical and phase_ in (0, 1, 4))
                 for phase_ in launches}
     weights = state  # (unused pointer)
     if any(weighted.values()):
@@ -782,7 +790,7 @@ def _replay_step(
 
     def launch(kernel_phase):
         flush_only = kernel_phase in (2, 3)
-        flush_dot = uses_dot(kernel_phase) and not (weighted[kernel_phase] and not per_key)
+        flush_dot = uses_dot(kernel_phase)
         ring_physical = bool(_ring_physical) and not per_key
         kernel = _delta_replay_step_kernel[grid](
             state, ring_k, ring_d, ring_g, *positions, q, k, v, beta, g, o, *read_operands[:3], *raw_records[:2],

@@ -377,16 +377,17 @@ def case_host_phase(k, device):
 
 
 def case_gdn_weights(k, device):
-    """``_gdn_weights`` (scalar gates: the per-head pre-launch of the decay and record weights for the replay-only
-    launches; off by default): against the reference with device positions (split steps: the replay launch takes the
-    weights; fused steps do not), NaN in uncommitted slots, two V tiles per head, GVA; with host positions at every
-    count equal to the launch without it, bit for bit on the CPU (the same expressions), and the pre-launch ran."""
+    """``_gdn_weights`` (scalar gates: the per-head pre-launch of the decay and record weights for the launches with
+    replaying programs; off by default): against the reference with device positions (fused steps, whose flushing
+    programs compute their record decays themselves, with both flush forms; split steps, whose replay launch takes
+    the weights), NaN in uncommitted slots, two V tiles per head, GVA; with host positions at every count equal to
+    the launch without it, bit for bit on the CPU (the same expressions), and the pre-launch ran."""
     import torch
 
     k.LAST_COMPILED.pop("kda_weights", None)
     _check_replay(k, device, torch.float32, key_heads=2, value_heads=4, key_dim=24, value_dim=32, per_key=False,
                   buffer_len=5, ring=7, origins=[6, 5, 0, 6, 3], counts=[4, 3, 0, 2, 1], block_vs=[16], rel=1e-5,
-                  poison=True, flush_dots=(True,), splits=(True, False), launch=dict(_gdn_weights=True))
+                  poison=True, flush_dots=(True, False), splits=(True, False), launch=dict(_gdn_weights=True))
     L, R, batch = 5, 4, 2
     for count in range(L):
         origin = (3 * count + 1) % R

@@ -376,6 +376,29 @@ def case_host_phase(k, device):
     assert torch.equal(results[0][2], results[1][2])
 
 
+def _host_phase_with_and_without(k, device, *, per_key, option):
+    """Host positions at every count of a period (replay-only and flush-only launches, bf16 inputs): the replay step
+    with the private ``option`` on equals it off, bit for bit on the CPU (within 2e-6 on CUDA), outputs and rings."""
+    import torch
+
+    L, R, batch = 5, 4, 2
+    for count in range(L):
+        origin = (3 * count + 1) % R
+        runs = []
+        for on in (True, False):
+            p = _make(device, torch.bfloat16, batch, 2, 4, 24, 20, R, per_key=per_key, seed=count)
+            out = torch.empty(p["v"].shape, dtype=torch.float32, device=device)
+            runs.append((_run_replay(k._replay_step, p, origin, count, buffer_len=L, out=out, _block_v=16,
+                                     **{option: on}), p))
+        print(f" host phase: origin={origin} count={count} {option}")
+        (o, p), (o_off, p_off) = runs
+        assert torch.isfinite(o).all()
+        exact = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=2e-6, atol=2e-6)
+        torch.testing.assert_close(o, o_off, **exact)
+        for name in RING:
+            torch.testing.assert_close(p[name], p_off[name], **exact)
+
+
 def case_gdn_weights(k, device):
     """``_gdn_weights`` (scalar gates: the per-head pre-launch of the decay and record weights for the launches with
     replaying programs; off by default): against the reference with device positions (fused steps, whose flushing
@@ -388,23 +411,8 @@ def case_gdn_weights(k, device):
     _check_replay(k, device, torch.float32, key_heads=2, value_heads=4, key_dim=24, value_dim=32, per_key=False,
                   buffer_len=5, ring=7, origins=[6, 5, 0, 6, 3], counts=[4, 3, 0, 2, 1], block_vs=[16], rel=1e-5,
                   poison=True, flush_dots=(True, False), splits=(True, False), launch=dict(_gdn_weights=True))
-    L, R, batch = 5, 4, 2
-    for count in range(L):
-        origin = (3 * count + 1) % R
-        runs = []
-        for weights in (True, False):
-            p = _make(device, torch.bfloat16, batch, 2, 4, 24, 20, R, per_key=False, seed=count)
-            out = torch.empty(p["v"].shape, dtype=torch.float32, device=device)
-            runs.append((_run_replay(k._replay_step, p, origin, count, buffer_len=L, out=out, _block_v=16,
-                                     _gdn_weights=weights), p))
-        print(f" host phase: origin={origin} count={count}")
-        (o, p), (o_plain, p_plain) = runs
-        assert torch.isfinite(o).all()
-        exact = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=2e-6, atol=2e-6)
-        torch.testing.assert_close(o, o_plain, **exact)
-        for name in RING:
-            torch.testing.assert_close(p[name], p_plain[name], **exact)
-    assert "kda_weights" in k.LAST_COMPILED  # the pre-launch ran (replay-only launches)
+    _host_phase_with_and_without(k, device, per_key=False, option="_gdn_weights")
+    assert "kda_weights" in k.LAST_COMPILED  # the pre-launch ran
 
 
 def case_kda_weights(k, device):
@@ -419,22 +427,7 @@ def case_kda_weights(k, device):
         _check_replay(k, device, torch.float32, key_heads=2, value_heads=4, key_dim=24, value_dim=32, per_key=True,
                       buffer_len=5, ring=7, origins=[6, 5, 0, 6, 3], counts=[4, 3, 0, 2, 1], block_vs=[16],
                       rel=1e-5, poison=True, flush_dots=(False, True), splits=(True, False), launch=launch)
-    L, R, batch = 5, 4, 2
-    for count in range(L):
-        origin = (3 * count + 1) % R
-        runs = []
-        for weights in (True, False):
-            p = _make(device, torch.bfloat16, batch, 2, 4, 24, 20, R, per_key=True, seed=count)
-            out = torch.empty(p["v"].shape, dtype=torch.float32, device=device)
-            runs.append((_run_replay(k._replay_step, p, origin, count, buffer_len=L, out=out, _block_v=16,
-                                     _kda_weights=weights), p))
-        print(f" host phase: origin={origin} count={count}")
-        (o, p), (o_default, p_default) = runs
-        assert torch.isfinite(o).all()
-        exact = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=2e-6, atol=2e-6)
-        torch.testing.assert_close(o, o_default, **exact)
-        for name in RING:
-            torch.testing.assert_close(p[name], p_default[name], **exact)
+    _host_phase_with_and_without(k, device, per_key=True, option="_kda_weights")
     assert "kda_weights" in k.LAST_COMPILED
 
 

@@ -16,8 +16,10 @@
 # STAGE=4: the read-copy replay launches (fp8 / nvfp4, separated precision; targets 3.5x / 4.5x over the fp32
 #   standard step, run 59: Mamba-2 fp8 2.15x, GDN fp8 1.00x, nvfp4 0.56-0.82x, "instruction- and latency-bound") swept
 #   over one- and two-warp tiles too (the sweep lists gained them after run 86), batch 256.
+# STAGE=5: verify launches not swept yet: Mamba-2's token / tf32x3 forms on 1-2 warps (the delta rule's steps form
+#   gained 1.8x from one warp, runs 84-85) and KDA at T = 4 on [128, 16-64] x 1-2 (2.94x all-accept, 2 % short).
 # Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session16.sh", carry=[".triton_cache"], timeout_s=600), then
-#   STAGE=2, 3 the same way. Before a call on a fresh machine: cat FILES_AT/triton_cache.tgz* > .triton_cache/cache.tgz
+#   STAGE=2 to 5 the same way. Before a call on a fresh machine: cat FILES_AT/triton_cache.tgz* > .triton_cache/cache.tgz
 #   (tracked files plus the carried cache must stay under 64 MiB: prune verify entries of unused tiles if needed).
 source benchmarks/gpu/install.sh || exit 1
 RES=/tmp/w/res_next_session16_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
@@ -46,6 +48,13 @@ elif [ "$STAGE" = 4 ]; then
     bench_job 140 mamba2_$fmt kernels --family mamba2 --shapes nemotron-h-8b --batches 256 --no-sweep --no-check \
       --read-format $fmt --read-copy-sweep --out "$RES/mamba2_$fmt.json"; pack
   done
+elif [ "$STAGE" = 5 ]; then
+  timeout 150 python3 "$R/benchmarks/gpu/verify_config_sweep.py" --families mamba2 --batches 256 --windows 2,4,8 \
+    --forms tokens,tf32x3 --tiles 32,64 --warps 1,2 > "$RES/sweep_mamba2_warps.txt" 2>&1
+  echo "sweep mamba2 rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  timeout 80 python3 "$R/benchmarks/gpu/verify_config_sweep.py" --families kda --batches 64,256 --windows 4 \
+    --forms steps --tiles 16,32,64 --warps 1,2 > "$RES/sweep_kda_t4.txt" 2>&1
+  echo "sweep kda rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
 else
   for sdpa in efficient default; do
     bench_job 160 speculative_qwen3_5_b64_$sdpa speculative --models qwen3_5 --batches 64 --prompt 512 --new 64 \

@@ -209,38 +209,49 @@ def _exact_fold(s, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size,
 
 
 @triton.jit
-def _kda_record_weights(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, valid, q_t, k_t, g_t, stride_rg_r,
-                        stride_rg_k, K: tl.constexpr):
-    """Per-key gates: the decay since the checkpoint exp(c) [K], the decayed record keys exp(s_j) * k_j [R, K] (0 past
-    ``count``) and their dot products with q and k_t [R], from the normalised record keys ``k_r`` [R, K] and the
-    gates read in logical order (s_j = sum_{j<i<count} g_i + g_t as a reverse cumsum, c = g_0 + s_0)."""
-    slots_next = (origin + offs_r + 1) % ring_size
-    valid_next = offs_r + 1 < count
-    g_next = tl.load(rg_base + slots_next[:, None] * stride_rg_r + offs_k[None, :] * stride_rg_k,
-                     mask=valid_next[:, None] & (offs_k < K)[None, :], other=0.0).to(tl.float32)
-    g_first = tl.load(rg_base + origin * stride_rg_r + offs_k * stride_rg_k,
-                      mask=offs_k < tl.where(count > 0, K, 0), other=0.0).to(tl.float32)
-    seg = tl.cumsum(g_next, axis=0, reverse=True) + g_t[None, :]  # [R, K]
-    decay = tl.exp(g_first + tl.sum(tl.where(offs_r[:, None] == 0, seg, 0.0), axis=0))  # [K]
-    kw_r = tl.where(valid[:, None], k_r * tl.exp(seg), 0.0)  # decayed record keys exp(s_j) * k_j
-    wq = tl.sum(kw_r * q_t[None, :], axis=1)  # [R]: (exp(s_j) * k_j) . q
-    wk = tl.sum(kw_r * k_t[None, :], axis=1)
-    return decay, kw_r, wq, wk
+def _load_record_keys(rk_base, slots, valid, offs_k, mask_k, stride_rk_r, stride_rk_k, USE_QK_L2NORM: tl.constexpr):
+    """The record keys [R, K] at ring ``slots`` (rows not ``valid``: 0), float32, l2-normalised when asked."""
+    k_r = tl.load(rk_base + slots[:, None] * stride_rk_r + offs_k[None, :] * stride_rk_k,
+                  mask=valid[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+    return _l2norm_rows(k_r, USE_QK_L2NORM)
 
 
 @triton.jit
-def _scalar_record_weights(k_r, rg_base, origin, count, ring_size, offs_r, valid, q_t, k_t, g_t, stride_rg_r):
-    """Scalar gates, records in logical order: the decay since the checkpoint exp(c), the records' decays exp(s_j)
-    and their weights exp(s_j) (k_j . q) and exp(s_j) (k_j . k_t) [R] (0 past ``count``; s_j = sum_{j<i<count} g_i
-    + g_t as a reverse cumsum, c = g_0 + s_0)."""
+def _record_decays(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, valid, g_t, stride_rg_r, stride_rg_k,
+                   K: tl.constexpr, GATE_PER_KEY: tl.constexpr):
+    """Records in logical order, decayed through a token of log decay ``g_t`` after them (0: to the end of the
+    records): the decay since the checkpoint exp(c) ([K] for a per-key gate, else a scalar) and each record's decay
+    exp(s_j), as the decayed keys exp(s_j) * k_j [R, K] for a per-key gate or the weights exp(s_j) [R] for a scalar
+    one (0 past ``count``); s_j = sum_{j<i<count} g_i + g_t as a reverse cumsum, c = g_0 + s_0."""
     slots_next = (origin + offs_r + 1) % ring_size
     valid_next = offs_r + 1 < count
-    g_next = tl.load(rg_base + slots_next * stride_rg_r, mask=valid_next, other=0.0).to(tl.float32)
-    g_first = tl.load(rg_base + origin * stride_rg_r, mask=count > 0, other=0.0).to(tl.float32)
-    seg = tl.cumsum(g_next, axis=0, reverse=True) + g_t  # [R]
-    decay = tl.exp(g_first + tl.sum(tl.where(offs_r == 0, seg, 0.0), axis=0))
-    w_r = tl.where(valid, tl.exp(seg), 0.0)
-    return decay, w_r, w_r * tl.sum(k_r * q_t[None, :], axis=1), w_r * tl.sum(k_r * k_t[None, :], axis=1)
+    if GATE_PER_KEY:
+        g_next = tl.load(rg_base + slots_next[:, None] * stride_rg_r + offs_k[None, :] * stride_rg_k,
+                         mask=valid_next[:, None] & (offs_k < K)[None, :], other=0.0).to(tl.float32)
+        g_first = tl.load(rg_base + origin * stride_rg_r + offs_k * stride_rg_k,
+                          mask=offs_k < tl.where(count > 0, K, 0), other=0.0).to(tl.float32)
+        seg = tl.cumsum(g_next, axis=0, reverse=True) + g_t  # [R, K]
+        decay = tl.exp(g_first + tl.sum(tl.where(offs_r[:, None] == 0, seg, 0.0), axis=0))  # [K]
+        return decay, tl.where(valid[:, None], k_r * tl.exp(seg), 0.0)
+    else:
+        g_next = tl.load(rg_base + slots_next * stride_rg_r, mask=valid_next, other=0.0).to(tl.float32)
+        g_first = tl.load(rg_base + origin * stride_rg_r, mask=count > 0, other=0.0).to(tl.float32)
+        seg = tl.cumsum(g_next, axis=0, reverse=True) + g_t  # [R]
+        decay = tl.exp(g_first + tl.sum(tl.where(offs_r == 0, seg, 0.0), axis=0))
+        return decay, tl.where(valid, tl.exp(seg), 0.0)
+
+
+@triton.jit
+def _record_weights(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, valid, q_t, k_t, g_t, stride_rg_r,
+                    stride_rg_k, K: tl.constexpr, GATE_PER_KEY: tl.constexpr):
+    """:func:`_record_decays` through the current token, and the records' weights against its q and k [R]:
+    (exp(s_j) * k_j) . q and . k_t. Returns (decay, decayed keys [R, K] or weights exp(s_j) [R], wq, wk)."""
+    decay, w_r = _record_decays(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, valid, g_t, stride_rg_r,
+                                stride_rg_k, K, GATE_PER_KEY)
+    if GATE_PER_KEY:
+        return decay, w_r, tl.sum(w_r * q_t[None, :], axis=1), tl.sum(w_r * k_t[None, :], axis=1)
+    else:
+        return decay, w_r, w_r * tl.sum(k_r * q_t[None, :], axis=1), w_r * tl.sum(k_r * k_t[None, :], axis=1)
 
 
 @triton.jit(do_not_specialize=["origin_host", "count_host"])  # as the replay step below
@@ -281,21 +292,18 @@ def _kda_weights_kernel(
                            stride_k_b, stride_k_h, stride_k_k, USE_QK_L2NORM)
     valid = offs_r < count
     slots = (origin + offs_r) % ring_size
-    rk_base = ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h
-    k_r = tl.load(rk_base + slots[:, None] * stride_rk_r + offs_k[None, :] * stride_rk_k,
-                  mask=valid[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-    k_r = _l2norm_rows(k_r, USE_QK_L2NORM)
-    rg_base = ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h
+    k_r = _load_record_keys(ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h, slots, valid, offs_k, mask_k,
+                            stride_rk_r, stride_rk_k, USE_QK_L2NORM)
     if GATE_PER_KEY:
         g_t = tl.load(g_ptr + pid_b * stride_g_b + pid_h * stride_g_h + offs_k * stride_g_k, mask=mask_k,
                       other=0.0).to(tl.float32)
-        decay, _, wq, wk = _kda_record_weights(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, valid, q_t,
-                                               k_t, g_t, stride_rg_r, stride_rg_k, K)
     else:
         g_t = tl.load(g_ptr + pid_b * stride_g_b + pid_h * stride_g_h).to(tl.float32)
-        decay, _, wq, wk = _scalar_record_weights(k_r, rg_base, origin, count, ring_size, offs_r, valid, q_t, k_t,
-                                                  g_t, stride_rg_r)
-        decay = decay + tl.zeros([BLOCK_K], dtype=tl.float32)
+    decay, _, wq, wk = _record_weights(k_r, ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h, origin, count,
+                                       ring_size, offs_r, offs_k, valid, q_t, k_t, g_t, stride_rg_r, stride_rg_k, K,
+                                       GATE_PER_KEY)
+    if not GATE_PER_KEY:
+        decay = decay + tl.zeros([BLOCK_K], dtype=tl.float32)  # a scalar gate's decay in every slot
     w_base = weights_ptr + (pid_b * tl.num_programs(1) + pid_h) * (BLOCK_K + 2 * BLOCK_R)
     tl.store(w_base + offs_k, decay)
     tl.store(w_base + BLOCK_K + offs_r, wq)
@@ -443,41 +451,34 @@ def _delta_replay_step_kernel(
             valid = offs_r < count
             slots = (origin + offs_r) % ring_size
         if not WEIGHTS_GIVEN:
-            k_r = tl.load(rk_base + slots[:, None] * stride_rk_r + offs_k[None, :] * stride_rk_k,
-                          mask=valid[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-            k_r = _l2norm_rows(k_r, USE_QK_L2NORM)
+            k_r = _load_record_keys(rk_base, slots, valid, offs_k, mask_k, stride_rk_r, stride_rk_k, USE_QK_L2NORM)
         d_r = tl.load(rd_base + slots[:, None] * stride_rd_r + offs_v[None, :] * stride_rd_v,
                       mask=valid[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
         # Decays from the gates one record later (s_r = sum_{r<i<count} g_i + g_t; c = g_0 + s_0) and the records'
-        # weights: from the per-head pre-launch (WEIGHTS_GIVEN) or here.
-        if GATE_PER_KEY:
-            if WEIGHTS_GIVEN:  # computed once per (row, head), not once per V tile
-                w_base = weights_ptr + (pid_b * tl.num_programs(2) + pid_h) * (BLOCK_K + 2 * BLOCK_R)
+        # weights: from the per-head pre-launch (WEIGHTS_GIVEN: once per (row, head), not once per V tile) or here.
+        if WEIGHTS_GIVEN:
+            w_base = weights_ptr + (pid_b * tl.num_programs(2) + pid_h) * (BLOCK_K + 2 * BLOCK_R)
+            if GATE_PER_KEY:  # noqa: SIM108 (a constexpr branch: no conditional expressions in the kernel code)
                 decay = tl.load(w_base + offs_k)
-                wq = tl.load(w_base + BLOCK_K + offs_r)
-                wk = tl.load(w_base + BLOCK_K + BLOCK_R + offs_r)
             else:
-                decay, kw_r, wq, wk = _kda_record_weights(k_r, rg_base, origin, count, ring_size, offs_r, offs_k,
-                                                          valid, q_t, k_t, g_t, stride_rg_r, stride_rg_k, K)
+                decay = tl.load(w_base)  # a scalar gate's decay fills every slot
+            wq = tl.load(w_base + BLOCK_K + offs_r)
+            wk = tl.load(w_base + BLOCK_K + BLOCK_R + offs_r)
+        elif RING_PHYSICAL:  # scalar gates only
+            g_r = tl.load(rg_base + slots * stride_rg_r, mask=valid, other=0.0).to(tl.float32)
+            after = pos[None, :] > pos[:, None]  # [j, i]: record i comes after record j (invalid g_i are 0)
+            seg = tl.sum(tl.where(after, g_r[None, :], 0.0), axis=1) + g_t  # [R], direct sums
+            decay = tl.exp(tl.sum(g_r, axis=0) + g_t)
+            w_r = tl.where(valid, tl.exp(seg), 0.0)
+            wq = w_r * tl.sum(k_r * q_t[None, :], axis=1)
+            wk = w_r * tl.sum(k_r * k_t[None, :], axis=1)
+        else:  # w_r: the decayed record keys [R, K] for a per-key gate, the weights [R] for a scalar one
+            decay, w_r, wq, wk = _record_weights(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, valid, q_t,
+                                                 k_t, g_t, stride_rg_r, stride_rg_k, K, GATE_PER_KEY)
+        if GATE_PER_KEY:
             pq = tl.sum(s0 * (decay * q_t)[:, None], axis=0)  # [BLOCK_V]: S0^T (exp(c) * q)
             pk = tl.sum(s0 * (decay * k_t)[:, None], axis=0)
         else:
-            if WEIGHTS_GIVEN:  # replay-only launches: computed once per (row, head) by _kda_weights_kernel
-                w_base = weights_ptr + (pid_b * tl.num_programs(2) + pid_h) * (BLOCK_K + 2 * BLOCK_R)
-                decay = tl.load(w_base)
-                wq = tl.load(w_base + BLOCK_K + offs_r)
-                wk = tl.load(w_base + BLOCK_K + BLOCK_R + offs_r)
-            elif RING_PHYSICAL:
-                g_r = tl.load(rg_base + slots * stride_rg_r, mask=valid, other=0.0).to(tl.float32)
-                after = pos[None, :] > pos[:, None]  # [j, i]: record i comes after record j (invalid g_i are 0)
-                seg = tl.sum(tl.where(after, g_r[None, :], 0.0), axis=1) + g_t  # [R], direct sums
-                decay = tl.exp(tl.sum(g_r, axis=0) + g_t)
-                w_r = tl.where(valid, tl.exp(seg), 0.0)
-                wq = w_r * tl.sum(k_r * q_t[None, :], axis=1)
-                wk = w_r * tl.sum(k_r * k_t[None, :], axis=1)
-            else:
-                decay, w_r, wq, wk = _scalar_record_weights(k_r, rg_base, origin, count, ring_size, offs_r, valid,
-                                                            q_t, k_t, g_t, stride_rg_r)
             pq = decay * tl.sum(s0 * q_t[:, None], axis=0)
             pk = decay * tl.sum(s0 * k_t[:, None], axis=0)
         pq += tl.sum(wq[:, None] * d_r, axis=0)
@@ -511,14 +512,15 @@ def _delta_replay_step_kernel(
                 if FLUSH_DOT:
                     # The record sum as one [K, R] x [R, BLOCK_V] product (FLUSH_PRECISION "tf32x3": three tensor-core
                     # passes, float32 accuracy; "ieee": exact fp32 FMA, many more registers).
-                    if not GATE_PER_KEY:
+                    if GATE_PER_KEY:
+                        kw_r = w_r  # the decayed record keys
+                    else:
                         if WEIGHTS_GIVEN:  # the replaying programs took the pre-launch's weights; a flushing one
                             # loads the record keys and their decays here, once per L steps
-                            k_r = tl.load(rk_base + slots[:, None] * stride_rk_r + offs_k[None, :] * stride_rk_k,
-                                          mask=valid[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-                            k_r = _l2norm_rows(k_r, USE_QK_L2NORM)
-                            _, w_r, _, _ = _scalar_record_weights(k_r, rg_base, origin, count, ring_size, offs_r,
-                                                                  valid, q_t, k_t, g_t, stride_rg_r)
+                            k_r = _load_record_keys(rk_base, slots, valid, offs_k, mask_k, stride_rk_r, stride_rk_k,
+                                                    USE_QK_L2NORM)
+                            _, w_r = _record_decays(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, valid,
+                                                    g_t, stride_rg_r, stride_rg_k, K, GATE_PER_KEY)
                         kw_r = k_r * w_r[:, None]
                     s += tl.dot(tl.trans(kw_r), d_r, input_precision=FLUSH_PRECISION)
                 else:

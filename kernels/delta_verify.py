@@ -59,7 +59,7 @@ Design notes:
     Two reductions over K per token where the token form has eleven that cross warps; on one warp
     (:func:`verify_launch_config`) none crosses warps. Outputs agree with the token form to float32 rounding. H200,
     batch 256, verify alone (runs 84 / 85): GDN T = 4 509 us on [128, 32] x 1 against 926 for the token form's earlier
-    default, KDA 705 against 1057; ptxas for sm_90 (Triton 3.6): 255 registers and 0-68 B spilled on [128, 32] x 1.
+    default, KDA 705 against 1057; ptxas for sm_90 (Triton 3.6): 255 registers and 0-80 B spilled on [128, 32] x 1.
 * Records are appended by the programs that own them (d by every V tile, g by V tile 0, the raw key by V tile 0 of
   the first value head of each key group).
 * Commit grid ``(cdiv(V, BLOCK_V), B, Hv)``: flushing programs fold the records one at a time in order,
@@ -70,7 +70,7 @@ Design notes:
   ``_fold``) loads every record at once and sums them as one tf32x3 ``[K, R] x [R, BLOCK_V]`` product, as the steps
   form of verify does (the record-by-record loop waits one memory round trip per record); float32 rounding apart
   from the loop, not split-invariant bitwise; not the default until timed on a GPU (``bench_verify --forms
-  fold_dot``). Compile-only, sm_90, [128, 64] x 4 warps: GDN 217 registers against 124, KDA 248 against 127, no
+  fold_dot``). Compile-only, sm_90, [128, 64] x 4 warps: GDN 217 registers against 124, KDA 249 against 127, no
   spills.
 * Count update as in ``kernels/mamba2_verify.py`` (read, barrier, ticket, last ticket writes).
 * All math is fp32 on CUDA cores (the products form's ``tl.dot`` in IEEE float32, not TF32, unless ``_products`` names
@@ -94,8 +94,9 @@ if __package__:
     from .delta_rule import (
         MAX_KEY_DIM,
         _device_guard,
-        _l2norm_rows,
+        _load_record_keys,
         _load_token,
+        _record_decays,
         _ring_gate_strides,
         _token_update,
         state_update_launch_config,
@@ -111,9 +112,9 @@ else:  # loaded from its file outside the package (a checkout without the packag
         sys.modules[_spec.name] = importlib.util.module_from_spec(_spec)
         _spec.loader.exec_module(sys.modules[_spec.name])
     _m = sys.modules["_replayssm_kernels_delta_rule"]
-    MAX_KEY_DIM, _device_guard, _l2norm_rows, _load_token = (_m.MAX_KEY_DIM, _m._device_guard, _m._l2norm_rows,
-                                                             _m._load_token)
+    MAX_KEY_DIM, _device_guard, _load_token = _m.MAX_KEY_DIM, _m._device_guard, _m._load_token
     _ring_gate_strides, _token_update = _m._ring_gate_strides, _m._token_update
+    _load_record_keys, _record_decays = _m._load_record_keys, _m._record_decays
     state_update_launch_config = _m.state_update_launch_config
 
 __all__ = [
@@ -164,27 +165,11 @@ def _committed_records(rk_base, rd_base, rg_base, origin, count, ring_size, offs
     for a scalar one. The state after the records is ``decay * S0 + sum_j (decayed k_j) d_j^T``."""
     valid = offs_r < count
     slots = (origin + offs_r) % ring_size
-    k_r = tl.load(rk_base + slots[:, None] * stride_rk_r + offs_k[None, :] * stride_rk_k,
-                  mask=valid[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-    k_r = _l2norm_rows(k_r, USE_QK_L2NORM)
+    k_r = _load_record_keys(rk_base, slots, valid, offs_k, mask_k, stride_rk_r, stride_rk_k, USE_QK_L2NORM)
     d_r = tl.load(rd_base + slots[:, None] * stride_rd_r + offs_v[None, :] * stride_rd_v,
                   mask=valid[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-    slots_next = (origin + offs_r + 1) % ring_size
-    valid_next = offs_r + 1 < count
-    if GATE_PER_KEY:
-        g_next = tl.load(rg_base + slots_next[:, None] * stride_rg_r + offs_k[None, :] * stride_rg_k,
-                         mask=valid_next[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
-        g_first = tl.load(rg_base + origin * stride_rg_r + offs_k * stride_rg_k,
-                          mask=offs_k < tl.where(count > 0, K, 0), other=0.0).to(tl.float32)
-        after = tl.cumsum(g_next, axis=0, reverse=True)  # [R, K]: sum_{j<i<count} g_i
-        decay = tl.exp(g_first + tl.sum(tl.where(offs_r[:, None] == 0, after, 0.0), axis=0))  # [K] ckpt -> ring end
-        weights = tl.where(valid[:, None], k_r * tl.exp(after), 0.0)
-    else:
-        g_next = tl.load(rg_base + slots_next * stride_rg_r, mask=valid_next, other=0.0).to(tl.float32)
-        g_first = tl.load(rg_base + origin * stride_rg_r, mask=count > 0, other=0.0).to(tl.float32)
-        after = tl.cumsum(g_next, axis=0, reverse=True)  # [R]
-        decay = tl.exp(g_first + tl.sum(tl.where(offs_r == 0, after, 0.0), axis=0))
-        weights = tl.where(valid, tl.exp(after), 0.0)
+    decay, weights = _record_decays(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, valid, 0.0, stride_rg_r,
+                                    stride_rg_k, K, GATE_PER_KEY)
     return k_r, d_r, decay, weights
 
 
@@ -450,22 +435,27 @@ def _fold_ring(s, rk_base, rd_base, rg_base, origin, count, ring_size, offs_k, m
 
 
 @triton.jit
-def _fold_ring_dot(s, rk_base, rd_base, rg_base, origin, count, ring_size, offs_k, mask_k, offs_v, mask_v,
-                   stride_rk_r, stride_rk_k, stride_rd_r, stride_rd_v, stride_rg_r, stride_rg_k, K: tl.constexpr,
-                   GATE_PER_KEY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, BLOCK_R: tl.constexpr,
-                   PRECISION: tl.constexpr):
-    """:func:`_fold_ring` with every record loaded at once (one memory round trip, not ``count`` dependent ones) and
-    summed as one [K, R] x [R, BLOCK_V] product (``PRECISION``, e.g. tf32x3), as the steps form of verify folds them;
-    needs ``count <= BLOCK_R``. Agrees with the sequential fold to float32 rounding, not bitwise (nor split-invariant
-    bitwise)."""
-    k_r, d_r, decay, weights = _committed_records(rk_base, rd_base, rg_base, origin, count, ring_size,
-                                                  tl.arange(0, BLOCK_R), offs_k, mask_k, offs_v, mask_v, stride_rk_r,
-                                                  stride_rk_k, stride_rd_r, stride_rd_v, stride_rg_r, stride_rg_k, K,
-                                                  GATE_PER_KEY, USE_QK_L2NORM)
-    if GATE_PER_KEY:
-        return s * decay[:, None] + tl.dot(tl.trans(weights), d_r, input_precision=PRECISION)
+def _fold_records(s, rk_base, rd_base, rg_base, origin, count, ring_size, offs_k, mask_k, offs_v, mask_v,
+                  stride_rk_r, stride_rk_k, stride_rd_r, stride_rd_v, stride_rg_r, stride_rg_k, K: tl.constexpr,
+                  GATE_PER_KEY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, FOLD_DOT: tl.constexpr,
+                  BLOCK_R: tl.constexpr, PRECISION: tl.constexpr):
+    """The commit's and the ring fold's fold: :func:`_fold_ring` (record by record), or with ``FOLD_DOT`` every record
+    loaded at once (one memory round trip, not ``count`` dependent ones) and summed as one [K, R] x [R, BLOCK_V]
+    product (``PRECISION``, e.g. tf32x3), as the steps form of verify folds them; needs ``count <= BLOCK_R``. The
+    product agrees with the loop to float32 rounding, not bitwise (nor split-invariant bitwise)."""
+    if FOLD_DOT:
+        k_r, d_r, decay, weights = _committed_records(rk_base, rd_base, rg_base, origin, count, ring_size,
+                                                      tl.arange(0, BLOCK_R), offs_k, mask_k, offs_v, mask_v,
+                                                      stride_rk_r, stride_rk_k, stride_rd_r, stride_rd_v, stride_rg_r,
+                                                      stride_rg_k, K, GATE_PER_KEY, USE_QK_L2NORM)
+        if GATE_PER_KEY:
+            return s * decay[:, None] + tl.dot(tl.trans(weights), d_r, input_precision=PRECISION)
+        else:
+            return s * decay + tl.dot(tl.trans(k_r * weights[:, None]), d_r, input_precision=PRECISION)
     else:
-        return s * decay + tl.dot(tl.trans(k_r * weights[:, None]), d_r, input_precision=PRECISION)
+        return _fold_ring(s, rk_base, rd_base, rg_base, origin, count, ring_size, offs_k, mask_k, offs_v, mask_v,
+                          stride_rk_r, stride_rk_k, stride_rd_r, stride_rd_v, stride_rg_r, stride_rg_k, GATE_PER_KEY,
+                          USE_QK_L2NORM)
 
 
 @triton.jit
@@ -482,7 +472,7 @@ def _delta_commit_kernel(
     USE_QK_L2NORM: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
-    FOLD_DOT: tl.constexpr,  # fold with _fold_ring_dot (one product) instead of _fold_ring (record by record)
+    FOLD_DOT: tl.constexpr,  # fold as one product instead of record by record (_fold_records)
     PRECISION: tl.constexpr,  # FOLD_DOT's tl.dot precision
     BLOCK_R: tl.constexpr,  # FOLD_DOT: next_pow2(R), at least 16
 ):
@@ -505,17 +495,11 @@ def _delta_commit_kernel(
         state_ptrs = (state_ptr + pid_b * stride_s_b + pid_h * stride_s_h
                       + offs_k[:, None] * stride_s_k + offs_v[None, :] * stride_s_v)
         s = tl.load(state_ptrs, mask=mask_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-        rk_base = ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h
-        rd_base = ring_d_ptr + pid_b * stride_rd_b + pid_h * stride_rd_h
-        rg_base = ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h
-        if FOLD_DOT:
-            s = _fold_ring_dot(s, rk_base, rd_base, rg_base, origin, new_count, ring_size, offs_k, mask_k, offs_v,
-                               mask_v, stride_rk_r, stride_rk_k, stride_rd_r, stride_rd_v, stride_rg_r, stride_rg_k,
-                               K, GATE_PER_KEY, USE_QK_L2NORM, BLOCK_R, PRECISION)
-        else:
-            s = _fold_ring(s, rk_base, rd_base, rg_base, origin, new_count, ring_size, offs_k, mask_k, offs_v, mask_v,
-                           stride_rk_r, stride_rk_k, stride_rd_r, stride_rd_v, stride_rg_r, stride_rg_k, GATE_PER_KEY,
-                           USE_QK_L2NORM)
+        s = _fold_records(s, ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h,
+                          ring_d_ptr + pid_b * stride_rd_b + pid_h * stride_rd_h,
+                          ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h, origin, new_count, ring_size,
+                          offs_k, mask_k, offs_v, mask_v, stride_rk_r, stride_rk_k, stride_rd_r, stride_rd_v,
+                          stride_rg_r, stride_rg_k, K, GATE_PER_KEY, USE_QK_L2NORM, FOLD_DOT, BLOCK_R, PRECISION)
         tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask_k[:, None] & mask_v[None, :])
 
     # Count update: every warp has consumed count (barrier) before this program's ticket; the row's last ticket
@@ -554,17 +538,11 @@ def _delta_fold_kernel(
     tile = mask_k[:, None] & mask_v[None, :]
     s = tl.load(state_ptr + pid_b * stride_s_b + pid_h * stride_s_h + offs_k[:, None] * stride_s_k
                 + offs_v[None, :] * stride_s_v, mask=tile, other=0.0).to(tl.float32)
-    rk_base = ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h
-    rd_base = ring_d_ptr + pid_b * stride_rd_b + pid_h * stride_rd_h
-    rg_base = ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h
-    if FOLD_DOT:
-        s = _fold_ring_dot(s, rk_base, rd_base, rg_base, origin, count, ring_size, offs_k, mask_k, offs_v, mask_v,
-                           stride_rk_r, stride_rk_k, stride_rd_r, stride_rd_v, stride_rg_r, stride_rg_k, K,
-                           GATE_PER_KEY, USE_QK_L2NORM, BLOCK_R, PRECISION)
-    else:
-        s = _fold_ring(s, rk_base, rd_base, rg_base, origin, count, ring_size, offs_k, mask_k, offs_v, mask_v,
-                       stride_rk_r, stride_rk_k, stride_rd_r, stride_rd_v, stride_rg_r, stride_rg_k, GATE_PER_KEY,
-                       USE_QK_L2NORM)
+    s = _fold_records(s, ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h,
+                      ring_d_ptr + pid_b * stride_rd_b + pid_h * stride_rd_h,
+                      ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h, origin, count, ring_size,
+                      offs_k, mask_k, offs_v, mask_v, stride_rk_r, stride_rk_k, stride_rd_r, stride_rd_v,
+                      stride_rg_r, stride_rg_k, K, GATE_PER_KEY, USE_QK_L2NORM, FOLD_DOT, BLOCK_R, PRECISION)
     # each program owns its tile: out may be the state itself
     tl.store(out_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_k[:, None] * stride_o_k
              + offs_v[None, :] * stride_o_v, s.to(out_ptr.dtype.element_ty), mask=tile)
@@ -716,10 +694,11 @@ def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_
     return o
 
 
-def _fold_launch(ring_size: int, fold_dot: bool | str) -> dict:
-    """The fold's constexprs: ``fold_dot`` False (record by record, the default), True (one tf32x3 product) or a
-    ``tl.dot`` precision name."""
+def _fold_launch(key_dim: int, ring_size: int, fold_dot: bool | str) -> dict:
+    """The fold's constexprs (commit and ring fold): ``fold_dot`` False (record by record, the default), True (one
+    tf32x3 product) or a ``tl.dot`` precision name; the product's operands are at least 16 on every side."""
     return dict(FOLD_DOT=bool(fold_dot), PRECISION=dot_precision("tf32x3" if fold_dot is True else fold_dot),
+                BLOCK_K=max(16 if fold_dot else 1, triton.next_power_of_2(key_dim)),
                 BLOCK_R=max(16, triton.next_power_of_2(ring_size)))
 
 
@@ -744,9 +723,8 @@ def _commit(state, ring_k, ring_d, ring_g, origin, count, accepted, buffer_len, 
             BUFFER_LEN=buffer_len,
             GATE_PER_KEY=per_key,
             USE_QK_L2NORM=bool(use_qk_l2norm),
-            BLOCK_K=max(16 if _fold_dot else 1, triton.next_power_of_2(key_dim)),
             BLOCK_V=block_v,
-            **_fold_launch(ring_size, _fold_dot),
+            **_fold_launch(key_dim, ring_size, _fold_dot),
             num_warps=num_warps,
         )
 
@@ -766,9 +744,8 @@ def _fold(state, ring_k, ring_d, ring_g, origin, count, use_qk_l2norm=True, out=
             *state.stride(), *out.stride(), *ring_k.stride(), *ring_d.stride(), *_ring_gate_strides(ring_g),
             GATE_PER_KEY=per_key,
             USE_QK_L2NORM=bool(use_qk_l2norm),
-            BLOCK_K=max(16 if _fold_dot else 1, triton.next_power_of_2(key_dim)),
             BLOCK_V=block_v,
-            **_fold_launch(ring_size, _fold_dot),
+            **_fold_launch(key_dim, ring_size, _fold_dot),
             num_warps=num_warps,
         )
     return out

@@ -160,7 +160,9 @@ def _delta_call(fmt: str, device_phase: bool, block_v: int, num_warps: int, per_
             -torch.rand(batch, *gate), buffer_len=16, out=torch.empty(batch, value_heads, dim),
             _block_v=block_v, _num_warps=num_warps, **read)
 
-    return delta_rule, ["_delta_replay_step_kernel"], call
+    # per-key gates: the per-head weights pre-launch comes first (compiled, not run)
+    return delta_rule, ["_kda_weights_kernel", "_delta_replay_step_kernel"] if per_key else [
+        "_delta_replay_step_kernel"], call
 
 
 def _mamba2_call(fmt: str, device_phase: bool, block_p: int, num_warps: int):
@@ -273,9 +275,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 for r in compile_launches(module, kernels, call, args.arch, skip=("advance_counts",)):
                     r.update(tile=tile, read=fmt, positions="device" if device_phase else "host")
                     rows.append(r)
-                    print(f"  tile {tile:>3} x {num_warps} warps  {fmt:>5}  {r['positions']:>6} positions  phase "
-                          f"{r.get('PHASE')}  {r['registers']:>3} registers  {r['spill_store_bytes']:>4} B spilled",
-                          flush=True)
+                    launch = f"phase {r['PHASE']}" if "PHASE" in r else r["kernel"]
+                    print(f"  tile {tile:>3} x {num_warps} warps  {fmt:>5}  {r['positions']:>6} positions  {launch}  "
+                          f"{r['registers']:>3} registers  {r['spill_store_bytes']:>4} B spilled", flush=True)
     return rows
 
 

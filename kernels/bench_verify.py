@@ -167,11 +167,16 @@ def accepted_counts(mode: str, batch: int, T: int, device) -> torch.Tensor:
     return torch.full_like(rows, T) if mode == "all" else 1 + rows % T
 
 
+def _split_launch(launch: dict | None) -> tuple[dict, dict]:
+    """A form's private arguments (:data:`FORMS`) as (``_verify``'s, ``_commit``'s: those under ``"_commit"``)."""
+    launch = dict(launch or {})
+    return launch, launch.pop("_commit", {})
+
+
 def replay_steps(case, kv, accepted: torch.Tensor, L: int, launch: dict | None = None):
     """L speculative steps: verify (``launch``: the verify form's private arguments, see :data:`FORMS`) + commit,
     rotating over the input copies."""
-    launch = dict(launch or {})
-    commit_launch = launch.pop("_commit", {})
+    launch, commit_launch = _split_launch(launch)
 
     def run():
         for i in range(L):
@@ -218,8 +223,7 @@ def check(family, shape, T, L, device, launch: dict | None = None) -> dict:
     out_name = "y" if family == "mamba2" else "o"
     c[out_name], ref[out_name] = (torch.empty(c[out_name].shape, device=device) for _ in range(2))
     accepted = torch.tensor([T, 1], dtype=torch.int32, device=device)
-    launch = dict(launch or {})
-    commit_launch = launch.pop("_commit", {})
+    launch, commit_launch = _split_launch(launch)
     case.verify(k, c, **launch)
     case.commit(k, c, accepted, L, **commit_launch)
     if family == "mamba2":

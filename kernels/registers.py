@@ -116,7 +116,10 @@ def compile_launches(module: ModuleType, kernel_names: list[str], call: Callable
             compiled = kernel.warmup(*args, grid=(1,), **kwargs)
             kernel.device_caches.clear()  # nothing compiled for the stand-in target stays behind
             constexprs = {k: v for k, v in kwargs.items() if k.isupper() or k == "num_warps"}
-            results.append(dict(kernel=kernel.__name__, **constexprs, **_ptxas_report(compiled.asm["ptx"], arch)))
+            ptx = compiled.asm["ptx"]
+            results.append(dict(kernel=kernel.__name__, **constexprs, **_ptxas_report(ptx, arch),
+                                ptx_barriers=len(re.findall(r"\bbar\.sync|\bbarrier\.sync", ptx)),
+                                ptx_shuffles=len(re.findall(r"\bshfl\.", ptx))))
     finally:
         driver.set_active(previous)
     return results
@@ -139,7 +142,7 @@ def _positions(device_phase: bool, batch: int):
     return torch.zeros(batch, dtype=torch.int32), torch.tensor([3, 15] * (batch // 2), dtype=torch.int32)
 
 
-def _delta_call(fmt: str, device_phase: bool, block_v: int, num_warps: int, per_key: bool):
+def _delta_call(fmt: str, device_phase: bool, block_v: int, num_warps: int, per_key: bool, gdn_weights: bool = False):
     from hf_replayssm.kernels import delta_rule
 
     # Qwen3-Next's GDN shape; Kimi-Linear's KDA: 32 heads of 128, a decay per key channel
@@ -158,10 +161,10 @@ def _delta_call(fmt: str, device_phase: bool, block_v: int, num_warps: int, per_
             torch.randn(batch, key_heads, dim).bfloat16(), torch.randn(batch, key_heads, dim).bfloat16(),
             torch.randn(batch, value_heads, dim).bfloat16(), torch.rand(batch, value_heads).bfloat16(),
             -torch.rand(batch, *gate), buffer_len=16, out=torch.empty(batch, value_heads, dim),
-            _block_v=block_v, _num_warps=num_warps, **read)
+            _block_v=block_v, _num_warps=num_warps, _gdn_weights=gdn_weights, **read)
 
-    # per-key gates: the per-head weights pre-launch comes first (compiled, not run)
-    return delta_rule, ["_kda_weights_kernel", "_delta_replay_step_kernel"] if per_key else [
+    # the per-head weights pre-launch (per-key gates; scalar ones with gdn_weights) comes first (compiled, not run)
+    return delta_rule, ["_kda_weights_kernel", "_delta_replay_step_kernel"] if per_key or gdn_weights else [
         "_delta_replay_step_kernel"], call
 
 
@@ -186,8 +189,8 @@ def _mamba2_call(fmt: str, device_phase: bool, block_p: int, num_warps: int):
     return mamba2, ["_mamba2_replay_step_kernel"], call
 
 
-def _gdn_call(fmt: str, device_phase: bool, block_v: int, num_warps: int):
-    return _delta_call(fmt, device_phase, block_v, num_warps, per_key=False)
+def _gdn_call(fmt: str, device_phase: bool, block_v: int, num_warps: int, gdn_weights: bool = False):
+    return _delta_call(fmt, device_phase, block_v, num_warps, per_key=False, gdn_weights=gdn_weights)
 
 
 def _kda_call(fmt: str, device_phase: bool, block_v: int, num_warps: int):
@@ -235,8 +238,8 @@ def verify_registers(family: str, batch: int = 256, window: int = 4, products: b
     return dict(row, family=family, batch=batch, window=window, products=products, steps=steps)
 
 
-FAMILIES = {"gdn": (_gdn_call, [(64, 4), (32, 4), (32, 2), (16, 2)]),
-            "kda": (_kda_call, [(64, 4), (32, 4), (32, 2), (16, 2)]),
+FAMILIES = {"gdn": (_gdn_call, [(64, 4), (64, 2), (32, 4), (32, 2), (16, 2)]),
+            "kda": (_kda_call, [(64, 4), (32, 4), (32, 2), (16, 2), (16, 1)]),
             "mamba2": (_mamba2_call, [(32, 2), (16, 2), (16, 4), (8, 2)])}
 
 
@@ -250,7 +253,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         "products (IEEE), products (tf32x3) and (delta rule) steps")
     parser.add_argument("--batch", type=int, default=256, help="with --verify: the batch whose launch to compile")
     parser.add_argument("--windows", default="2,4,8", help="with --verify: window widths")
+    parser.add_argument("--gdn-weights", action="store_true",
+                        help="gdn replay launches with the per-head weights pre-launch (_replay_step's _gdn_weights)")
     args = parser.parse_args(argv)
+    if args.gdn_weights and (args.family != "gdn" or args.verify):
+        parser.error("--gdn-weights applies to the gdn replay launches only")
     rows = []
     if args.verify:
         print(f"{args.family} verify, sm_{args.arch}, triton {triton.__version__}, batch {args.batch}")
@@ -271,13 +278,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for tile, num_warps in configs:
         for fmt in args.formats.split(","):
             for device_phase in (False, True):
-                module, kernels, call = make_call(fmt, device_phase, tile, num_warps)
+                module, kernels, call = make_call(fmt, device_phase, tile, num_warps,
+                                                  **(dict(gdn_weights=True) if args.gdn_weights else {}))
                 for r in compile_launches(module, kernels, call, args.arch, skip=("advance_counts",)):
                     r.update(tile=tile, read=fmt, positions="device" if device_phase else "host")
                     rows.append(r)
                     launch = f"phase {r['PHASE']}" if "PHASE" in r else r["kernel"]
                     print(f"  tile {tile:>3} x {num_warps} warps  {fmt:>5}  {r['positions']:>6} positions  {launch}  "
-                          f"{r['registers']:>3} registers  {r['spill_store_bytes']:>4} B spilled", flush=True)
+                          f"{r['registers']:>3} registers  {r['spill_store_bytes']:>4} B spilled  "
+                          f"{r['ptx_barriers']:>3} barriers  {r['ptx_shuffles']:>3} shuffles", flush=True)
     return rows
 
 

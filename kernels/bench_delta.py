@@ -499,6 +499,9 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                 best_kda = min(kda, key=kda.get)
                 row.update(replay_mixed_per_tile_decays_sweep=kda, replay_mixed_per_tile_decays_config=best_kda,
                            replay_mixed_per_tile_decays_us=kda[best_kda])
+            if not per_key:  # the per-head pre-launch of decays and record weights, rows in mixed phases
+                row["replay_mixed_gdn_weights_us"] = per_step_us(timer(inputs.fn(
+                    k._replay_step, _block_v=bv, _num_warps=nw, _gdn_weights=True)))
             if args.diag:
                 row["diag_replay_mixed_no_ticket_us"] = per_step_us(timer(inputs.fn(
                     k._replay_step, _block_v=bv, _num_warps=nw, _ticket=False)))
@@ -651,9 +654,10 @@ def _print_row(r, header):
           f"x std {r['speedup_replay_host_vs_standard']:.2f}, x fla {_fmt(r['speedup_replay_host_vs_fla'], 5)} "
           f"[{r['replay_host_best_config']}]", flush=True)
     if r.get("replay_host_gdn_weights_us"):
-        w = r["replay_host_gdn_weights_us"]
+        w, m = r["replay_host_gdn_weights_us"], r["replay_mixed_gdn_weights_us"]
         print(f"{'':<14}{'':>6} | host-phase replay with the per-head weights pre-launch (_gdn_weights): {w:>9.2f} us, "
-              f"x std {r['standard_us'] / w:.2f} [{r['replay_host_best_config']}]", flush=True)
+              f"x std {r['standard_us'] / w:.2f} [{r['replay_host_best_config']}]; device phase, mixed {m:>9.2f} us, "
+              f"x std {r['standard_us'] / m:.2f}", flush=True)
     if r.get("replay_mixed_per_tile_decays_us"):
         w = r["replay_mixed_per_tile_decays_us"]
         print(f"{'':<14}{'':>6} | decays per V tile (_kda_weights=False, the former default): mixed {w:>9.2f} us, "

@@ -302,10 +302,11 @@ def bench(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
 
 
 # Forms timed beside the default (arms ``<accept>_<form>``): the private arguments of ``_verify``, and under
-# ``_commit`` those of ``_commit`` (``fold_dot``: the default verify, the commit's records folded as one product).
+# ``_commit`` those of ``_commit`` (``fold_dot`` / ``fold_loop``: the default verify, the commit's records folded as
+# one product / one by one; ``kernels.delta_verify.default_fold_dot`` picks one of them per gate kind).
 FORMS = {"": {}, "products": dict(_products=True), "tf32x3": dict(_products="tf32x3"), "steps": dict(_steps=True),
-         "fold_dot": dict(_commit=dict(_fold_dot=True))}
-DELTA_ONLY_FORMS = ("steps", "fold_dot")  # the delta rule's steps form and product fold: no Mamba-2 counterpart
+         "fold_dot": dict(_commit=dict(_fold_dot=True)), "fold_loop": dict(_commit=dict(_fold_dot=False))}
+DELTA_ONLY_FORMS = ("steps", "fold_dot", "fold_loop")  # the delta rule's forms with no Mamba-2 counterpart
 
 
 def _family_forms(args, family: str) -> list[str]:
@@ -315,16 +316,17 @@ def _family_forms(args, family: str) -> list[str]:
 def _arms(args, family: str) -> list[str]:
     """Replay arms: each accept mode (the default form), and with ``--forms`` the same with each named form of the
     verify kernel (``<mode>_products`` for IEEE float32 products, ``<mode>_tf32x3``, ``<mode>_steps``) or commit
-    (``<mode>_fold_dot``), timed in the same run."""
+    (``<mode>_fold_dot``, ``<mode>_fold_loop``), timed in the same run."""
     return [*args.accept, *(f"{mode}_{form}" for form in _family_forms(args, family) for mode in args.accept)]
 
 
 def _forms(text: str) -> list[str]:
-    """--forms: ``ieee`` (or empty) -> "products", ``tf32x3``, ``steps``, ``fold_dot``."""
+    """--forms: ``ieee`` (or empty) -> "products", ``tf32x3``, ``steps``, ``fold_dot``, ``fold_loop``."""
     forms = ["products" if f in ("", "ieee", "products") else f for f in text.split(",")]
     for form in forms:
         if form not in FORMS or not form:
-            raise argparse.ArgumentTypeError(f"unknown verify form {form!r}; use ieee, tf32x3, steps and/or fold_dot")
+            raise argparse.ArgumentTypeError(f"unknown verify form {form!r}; use ieee, tf32x3, steps, fold_dot and/or "
+                                             "fold_loop")
     return forms
 
 
@@ -357,7 +359,8 @@ def main(argv: list[str] | None = None) -> dict:
                         "matrix products in IEEE float32, arms '<accept>_products'), 'tf32x3' (products on tensor "
                         "cores, '<accept>_tf32x3'), 'steps' (delta rule: records folded, then the window stepped in "
                         "registers, '<accept>_steps'), 'fold_dot' (delta rule: the default verify, the commit's "
-                        "records folded as one tf32x3 product, '<accept>_fold_dot')")
+                        "records folded as one tf32x3 product, '<accept>_fold_dot'), 'fold_loop' (the same, records "
+                        "folded one by one, '<accept>_fold_loop'; the default picks one per gate kind)")
     parser.add_argument("--out", type=Path, default=None, help="write all numbers as JSON here")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, one repetition (CPU / TRITON_INTERPRET)")
     parser.add_argument("--no-check", action="store_true", help="skip the on-device correctness check")

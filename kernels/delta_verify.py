@@ -62,16 +62,17 @@ Design notes:
     default, KDA 705 against 1057; ptxas for sm_90 (Triton 3.6): 255 registers and 0-80 B spilled on [128, 32] x 1.
 * Records are appended by the programs that own them (d by every V tile, g by V tile 0, the raw key by V tile 0 of
   the first value head of each key group).
-* Commit grid ``(cdiv(V, BLOCK_V), B, Hv)``: flushing programs fold the records one at a time in order,
-  ``S = diag(exp(g_j)) S; S += k_j d_j^T`` (the standard step's expressions given d), so folding is split-invariant:
-  flushing after more than ``buffer_len`` records (a window can overshoot) gives the bits of two flushes. Note that
+* Commit grid ``(cdiv(V, BLOCK_V), B, Hv)``: flushing programs fold the records (per-key gates: one at a time in order,
+  ``S = diag(exp(g_j)) S; S += k_j d_j^T``, the standard step's expressions given d, so folding is split-invariant:
+  flushing after more than ``buffer_len`` records (a window can overshoot) gives the bits of two flushes; scalar
+  gates: as one product by default, see below). Note that
   the one-token replay step's flush (``kernels/delta_rule.py``) sums the records in unrolled form instead, so the
-  checkpoints of the two paths agree to float32 rounding, not bitwise. ``_commit(..., _fold_dot=True)`` (and
-  ``_fold``) loads every record at once and sums them as one tf32x3 ``[K, R] x [R, BLOCK_V]`` product, as the steps
-  form of verify does (the record-by-record loop waits one memory round trip per record); float32 rounding apart
-  from the loop, not split-invariant bitwise; not the default until timed on a GPU (``bench_verify --forms
-  fold_dot``). Compile-only, sm_90, [128, 64] x 4 warps: GDN 217 registers against 124, KDA 249 against 127, no
-  spills.
+  checkpoints of the two paths agree to float32 rounding, not bitwise. The product fold (``_fold_dot=True``, in
+  ``_commit`` and ``_fold``) loads every record at once and sums them as one tf32x3 ``[K, R] x [R, BLOCK_V]``
+  product, as the steps form of verify does, where the record-by-record loop waits one memory round trip per
+  record; float32 rounding apart from the loop and split-invariant to rounding only. :func:`default_fold_dot`: the
+  product for scalar gates (GDN), the loop for per-key gates (KDA). Compile-only, sm_90, [128, 64] x 4 warps: GDN
+  217 registers against 124, KDA 249 against 127, no spills.
 * Count update as in ``kernels/mamba2_verify.py`` (read, barrier, ticket, last ticket writes).
 * All math is fp32 on CUDA cores (the products form's ``tl.dot`` in IEEE float32, not TF32, unless ``_products`` names
   ``"tf32x3"``: see ``kernels/verify_products.py``); bf16/fp16
@@ -118,6 +119,7 @@ else:  # loaded from its file outside the package (a checkout without the packag
     state_update_launch_config = _m.state_update_launch_config
 
 __all__ = [
+    "default_fold_dot",
     "delta_commit",
     "delta_commit_ref",
     "delta_fold_ring",
@@ -694,18 +696,28 @@ def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_
     return o
 
 
+def default_fold_dot(per_key_gate: bool) -> bool:
+    """Whether the commit and the ring fold sum their records as one tf32x3 product (True) or fold them one by one
+    (False) when ``_fold_dot`` is not given: the product for scalar gates, the loop for per-key gates. H200, verify +
+    commit per window against the loop (run 89, ``bench_verify --forms fold_dot``): GDN batch 256 T = 4 657 vs 694 us
+    (every draft accepted) and 620 vs 637 (mixed), T = 8 1328 vs 1438, batch 64 faster at every T; KDA within +-4 %
+    either way (batch 256 T = 4 943 vs 936, T = 8 1978 vs 2007), so it keeps the split-invariant loop."""
+    return not per_key_gate
+
+
 def _fold_launch(key_dim: int, ring_size: int, fold_dot: bool | str) -> dict:
-    """The fold's constexprs (commit and ring fold): ``fold_dot`` False (record by record, the default), True (one
-    tf32x3 product) or a ``tl.dot`` precision name; the product's operands are at least 16 on every side."""
+    """The fold's constexprs (commit and ring fold): ``fold_dot`` False (record by record), True (one tf32x3
+    product) or a ``tl.dot`` precision name; the product's operands are at least 16 on every side."""
     return dict(FOLD_DOT=bool(fold_dot), PRECISION=dot_precision("tf32x3" if fold_dot is True else fold_dot),
                 BLOCK_K=max(16 if fold_dot else 1, triton.next_power_of_2(key_dim)),
                 BLOCK_R=max(16, triton.next_power_of_2(ring_size)))
 
 
 def _commit(state, ring_k, ring_d, ring_g, origin, count, accepted, buffer_len, use_qk_l2norm=True, _block_v=None,
-            _num_warps=None, _fold_dot=False):
+            _num_warps=None, _fold_dot=None):
     batch, value_heads, key_heads, key_dim, value_dim, ring_size, per_key = _check_rings(
         state, ring_k, ring_d, ring_g, origin, count)
+    _fold_dot = default_fold_dot(per_key) if _fold_dot is None else _fold_dot
     assert accepted.shape == (batch,) and accepted.dtype == torch.int32, "accepted must be [B] int32"
     assert 1 <= buffer_len < (1 << _TICKET_SHIFT), "buffer_len out of range"
     # the fold is a standard step per record: the standard step's tile
@@ -729,8 +741,9 @@ def _commit(state, ring_k, ring_d, ring_g, origin, count, accepted, buffer_len, 
         )
 
 
-def _fold(state, ring_k, ring_d, ring_g, origin, count, use_qk_l2norm=True, out=None, _fold_dot=False):
+def _fold(state, ring_k, ring_d, ring_g, origin, count, use_qk_l2norm=True, out=None, _fold_dot=None):
     batch, value_heads, key_heads, key_dim, value_dim, ring_size, per_key = _check_rings(state, ring_k, ring_d, ring_g)
+    _fold_dot = default_fold_dot(per_key) if _fold_dot is None else _fold_dot
     assert 0 <= origin < ring_size and 0 <= count <= ring_size, f"origin {origin} / count {count} outside the ring"
     out = torch.empty_like(state) if out is None else out
     assert out.shape == state.shape, f"out must be {tuple(state.shape)}, got {tuple(out.shape)}"
@@ -793,8 +806,8 @@ def delta_commit(
 ) -> None:
     """Commit ``accepted[b]`` (int32, 0..T) records of the last verified window per row (one launch, phase decided on
     the device): ``count[b] += accepted[b]``; rows whose new count reaches ``buffer_len`` fold all their committed
-    records into ``state[b]`` in place (sequential recurrence with the recorded d's) and set ``count[b] = 0``
-    (``origin`` unchanged). ``accepted[b]`` must not exceed the last window's T (not checked on the
+    records into ``state[b]`` in place (the recurrence with the recorded d's; :func:`default_fold_dot`) and set
+    ``count[b] = 0`` (``origin`` unchanged). ``accepted[b]`` must not exceed the last window's T (not checked on the
     device; the reference raises when the new count exceeds R). Same semantics as :func:`delta_commit_ref`."""
     _commit(state, ring_k, ring_d, ring_g, origin, count, accepted, buffer_len, use_qk_l2norm)
 
@@ -810,7 +823,7 @@ def delta_fold_ring(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``state`` with the ``count`` records at ring slots ``(origin + j) % R`` (the same slots in every row) folded
-    in, in order (one launch): the commit's sequential recurrence, written to ``out`` (a new tensor by default;
+    in, in order (one launch): the commit's fold (same bits), written to ``out`` (a new tensor by default;
     ``state`` itself for an in-place fold). A flush boundary's checkpoint inside a speculative window (staged), or
     the oldest records of a ring a speculative run left over a period. Same semantics as
     :func:`delta_fold_ring_ref`."""

@@ -208,3 +208,26 @@ def test_sdpa_backend_pins_attention_for_a_run(tmp_path):
                       "3", "--buffer-len", "4", "--device", "cpu", "--sdpa", "math", "--out", str(out)])
     data = json.loads(out.read_text())
     assert data["settings"]["sdpa"] == "math" and data["results"][0]["identical"], data["results"][0]
+
+
+def test_sdpa_fused_pins_make_transformers_repeat_kv_heads():
+    """The fused kernels refuse grouped-query inputs, which transformers passes for mask-free calls (H200 run 94:
+    ``--sdpa efficient`` failed on Qwen3.5's prefill); under those pins transformers repeats the key / value heads
+    (``use_gqa_in_sdpa`` False), and the switch comes back afterwards, also after an error."""
+    import pytest
+    import torch
+    from transformers.integrations import sdpa_attention
+
+    from hf_replayssm.bench.attention import sdpa_backend
+
+    k = v = torch.randn(1, 2, 5, 8)
+    assert sdpa_attention.use_gqa_in_sdpa(None, k, v) is True  # what a mask-free call asks for by default
+    for name in ("efficient", "flash"):
+        with sdpa_backend(name):
+            assert sdpa_attention.use_gqa_in_sdpa(None, k, v) is False
+        assert sdpa_attention.use_gqa_in_sdpa(None, k, v) is True
+    with pytest.raises(KeyError), sdpa_backend("efficient"):
+        raise KeyError("inside")
+    assert sdpa_attention.use_gqa_in_sdpa(None, k, v) is True
+    with sdpa_backend("math"):  # the math kernel takes grouped-query inputs: left alone
+        assert sdpa_attention.use_gqa_in_sdpa(None, k, v) is True

@@ -40,7 +40,7 @@ def test_bench_smoke(tmp_path, family):
                  "replay_mixed_read_copy_per_tile_reencode_us", "replay_in_phase_read_copy_per_tile_reencode_us",
                  "replay_in_phase_read_copy_split_us"]
     if family == "gdn":  # the per-head weights pre-launch (off by default for scalar gates), timed
-        keys += ["replay_host_gdn_weights_us"]
+        keys += ["replay_host_gdn_weights_us", "replay_mixed_gdn_weights_us"]
         assert "weights pre-launch (_gdn_weights)" in stdout
     if family == "kda":  # the former per-V-tile decays, timed and checked against the default
         keys += ["replay_mixed_per_tile_decays_us", "replay_in_phase_per_tile_decays_us"]

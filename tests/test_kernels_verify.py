@@ -34,7 +34,7 @@ CASES = ["mamba2_verify_bf16", "mamba2_verify_products", "mamba2_verify_fp32_and
          "mamba2_fold_ring", "delta_verify_gdn_bf16", "delta_verify_products", "delta_verify_kda_and_commit",
          "delta_speculation_gdn", "delta_speculation_kda", "delta_fold_ring", "mamba2_speculation_products",
          "delta_speculation_products", "delta_verify_steps", "delta_speculation_steps", "delta_commit_fold_dot",
-         "delta_speculation_fold_dot"]
+         "delta_speculation_fold_dot", "delta_default_fold"]
 SLOW_CASES = ["mamba2_speculation_long", "delta_speculation_gdn_long", "delta_speculation_kda_long"]
 
 
@@ -92,18 +92,20 @@ def test_bench_imports_and_parses_arguments():
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_bench_smoke(tmp_path):
     data, stdout = run_bench_smoke("bench_verify", ["--family", "mamba2,gdn,kda", "--forms",
-                                                    "ieee,tf32x3,steps,fold_dot"], tmp_path / "bench.json")
+                                                    "ieee,tf32x3,steps,fold_dot,fold_loop"],
+                                   tmp_path / "bench.json")
     assert [r["family"] for r in data["results"]] == ["mamba2", "gdn", "kda"]
     for row in data["results"]:
-        forms = ["products", "tf32x3"] + (["steps", "fold_dot"] if row["family"] != "mamba2" else [])
+        forms = ["products", "tf32x3"] + (["steps", "fold_dot", "fold_loop"] if row["family"] != "mamba2" else [])
         keys = ["replay_all_us", "replay_mixed_us", "snapshot_us", "steps_only_us", "speedup_all_vs_snapshot"]
         keys += [f"replay_{mode}_{form}_us" for form in forms for mode in ("all", "mixed")]
         keys += [f"speedup_all_{form}_vs_snapshot" for form in forms]
         for key in keys:
             assert row[key] > 0, (key, row)
         assert row["family"] != "mamba2" or "replay_all_steps_us" not in row  # no steps form for Mamba-2
-    assert len(data["checks"]) == 13 and all(check["ok"] for check in data["checks"].values()), data["checks"]
-    assert {label.rsplit("/", 1)[1] for label in data["checks"]} >= {"products", "tf32x3", "steps", "fold_dot"}
+    assert len(data["checks"]) == 15 and all(check["ok"] for check in data["checks"].values()), data["checks"]
+    assert {label.rsplit("/", 1)[1] for label in data["checks"]} >= {"products", "tf32x3", "steps", "fold_dot",
+                                                                       "fold_loop"}
     assert "snapshot us" in stdout  # the printed table
 
 
@@ -161,7 +163,7 @@ def test_fold_ring_references_refuse_positions_outside_the_ring():
 
 
 def _family(name, device, refs=False, k=None, dtype=torch.float32, seed=0, products=False, steps=False,
-            fold_dot=False):
+            fold_dot=None):
     """Token stream, ring state and step / verify / commit functions of one layer family, as a dict.
 
     ``stream(batch, n)``: per-token tensors [batch, n, ...]; ``init(batch, R)``: checkpoint + empty rings;
@@ -268,8 +270,8 @@ def _family(name, device, refs=False, k=None, dtype=torch.float32, seed=0, produ
         verify = functools.partial(k._verify, _products=True)
     if steps:  # the delta-rule verify kernel's steps form
         verify = functools.partial(k._verify, _steps=True)
-    if fold_dot:  # the delta-rule commit folding its records with one product
-        commit = functools.partial(k._commit, _fold_dot=True)
+    if fold_dot is not None:  # the delta-rule commit's fold named (one product / record by record), not the default
+        commit = functools.partial(k._commit, _fold_dot=fold_dot)
     return dict(name=name, stream=lambda batch, n: token_values(batch, n), init=init, window=window, token=token,
                 rings=rings, params=params, extra=extra,
                 fused=lambda st, tok, L: fused(*rings(st), **tok, buffer_len=L, out=_out(tok, name)),
@@ -685,11 +687,13 @@ def case_delta_verify_kda_and_commit(k, device):
 
 def _delta_commit(k, device, **options):
     """GDN and KDA: per-row accepted with flushing (incl. overshoot) and non-flushing rows vs the reference, counts,
-    untouched rows bitwise; bitwise split invariance of the record-by-record fold (``options``: ``_commit``'s private
-    arguments; the product fold, ``_fold_dot``, within 1e-5 of the reference and not split-invariant bitwise)."""
+    untouched rows bitwise (``options``: ``_commit``'s private arguments); within 1e-6 of the reference for the
+    record-by-record fold, 1e-5 for the product fold (``_fold_dot``, GDN's default); the loop's folds are
+    split-invariant bitwise."""
     L, R = 4, 7
     counts, accepted, origins = [0, 3, 2, 3, 1], [4, 1, 0, 4, 2], [6, 5, 0, 4, 2]
     for per_key, dtype in ((False, torch.bfloat16), (True, torch.float32)):
+        fold_dot = options.get("_fold_dot", k.default_fold_dot(per_key))
         p = _delta_inputs(device, dtype, len(counts), 1, R, per_key=per_key)
         rings = dict(state=p["state"], ring_k=p["ring_k"], ring_d=p["ring_d"], ring_g=p["ring_g"],
                      origin=torch.tensor(origins, dtype=torch.int32, device=device),
@@ -702,24 +706,26 @@ def _delta_commit(k, device, **options):
         print(f" per_key={per_key} counts {counts} + accepted {accepted} -> {rings['count'].tolist()} {options}")
         assert torch.equal(rings["count"], q["count"]) and rings["origin"].tolist() == origins
         assert rings["count"].tolist() == [0 if c + a >= L else c + a for c, a in zip(counts, accepted, strict=True)]
-        _close("state", rings["state"], q["state"], 1e-5 if options else 1e-6)
+        _close("state", rings["state"], q["state"], 1e-5 if fold_dot else 1e-6)
         for b, (c, a) in enumerate(zip(counts, accepted, strict=True)):
             if c + a < L:
                 assert torch.equal(rings["state"][b], before[b]), f"row {b} written without a flush"
-        if options:
+        if fold_dot:
             continue
         p = _delta_inputs(device, dtype, 2, 1, R, per_key=per_key)
         ring_list = [p["state"], p["ring_k"], p["ring_d"], p["ring_g"],
                      torch.tensor([5, 1], dtype=torch.int32, device=device),
                      torch.zeros(2, dtype=torch.int32, device=device)]
-        _split_invariance(k.delta_commit, ring_list, 6, 2, R)
+        _split_invariance(functools.partial(k._commit, _fold_dot=False), ring_list, 6, 2, R)
 
 
 def case_delta_commit_fold_dot(k, device):
-    """The commit and the ring fold with their records summed as one tf32x3 product (``_fold_dot=True``): against
-    the references within 1e-5 (GDN bf16, KDA fp32; flushing with overshoot, non-flushing rows untouched), the fold
-    out of place and in place, NaN in the slots it does not fold."""
+    """The commit with each fold named, the default's other one included (GDN's loop, KDA's product: checkpoint vs
+    the reference, split invariance of the loop), and the ring fold as one tf32x3 product (``_fold_dot=True``):
+    against the references within 1e-5 (GDN bf16, KDA fp32), out of place and in place, NaN in the slots it does not
+    fold."""
     _delta_commit(k, device, _fold_dot=True)
+    _delta_commit(k, device, _fold_dot=False)
     R = 7
     for per_key, dtype, origin, count in ((False, torch.bfloat16, 5, 4), (True, torch.float32, 1, 6)):
         p = _delta_inputs(device, dtype, 3, 1, R, per_key=per_key)
@@ -737,9 +743,40 @@ def case_delta_commit_fold_dot(k, device):
 
 
 def case_delta_speculation_fold_dot(k, device):
-    """The key property with the product fold in commit (GDN and KDA, fp32, checkpoints within 1e-5)."""
+    """The key property with the fold the default does not pick (GDN record by record, KDA one product; fp32,
+    checkpoints within 1e-5)."""
     for family in ("gdn", "kda"):
-        _speculation(_family(family, device, k=k, fold_dot=True), device, L=4, windows=[4, 2, 1, 4, 3], steps=4)
+        _speculation(_family(family, device, k=k, fold_dot=family == "kda"), device, L=4, windows=[4, 2, 1, 4, 3],
+                     steps=4)
+
+
+def case_delta_default_fold(k, device):
+    """``default_fold_dot``: the product for scalar gates, the loop for per-key gates; the public commit and ring
+    fold follow it (bitwise equal to the named fold, and not to the other one)."""
+    assert k.default_fold_dot(False) is True and k.default_fold_dot(True) is False
+    R, L = 7, 4
+    for per_key, dtype in ((False, torch.bfloat16), (True, torch.float32)):
+        p = _delta_inputs(device, dtype, 3, 1, R, per_key=per_key)
+        rings = [p[n] for n in D_RING]
+        folds = {fold_dot: k._fold(p["state"], *rings, 2, 6, _fold_dot=fold_dot) for fold_dot in (True, False)}
+        public = k.delta_fold_ring(p["state"], *rings, 2, 6)
+        print(f" per_key={per_key}: fold default == {'product' if not per_key else 'loop'}")
+        assert not torch.equal(folds[True], folds[False]), "the two folds gave the same bits: the check is blind"
+        assert torch.equal(public, folds[not per_key])
+        commits = {}
+        for fold_dot in (None, True, False):
+            state = p["state"].clone()
+            count = torch.zeros(3, dtype=torch.int32, device=device)
+            origin = torch.full((3,), 2, dtype=torch.int32, device=device)
+            accepted = torch.full((3,), L, dtype=torch.int32, device=device)
+            if fold_dot is None:
+                k.delta_commit(state, *rings, origin, count, accepted, L)
+            else:
+                k._commit(state, *rings, origin, count, accepted, L, _fold_dot=fold_dot)
+            assert count.tolist() == [0, 0, 0]
+            commits[fold_dot] = state
+        assert torch.equal(commits[None], commits[not per_key])
+        assert not torch.equal(commits[True], commits[False])
 
 
 def case_delta_speculation_gdn(k, device):
@@ -783,7 +820,7 @@ def case_delta_speculation_kda_long(k, device):
 # -- folding ring records at one host position (staged and left-over checkpoints of speculative runs) -------------
 
 
-def _check_fold_ring(fold, fold_ref, commit, state, rings, extra, R, origin, count):
+def _check_fold_ring(fold, fold_ref, commit, state, rings, extra, R, origin, count, tol=1e-6):
     """``fold`` (out of place, then in place) vs ``fold_ref`` and, bitwise, vs ``commit`` of the same records (one
     shared loop); slots outside the folded ones hold NaN, which must not leak; ``count = 0`` copies."""
     device = state.device
@@ -793,7 +830,7 @@ def _check_fold_ring(fold, fold_ref, commit, state, rings, extra, R, origin, cou
     print(f" R={R} origin={origin} count={count}")
     assert torch.equal(state, before), "an out-of-place fold wrote the state"
     assert torch.isfinite(got).all() and not torch.equal(got, before)
-    _close("fold", got, want, 1e-6)
+    _close("fold", got, want, tol)
     committed = before.clone()
     batch = state.shape[0]
     commit(committed, *rings, torch.full((batch,), origin, dtype=torch.int32, device=device),
@@ -822,8 +859,9 @@ def case_delta_fold_ring(k, device):
     for per_key, dtype, origin, count in ((False, torch.bfloat16, 5, 4), (True, torch.float32, 1, 6)):
         p = _delta_inputs(device, dtype, 3, 1, R, per_key=per_key)
         _poison(p, D_RING, [origin] * 3, [count] * 3, R)
+        tol = 1e-5 if k.default_fold_dot(per_key) else 1e-6  # the product fold: float32 rounding apart
         _check_fold_ring(k.delta_fold_ring, k.delta_fold_ring_ref, k.delta_commit, p["state"],
-                         [p[n] for n in D_RING], [], R, origin, count)
+                         [p[n] for n in D_RING], [], R, origin, count, tol=tol)
 
 
 if __name__ == "__main__":

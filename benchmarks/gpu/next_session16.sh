@@ -18,8 +18,12 @@
 #   over one- and two-warp tiles too (the sweep lists gained them after run 86), batch 256.
 # STAGE=5: verify launches not swept yet: Mamba-2's token / tf32x3 forms on 1-2 warps (the delta rule's steps form
 #   gained 1.8x from one warp, runs 84-85) and KDA at T = 4 on [128, 16-64] x 1-2 (2.94x all-accept, 2 % short).
-# Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session16.sh", carry=[".triton_cache"], timeout_s=600), then
-#   STAGE=2 to 5 the same way. Before a call on a fresh machine: cat FILES_AT/triton_cache.tgz* > .triton_cache/cache.tgz
+# STAGE=6 (added after STAGE 1-5 ran as runs 89-93): the product fold as GDN's default commit / ring fold (CUDA tests
+#   of the delta commit, fold and speculation cases, the GDN weights case), bench_verify against the loop now named
+#   (fold_loop), and GDN's replay cycle with the pre-launch at the device-phase launch too (rows in mixed phases).
+# Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session16.sh", carry=[".triton_cache", ".whl/fla"],
+#   timeout_s=600), then STAGE=2 to 6 the same way (STAGE 2 needs fla: without it transformers' KDA prefill runs its
+#   torch chunk path, 102 GiB at batch 64 and out of memory at 256, run 90). Before a call on a fresh machine: cat FILES_AT/triton_cache.tgz* > .triton_cache/cache.tgz
 #   (tracked files plus the carried cache must stay under 64 MiB: prune verify entries of unused tiles if needed).
 source benchmarks/gpu/install.sh || exit 1
 RES=/tmp/w/res_next_session16_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
@@ -35,6 +39,15 @@ if [ "$STAGE" = 1 ]; then
       --no-torch --out "$RES/replay_$family.json" > "$RES/replay_$family.txt" 2>&1
     echo "replay $family rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   done
+elif [ "$STAGE" = 6 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 200 test_kernels_delta_folds_cuda tests/test_kernels_verify.py \
+    tests/test_kernels_delta.py -k "delta and (commit or fold or speculation) or gdn_weights"; pack
+  timeout 150 python3 -m hf_replayssm.kernels.bench_verify --family gdn,kda --batches 64,256 --windows 2,4,8 \
+    --forms fold_loop,fold_dot --out "$RES/verify_folds.json" > "$RES/verify_folds.txt" 2>&1
+  echo "verify rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  timeout 100 python3 -m hf_replayssm.kernels.bench_delta --family gdn --batches 64,256 --no-sweep --no-fla \
+    --no-torch --out "$RES/replay_gdn.json" > "$RES/replay_gdn.txt" 2>&1
+  echo "replay gdn rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
 elif [ "$STAGE" = 2 ]; then
   bench_job 420 generate_kimi_linear generate --models kimi_linear --batches 64,256 \
     --arms stock-static-compiled,replay-compiled --prompt 512 --new 128 --repeats 1 \

@@ -305,28 +305,32 @@ def bench(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
 # ``_commit`` those of ``_commit`` (``fold_dot`` / ``fold_loop``: the default verify, the commit's records folded as
 # one product / one by one; ``kernels.delta_verify.default_fold_dot`` picks one of them per gate kind).
 FORMS = {"": {}, "products": dict(_products=True), "tf32x3": dict(_products="tf32x3"), "steps": dict(_steps=True),
-         "fold_dot": dict(_commit=dict(_fold_dot=True)), "fold_loop": dict(_commit=dict(_fold_dot=False))}
+         "fold_dot": dict(_commit=dict(_fold_dot=True)), "fold_loop": dict(_commit=dict(_fold_dot=False)),
+         "weights": dict(_weights=True)}
 DELTA_ONLY_FORMS = ("steps", "fold_dot", "fold_loop")  # the delta rule's forms with no Mamba-2 counterpart
+PER_KEY_ONLY_FORMS = ("weights",)  # KDA's per-head pre-launch of the record decays (``_verify``'s ``_weights``)
 
 
 def _family_forms(args, family: str) -> list[str]:
-    return [form for form in args.forms if family != "mamba2" or form not in DELTA_ONLY_FORMS]
+    return [form for form in args.forms if (family != "mamba2" or form not in DELTA_ONLY_FORMS)
+            and (family == "kda" or form not in PER_KEY_ONLY_FORMS)]
 
 
 def _arms(args, family: str) -> list[str]:
     """Replay arms: each accept mode (the default form), and with ``--forms`` the same with each named form of the
     verify kernel (``<mode>_products`` for IEEE float32 products, ``<mode>_tf32x3``, ``<mode>_steps``) or commit
-    (``<mode>_fold_dot``, ``<mode>_fold_loop``), timed in the same run."""
+    (``<mode>_fold_dot``, ``<mode>_fold_loop``), or KDA's record decays computed once per head (``<mode>_weights``),
+    timed in the same run."""
     return [*args.accept, *(f"{mode}_{form}" for form in _family_forms(args, family) for mode in args.accept)]
 
 
 def _forms(text: str) -> list[str]:
-    """--forms: ``ieee`` (or empty) -> "products", ``tf32x3``, ``steps``, ``fold_dot``, ``fold_loop``."""
+    """--forms: ``ieee`` (or empty) -> "products", ``tf32x3``, ``steps``, ``fold_dot``, ``fold_loop``, ``weights``."""
     forms = ["products" if f in ("", "ieee", "products") else f for f in text.split(",")]
     for form in forms:
         if form not in FORMS or not form:
-            raise argparse.ArgumentTypeError(f"unknown verify form {form!r}; use ieee, tf32x3, steps, fold_dot and/or "
-                                             "fold_loop")
+            raise argparse.ArgumentTypeError(f"unknown verify form {form!r}; use ieee, tf32x3, steps, fold_dot, "
+                                             "fold_loop and/or weights")
     return forms
 
 
@@ -360,7 +364,9 @@ def main(argv: list[str] | None = None) -> dict:
                         "cores, '<accept>_tf32x3'), 'steps' (delta rule: records folded, then the window stepped in "
                         "registers, '<accept>_steps'), 'fold_dot' (delta rule: the default verify, the commit's "
                         "records folded as one tf32x3 product, '<accept>_fold_dot'), 'fold_loop' (the same, records "
-                        "folded one by one, '<accept>_fold_loop'; the default picks one per gate kind)")
+                        "folded one by one, '<accept>_fold_loop'; the default picks one per gate kind), 'weights' "
+                        "(KDA: the default form with the record decays computed once per head by a pre-launch, "
+                        "'<accept>_weights')")
     parser.add_argument("--out", type=Path, default=None, help="write all numbers as JSON here")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, one repetition (CPU / TRITON_INTERPRET)")
     parser.add_argument("--no-check", action="store_true", help="skip the on-device correctness check")

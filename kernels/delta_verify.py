@@ -175,13 +175,47 @@ def _committed_records(rk_base, rd_base, rg_base, origin, count, ring_size, offs
     return k_r, d_r, decay, weights
 
 
+@triton.jit
+def _verify_record_weights_kernel(
+    ring_k_ptr, ring_g_ptr, origin_ptr, count_ptr, weights_ptr,
+    K: tl.constexpr, ring_size, kv_ratio,
+    stride_rk_b, stride_rk_r: tl.constexpr, stride_rk_h: tl.constexpr, stride_rk_k: tl.constexpr,
+    stride_rg_b, stride_rg_r: tl.constexpr, stride_rg_h: tl.constexpr, stride_rg_k: tl.constexpr,
+    stride_origin, stride_count,
+    USE_QK_L2NORM: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    """Per-key gates, once per (row, value head): what :func:`_committed_records` computes in every V tile of the
+    verify kernel apart from the d's, the decay from the checkpoint to the end of the records [BLOCK_K] and the
+    decayed record keys [BLOCK_R, BLOCK_K] (0 past ``count``), into ``weights`` [B, Hv, BLOCK_K + BLOCK_R * BLOCK_K].
+    Grid (B, Hv); positions as the verify kernel reads them."""
+    pid_b = tl.program_id(0).to(tl.int64)
+    pid_h = tl.program_id(1)
+    hk = pid_h // kv_ratio
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_r = tl.arange(0, BLOCK_R)
+    mask_k = offs_k < K
+    origin = tl.load(origin_ptr + pid_b * stride_origin)
+    count = tl.load(count_ptr + pid_b * stride_count)
+    valid = offs_r < count
+    slots = (origin + offs_r) % ring_size
+    k_r = _load_record_keys(ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h, slots, valid, offs_k, mask_k,
+                            stride_rk_r, stride_rk_k, USE_QK_L2NORM)
+    decay, kw_r = _record_decays(k_r, ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h, origin, count, ring_size,
+                                 offs_r, offs_k, valid, 0.0, stride_rg_r, stride_rg_k, K, True)
+    w_base = weights_ptr + (pid_b * tl.num_programs(1) + pid_h) * (BLOCK_K + BLOCK_R * BLOCK_K)
+    tl.store(w_base + offs_k, decay)
+    tl.store(w_base + BLOCK_K + offs_r[:, None] * BLOCK_K + offs_k[None, :], kw_r)
+
+
 # One compile per BLOCK_T, not per window width: the width and the batch strides of the window tensors (T times a
 # row's size, so 16-divisible for some widths and not others) are not specialised on.
 @triton.jit(do_not_specialize=["window", "stride_q_b", "stride_k_b", "stride_v_b", "stride_beta_b", "stride_g_b",
                                "stride_o_b"])
 def _delta_verify_kernel(
     state_ptr, ring_k_ptr, ring_d_ptr, ring_g_ptr, origin_ptr, count_ptr,
-    q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, o_ptr,
+    q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, o_ptr, weights_ptr,
     K: tl.constexpr, V: tl.constexpr, ring_size, kv_ratio, scale,
     # strides (all but the batch strides are compile-time constants, as in the replay step)
     stride_s_b, stride_s_h: tl.constexpr, stride_s_k: tl.constexpr, stride_s_v: tl.constexpr,
@@ -200,6 +234,7 @@ def _delta_verify_kernel(
     USE_QK_L2NORM: tl.constexpr,
     WINDOW_AS_PRODUCTS: tl.constexpr,
     WINDOW_AS_STEPS: tl.constexpr,
+    WEIGHTS_GIVEN: tl.constexpr,  # per-key gates: decay and decayed record keys from _verify_record_weights_kernel
     PRECISION: tl.constexpr,  # tl.dot input precision of the products ("ieee" or "tf32x3") or the steps form's fold
     BLOCK_K: tl.constexpr,
     BLOCK_V: tl.constexpr,
@@ -229,10 +264,18 @@ def _delta_verify_kernel(
     rk_base = ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h
     rd_base = ring_d_ptr + pid_b * stride_rd_b + pid_h * stride_rd_h
     rg_base = ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h
-    k_r, d_r, decay, weights = _committed_records(rk_base, rd_base, rg_base, origin, count, ring_size, offs_r, offs_k,
-                                                  mask_k, offs_v, mask_v, stride_rk_r, stride_rk_k, stride_rd_r,
-                                                  stride_rd_v, stride_rg_r, stride_rg_k, K, GATE_PER_KEY,
-                                                  USE_QK_L2NORM)
+    if WEIGHTS_GIVEN:  # the head's decay and decayed keys, computed once by the pre-launch; the d's of this tile
+        w_base = weights_ptr + (pid_b * tl.num_programs(2) + pid_h) * (BLOCK_K + BLOCK_R * BLOCK_K)
+        decay = tl.load(w_base + offs_k)
+        weights = tl.load(w_base + BLOCK_K + offs_r[:, None] * BLOCK_K + offs_k[None, :])
+        slots_r = (origin + offs_r) % ring_size
+        d_r = tl.load(rd_base + slots_r[:, None] * stride_rd_r + offs_v[None, :] * stride_rd_v,
+                      mask=(offs_r < count)[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    else:
+        k_r, d_r, decay, weights = _committed_records(rk_base, rd_base, rg_base, origin, count, ring_size, offs_r,
+                                                      offs_k, mask_k, offs_v, mask_v, stride_rk_r, stride_rk_k,
+                                                      stride_rd_r, stride_rd_v, stride_rg_r, stride_rg_k, K,
+                                                      GATE_PER_KEY, USE_QK_L2NORM)
     if GATE_PER_KEY:
         kw_r = weights  # [R, K]: record keys decayed to the ring end
     else:
@@ -651,7 +694,12 @@ def _window_strides(g: torch.Tensor) -> tuple[int, ...]:
 
 
 def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_qk_l2norm=True, scale=None,
-            out=None, _block_v=None, _num_warps=None, _products=None, _steps=None):
+            out=None, _block_v=None, _num_warps=None, _products=None, _steps=None, _weights=False):
+    """:func:`delta_verify` with launch overrides: ``_block_v`` / ``_num_warps``, the form (``_products`` /
+    ``_steps``, :func:`resolve_form`), and ``_weights`` (per-key gates; off by default, not yet timed on a GPU): a
+    first launch computes each (row, value head)'s decay and decayed record keys once
+    (``_verify_record_weights_kernel``), which the verify programs of its V tiles load instead of each loading the
+    record keys and gates and computing the [R, K] decays (the replay step's ``_kda_weights``, for verify)."""
     batch, value_heads, key_heads, key_dim, value_dim, ring_size, per_key = _check_rings(
         state, ring_k, ring_d, ring_g, origin, count)
     window = k.shape[1]
@@ -672,9 +720,22 @@ def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_
     assert block_v >= 16 or not (_products or _steps), f"block_v {block_v} < 16: tl.dot needs 16"
     floor = 16 if _products or _steps else 2  # tl.dot operands are at least 16 on every side
     grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
+    block_k = max(floor, triton.next_power_of_2(key_dim))
+    block_r = max(floor, triton.next_power_of_2(max(ring_size - window, 1)))  # count <= R - T if rows fit
+    if _weights and not per_key:
+        raise ValueError("_weights needs per-key gates (KDA): a scalar gate's records have no [R, K] decays")
+    weights = state  # (unused pointer)
     with _device_guard(v):
+        if _weights:
+            weights = torch.empty((batch, value_heads, block_k + block_r * block_k), dtype=torch.float32,
+                                  device=v.device)
+            LAST_COMPILED["verify_weights"] = _verify_record_weights_kernel[(batch, value_heads)](
+                ring_k, ring_g, origin, count, weights, key_dim, ring_size, value_heads // key_heads,
+                *ring_k.stride(), *_ring_gate_strides(ring_g), origin.stride(0), count.stride(0),
+                USE_QK_L2NORM=bool(use_qk_l2norm), BLOCK_K=block_k, BLOCK_R=block_r,
+            )
         LAST_COMPILED["verify"] = _delta_verify_kernel[grid](
-            state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, o,
+            state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, o, weights,
             key_dim, value_dim, ring_size, value_heads // key_heads, scale,
             *state.stride(), *ring_k.stride(), *ring_d.stride(), *_ring_gate_strides(ring_g),
             origin.stride(0), count.stride(0),
@@ -684,11 +745,12 @@ def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_
             USE_QK_L2NORM=bool(use_qk_l2norm),
             WINDOW_AS_PRODUCTS=bool(_products),
             WINDOW_AS_STEPS=bool(_steps),
+            WEIGHTS_GIVEN=bool(_weights),
             # the steps form's record fold: tf32x3 like the replay step's flush (``_steps=True``) or as named
             PRECISION=dot_precision(_products or ("tf32x3" if _steps is True else _steps)),
-            BLOCK_K=max(floor, triton.next_power_of_2(key_dim)),
+            BLOCK_K=block_k,
             BLOCK_V=block_v,
-            BLOCK_R=max(floor, triton.next_power_of_2(max(ring_size - window, 1))),  # count <= R - T if rows fit
+            BLOCK_R=block_r,
             BLOCK_T=MAX_WINDOW if _products else max(2, triton.next_power_of_2(window)),  # products: every width
             CHUNK_K=min(32, max(floor, triton.next_power_of_2(key_dim))),
             num_warps=num_warps,

@@ -34,7 +34,7 @@ CASES = ["mamba2_verify_bf16", "mamba2_verify_products", "mamba2_verify_fp32_and
          "mamba2_fold_ring", "delta_verify_gdn_bf16", "delta_verify_products", "delta_verify_kda_and_commit",
          "delta_speculation_gdn", "delta_speculation_kda", "delta_fold_ring", "mamba2_speculation_products",
          "delta_speculation_products", "delta_verify_steps", "delta_speculation_steps", "delta_commit_fold_dot",
-         "delta_speculation_fold_dot", "delta_default_fold"]
+         "delta_speculation_fold_dot", "delta_default_fold", "delta_verify_kda_weights"]
 SLOW_CASES = ["mamba2_speculation_long", "delta_speculation_gdn_long", "delta_speculation_kda_long"]
 
 
@@ -92,20 +92,22 @@ def test_bench_imports_and_parses_arguments():
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_bench_smoke(tmp_path):
     data, stdout = run_bench_smoke("bench_verify", ["--family", "mamba2,gdn,kda", "--forms",
-                                                    "ieee,tf32x3,steps,fold_dot,fold_loop"],
+                                                    "ieee,tf32x3,steps,fold_dot,fold_loop,weights"],
                                    tmp_path / "bench.json")
     assert [r["family"] for r in data["results"]] == ["mamba2", "gdn", "kda"]
     for row in data["results"]:
         forms = ["products", "tf32x3"] + (["steps", "fold_dot", "fold_loop"] if row["family"] != "mamba2" else [])
+        forms += ["weights"] if row["family"] == "kda" else []
         keys = ["replay_all_us", "replay_mixed_us", "snapshot_us", "steps_only_us", "speedup_all_vs_snapshot"]
         keys += [f"replay_{mode}_{form}_us" for form in forms for mode in ("all", "mixed")]
         keys += [f"speedup_all_{form}_vs_snapshot" for form in forms]
         for key in keys:
             assert row[key] > 0, (key, row)
         assert row["family"] != "mamba2" or "replay_all_steps_us" not in row  # no steps form for Mamba-2
-    assert len(data["checks"]) == 15 and all(check["ok"] for check in data["checks"].values()), data["checks"]
+    assert len(data["checks"]) == 16 and all(check["ok"] for check in data["checks"].values()), data["checks"]
     assert {label.rsplit("/", 1)[1] for label in data["checks"]} >= {"products", "tf32x3", "steps", "fold_dot",
-                                                                       "fold_loop"}
+                                                                       "fold_loop", "weights"}
+    assert [label.split("/")[0] for label in data["checks"] if label.endswith("/weights")] == ["kda"]
     assert "snapshot us" in stdout  # the printed table
 
 
@@ -678,6 +680,41 @@ def case_delta_verify_kda(k, device):
     for per_key in (True, False):
         _check_delta_verify(k, device, torch.float32, 3, 5, [4, 0], [2, 1], 16, per_key=per_key,
                             shape=dict(Hk=1, Hv=2, K=16, V=16), use_qk_l2norm=False, scale=0.3)
+
+
+def case_delta_verify_kda_weights(k, device):
+    """The per-head pre-launch of KDA's record decays (``_weights=True``) in the token, steps and products forms:
+    outputs and appended records bitwise equal to the plain launch (the same expressions, computed once per head),
+    and against the reference (bf16 wrapping rings with NaN in uncommitted slots, fp32 K=24 with counts 0..R-T, no
+    l2norm with a scale); a scalar gate is refused."""
+    forms = dict(tokens=dict(_products=False, _steps=False), steps=dict(_steps=True), products=dict(_products=True))
+    cases = [(torch.bfloat16, 4, 7, [6, 5, 4, 6], [0, 1, 2, 3], {}, {}),
+             (torch.float32, 2, 9, [8, 0, 3, 5], [7, 0, 4, 1], dict(K=24, V=32), {}),
+             (torch.float32, 3, 5, [4, 0], [2, 1], dict(Hk=1, Hv=2, K=16, V=16), dict(use_qk_l2norm=False, scale=0.3))]
+    for name, form in forms.items():
+        for dtype, T, R, origins, counts, shape, options in cases:
+            p = _delta_inputs(device, dtype, len(counts), T, R, per_key=True, **shape)
+            _poison(p, D_RING, origins, counts, R)
+            p["origin"] = torch.tensor(origins, dtype=torch.int32, device=device)
+            p["count"] = torch.tensor(counts, dtype=torch.int32, device=device)
+            plain, ref = _clone(p), _clone(p)
+            out = torch.empty(p["v"].shape, dtype=torch.float32, device=device)
+            o = k._verify(**p, **options, out=out, _block_v=16, _weights=True, **form)
+            o_plain = k._verify(**plain, **options, out=torch.empty_like(out), _block_v=16, **form)
+            o_ref = k.delta_verify_ref(**ref, **options, out=torch.empty_like(out))
+            print(f" {name}: T={T} R={R} counts={counts} origins={origins} {shape} {options}")
+            assert torch.isfinite(o).all() and o.abs().max() > 0
+            bitwise = str(device) == "cpu"  # compiled kernels may contract differently around the loads: 1e-6
+            for label, got, want in [("o", o, o_plain), *((n, p[n], plain[n]) for n in D_RING)]:
+                got, want = got.nan_to_num(), want.nan_to_num()
+                assert not bitwise or torch.equal(got, want), f"{label} differs from the plain launch"
+                _close(f"{label} vs the plain launch", got, want, 1e-6)
+            _close("o vs the reference", o, o_ref, 2e-6)
+            _close("ring_d vs the reference", p["ring_d"].nan_to_num(), ref["ring_d"].nan_to_num(), 1e-5)
+    p = _delta_inputs(device, torch.float32, 2, 2, 5, per_key=False)
+    with pytest.raises(ValueError, match="per-key gates"):
+        k._verify(**p, origin=torch.zeros(2, dtype=torch.int32, device=device),
+                  count=torch.ones(2, dtype=torch.int32, device=device), _weights=True)
 
 
 def case_delta_verify_kda_and_commit(k, device):

@@ -1,8 +1,9 @@
 """Launch-configuration sweep of the verify kernels (tile width and warps), H200, real shapes: microseconds per
 verify (``triton.testing.do_bench``, inputs of ``kernels/bench_verify.py``), every configuration of the chosen forms
 (``tokens``, the default token-by-token form; ``ieee`` / ``tf32x3``, the matrix-product form with that ``tl.dot``
-precision; ``steps``, the delta rule's records folded then the window stepped in registers) against the package's
-default, best six first.
+precision; ``steps``, the delta rule's records folded then the window stepped in registers; ``tokens_weights`` /
+``steps_weights``, KDA only, those two with the record decays computed once per head by a pre-launch) against the
+package's default, best six first.
 Run on the GPU machine after ``source benchmarks/gpu/install.sh``: ``python3 $R/benchmarks/gpu/verify_config_sweep.py
 [--families mamba2,gdn,kda] [--batches 64,256] [--windows 2,4,8] [--forms tokens,ieee] [--tiles 16,32,64]
 [--warps 4,8]``."""
@@ -17,16 +18,19 @@ from triton.testing import do_bench
 
 from hf_replayssm.kernels import bench_verify as bv
 
-# this sweep's form names -> bench_verify's FORMS (the private arguments of _verify)
-FORMS = {"tokens": "", "ieee": "products", "tf32x3": "tf32x3", "steps": "steps"}
+# this sweep's form names -> bench_verify's FORMS (the private arguments of _verify), and whether KDA's per-head
+# pre-launch of the record decays (``_weights``) goes with it
+FORMS = {"tokens": ("", False), "ieee": ("products", False), "tf32x3": ("tf32x3", False), "steps": ("steps", False),
+         "tokens_weights": ("", True), "steps_weights": ("steps", True)}
 
 
 def configs(family: str, forms: list[str], tiles: list[int], warps_list: list[int]):
     for form in forms:
-        if family == "mamba2" and FORMS[form] in bv.DELTA_ONLY_FORMS:
+        name, weights = FORMS[form]
+        if (family == "mamba2" and name in bv.DELTA_ONLY_FORMS) or (weights and family != "kda"):
             continue
         # the token form named explicitly: without _products the default form depends on T
-        launch_form = {"_products": False, **bv.FORMS[FORMS[form]], "_form": form}
+        launch_form = {"_products": False, **bv.FORMS[name], **bv.FORMS["weights" if weights else ""], "_form": form}
         for tile in tiles:
             for warps in warps_list:
                 launch = (dict(_config=dict(block_p=tile, num_warps=warps)) if family == "mamba2"

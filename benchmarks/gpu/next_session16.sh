@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Planned GPU calls for the next session (not run yet). Every job packs what it wrote into $OUT right after it ends.
+# GPU calls of the sixteenth session (ran as runs 89-95, see benchmarks/gpu/README.md). Every job packs what it wrote into $OUT right after it ends.
 # STAGE=1 (about 7 minutes): the delta commit's product fold (`_fold_dot`, new in the fifteenth session, unmeasured:
 #   every record loaded at once and summed by one tf32x3 product instead of one dependent round trip per record;
 #   sm_90: GDN 217 / KDA 248 registers at [128, 64] x 4, no spills): its CUDA tests, then bench_verify with it beside

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Planned GPU calls for the next session (not run yet). Every job packs what it wrote into $OUT right after it ends.
+# STAGE=1 (about 6 minutes): KDA's verify with the committed records' decay and decayed keys computed once per
+#   (row, head) by a pre-launch (`_verify(..., _weights=True)`, new in the sixteenth session, unmeasured; sm_90:
+#   T = 4 [128, 32] x 2 209 registers against 237, x 1 416 B spilled against 44): its CUDA test, bench_verify beside
+#   the default (runs 86 / 89 / 95 at T = 4, batch 256, every draft accepted: 2.94x / 2.88x / 2.86x snapshots, the 3x
+#   target 2-5 % short), and a launch sweep of both forms with and without it. If it wins at its best launch, make it
+#   KDA's default (and that launch in verify_launch_config).
+# STAGE=2 (about 5 minutes): the Qwen3.5-like batch-64 speculative arm with attention pinned to memory-efficient SDPA
+#   against the default (run 94: 0.25x, 67 ms per verify forward against run 75's 22.5; the pinned arm failed on
+#   grouped-query inputs, fixed since: transformers now repeats the key / value heads under that pin).
+# Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session17.sh", carry=[".triton_cache", ".whl/fla"],
+#   timeout_s=600), then STAGE=2 the same way.
+source benchmarks/gpu/install.sh || exit 1
+RES=/tmp/w/res_next_session17_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
+pack() { tar czf "$OUT/next_session17_$STAGE.tgz" -C "$RES" . ; }
+if [ "$STAGE" = 1 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_verify_kda_weights_cuda tests/test_kernels_verify.py \
+    -k "kda_weights or delta_default_fold or delta_verify_kda_and_commit"; pack
+  timeout 150 python3 -m hf_replayssm.kernels.bench_verify --family kda --batches 64,256 --windows 2,4,8 \
+    --forms weights --out "$RES/verify_kda_weights.json" > "$RES/verify_kda_weights.txt" 2>&1
+  echo "verify rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  timeout 150 python3 "$R/benchmarks/gpu/verify_config_sweep.py" --families kda --batches 256 --windows 2,4,8 \
+    --forms tokens,tokens_weights,steps,steps_weights --tiles 16,32,64 --warps 1,2 > "$RES/sweep_kda_weights.txt" 2>&1
+  echo "sweep kda rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+else
+  for sdpa in efficient default; do
+    bench_job 160 speculative_qwen3_5_b64_$sdpa speculative --models qwen3_5 --batches 64 --prompt 512 --new 64 \
+      --schedules heuristic --sdpa $sdpa --out "$RES/speculative_qwen3_5_b64_$sdpa.json"; pack
+  done
+fi
+tail -n 12 "$RES"/*.txt
+save_triton_cache

@@ -18,6 +18,10 @@ followed by the acceptance of a prefix of ``accepted`` tokens. Arms, per family,
   token's snapshot slot (the accepted one would become the state; selecting it costs nothing and is not timed).
 * ``steps_only``: the T standard steps without the copies: the state traffic of a snapshot kernel that writes each
   token's state out of place (2|S| per token), i.e. the best case of the snapshot approach.
+* with ``--parts``: verify alone, and commit alone with every row flushing (counts reset to ``L - T``, ``T``
+  accepted) and with none (count only), at the default launches, against one standard step (same state traffic as a
+  flush, records apart); ``--commit-tiles`` / ``--commit-warps`` time the flush at other launches (delta rule: both
+  folds).
 
 Shapes: Mamba-2 Nemotron-H-8B (128 heads x head_dim 64 x d_state 128, 8 groups), GDN Qwen3-Next (32 value / 16 key
 heads of 128), optionally KDA Kimi-Linear (32 / 32 heads of 128, per-key gates). float32 state, bf16 activations and
@@ -203,6 +207,63 @@ def snapshot_steps(case, ks, T: int, L: int, copy: bool):
     return run
 
 
+def verify_only(case, kv, L: int):
+    """L verify calls at the default form and launch (no commit), rotating over the input copies."""
+    def run():
+        for i in range(L):
+            case.verify(kv, case.copies[i % case.n])
+
+    return run
+
+
+def commit_only(case, kv, count: int, accepted: int, L: int, launch: dict | None = None, fill_only: bool = False):
+    """L commit calls, each on counts reset to ``count`` with ``accepted`` records for every row (``count + accepted
+    >= L``: every row flushes), rotating over the input copies; ``fill_only``: the count resets alone (their time is
+    subtracted from the commit's)."""
+    accepted_rows = torch.full_like(case.copies[0]["count"], accepted)
+
+    def run():
+        for i in range(L):
+            c = case.copies[i % case.n]
+            c["count"].fill_(count)
+            if not fill_only:
+                case.commit(kv, c, accepted_rows, L, **(launch or {}))
+
+    return run
+
+
+def commit_launches(family: str, tiles: list[int], warps: list[int]) -> dict[str, dict]:
+    """``--commit-tiles`` x ``--commit-warps`` as ``_commit`` arguments by label: Mamba-2 ``p<block_p>w<warps>``, the
+    delta rule ``<block_v>x<warps>/loop`` and ``/dot`` (records folded one by one, or as one tf32x3 product)."""
+    if family == "mamba2":
+        return {f"p{t}w{w}": dict(_config=dict(block_p=t, num_warps=w)) for t in tiles for w in warps}
+    return {f"{t}x{w}/{fold}": dict(_block_v=t, _num_warps=w, _fold_dot=fold == "dot")
+            for t in tiles for w in warps for fold in ("loop", "dot") if t >= 16 or fold == "loop"}
+
+
+def time_parts(args, family: str, case, kv, T: int, L: int, timer) -> dict:
+    """Verify alone, and commit alone on a flush step (every row flushes) and on a count-only step (no row does),
+    at the default launches, and the flush at each ``--commit-tiles`` x ``--commit-warps`` launch; microseconds per
+    call, the count resets' time subtracted."""
+    def us(fn):
+        return timer(fn)["ms"] * 1e3 / L
+
+    fill = us(commit_only(case, kv, L - T, T, L, fill_only=True))
+    parts = dict(verify_us=us(verify_only(case, kv, L)), count_reset_us=fill,
+                 commit_flush_us=us(commit_only(case, kv, L - T, T, L)) - fill,
+                 commit_count_only_us=us(commit_only(case, kv, 0, 1, L)) - fill)
+    sweep = {}
+    for label, launch in commit_launches(family, args.commit_tiles, args.commit_warps).items():
+        try:
+            sweep[label] = us(commit_only(case, kv, L - T, T, L, launch)) - fill
+        except Exception as error:  # out of resources (shared memory, registers) for this launch
+            sweep[label] = f"{type(error).__name__}"
+    if sweep:
+        timed = {k: v for k, v in sweep.items() if isinstance(v, float)}
+        parts.update(commit_flush_sweep=sweep, commit_flush_best=min(timed, key=timed.get) if timed else None)
+    return parts
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # correctness check on the device
 
@@ -286,6 +347,9 @@ def bench(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                         row[f"{arm}_p80_us"] = t["p80_ms"] * 1e3 / L
                         if cuda:
                             torch.cuda.empty_cache()
+                    if args.parts:
+                        row.update(time_parts(args, family, case, kv, T, L, timer))
+                        row["standard_step_us"] = row["steps_only_us"] / T  # reads and writes the state once
                     row["snapshot_model_state_bytes"] = 4 * case.state_bytes * T
                     row["steps_only_model_state_bytes"] = 2 * case.state_bytes * T
                     for mode in _arms(args, family):
@@ -298,6 +362,8 @@ def bench(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                     del case
                     rows.append(row)
                     _print_row(row, _arms(args, family), header=len(rows) == 1 or rows[-2]["family"] != family)
+                    if args.parts:
+                        _print_parts(row)
     return rows, checks
 
 
@@ -344,6 +410,19 @@ def _print_row(r, modes, header):
           f"{r['steps_only_us']:>14.1f}", flush=True)
 
 
+def _print_parts(r):
+    sweep = r.get("commit_flush_sweep") or {}
+    best = r.get("commit_flush_best")
+    print(f"{'':<32}| verify alone {r['verify_us']:.1f} us; commit flushing every row {r['commit_flush_us']:.1f} us "
+          f"({r['commit_flush_us'] / r['standard_step_us']:.2f} standard steps of {r['standard_step_us']:.1f}), "
+          f"count only {r['commit_count_only_us']:.1f} us"
+          + (f"; flush at {best} {sweep[best]:.1f} us" if best else ""), flush=True)
+    if sweep:
+        ranked = sorted(sweep.items(), key=lambda kv: kv[1] if isinstance(kv[1], float) else float("inf"))
+        print(f"{'':<32}| flush launches: " + ", ".join(
+            f"{label} {v:.1f}" if isinstance(v, float) else f"{label} {v}" for label, v in ranked), flush=True)
+
+
 def _int_list(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -367,6 +446,11 @@ def main(argv: list[str] | None = None) -> dict:
                         "folded one by one, '<accept>_fold_loop'; the default picks one per gate kind), 'weights' "
                         "(KDA: the default form with the record decays computed once per head by a pre-launch, "
                         "'<accept>_weights')")
+    parser.add_argument("--parts", action="store_true", help="also time verify alone and commit alone (every row "
+                        "flushing, and count only) at the default launches, against one standard step")
+    parser.add_argument("--commit-tiles", type=_int_list, default=[], help="with --parts: flush launches to time, "
+                        "BLOCK_P (Mamba-2) / BLOCK_V (delta rule, both folds) values")
+    parser.add_argument("--commit-warps", type=_int_list, default=[4], help="with --parts and --commit-tiles: warps")
     parser.add_argument("--out", type=Path, default=None, help="write all numbers as JSON here")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes, one repetition (CPU / TRITON_INTERPRET)")
     parser.add_argument("--no-check", action="store_true", help="skip the on-device correctness check")
@@ -376,6 +460,8 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = [f for f in args.families if f not in SHAPES]
     if unknown:
         parser.error(f"unknown family {unknown}; choose from {sorted(SHAPES)}")
+    if args.commit_tiles and not args.parts:
+        parser.error("--commit-tiles needs --parts")
     args.accept = [m for m in args.accept.split(",") if m]
     if not args.accept or any(m not in ACCEPT for m in args.accept):
         parser.error(f"--accept must be a comma-separated subset of {ACCEPT}")

@@ -92,7 +92,8 @@ def test_bench_imports_and_parses_arguments():
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_bench_smoke(tmp_path):
     data, stdout = run_bench_smoke("bench_verify", ["--family", "mamba2,gdn,kda", "--forms",
-                                                    "ieee,tf32x3,steps,fold_dot,fold_loop,weights"],
+                                                    "ieee,tf32x3,steps,fold_dot,fold_loop,weights",
+                                                    "--parts", "--commit-tiles", "8,16", "--commit-warps", "1"],
                                    tmp_path / "bench.json")
     assert [r["family"] for r in data["results"]] == ["mamba2", "gdn", "kda"]
     for row in data["results"]:
@@ -104,11 +105,18 @@ def test_bench_smoke(tmp_path):
         for key in keys:
             assert row[key] > 0, (key, row)
         assert row["family"] != "mamba2" or "replay_all_steps_us" not in row  # no steps form for Mamba-2
+        # --parts: verify and commit alone, the flush at each named launch (delta rule: both folds from 16 on)
+        for key in ("verify_us", "count_reset_us", "commit_flush_us", "standard_step_us"):
+            assert row[key] > 0, (key, row)
+        assert isinstance(row["commit_count_only_us"], float), row  # a difference of two timings: any sign on CPU
+        want = {"p8w1", "p16w1"} if row["family"] == "mamba2" else {"8x1/loop", "16x1/loop", "16x1/dot"}
+        assert set(row["commit_flush_sweep"]) == want and row["commit_flush_best"] in want, row["commit_flush_sweep"]
+        assert all(isinstance(v, float) for v in row["commit_flush_sweep"].values()), row["commit_flush_sweep"]
     assert len(data["checks"]) == 16 and all(check["ok"] for check in data["checks"].values()), data["checks"]
     assert {label.rsplit("/", 1)[1] for label in data["checks"]} >= {"products", "tf32x3", "steps", "fold_dot",
                                                                        "fold_loop", "weights"}
     assert [label.split("/")[0] for label in data["checks"] if label.endswith("/weights")] == ["kda"]
-    assert "snapshot us" in stdout  # the printed table
+    assert "snapshot us" in stdout and "commit flushing every row" in stdout  # the printed tables
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -9,8 +9,13 @@
 # STAGE=2 (about 5 minutes): the Qwen3.5-like batch-64 speculative arm with attention pinned to memory-efficient SDPA
 #   against the default (run 94: 0.25x, 67 ms per verify forward against run 75's 22.5; the pinned arm failed on
 #   grouped-query inputs, fixed since: transformers now repeats the key / value heads under that pin).
+# STAGE=3 (about 6 minutes): where the commit's time goes (`bench_verify --parts`, new): verify alone, commit alone
+#   with every row flushing and count only, against one standard step (the same state traffic as a flush), and the
+#   flush at 16-64 wide tiles on 1-8 warps, both folds. From runs 86 / 95 (batch 256, T = 4): the commit costs about
+#   150 (GDN) / 200 (KDA) us per speculative step with a flush every fourth step, i.e. a flush of about 2-3 standard
+#   steps where its bytes ask for about one.
 # Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session17.sh", carry=[".triton_cache", ".whl/fla"],
-#   timeout_s=600), then STAGE=2 the same way.
+#   timeout_s=600), then STAGE=2 and 3 the same way.
 source benchmarks/gpu/install.sh || exit 1
 RES=/tmp/w/res_next_session17_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
 pack() { tar czf "$OUT/next_session17_$STAGE.tgz" -C "$RES" . ; }
@@ -23,6 +28,11 @@ if [ "$STAGE" = 1 ]; then
   timeout 150 python3 "$R/benchmarks/gpu/verify_config_sweep.py" --families kda --batches 256 --windows 2,4,8 \
     --forms tokens,tokens_weights,steps,steps_weights --tiles 16,32,64 --warps 1,2 > "$RES/sweep_kda_weights.txt" 2>&1
   echo "sweep kda rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+elif [ "$STAGE" = 3 ]; then
+  timeout 420 python3 -m hf_replayssm.kernels.bench_verify --family mamba2,gdn,kda --batches 256 --windows 4 \
+    --parts --commit-tiles 16,32,64 --commit-warps 1,2,4,8 --no-check --out "$RES/verify_parts.json" \
+    > "$RES/verify_parts.txt" 2>&1
+  echo "verify parts rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
 else
   for sdpa in efficient default; do
     bench_job 160 speculative_qwen3_5_b64_$sdpa speculative --models qwen3_5 --batches 64 --prompt 512 --new 64 \

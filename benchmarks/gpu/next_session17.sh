@@ -13,7 +13,10 @@
 #   with every row flushing and count only, against one standard step (the same state traffic as a flush), and the
 #   flush at 16-64 wide tiles on 1-8 warps, both folds. From runs 86 / 95 (batch 256, T = 4): the commit costs about
 #   150 (GDN) / 200 (KDA) us per speculative step with a flush every fourth step, i.e. a flush of about 2-3 standard
-#   steps where its bytes ask for about one.
+#   steps where its bytes ask for about one. ptxas for sm_90 (Triton 3.6, compile-only, registers / B spilled) of the
+#   flush launches, [128, BLOCK_V] x warps: GDN default product fold 64 x 4 217 (2 programs of 4 warps per SM);
+#   64 x 8 107, 32 x 4 138, 16 x 4 92, loop 64 x 8 80; KDA default loop 64 x 4 127, 64 x 8 80, product 64 x 8 128,
+#   32 x 4 167; one warp spills from 32 wide on (GDN product 64 x 1: 24 KB).
 # Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session17.sh", carry=[".triton_cache", ".whl/fla"],
 #   timeout_s=600), then STAGE=2 and 3 the same way.
 source benchmarks/gpu/install.sh || exit 1

@@ -217,6 +217,13 @@ def _load_record_keys(rk_base, slots, valid, offs_k, mask_k, stride_rk_r, stride
 
 
 @triton.jit
+def _load_record_values(rd_base, slots, valid, offs_v, mask_v, stride_rd_r, stride_rd_v):
+    """The records' corrected values d [R, BLOCK_V] at ring ``slots`` (rows not ``valid``: 0), float32."""
+    return tl.load(rd_base + slots[:, None] * stride_rd_r + offs_v[None, :] * stride_rd_v,
+                   mask=valid[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+
+
+@triton.jit
 def _record_decays(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, valid, g_t, stride_rg_r, stride_rg_k,
                    K: tl.constexpr, GATE_PER_KEY: tl.constexpr):
     """Records in logical order, decayed through a token of log decay ``g_t`` after them (0: to the end of the
@@ -452,8 +459,7 @@ def _delta_replay_step_kernel(
             slots = (origin + offs_r) % ring_size
         if not WEIGHTS_GIVEN:
             k_r = _load_record_keys(rk_base, slots, valid, offs_k, mask_k, stride_rk_r, stride_rk_k, USE_QK_L2NORM)
-        d_r = tl.load(rd_base + slots[:, None] * stride_rd_r + offs_v[None, :] * stride_rd_v,
-                      mask=valid[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+        d_r = _load_record_values(rd_base, slots, valid, offs_v, mask_v, stride_rd_r, stride_rd_v)
         # Decays from the gates one record later (s_r = sum_{r<i<count} g_i + g_t; c = g_0 + s_0) and the records'
         # weights: from the per-head pre-launch (WEIGHTS_GIVEN: once per (row, head), not once per V tile) or here.
         if WEIGHTS_GIVEN:

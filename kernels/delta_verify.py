@@ -96,6 +96,7 @@ if __package__:
         MAX_KEY_DIM,
         _device_guard,
         _load_record_keys,
+        _load_record_values,
         _load_token,
         _record_decays,
         _ring_gate_strides,
@@ -115,7 +116,8 @@ else:  # loaded from its file outside the package (a checkout without the packag
     _m = sys.modules["_replayssm_kernels_delta_rule"]
     MAX_KEY_DIM, _device_guard, _load_token = _m.MAX_KEY_DIM, _m._device_guard, _m._load_token
     _ring_gate_strides, _token_update = _m._ring_gate_strides, _m._token_update
-    _load_record_keys, _record_decays = _m._load_record_keys, _m._record_decays
+    _load_record_keys, _load_record_values, _record_decays = (_m._load_record_keys, _m._load_record_values,
+                                                              _m._record_decays)
     state_update_launch_config = _m.state_update_launch_config
 
 __all__ = [
@@ -157,6 +159,13 @@ def _store_token(o, d_t, g_t, k_raw, t, fits, o_row, rk_base, rd_base, rg_base, 
 
 
 @triton.jit
+def _committed_values(rd_base, origin, count, ring_size, offs_r, offs_v, mask_v, stride_rd_r, stride_rd_v):
+    """The committed records' d's [R, BLOCK_V] in logical order (rows past ``count``: 0)."""
+    return _load_record_values(rd_base, (origin + offs_r) % ring_size, offs_r < count, offs_v, mask_v, stride_rd_r,
+                               stride_rd_v)
+
+
+@triton.jit
 def _committed_records(rk_base, rd_base, rg_base, origin, count, ring_size, offs_r, offs_k, mask_k, offs_v, mask_v,
                        stride_rk_r, stride_rk_k, stride_rd_r, stride_rd_v, stride_rg_r, stride_rg_k, K: tl.constexpr,
                        GATE_PER_KEY: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
@@ -164,12 +173,12 @@ def _committed_records(rk_base, rd_base, rg_base, origin, count, ring_size, offs
     masked to 0): normalised keys k_r [R, K], d_r [R, BLOCK_V], the decay from the checkpoint to the end of the
     records (``decay``, [K] for a per-key gate, a scalar otherwise: exp of every record's gate), and each record's
     decay to that end (direct sums of the later gates): the decayed keys [R, K] for a per-key gate, the weights [R]
-    for a scalar one. The state after the records is ``decay * S0 + sum_j (decayed k_j) d_j^T``."""
+    for a scalar one. The state after the records is ``decay * S0 + sum_j (decayed k_j) d_j^T``. (Loads in this
+    order: ptxas for sm_90 spills less in the verify kernel than with the d's loaded after the decays.)"""
     valid = offs_r < count
-    slots = (origin + offs_r) % ring_size
-    k_r = _load_record_keys(rk_base, slots, valid, offs_k, mask_k, stride_rk_r, stride_rk_k, USE_QK_L2NORM)
-    d_r = tl.load(rd_base + slots[:, None] * stride_rd_r + offs_v[None, :] * stride_rd_v,
-                  mask=valid[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    k_r = _load_record_keys(rk_base, (origin + offs_r) % ring_size, valid, offs_k, mask_k, stride_rk_r, stride_rk_k,
+                            USE_QK_L2NORM)
+    d_r = _committed_values(rd_base, origin, count, ring_size, offs_r, offs_v, mask_v, stride_rd_r, stride_rd_v)
     decay, weights = _record_decays(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, valid, 0.0, stride_rg_r,
                                     stride_rg_k, K, GATE_PER_KEY)
     return k_r, d_r, decay, weights
@@ -199,9 +208,8 @@ def _verify_record_weights_kernel(
     origin = tl.load(origin_ptr + pid_b * stride_origin)
     count = tl.load(count_ptr + pid_b * stride_count)
     valid = offs_r < count
-    slots = (origin + offs_r) % ring_size
-    k_r = _load_record_keys(ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h, slots, valid, offs_k, mask_k,
-                            stride_rk_r, stride_rk_k, USE_QK_L2NORM)
+    k_r = _load_record_keys(ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h, (origin + offs_r) % ring_size, valid,
+                            offs_k, mask_k, stride_rk_r, stride_rk_k, USE_QK_L2NORM)
     decay, kw_r = _record_decays(k_r, ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h, origin, count, ring_size,
                                  offs_r, offs_k, valid, 0.0, stride_rg_r, stride_rg_k, K, True)
     w_base = weights_ptr + (pid_b * tl.num_programs(1) + pid_h) * (BLOCK_K + BLOCK_R * BLOCK_K)
@@ -268,9 +276,7 @@ def _delta_verify_kernel(
         w_base = weights_ptr + (pid_b * tl.num_programs(2) + pid_h) * (BLOCK_K + BLOCK_R * BLOCK_K)
         decay = tl.load(w_base + offs_k)
         weights = tl.load(w_base + BLOCK_K + offs_r[:, None] * BLOCK_K + offs_k[None, :])
-        slots_r = (origin + offs_r) % ring_size
-        d_r = tl.load(rd_base + slots_r[:, None] * stride_rd_r + offs_v[None, :] * stride_rd_v,
-                      mask=(offs_r < count)[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+        d_r = _committed_values(rd_base, origin, count, ring_size, offs_r, offs_v, mask_v, stride_rd_r, stride_rd_v)
     else:
         k_r, d_r, decay, weights = _committed_records(rk_base, rd_base, rg_base, origin, count, ring_size, offs_r,
                                                       offs_k, mask_k, offs_v, mask_v, stride_rk_r, stride_rk_k,
@@ -752,7 +758,7 @@ def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_
             BLOCK_V=block_v,
             BLOCK_R=block_r,
             BLOCK_T=MAX_WINDOW if _products else max(2, triton.next_power_of_2(window)),  # products: every width
-            CHUNK_K=min(32, max(floor, triton.next_power_of_2(key_dim))),
+            CHUNK_K=min(32, block_k),
             num_warps=num_warps,
         )
     return o

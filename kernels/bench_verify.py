@@ -217,9 +217,9 @@ def verify_only(case, kv, L: int):
 
 
 def commit_only(case, kv, count: int, accepted: int, L: int, launch: dict | None = None, fill_only: bool = False):
-    """L commit calls, each on counts reset to ``count`` with ``accepted`` records for every row (``count + accepted
-    >= L``: every row flushes), rotating over the input copies; ``fill_only``: the count resets alone (their time is
-    subtracted from the commit's)."""
+    """L commit calls, each on counts reset to ``count`` with ``accepted`` records for every row (every row flushes
+    where ``count + accepted >= L``, none otherwise), rotating over the input copies; ``fill_only``: the count resets
+    alone (their time is subtracted from the commit's)."""
     accepted_rows = torch.full_like(case.copies[0]["count"], accepted)
 
     def run():

@@ -24,10 +24,9 @@ def _transformers_repeats_kv():
     try:
         from transformers.integrations import sdpa_attention
     except ImportError:
-        yield
-        return
+        sdpa_attention = None
     original = getattr(sdpa_attention, "use_gqa_in_sdpa", None)
-    if original is None:  # a transformers without the switch: nothing to turn off
+    if original is None:  # no transformers, or one without the switch: nothing to turn off
         yield
         return
     sdpa_attention.use_gqa_in_sdpa = lambda *args, **kwargs: False

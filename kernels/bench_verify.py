@@ -372,9 +372,11 @@ def bench(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
 # one product / one by one; ``kernels.delta_verify.default_fold_dot`` picks one of them per gate kind).
 FORMS = {"": {}, "products": dict(_products=True), "tf32x3": dict(_products="tf32x3"), "steps": dict(_steps=True),
          "fold_dot": dict(_commit=dict(_fold_dot=True)), "fold_loop": dict(_commit=dict(_fold_dot=False)),
-         "weights": dict(_weights=True)}
+         "weights": dict(_weights=True), "no_weights": dict(_weights=False)}
 DELTA_ONLY_FORMS = ("steps", "fold_dot", "fold_loop")  # the delta rule's forms with no Mamba-2 counterpart
-PER_KEY_ONLY_FORMS = ("weights",)  # KDA's per-head pre-launch of the record decays (``_verify``'s ``_weights``)
+# KDA's per-head pre-launch of the record decays (``_verify``'s ``_weights``) on and off; the default turns it on from
+# ``kernels.delta_verify.WEIGHTS_FROM_WINDOW`` tokens on
+PER_KEY_ONLY_FORMS = ("weights", "no_weights")
 
 
 def _family_forms(args, family: str) -> list[str]:
@@ -385,18 +387,19 @@ def _family_forms(args, family: str) -> list[str]:
 def _arms(args, family: str) -> list[str]:
     """Replay arms: each accept mode (the default form), and with ``--forms`` the same with each named form of the
     verify kernel (``<mode>_products`` for IEEE float32 products, ``<mode>_tf32x3``, ``<mode>_steps``) or commit
-    (``<mode>_fold_dot``, ``<mode>_fold_loop``), or KDA's record decays computed once per head (``<mode>_weights``),
-    timed in the same run."""
+    (``<mode>_fold_dot``, ``<mode>_fold_loop``), or KDA's record decays computed once per head or not
+    (``<mode>_weights``, ``<mode>_no_weights``), timed in the same run."""
     return [*args.accept, *(f"{mode}_{form}" for form in _family_forms(args, family) for mode in args.accept)]
 
 
 def _forms(text: str) -> list[str]:
-    """--forms: ``ieee`` (or empty) -> "products", ``tf32x3``, ``steps``, ``fold_dot``, ``fold_loop``, ``weights``."""
+    """--forms: ``ieee`` (or empty) -> "products", ``tf32x3``, ``steps``, ``fold_dot``, ``fold_loop``, ``weights``,
+    ``no_weights``."""
     forms = ["products" if f in ("", "ieee", "products") else f for f in text.split(",")]
     for form in forms:
         if form not in FORMS or not form:
             raise argparse.ArgumentTypeError(f"unknown verify form {form!r}; use ieee, tf32x3, steps, fold_dot, "
-                                             "fold_loop and/or weights")
+                                             "fold_loop, weights and/or no_weights")
     return forms
 
 
@@ -445,7 +448,8 @@ def main(argv: list[str] | None = None) -> dict:
                         "records folded as one tf32x3 product, '<accept>_fold_dot'), 'fold_loop' (the same, records "
                         "folded one by one, '<accept>_fold_loop'; the default picks one per gate kind), 'weights' "
                         "(KDA: the default form with the record decays computed once per head by a pre-launch, "
-                        "'<accept>_weights')")
+                        "'<accept>_weights'), 'no_weights' (KDA: the same without it; the default uses it from 3 "
+                        "tokens on)")
     parser.add_argument("--parts", action="store_true", help="also time verify alone and commit alone (every row "
                         "flushing, and count only) at the default launches, against one standard step")
     parser.add_argument("--commit-tiles", type=_int_list, default=[], help="with --parts: flush launches to time, "

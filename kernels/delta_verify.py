@@ -77,7 +77,7 @@ Design notes:
 * All math is fp32 on CUDA cores (the products form's ``tl.dot`` in IEEE float32, not TF32, unless ``_products`` names
   ``"tf32x3"``: see ``kernels/verify_products.py``); bf16/fp16
   inputs are upcast right after loading. K is at most 256 (one K tile per program). Launch configurations:
-  :func:`verify_launch_config` for verify, the standard step's ``state_update_launch_config`` for commit; both can be
+  :func:`verify_launch_config` for verify, :func:`fold_launch_config` for commit and the ring fold; both can be
   overridden through the private ``_block_v`` / ``_num_warps`` arguments of ``_verify`` / ``_commit``
   (``kernels/bench_verify.py`` times them).
 """
@@ -609,6 +609,19 @@ STEPS_FROM_WINDOW = 3  # the steps form from 3-token windows on (H200, runs 83-8
 NARROW_STEPS_FROM_WINDOW = {False: 7, True: 5}
 
 
+# KDA's verify computes the committed records' decays and decayed keys once per (row, value head) from 3-token
+# windows on (the steps form); H200, batch 256, verify + commit, every draft accepted (run 96): T = 4 863 vs 928 us,
+# T = 8 1589 vs 1980; at T = 2 (the token form) it loses, 538 vs 507 (batch 64: 159 vs 143)
+WEIGHTS_FROM_WINDOW = 3
+
+
+def default_verify_weights(per_key_gate: bool, window: int) -> bool:
+    """Whether ``_verify`` runs the per-head pre-launch of the committed records' decays (``_weights``) when it is
+    not given: for per-key gates (KDA) from :data:`WEIGHTS_FROM_WINDOW` tokens on; a scalar gate has no [R, K]
+    decays to share."""
+    return per_key_gate and window >= WEIGHTS_FROM_WINDOW
+
+
 def default_form(window: int) -> str:
     """The verify form when neither ``_products`` nor ``_steps`` is given: ``"tokens"`` for windows of up to 2
     tokens, ``"steps"`` from :data:`STEPS_FROM_WINDOW` on. H200, verify alone at the launches of
@@ -700,10 +713,10 @@ def _window_strides(g: torch.Tensor) -> tuple[int, ...]:
 
 
 def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_qk_l2norm=True, scale=None,
-            out=None, _block_v=None, _num_warps=None, _products=None, _steps=None, _weights=False):
+            out=None, _block_v=None, _num_warps=None, _products=None, _steps=None, _weights=None):
     """:func:`delta_verify` with launch overrides: ``_block_v`` / ``_num_warps``, the form (``_products`` /
-    ``_steps``, :func:`resolve_form`), and ``_weights`` (per-key gates; off by default, not yet timed on a GPU): a
-    first launch computes each (row, value head)'s decay and decayed record keys once
+    ``_steps``, :func:`resolve_form`), and ``_weights`` (per-key gates only; :func:`default_verify_weights` when not
+    given): a first launch computes each (row, value head)'s decay and decayed record keys once
     (``_verify_record_weights_kernel``), which the verify programs of its V tiles load instead of each loading the
     record keys and gates and computing the [R, K] decays (the replay step's ``_kda_weights``, for verify)."""
     batch, value_heads, key_heads, key_dim, value_dim, ring_size, per_key = _check_rings(
@@ -728,6 +741,7 @@ def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_
     grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
     block_k = max(floor, triton.next_power_of_2(key_dim))
     block_r = max(floor, triton.next_power_of_2(max(ring_size - window, 1)))  # count <= R - T if rows fit
+    _weights = default_verify_weights(per_key, window) if _weights is None else _weights
     if _weights and not per_key:
         raise ValueError("_weights needs per-key gates (KDA): a scalar gate's records have no [R, K] decays")
     weights = state  # (unused pointer)
@@ -769,8 +783,22 @@ def default_fold_dot(per_key_gate: bool) -> bool:
     (False) when ``_fold_dot`` is not given: the product for scalar gates, the loop for per-key gates. H200, verify +
     commit per window against the loop (run 89, ``bench_verify --forms fold_dot``): GDN batch 256 T = 4 657 vs 694 us
     (every draft accepted) and 620 vs 637 (mixed), T = 8 1328 vs 1438, batch 64 faster at every T; KDA within +-4 %
-    either way (batch 256 T = 4 943 vs 936, T = 8 1978 vs 2007), so it keeps the split-invariant loop."""
+    either way (batch 256 T = 4 943 vs 936, T = 8 1978 vs 2007; run 99 with the verify pre-launch: 879 vs 873), so it
+    keeps the split-invariant loop."""
     return not per_key_gate
+
+
+def fold_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: int, per_key_gate: bool,
+                       fold_dot: bool | str) -> tuple[int, int]:
+    """(BLOCK_V, num_warps) of the commit and the ring fold: the standard step's tile (a fold is a standard step per
+    record), at least 16 wide for the product fold, whose scalar-gate form runs on 8 warps. H200, flush with every
+    row flushing, batch 256, T = 4 (run 96, ``bench_verify --parts``): GDN product [128, 64] x 8 458 us, x 4 478,
+    loop x 4 688; KDA loop [128, 64] x 4 746, product x 4 663, x 8 741. Compile-only, sm_90: GDN product x 8 107
+    registers against 217 on 4 warps."""
+    block_v, num_warps = state_update_launch_config(batch, value_heads, key_dim, value_dim, per_key_gate)
+    if not fold_dot:
+        return block_v, num_warps
+    return max(block_v, 16), (num_warps if per_key_gate else 8)
 
 
 def _fold_launch(key_dim: int, ring_size: int, fold_dot: bool | str) -> dict:
@@ -788,9 +816,8 @@ def _commit(state, ring_k, ring_d, ring_g, origin, count, accepted, buffer_len, 
     _fold_dot = default_fold_dot(per_key) if _fold_dot is None else _fold_dot
     assert accepted.shape == (batch,) and accepted.dtype == torch.int32, "accepted must be [B] int32"
     assert 1 <= buffer_len < (1 << _TICKET_SHIFT), "buffer_len out of range"
-    # the fold is a standard step per record: the standard step's tile
-    block_v, num_warps = state_update_launch_config(batch, value_heads, key_dim, value_dim, per_key)
-    block_v, num_warps = _block_v or (max(block_v, 16) if _fold_dot else block_v), _num_warps or num_warps
+    block_v, num_warps = fold_launch_config(batch, value_heads, key_dim, value_dim, per_key, _fold_dot)
+    block_v, num_warps = _block_v or block_v, _num_warps or num_warps
     assert block_v >= 16 or not _fold_dot, f"block_v {block_v} < 16: tl.dot needs 16"
     grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
     assert grid[0] * value_heads < (1 << (31 - _TICKET_SHIFT)), "too many programs per row for the count ticket"
@@ -815,8 +842,7 @@ def _fold(state, ring_k, ring_d, ring_g, origin, count, use_qk_l2norm=True, out=
     assert 0 <= origin < ring_size and 0 <= count <= ring_size, f"origin {origin} / count {count} outside the ring"
     out = torch.empty_like(state) if out is None else out
     assert out.shape == state.shape, f"out must be {tuple(state.shape)}, got {tuple(out.shape)}"
-    block_v, num_warps = state_update_launch_config(batch, value_heads, key_dim, value_dim, per_key)
-    block_v = max(block_v, 16) if _fold_dot else block_v  # tl.dot needs 16
+    block_v, num_warps = fold_launch_config(batch, value_heads, key_dim, value_dim, per_key, _fold_dot)
     grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
     with _device_guard(state):
         LAST_COMPILED["fold"] = _delta_fold_kernel[grid](

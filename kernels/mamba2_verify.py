@@ -57,8 +57,8 @@ Design notes:
 * All math is fp32 on CUDA cores (the products form's ``tl.dot`` in IEEE float32, not TF32, unless ``_products`` names
   ``"tf32x3"``: see ``kernels/verify_products.py``); bf16/fp16
   inputs are upcast right after loading (also required by ``TRITON_INTERPRET=1``). Launch configurations:
-  :func:`verify_launch_config` for verify, the standard step's ``state_update_launch_config`` for commit; both can
-  be overridden through the private ``_config`` argument of ``_verify`` / ``_commit`` (``kernels/bench_verify.py``
+  :func:`verify_launch_config` for verify, :func:`fold_launch_config` for commit and the ring fold; both can be
+  overridden through the private ``_config`` argument of ``_verify`` / ``_commit`` (``kernels/bench_verify.py``
   times them).
 """
 
@@ -72,7 +72,7 @@ from hf_replayssm.kernels.verify_products import dot_precision
 from hf_replayssm.ops.mamba2_verify import mamba2_commit_ref, mamba2_fold_ring_ref, mamba2_verify_ref
 
 if __package__:
-    from .mamba2 import _device_guard, _optional, _softplus, _strides, state_update_launch_config
+    from .mamba2 import _device_guard, _optional, _softplus, _strides
 else:  # loaded from its file outside the package (a checkout without the package installed)
     import importlib.util
     import sys
@@ -85,7 +85,6 @@ else:  # loaded from its file outside the package (a checkout without the packag
         _spec.loader.exec_module(sys.modules[_spec.name])
     _m = sys.modules["_replayssm_kernels_mamba2"]
     _device_guard, _optional, _softplus, _strides = _m._device_guard, _m._optional, _m._softplus, _m._strides
-    state_update_launch_config = _m.state_update_launch_config
 
 __all__ = [
     "mamba2_commit",
@@ -443,13 +442,21 @@ def _verify(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=Non
     return y
 
 
+def fold_launch_config(batch: int, heads: int, head_dim: int, d_state: int) -> dict:
+    """``block_p`` and ``num_warps`` of the commit and the ring fold (a standard step per record): a 2048-element
+    tile ([16, 128] for d_state 128) on 2 warps. H200, Nemotron-H 8B shape, batch 256, T = 4, flush with every row
+    flushing (run 96, ``bench_verify --parts``): [16, 128] x 2 1043 us, x 1 1103, [32, 128] x 4 1134, the standard
+    step's [32, 128] x 8 1229, [64, 128] x 8 1743."""
+    block_n = triton.next_power_of_2(d_state)
+    return dict(block_p=min(triton.next_power_of_2(head_dim), max(1, 2048 // block_n)), num_warps=2)
+
+
 def _commit(state, ring_x, ring_dt, ring_B, origin, count, accepted, buffer_len, A, _config=None):
     batch, heads, head_dim, d_state, groups, ring_size = _check_rings(state, ring_x, ring_dt, ring_B, origin, count)
     assert accepted.shape == (batch,) and accepted.dtype == torch.int32, "accepted must be [B] int32"
     assert A.shape == (heads,), f"A must be [H], got {tuple(A.shape)}"
     assert 1 <= buffer_len < (1 << _TICKET_SHIFT), "buffer_len out of range"
-    # the fold is a standard step per record: the standard step's tile (the replay step's [32, 128] x 2 warps spills)
-    cfg = dict(state_update_launch_config(batch, heads, head_dim, d_state), **(_config or {}))
+    cfg = dict(fold_launch_config(batch, heads, head_dim, d_state), **(_config or {}))
     grid = (triton.cdiv(head_dim, cfg["block_p"]), batch, heads)
     assert grid[0] * heads < (1 << (31 - _TICKET_SHIFT)), "too many programs per row for the count ticket"
     with _device_guard(state):
@@ -471,7 +478,7 @@ def _fold(state, ring_x, ring_dt, ring_B, A, origin, count, out=None, _config=No
     assert 0 <= origin < ring_size and 0 <= count <= ring_size, f"origin {origin} / count {count} outside the ring"
     out = torch.empty_like(state) if out is None else out
     assert out.shape == state.shape, f"out must be {tuple(state.shape)}, got {tuple(out.shape)}"
-    cfg = dict(state_update_launch_config(batch, heads, head_dim, d_state), **(_config or {}))
+    cfg = dict(fold_launch_config(batch, heads, head_dim, d_state), **(_config or {}))
     grid = (triton.cdiv(head_dim, cfg["block_p"]), batch, heads)
     with _device_guard(state):
         LAST_COMPILED["fold"] = _mamba2_fold_kernel[grid](

@@ -77,6 +77,25 @@ def test_delta_verify_form_and_launch_rules():
     assert config(256, 32, 256, 256, False, 4, steps=True) == (16, 2)
     assert config(256, 32, 128, 128, False, 4) == (64, 4) and config(256, 32, 128, 128, True, 4) == (128, 4)
     assert config(1, 32, 128, 128, False, 4, steps=True) == (16, 1)  # 256 programs: the narrowest tile
+    # KDA's per-head pre-launch of the record decays from 3-token windows on (H200, run 96); never for a scalar gate
+    assert [k.default_verify_weights(True, t) for t in (1, 2, 3, 4, 16)] == [False, False, True, True, True]
+    assert not any(k.default_verify_weights(False, t) for t in (1, 2, 3, 4, 16))
+    # commit / ring fold (run 96): the standard step's tile, the scalar-gate product fold on 8 warps, 16 wide at least
+    fold = k.fold_launch_config
+    assert fold(256, 32, 128, 128, False, True) == (64, 8) and fold(256, 32, 128, 128, True, True) == (64, 4)
+    assert fold(256, 32, 128, 128, False, False) == (64, 4) and fold(256, 32, 128, 128, True, False) == (64, 4)
+    assert fold(1, 4, 128, 128, False, False) == (8, 4) and fold(1, 4, 128, 128, False, True) == (16, 8)
+
+
+def test_mamba2_fold_launch_rule():
+    """Mamba-2's commit / ring fold: a 2048-element tile on 2 warps (H200, run 96: [16, 128] x 2 fastest of the
+    flush sweep, 1.18x the standard step's [32, 128] x 8)."""
+    from kernel_harness import load_kernel_module
+
+    k = load_kernel_module("mamba2_verify")
+    assert k.fold_launch_config(256, 128, 64, 128) == dict(block_p=16, num_warps=2)
+    assert k.fold_launch_config(1, 8, 64, 16) == dict(block_p=64, num_warps=2)
+    assert k.fold_launch_config(1, 8, 4, 64) == dict(block_p=4, num_warps=2)
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -92,13 +111,13 @@ def test_bench_imports_and_parses_arguments():
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_bench_smoke(tmp_path):
     data, stdout = run_bench_smoke("bench_verify", ["--family", "mamba2,gdn,kda", "--forms",
-                                                    "ieee,tf32x3,steps,fold_dot,fold_loop,weights",
+                                                    "ieee,tf32x3,steps,fold_dot,fold_loop,weights,no_weights",
                                                     "--parts", "--commit-tiles", "8,16", "--commit-warps", "1"],
                                    tmp_path / "bench.json")
     assert [r["family"] for r in data["results"]] == ["mamba2", "gdn", "kda"]
     for row in data["results"]:
         forms = ["products", "tf32x3"] + (["steps", "fold_dot", "fold_loop"] if row["family"] != "mamba2" else [])
-        forms += ["weights"] if row["family"] == "kda" else []
+        forms += ["weights", "no_weights"] if row["family"] == "kda" else []
         keys = ["replay_all_us", "replay_mixed_us", "snapshot_us", "steps_only_us", "speedup_all_vs_snapshot"]
         keys += [f"replay_{mode}_{form}_us" for form in forms for mode in ("all", "mixed")]
         keys += [f"speedup_all_{form}_vs_snapshot" for form in forms]
@@ -112,7 +131,7 @@ def test_bench_smoke(tmp_path):
         want = {"p8w1", "p16w1"} if row["family"] == "mamba2" else {"8x1/loop", "16x1/loop", "16x1/dot"}
         assert set(row["commit_flush_sweep"]) == want and row["commit_flush_best"] in want, row["commit_flush_sweep"]
         assert all(isinstance(v, float) for v in row["commit_flush_sweep"].values()), row["commit_flush_sweep"]
-    assert len(data["checks"]) == 16 and all(check["ok"] for check in data["checks"].values()), data["checks"]
+    assert len(data["checks"]) == 17 and all(check["ok"] for check in data["checks"].values()), data["checks"]
     assert {label.rsplit("/", 1)[1] for label in data["checks"]} >= {"products", "tf32x3", "steps", "fold_dot",
                                                                        "fold_loop", "weights"}
     assert [label.split("/")[0] for label in data["checks"] if label.endswith("/weights")] == ["kda"]
@@ -708,7 +727,7 @@ def case_delta_verify_kda_weights(k, device):
             plain, ref = _clone(p), _clone(p)
             out = torch.empty(p["v"].shape, dtype=torch.float32, device=device)
             o = k._verify(**p, **options, out=out, _block_v=16, _weights=True, **form)
-            o_plain = k._verify(**plain, **options, out=torch.empty_like(out), _block_v=16, **form)
+            o_plain = k._verify(**plain, **options, out=torch.empty_like(out), _block_v=16, _weights=False, **form)
             o_ref = k.delta_verify_ref(**ref, **options, out=torch.empty_like(out))
             print(f" {name}: T={T} R={R} counts={counts} origins={origins} {shape} {options}")
             assert torch.isfinite(o).all() and o.abs().max() > 0

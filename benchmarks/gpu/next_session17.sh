@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Planned GPU calls for the next session (not run yet). Every job packs what it wrote into $OUT right after it ends.
+# GPU calls of the seventeenth session (2026-12-02): STAGE=1 run 96, 3 run 97, 2 run 98, 4 run 99, 5 run 100 (results:
+# BENCHMARKS.md, benchmarks/results/*_run96* to *_run100*). Every job packs what it wrote into $OUT right after it ends.
 # STAGE=1 (about 6 minutes): KDA's verify with the committed records' decay and decayed keys computed once per
 #   (row, head) by a pre-launch (`_verify(..., _weights=True)`, new in the sixteenth session, unmeasured; sm_90:
 #   T = 4 [128, 32] x 2 209 registers against 237, x 1 416 B spilled against 44): its CUDA test, bench_verify beside
@@ -17,6 +18,11 @@
 #   flush launches, [128, BLOCK_V] x warps: GDN default product fold 64 x 4 217 (2 programs of 4 warps per SM);
 #   64 x 8 107, 32 x 4 138, 16 x 4 92, loop 64 x 8 80; KDA default loop 64 x 4 127, 64 x 8 80, product 64 x 8 128,
 #   32 x 4 167; one warp spills from 32 wide on (GDN product 64 x 1: 24 KB).
+# STAGE=4 (about 6 minutes; added after runs 96-98): the new defaults (KDA's verify pre-launch from 3 tokens on,
+#   Mamba-2's commit / fold on [16, 128] x 2, GDN's product fold on 8 warps): their CUDA tests, and bench_verify at
+#   batch 64 / 256, T = 2, 3, 4, 8 beside KDA without the pre-launch and both folds.
+# STAGE=5 (about 5 minutes): --parts at batch 256 T = 4 (the commit's default flush against a small sweep) and the
+#   KDA steps-form launch sweep with and without the pre-launch at T = 4 and 8.
 # Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session17.sh", carry=[".triton_cache", ".whl/fla"],
 #   timeout_s=600), then STAGE=2 and 3 the same way.
 source benchmarks/gpu/install.sh || exit 1
@@ -30,6 +36,22 @@ if [ "$STAGE" = 1 ]; then
   echo "verify rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   timeout 150 python3 "$R/benchmarks/gpu/verify_config_sweep.py" --families kda --batches 256 --windows 2,4,8 \
     --forms tokens,tokens_weights,steps,steps_weights --tiles 16,32,64 --warps 1,2 > "$RES/sweep_kda_weights.txt" 2>&1
+  echo "sweep kda rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+elif [ "$STAGE" = 4 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 200 test_kernels_verify_defaults_cuda tests/test_kernels_verify.py \
+    -k "launch_rule or kda_weights or default_fold or and_commit or fold_ring or speculation_kda or speculation_gdn"
+  pack
+  timeout 330 python3 -m hf_replayssm.kernels.bench_verify --family mamba2,gdn,kda --batches 64,256 \
+    --windows 2,3,4,8 --forms no_weights,fold_dot,fold_loop --out "$RES/verify_defaults.json" \
+    > "$RES/verify_defaults.txt" 2>&1
+  echo "verify rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+elif [ "$STAGE" = 5 ]; then
+  timeout 200 python3 -m hf_replayssm.kernels.bench_verify --family mamba2,gdn,kda --batches 256 --windows 4 \
+    --parts --commit-tiles 16,32,64 --commit-warps 2,4,8 --no-check --out "$RES/verify_parts.json" \
+    > "$RES/verify_parts.txt" 2>&1
+  echo "verify parts rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  timeout 300 python3 "$R/benchmarks/gpu/verify_config_sweep.py" --families kda --batches 256 --windows 4,8 \
+    --forms steps,steps_weights --tiles 16,32,64 --warps 1,2 > "$RES/sweep_kda_weights.txt" 2>&1
   echo "sweep kda rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
 elif [ "$STAGE" = 3 ]; then
   timeout 420 python3 -m hf_replayssm.kernels.bench_verify --family mamba2,gdn,kda --batches 256 --windows 4 \

@@ -29,8 +29,9 @@ def configs(family: str, forms: list[str], tiles: list[int], warps_list: list[in
         name, weights = FORMS[form]
         if (family == "mamba2" and name in bv.DELTA_ONLY_FORMS) or (weights and family != "kda"):
             continue
-        # the token form named explicitly: without _products the default form depends on T
-        launch_form = {"_products": False, **bv.FORMS[name], **bv.FORMS["weights" if weights else ""], "_form": form}
+        # the token form and KDA's pre-launch named explicitly: without them the defaults depend on T
+        weights_form = bv.FORMS["weights" if weights else "no_weights"] if family == "kda" else {}
+        launch_form = {"_products": False, **bv.FORMS[name], **weights_form, "_form": form}
         for tile in tiles:
             for warps in warps_list:
                 launch = (dict(_config=dict(block_p=tile, num_warps=warps)) if family == "mamba2"

@@ -23,6 +23,9 @@
 #   batch 64 / 256, T = 2, 3, 4, 8 beside KDA without the pre-launch and both folds.
 # STAGE=5 (about 5 minutes): --parts at batch 256 T = 4 (the commit's default flush against a small sweep) and the
 #   KDA steps-form launch sweep with and without the pre-launch at T = 4 and 8.
+# STAGE=6 (about 4 minutes; added in the session): Nsight Compute's counters of the standard and replay steps at
+#   batch 256 (`benchmarks/gpu/ncu_kernels.py`): DRAM throughput, occupancy and warp stalls, to say why the replay
+#   cycles reach 1.0-1.3x of the standard step where their bytes allow about 1.8x.
 # Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session17.sh", carry=[".triton_cache", ".whl/fla"],
 #   timeout_s=600), then STAGE=2 and 3 the same way.
 source benchmarks/gpu/install.sh || exit 1
@@ -53,6 +56,16 @@ elif [ "$STAGE" = 5 ]; then
   timeout 300 python3 "$R/benchmarks/gpu/verify_config_sweep.py" --families kda --batches 256 --windows 4,8 \
     --forms steps,steps_weights --tiles 16,32,64 --warps 1,2 > "$RES/sweep_kda_weights.txt" 2>&1
   echo "sweep kda rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+elif [ "$STAGE" = 6 ]; then
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1); echo "ncu: $NCU" > "$RES/done.txt"
+  timeout 60 python3 "$R/benchmarks/gpu/ncu_kernels.py" > "$RES/ncu_times.txt" 2>&1
+  echo "times rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  timeout 150 "$NCU" --clock-control none --profile-from-start off --set detailed -o "$RES/ncu_kernels" \
+    python3 "$R/benchmarks/gpu/ncu_kernels.py" --no-time > "$RES/ncu_run.txt" 2>&1
+  echo "ncu rc=$? $(date +%T)" | tee -a "$RES/done.txt"
+  timeout 30 "$NCU" --import "$RES/ncu_kernels.ncu-rep" --page details > "$RES/ncu_details.txt" 2>&1
+  timeout 30 "$NCU" --import "$RES/ncu_kernels.ncu-rep" --page details --csv > "$RES/ncu_details.csv" 2>&1
+  echo "import rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
 elif [ "$STAGE" = 3 ]; then
   timeout 420 python3 -m hf_replayssm.kernels.bench_verify --family mamba2,gdn,kda --batches 256 --windows 4 \
     --parts --commit-tiles 16,32,64 --commit-warps 1,2,4,8 --no-check --out "$RES/verify_parts.json" \

@@ -1,0 +1,109 @@
+"""Hardware counters of the decode-step kernels at batch 256 on the H200, for Nsight Compute (``ncu``).
+
+Each family's standard step (read the state, update, write it back) and replay step (read the checkpoint, replay the
+buffered records, write no state), the replay at host positions with 14 buffered records (the cycle's most
+expensive replay) and at device positions with rows spread over the cycle (one row in 16 flushes). Shapes: GDN
+Qwen3-Next (32 value / 16 key heads of 128), KDA Kimi-Linear (32 heads of 128), Mamba-2 Nemotron-H 8B (128 heads x 64,
+state 128, 8 groups); fp32 state, bf16 inputs. Every kernel runs warm first; only the last call of each is inside
+``cudaProfilerStart`` / ``Stop``, so ``ncu --profile-from-start off`` sees one launch per arm (KDA's replay: its
+per-head weights pre-launch too). Without ncu it prints each arm's time (``triton.testing.do_bench``) and the state
+bytes per second it implies, to set beside the counters.
+
+    python3 benchmarks/gpu/ncu_kernels.py [--families gdn,kda,mamba2] [--batch 256]
+    ncu --clock-control none --profile-from-start off --set detailed -o OUT python3 benchmarks/gpu/ncu_kernels.py
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from triton.testing import do_bench
+
+from hf_replayssm.kernels import delta_rule, mamba2
+
+RING = 16
+
+
+def _bf16(*shape, device):
+    return torch.randn(*shape, device=device).bfloat16()
+
+
+def delta_arms(batch: int, per_key: bool, device) -> dict:
+    heads, key_heads, dim = 32, 32 if per_key else 16, 128
+    gate = (heads, dim) if per_key else (heads,)
+    state = torch.randn(batch, heads, dim, dim, device=device) * 0.1
+    token = dict(q=_bf16(batch, key_heads, dim, device=device), k=_bf16(batch, key_heads, dim, device=device),
+                 v=_bf16(batch, heads, dim, device=device),
+                 beta=torch.rand(batch, heads, device=device).bfloat16(),
+                 g=-torch.rand(batch, *gate, device=device) * 0.1)
+    rings = (_bf16(batch, RING, key_heads, dim, device=device), torch.randn(batch, RING, heads, dim, device=device),
+             -torch.rand(batch, RING, *gate, device=device) * 0.1)
+    out = torch.empty(batch, heads, dim, device=device)
+    origin = torch.zeros(batch, dtype=torch.int32, device=device)
+    counts = (torch.arange(batch, device=device) % RING).to(torch.int32)
+    t = [token[n] for n in ("q", "k", "v", "beta", "g")]
+    return {
+        "standard": (lambda: delta_rule._state_update(state, *t, out=out), 2),
+        "replay_host14": (lambda: delta_rule._replay_step(state, *rings, 0, 14, *t, buffer_len=RING, out=out), 1),
+        # device positions: the step advances each row's count, so successive calls walk the cycle
+        "replay_device": (lambda: delta_rule._replay_step(state, *rings, origin, counts, *t, buffer_len=RING,
+                                                          out=out), 1 + 2 / RING),
+    }, state.numel() * 4
+
+
+def mamba2_arms(batch: int, device) -> dict:
+    heads, head_dim, d_state, groups = 128, 64, 128, 8
+    state = torch.randn(batch, heads, head_dim, d_state, device=device) * 0.1
+    token = (_bf16(batch, heads, head_dim, device=device), torch.rand(batch, heads, device=device).bfloat16(),
+             _bf16(batch, groups, d_state, device=device), _bf16(batch, groups, d_state, device=device))
+    params = dict(A=-torch.rand(heads, device=device), D=torch.rand(heads, device=device),
+                  dt_bias=torch.rand(heads, device=device), dt_softplus=True)
+    rings = (_bf16(batch, RING, heads, head_dim, device=device), torch.rand(batch, RING, heads, device=device),
+             _bf16(batch, RING, groups, d_state, device=device))
+    out = torch.empty(batch, heads, head_dim, device=device)
+    origin = torch.zeros(batch, dtype=torch.int32, device=device)
+    counts = (torch.arange(batch, device=device) % RING).to(torch.int32)
+    return {
+        "standard": (lambda: mamba2._state_update(state, *token, out=out, **params), 2),
+        "replay_host14": (lambda: mamba2._replay_step(state, *rings, 0, 14, *token, buffer_len=RING, out=out,
+                                                      **params), 1),
+        "replay_device": (lambda: mamba2._replay_step(state, *rings, origin, counts, *token, buffer_len=RING,
+                                                      out=out, **params), 1 + 2 / RING),
+    }, state.numel() * 4
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--families", default="gdn,kda,mamba2")
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--no-time", action="store_true", help="skip the do_bench timings (under ncu)")
+    args = parser.parse_args(argv)
+    device = torch.device("cuda")
+    torch.manual_seed(0)
+    arms = {}
+    for family in args.families.split(","):
+        built, state_bytes = (mamba2_arms(args.batch, device) if family == "mamba2"
+                              else delta_arms(args.batch, family == "kda", device))
+        for name, (fn, passes) in built.items():
+            arms[f"{family}_{name}"] = (fn, passes * state_bytes)
+    for fn, _ in arms.values():  # compile and warm every kernel before the profiled window
+        for _ in range(3):
+            fn()
+    torch.cuda.synchronize()
+    if not args.no_time:
+        for name, (fn, state_bytes) in arms.items():
+            us = do_bench(fn, warmup=25, rep=200) * 1e3
+            print(f"{name:<22} {us:8.1f} us  state {state_bytes / 1e6:7.1f} MB  {state_bytes / us / 1e3:6.0f} GB/s",
+                  flush=True)
+    torch.cuda.cudart().cudaProfilerStart()
+    for name, (fn, _) in arms.items():
+        torch.cuda.nvtx.range_push(name)
+        fn()
+        torch.cuda.nvtx.range_pop()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+
+
+if __name__ == "__main__":
+    main()

@@ -297,6 +297,8 @@ VARIANTS = {
     "prefetch": (dict(_prefetch=True), True),
     "fused_count_launch": (dict(_split=False, _count_launch=True), False),
     "fused_count_launch_logical_ring": (dict(_split=False, _count_launch=True, _ring_physical=False), False),
+    # the flush launch on a device-sized grid: the same checkpoint bits; y within 1e-5 (its own tile's reductions)
+    "flush_device_grid": (dict(_flush_grid="device"), False),
 }
 
 

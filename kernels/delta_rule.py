@@ -712,7 +712,7 @@ def _replay_step(
     out=None, read_copy=None, read_format=None, ring_v=None, ring_beta=None, _block_v=None, _num_warps=None,
     _flush_dot=None, _ticket=True, _ring_physical=False, _split=False, _prefetch=True,
     _count_launch=True, flush_reads_copy=False,
-    _nvfp4_pairs=True, _kda_weights=True, _gdn_weights=False,
+    _nvfp4_pairs=True, _kda_weights=True, _gdn_weights=False, _weights_warps=4,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot``; ``_split`` (device positions only): the step as a flush-only launch for the rows due (the others
@@ -842,7 +842,7 @@ def _replay_step(
                 BLOCK_K=block_k,
                 BLOCK_R=block_r,
                 GATE_PER_KEY=per_key,
-                num_warps=4,
+                num_warps=_weights_warps,
             )
         for kernel_phase in launches:  # in stream order: the replay launch (4) reads the counts the flush one read
             launch(kernel_phase)

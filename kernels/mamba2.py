@@ -74,6 +74,7 @@ Design notes:
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 import triton
@@ -413,6 +414,96 @@ def _mamba2_replay_step_kernel(
 
 
 @triton.jit
+def _mamba2_flush_due_kernel(
+    state_ptr, ring_x_ptr, ring_dt_ptr, ring_B_ptr, origin_ptr, count_ptr,
+    x_ptr, dt_ptr, B_ptr, C_ptr, A_ptr, D_ptr, z_ptr, dt_bias_ptr, y_ptr,
+    batch, heads, P, N, ring_size, heads_per_group,
+    stride_s_b, stride_s_h, stride_s_p, stride_s_n,
+    stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
+    stride_rdt_b, stride_rdt_r, stride_rdt_h,
+    stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
+    stride_origin, stride_count,
+    stride_x_b, stride_x_h, stride_x_p,
+    stride_dt_b, stride_dt_h,
+    stride_B_b, stride_B_g, stride_B_n,
+    stride_C_b, stride_C_g, stride_C_n,
+    stride_A, stride_D, stride_dt_bias,
+    stride_z_b, stride_z_h, stride_z_p,
+    stride_y_b, stride_y_h, stride_y_p,
+    BUFFER_LEN: tl.constexpr,
+    HAS_D: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr,
+    FOLD_UNROLL: tl.constexpr,
+    FLUSH_PRECISION: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+):
+    """The split device-phase step's flush launch on a grid sized to the GPU instead of the batch: every program
+    reads all counts, numbers the rows due to flush, and walks the (due row, head, P tile) items with a stride of
+    the grid, each as the ``PHASE`` 3 program of that tile would (the sequential fold, bit for bit). The
+    batch-sized grid launched a program for every tile of every row, most of which only read their count and
+    exited: at batch 256 with one row in 16 due that launch took 132 us of an H200 for 36 us worth of bytes (run
+    101). Counts are read, not written (the replay launch after it advances them)."""
+    pid = tl.program_id(0)
+    offs_b = tl.arange(0, BLOCK_B)
+    in_batch = offs_b < batch
+    counts = tl.load(count_ptr + offs_b * stride_count, mask=in_batch, other=0) & 0xFFFF
+    due = (in_batch & (counts + 1 >= BUFFER_LEN)).to(tl.int32)
+    rank = tl.cumsum(due, axis=0)  # the k-th due row has rank k + 1
+    p_tiles = tl.cdiv(P, BLOCK_P)
+    items_per_row = p_tiles * heads
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    for item in range(pid, tl.sum(due, axis=0) * items_per_row, tl.num_programs(0)):
+        k = item // items_per_row
+        h = (item % items_per_row) // p_tiles
+        pid_p = item % p_tiles
+        pid_b = tl.sum(tl.where((due > 0) & (rank == k + 1), offs_b, 0), axis=0).to(tl.int64)
+        group = h // heads_per_group
+        offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+        mask_p = offs_p < P
+        mask_pn = mask_p[:, None] & mask_n[None, :]
+        state_ptrs = (state_ptr + pid_b * stride_s_b + h * stride_s_h
+                      + offs_p[:, None] * stride_s_p + offs_n[None, :] * stride_s_n)
+        s0 = tl.load(state_ptrs, mask=mask_pn, other=0.0).to(tl.float32)
+        count = tl.load(count_ptr + pid_b * stride_count) & 0xFFFF
+        origin = tl.load(origin_ptr + pid_b * stride_origin)
+        dt_raw = tl.load(dt_ptr + pid_b * stride_dt_b + h * stride_dt_h)
+        if HAS_DT_BIAS:
+            dt_bias = tl.load(dt_bias_ptr + h * stride_dt_bias)
+        A_h = tl.load(A_ptr + h * stride_A).to(tl.float32)
+        if HAS_D:
+            D_h = tl.load(D_ptr + h * stride_D).to(tl.float32)
+        x_m = tl.load(x_ptr + pid_b * stride_x_b + h * stride_x_h + offs_p * stride_x_p, mask=mask_p, other=0.0)
+        B_m = tl.load(B_ptr + pid_b * stride_B_b + group * stride_B_g + offs_n * stride_B_n, mask=mask_n, other=0.0)
+        C_m = tl.load(C_ptr + pid_b * stride_C_b + group * stride_C_g + offs_n * stride_C_n, mask=mask_n, other=0.0)
+        if HAS_Z:
+            z = tl.load(z_ptr + pid_b * stride_z_b + h * stride_z_h + offs_p * stride_z_p, mask=mask_p, other=0.0)
+        dt_m = dt_raw.to(tl.float32)
+        if HAS_DT_BIAS:
+            dt_m += dt_bias.to(tl.float32)
+        if DT_SOFTPLUS:
+            dt_m = _softplus(dt_m)
+        x_f = x_m.to(tl.float32)
+        y = _mamba2_flush_math(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group,
+                               origin, count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_m.to(tl.float32),
+                               C_m.to(tl.float32), dt_m, A_h * dt_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h,
+                               stride_rx_p, stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r,
+                               stride_rB_g, stride_rB_n, FOLD_UNROLL, False, FLUSH_PRECISION, BLOCK_R)
+        if HAS_D:
+            y += D_h * x_f
+        if HAS_Z:
+            z_f = z.to(tl.float32)
+            y *= z_f * tl.sigmoid(z_f)
+        tl.store(y_ptr + pid_b * stride_y_b + h * stride_y_h + offs_p * stride_y_p,
+                 y.to(y_ptr.dtype.element_ty), mask=mask_p)
+
+
+@triton.jit
 def _mamba2_state_update_kernel(
     state_ptr, x_ptr, dt_ptr, B_ptr, C_ptr, A_ptr, D_ptr, z_ptr, dt_bias_ptr, y_ptr,
     P, N, heads_per_group,
@@ -529,7 +620,7 @@ def _replay_step(
     state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=None, z=None, dt_bias=None,
     dt_softplus=False, buffer_len=16, out=None, read_copy=None, read_format=None, _config=None, _ticket=True,
     _ring_physical=None, _split=None, _prefetch=False, _count_launch=False, flush_reads_copy=False,
-    _nvfp4_pairs=True,
+    _nvfp4_pairs=True, _flush_grid="batch", _flush_config=None,
 ):
     """:func:`mamba2_replay_step` with a launch-configuration override (``_config``: dict with ``block_p`` and/or
     ``num_warps``) and, for diagnostics only, ``_ticket=False`` (count read plainly and left unchanged) and
@@ -544,7 +635,11 @@ def _replay_step(
     (``_ring_physical=False``) and one fused launch this made the GDN step 1.2x faster on an H200, but not the
     Mamba-2 one (H200, batch 256: 450.7 vs 433.4 us split, 560.3 fused). ``_nvfp4_pairs`` (an nvfp4 read copy; default
     on): load the copy's bytes once as a byte tile and interleave the decoded nibbles; off, one byte load per nibble
-    (same values; H200, batch 256, host-phase cycle 1088 vs 672 us)."""
+    (same values; H200, batch 256, host-phase cycle 1088 vs 672 us). ``_flush_grid`` (split steps whose flush
+    launch reads the fp32 checkpoint): ``"batch"`` (a program per tile of every row; those of rows not due exit
+    after reading their count: 132 us at batch 256 on an H200 with one row in 16 due, run 101) or ``"device"``
+    (:func:`flush_grid_programs` programs that walk the due rows' tiles, ``_mamba2_flush_due_kernel``, at
+    :func:`flush_due_launch_config` or ``_flush_config``; the same checkpoint bits; not yet timed on a GPU)."""
     batch, heads, head_dim, d_state, groups = _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias)
     ring_size = ring_x.shape[1]
     assert ring_x.shape == (batch, ring_size, heads, head_dim), f"ring_x must be [B, R, H, P], got {ring_x.shape}"
@@ -583,7 +678,41 @@ def _replay_step(
     launches = (3, 4) if split else (phase,)
     count_launch = phase == 0 and bool(_count_launch) and bool(_ticket)
 
+    if _flush_grid not in ("batch", "device"):
+        raise ValueError(f"_flush_grid must be 'batch' or 'device', got {_flush_grid!r}")
+    flush_on_device_grid = split and _flush_grid == "device" and not flush_reads_copy
+
+    def launch_flush_due():
+        flush_cfg = dict(flush_due_launch_config(head_dim, d_state), fold_unroll=cfg["fold_unroll"],
+                         **(_flush_config or {}))
+        items = batch * triton.cdiv(head_dim, flush_cfg["block_p"]) * heads
+        LAST_COMPILED["replay_phase3"] = LAST_COMPILED["flush_due"] = _mamba2_flush_due_kernel[
+            (flush_grid_programs(x.device, items),)](
+            state, ring_x, ring_dt, ring_B, origin, count,
+            x, dt, B, C, A, _optional(D, A), _optional(z, x), _optional(dt_bias, A), y,
+            batch, heads, head_dim, d_state, ring_size, heads // groups,
+            *state.stride(), *ring_x.stride(), *ring_dt.stride(), *ring_B.stride(),
+            origin.stride(0), count.stride(0),
+            *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
+            A.stride(0), _strides(D, 1)[0], _strides(dt_bias, 1)[0],
+            *_strides(z, 3), *y.stride(),
+            BUFFER_LEN=buffer_len,
+            HAS_D=D is not None,
+            HAS_Z=z is not None,
+            HAS_DT_BIAS=dt_bias is not None,
+            DT_SOFTPLUS=bool(dt_softplus),
+            FOLD_UNROLL=flush_cfg["fold_unroll"],
+            FLUSH_PRECISION=FLUSH_PRECISION,
+            BLOCK_P=flush_cfg["block_p"],
+            BLOCK_N=triton.next_power_of_2(d_state),
+            BLOCK_R=block_r,
+            BLOCK_B=triton.next_power_of_2(batch),
+            num_warps=flush_cfg["num_warps"],
+        )
+
     def launch(kernel_phase):
+        if kernel_phase == 3 and flush_on_device_grid:
+            return launch_flush_due()
         # Host-phase flush programs fold with one tl.dot (closed form, tf32x3; tl.dot needs every tile dimension
         # >= 16). Device-phase ones keep the sequential fold, whose checkpoint is bit for bit the standard step's
         # (what speculative rollback and the device path promise), at once per L steps.
@@ -627,6 +756,32 @@ def _replay_step(
         if count_launch:
             advance_counts(count, buffer_len)
     return y
+
+
+FLUSH_PROGRAMS_PER_SM = 8  # resident programs of the device-grid flush per SM (128 registers x 2 warps, sm_90)
+
+
+def flush_due_launch_config(head_dim: int, d_state: int) -> dict:
+    """``block_p`` and ``num_warps`` of the device-grid flush launch: a 2048-element tile ([16, 128] for d_state
+    128) on 2 warps, as the commit's fold (``kernels/mamba2_verify.py``, fastest of its H200 sweep). Compile-only,
+    sm_90 (Triton 3.6): 128 registers, 8 programs per SM; at [32, 128] the loop over items needs 228."""
+    block_n = triton.next_power_of_2(d_state)
+    return dict(block_p=min(triton.next_power_of_2(head_dim), max(1, 2048 // block_n)), num_warps=2)
+
+
+def flush_grid_programs(device: torch.device, items: int) -> int:
+    """Programs of the flush launch on a device-sized grid: ``FLUSH_PROGRAMS_PER_SM`` per multiprocessor (4 on a
+    CPU, so that the interpreter walks several items per program), at most one per item of a step where every row
+    flushes."""
+    if device.type != "cuda":
+        return max(1, min(items, 4))
+    return max(1, min(items, FLUSH_PROGRAMS_PER_SM * _multiprocessors(device.index)))
+
+
+@functools.cache
+def _multiprocessors(index: int | None) -> int:
+    return torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index
+                                            ).multi_processor_count
 
 
 def _state_update(state, x, dt, B, C, A, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, _config=None):

@@ -423,7 +423,8 @@ def case_kda_weights(k, device):
     CPU."""
     import torch
 
-    for launch in (dict(_kda_weights=True), dict(_kda_weights=True, _count_launch=False), dict(_kda_weights=False)):
+    for launch in (dict(_kda_weights=True), dict(_kda_weights=True, _count_launch=False), dict(_kda_weights=False),
+                   dict(_kda_weights=True, _weights_warps=1)):  # the pre-launch on one warp (its scan in-thread)
         _check_replay(k, device, torch.float32, key_heads=2, value_heads=4, key_dim=24, value_dim=32, per_key=True,
                       buffer_len=5, ring=7, origins=[6, 5, 0, 6, 3], counts=[4, 3, 0, 2, 1], block_vs=[16],
                       rel=1e-5, poison=True, flush_dots=(False, True), splits=(True, False), launch=launch)

@@ -15,8 +15,8 @@ import pytest
 from kernel_harness import HAS_TRITON, run_bench_smoke, run_case, worker_main
 from kernel_harness import assert_close as _close
 
-CASES = ["replay_mixed_bf16", "replay_launch_variants", "replay_fp32_plain", "state_update", "sequence",
-         "buffer_len_one", "host_phase"]
+CASES = ["replay_mixed_bf16", "replay_launch_variants", "flush_device_grid", "replay_fp32_plain", "state_update",
+         "sequence", "buffer_len_one", "host_phase"]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -148,9 +148,48 @@ def case_replay_launch_variants(k, device):
 
     L = 6
     for launch in (dict(_count_launch=True), dict(_ring_physical=False),
-                   dict(_count_launch=True, _ring_physical=False)):
+                   dict(_count_launch=True, _ring_physical=False), dict(_flush_grid="device")):
         _check_replay(k, device, torch.bfloat16, L, ring=L - 1, origins=[4, 3, 4, 2, 4, 1], counts=[0, 1, 2, 3, 4, 5],
                       configs=[_cfg(16)], options=True, rel=2e-6, poison=True, splits=(True, False), launch=launch)
+
+
+def case_flush_device_grid(k, device):
+    """The split step's flush launch on a device-sized grid (``_flush_grid="device"``: a few programs walk the due
+    rows' tiles) gives the bits of the batch-sized one, state and output, with no row due, one, several and all
+    (more items than programs, so each program walks several; bf16 with D/z/dt_bias, NaN in uncommitted slots);
+    a wrong name is refused."""
+    import torch
+
+    L, R = 5, 4
+    for counts in ([0, 1, 2, 3, 0, 1], [0, 4, 2, 3, 1, 1], [4, 1, 4, 3, 4, 0], [4] * 6):
+        origins = [3, 0, 2, 1, 3, 2]
+        runs = {}
+        for grid in ("batch", "device"):
+            p = _make(device, torch.bfloat16, len(counts), heads=4, groups=2, head_dim=24, d_state=20, ring=R,
+                      options=True)
+            for b in range(len(counts)):  # NaN outside the committed window
+                for slot in set(range(R)) - {(origins[b] + j) % R for j in range(counts[b])}:
+                    for name in ("ring_x", "ring_dt", "ring_B"):
+                        p[name][b, slot] = float("nan")
+            count = torch.tensor(counts, dtype=torch.int32, device=device)
+            args, kw = _replay_args(p, torch.tensor(origins, dtype=torch.int32, device=device), count)
+            y = k._replay_step(*args, **kw, buffer_len=L, out=torch.empty(p["x"].shape, device=device),
+                               _config=_cfg(8, 2), _split=True, _flush_grid=grid)
+            runs[grid] = (y, p["state"], count)
+        print(f" counts={counts}: device grid == batch grid")
+        # the checkpoint is a sequential fold, element by element: the same bits at any tile; y reduces over N in
+        # each tile's layout, which a GPU may order differently at the device grid's own tile
+        assert torch.equal(runs["device"][1], runs["batch"][1]) and torch.equal(runs["device"][2], runs["batch"][2])
+        if str(device) == "cpu":
+            assert torch.equal(runs["device"][0], runs["batch"][0])
+        _close("y, device grid", runs["device"][0], runs["batch"][0], 1e-6)
+        due = [b for b, c in enumerate(counts) if c + 1 >= L]
+        assert torch.isfinite(runs["device"][0]).all() and (not due or "flush_due" in k.LAST_COMPILED)
+    p = _make(device, torch.float32, 2, heads=4, groups=2, head_dim=24, d_state=20, ring=R, options=False)
+    args, kw = _replay_args(p, torch.zeros(2, dtype=torch.int32, device=device),
+                            torch.zeros(2, dtype=torch.int32, device=device))
+    with pytest.raises(ValueError, match="_flush_grid"):
+        k._replay_step(*args, **kw, buffer_len=L, _flush_grid="persistent")
 
 
 def case_replay_fp32_plain(k, device):

@@ -2,14 +2,15 @@
 
 Each family's standard step (read the state, update, write it back) and replay step (read the checkpoint, replay the
 buffered records, write no state), the replay at host positions with 14 buffered records (the cycle's most
-expensive replay) and at device positions with rows spread over the cycle (one row in 16 flushes). Shapes: GDN
+expensive replay) and at device positions with rows spread over the cycle (one row in 16 flushes; Mamba-2 also with
+the split step's flush launch on a device-sized grid). Shapes: GDN
 Qwen3-Next (32 value / 16 key heads of 128), KDA Kimi-Linear (32 heads of 128), Mamba-2 Nemotron-H 8B (128 heads x 64,
 state 128, 8 groups); fp32 state, bf16 inputs. Every kernel runs warm first; only the last call of each is inside
 ``cudaProfilerStart`` / ``Stop``, so ``ncu --profile-from-start off`` sees one launch per arm (KDA's replay: its
 per-head weights pre-launch too). Without ncu it prints each arm's time (``triton.testing.do_bench``) and the state
 bytes per second it implies, to set beside the counters.
 
-    python3 benchmarks/gpu/ncu_kernels.py [--families gdn,kda,mamba2] [--batch 256]
+    python3 benchmarks/gpu/ncu_kernels.py [--families gdn,kda,mamba2] [--batch 256] [--kda-weights-warps 1,2]
     ncu --clock-control none --profile-from-start off --set detailed -o OUT python3 benchmarks/gpu/ncu_kernels.py
 """
 
@@ -29,7 +30,7 @@ def _bf16(*shape, device):
     return torch.randn(*shape, device=device).bfloat16()
 
 
-def delta_arms(batch: int, per_key: bool, device) -> dict:
+def delta_arms(batch: int, per_key: bool, device, weights_warps: tuple[int, ...] = ()) -> dict:
     heads, key_heads, dim = 32, 32 if per_key else 16, 128
     gate = (heads, dim) if per_key else (heads,)
     state = torch.randn(batch, heads, dim, dim, device=device) * 0.1
@@ -43,13 +44,15 @@ def delta_arms(batch: int, per_key: bool, device) -> dict:
     origin = torch.zeros(batch, dtype=torch.int32, device=device)
     counts = (torch.arange(batch, device=device) % RING).to(torch.int32)
     t = [token[n] for n in ("q", "k", "v", "beta", "g")]
-    return {
-        "standard": (lambda: delta_rule._state_update(state, *t, out=out), 2),
-        "replay_host14": (lambda: delta_rule._replay_step(state, *rings, 0, 14, *t, buffer_len=RING, out=out), 1),
+    arms = {"standard": (lambda: delta_rule._state_update(state, *t, out=out), 2)}
+    for warps in (None, *weights_warps):  # KDA: the per-head weights pre-launch on other warp counts
+        launch, tag = ({}, "") if warps is None else (dict(_weights_warps=warps), f"_ww{warps}")
+        arms[f"replay_host14{tag}"] = (lambda launch=launch: delta_rule._replay_step(
+            state, *rings, 0, 14, *t, buffer_len=RING, out=out, **launch), 1)
         # device positions: the step advances each row's count, so successive calls walk the cycle
-        "replay_device": (lambda: delta_rule._replay_step(state, *rings, origin, counts, *t, buffer_len=RING,
-                                                          out=out), 1 + 2 / RING),
-    }, state.numel() * 4
+        arms[f"replay_device{tag}"] = (lambda launch=launch: delta_rule._replay_step(
+            state, *rings, origin, counts, *t, buffer_len=RING, out=out, **launch), 1 + 2 / RING)
+    return arms, state.numel() * 4
 
 
 def mamba2_arms(batch: int, device) -> dict:
@@ -70,6 +73,10 @@ def mamba2_arms(batch: int, device) -> dict:
                                                       **params), 1),
         "replay_device": (lambda: mamba2._replay_step(state, *rings, origin, counts, *token, buffer_len=RING,
                                                       out=out, **params), 1 + 2 / RING),
+        # the split step's flush launch on a device-sized grid instead of the batch-sized one
+        "replay_device_flush_grid": (lambda: mamba2._replay_step(state, *rings, origin, counts, *token,
+                                                                 buffer_len=RING, out=out, _flush_grid="device",
+                                                                 **params), 1 + 2 / RING),
     }, state.numel() * 4
 
 
@@ -78,13 +85,16 @@ def main(argv=None) -> None:
     parser.add_argument("--families", default="gdn,kda,mamba2")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--no-time", action="store_true", help="skip the do_bench timings (under ncu)")
+    parser.add_argument("--kda-weights-warps", default="", help="comma-separated warp counts of KDA's weights "
+                        "pre-launch to add as arms beside the default (4)")
     args = parser.parse_args(argv)
+    weights_warps = tuple(int(w) for w in args.kda_weights_warps.split(",") if w)
     device = torch.device("cuda")
     torch.manual_seed(0)
     arms = {}
     for family in args.families.split(","):
         built, state_bytes = (mamba2_arms(args.batch, device) if family == "mamba2"
-                              else delta_arms(args.batch, family == "kda", device))
+                              else delta_arms(args.batch, family == "kda", device, weights_warps))
         for name, (fn, passes) in built.items():
             arms[f"{family}_{name}"] = (fn, passes * state_bytes)
     for fn, _ in arms.values():  # compile and warm every kernel before the profiled window

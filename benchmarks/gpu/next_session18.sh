@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Planned GPU calls for the next session (not run yet). Every job packs what it wrote into $OUT right after it ends.
+# STAGE=1 (about 5 minutes): KDA's per-head weights pre-launch on one or two warps instead of four. Run 101's counters
+#   (BENCHMARKS.md, seventeenth session): on 4 warps it took 95 us of the host-phase step's 262 us of kernel time at
+#   batch 256, L1 / shared memory 92 % busy with 63 % excess wavefronts, DRAM 22 %: its reverse cumsum over the
+#   records crosses warps. Compile-only (sm_90, Triton 3.6): 1 warp 128 registers, 1 barrier in the PTX (4 warps: 72,
+#   22); the verify's pre-launch 0 barriers against 10. The CUDA tests of both (the replay and verify weights cases
+#   run the one-warp launch too), the step timed with 1 / 2 / 4 warps at host and device positions (ncu_kernels.py),
+#   the verify with `--forms weights_1warp`, and the counters of the KDA arms. If one warp wins: make it the default
+#   of both pre-launches (and re-time the KDA replay cycle: bench_delta --family kda).
+# STAGE=2 (about 5 minutes): Mamba-2's split device-phase step with its flush launch on a device-sized grid
+#   (`_flush_grid="device"`, `_mamba2_flush_due_kernel`, built in the seventeenth session): run 101 timed the
+#   batch-sized flush launch at 132 us with one row in 16 due (65 536 programs, 61 440 of which only read a count),
+#   for about 36 us of bytes. Its CUDA tests, the step at batch 256 timed and counted (ncu_kernels.py, arm
+#   replay_device_flush_grid), and `hf-replayssm bench kernels --family mamba2` at batch 64 / 256 with the new
+#   variant (`replay_mixed_flush_device_grid_us`, `replay_in_phase_flush_device_grid_us`: every row flushing in one
+#   step is its worst case). If it wins in both phase layouts: make "device" the default.
+# Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session18.sh", carry=[".triton_cache"], timeout_s=600), then
+#   STAGE=2 the same way.
+source benchmarks/gpu/install.sh || exit 1
+RES=/tmp/w/res_next_session18_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
+pack() { tar czf "$OUT/next_session18_$STAGE.tgz" -C "$RES" . ; }
+if [ "$STAGE" = 1 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 200 test_kernels_kda_weights_cuda tests/test_kernels_delta.py \
+    tests/test_kernels_verify.py -k "kda_weights"; pack
+  timeout 90 python3 "$R/benchmarks/gpu/ncu_kernels.py" --families kda --kda-weights-warps 1,2 \
+    > "$RES/kda_weights_warps.txt" 2>&1
+  echo "times rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  timeout 150 python3 -m hf_replayssm.kernels.bench_verify --family kda --batches 64,256 --windows 3,4,8 \
+    --forms weights_1warp --out "$RES/verify_kda_weights_1warp.json" > "$RES/verify_kda_weights_1warp.txt" 2>&1
+  echo "verify rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout 120 "$NCU" --clock-control none --profile-from-start off --set detailed -o "$RES/ncu_kda" \
+    python3 "$R/benchmarks/gpu/ncu_kernels.py" --families kda --kda-weights-warps 1,2 --no-time > "$RES/ncu_run.txt" 2>&1
+  timeout 30 "$NCU" --import "$RES/ncu_kda.ncu-rep" --page details --csv > "$RES/ncu_kda.csv" 2>&1
+  rm -f "$RES/ncu_kda.ncu-rep"
+  echo "ncu rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+elif [ "$STAGE" = 2 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_mamba2_flush_grid_cuda tests/test_kernels_mamba2.py \
+    -k "flush_device_grid or launch_variants or mixed_bf16"; pack
+  timeout 90 python3 "$R/benchmarks/gpu/ncu_kernels.py" --families mamba2 > "$RES/mamba2_flush_grid.txt" 2>&1
+  echo "times rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  bench_job 200 kernels_mamba2_flush_grid kernels --family mamba2 --shapes nemotron-h-8b --batches 64,256 --no-sweep \
+    --out "$RES/kernels_mamba2_flush_grid.json"; pack
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout 120 "$NCU" --clock-control none --profile-from-start off --set detailed -o "$RES/ncu_mamba2" \
+    python3 "$R/benchmarks/gpu/ncu_kernels.py" --families mamba2 --no-time > "$RES/ncu_run.txt" 2>&1
+  timeout 30 "$NCU" --import "$RES/ncu_mamba2.ncu-rep" --page details --csv > "$RES/ncu_mamba2.csv" 2>&1
+  rm -f "$RES/ncu_mamba2.ncu-rep"
+  echo "ncu rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+fi
+tail -n 12 "$RES"/*.txt
+save_triton_cache

@@ -261,6 +261,55 @@ def _record_weights(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, vali
         return decay, w_r, w_r * tl.sum(k_r * q_t[None, :], axis=1), w_r * tl.sum(k_r * k_t[None, :], axis=1)
 
 
+@triton.jit
+def _chunked_checkpoint_products(s_base, q_base, k_base, decay_base, offs_v, mask_v, decay, scale, K,
+                                 stride_s_k, stride_s_v, stride_q_k, stride_k_k,
+                                 GATE_PER_KEY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, BLOCK_K: tl.constexpr,
+                                 BLOCK_V: tl.constexpr, CHUNK_K: tl.constexpr):
+    """S0^T (exp(c) q) and S0^T (exp(c) k) [BLOCK_V] with the checkpoint tile streamed CHUNK_K rows at a time
+    instead of held whole in registers: a replaying program never writes the checkpoint, so these two products are
+    all it needs of it. Two [CHUNK_K, BLOCK_V] accumulators, reduced over K once at the end; each chunk's load is
+    issued one chunk ahead. The chunks of q and k
+    are read again (raw) and scaled by the factors the whole vectors are normalised with; per-key decays come from
+    the weights pre-launch (``decay_base``, [BLOCK_K]), a scalar gate's ``decay`` scales the sums."""
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_k = offs_k < K
+    q_factor = scale
+    k_factor = 1.0
+    if USE_QK_L2NORM:
+        q_all = tl.load(q_base + offs_k * stride_q_k, mask=mask_k, other=0.0).to(tl.float32)
+        k_all = tl.load(k_base + offs_k * stride_k_k, mask=mask_k, other=0.0).to(tl.float32)
+        q_factor = scale * tl.rsqrt(tl.sum(q_all * q_all, axis=0) + 1e-6)
+        k_factor = tl.rsqrt(tl.sum(k_all * k_all, axis=0) + 1e-6)
+    acc_q = tl.zeros([CHUNK_K, BLOCK_V], dtype=tl.float32)
+    acc_k = tl.zeros([CHUNK_K, BLOCK_V], dtype=tl.float32)
+    offs_c = tl.arange(0, CHUNK_K)
+    s_next = tl.load(s_base + offs_c[:, None] * stride_s_k + offs_v[None, :] * stride_s_v,
+                     mask=(offs_c < K)[:, None] & mask_v[None, :], other=0.0)
+    for k0 in range(0, BLOCK_K, CHUNK_K):
+        # the next chunk's load is issued before this chunk's arithmetic (two chunks live: a double buffer)
+        s_c = s_next.to(tl.float32)
+        offs_n = k0 + CHUNK_K + tl.arange(0, CHUNK_K)
+        s_next = tl.load(s_base + offs_n[:, None] * stride_s_k + offs_v[None, :] * stride_s_v,
+                         mask=(offs_n < K)[:, None] & mask_v[None, :], other=0.0)
+        offs_c = k0 + tl.arange(0, CHUNK_K)
+        mask_c = offs_c < K
+        q_c = tl.load(q_base + offs_c * stride_q_k, mask=mask_c, other=0.0).to(tl.float32) * q_factor
+        k_c = tl.load(k_base + offs_c * stride_k_k, mask=mask_c, other=0.0).to(tl.float32) * k_factor
+        if GATE_PER_KEY:
+            decay_c = tl.load(decay_base + offs_c, mask=mask_c, other=0.0)
+            q_c = q_c * decay_c
+            k_c = k_c * decay_c
+        acc_q += s_c * q_c[:, None]
+        acc_k += s_c * k_c[:, None]
+    pq = tl.sum(acc_q, axis=0)
+    pk = tl.sum(acc_k, axis=0)
+    if not GATE_PER_KEY:
+        pq = decay * pq
+        pk = decay * pk
+    return pq, pk
+
+
 @triton.jit(do_not_specialize=["origin_host", "count_host"])  # as the replay step below
 def _kda_weights_kernel(
     ring_k_ptr, ring_g_ptr, origin_ptr, count_ptr, q_ptr, k_ptr, g_ptr, weights_ptr,
@@ -365,6 +414,7 @@ def _delta_replay_step_kernel(
     PREFETCH_STATE: tl.constexpr,  # PHASE 4 with READ_FORMAT "fp32" only: load the tile before the phase test
     FLUSH_READS_COPY: tl.constexpr,  # PHASE 0 / 3 with a read copy: a flushing row's o from the copy, as replays
     WEIGHTS_GIVEN: tl.constexpr,  # per-key gates, no flush dot: decay and record weights from _kda_weights_kernel
+    CHUNK_K: tl.constexpr = 0,  # PHASE 1 / 4, fp32 reads: the checkpoint streamed CHUNK_K rows at a time (0: whole)
 ):
     pid_v = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -418,7 +468,9 @@ def _delta_replay_step_kernel(
     rd_base = ring_d_ptr + pid_b * stride_rd_b + pid_h * stride_rd_h
     rg_base = ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h
     if run:
-        if PREFETCH_STATE:
+        if CHUNK_K > 0:  # streamed below (_chunked_checkpoint_products); this tile only types the dead flush code
+            s0 = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)
+        elif PREFETCH_STATE:
             s0 = s_pre.to(tl.float32)
         elif READ_FORMAT == "fp32" or PHASE == 2 or (PHASE == 3 and not FLUSH_READS_COPY):
             s0 = tl.load(state_ptrs, mask=mask_kv, other=0.0).to(tl.float32)
@@ -481,7 +533,14 @@ def _delta_replay_step_kernel(
         else:  # w_r: the decayed record keys [R, K] for a per-key gate, the weights [R] for a scalar one
             decay, w_r, wq, wk = _record_weights(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, valid, q_t,
                                                  k_t, g_t, stride_rg_r, stride_rg_k, K, GATE_PER_KEY)
-        if GATE_PER_KEY:
+        if CHUNK_K > 0:
+            pq, pk = _chunked_checkpoint_products(
+                state_ptr + pid_b * stride_s_b + pid_h * stride_s_h, q_ptr + pid_b * stride_q_b + hk * stride_q_h,
+                k_ptr + pid_b * stride_k_b + hk * stride_k_h,
+                weights_ptr + (pid_b * tl.num_programs(2) + pid_h) * (BLOCK_K + 2 * BLOCK_R), offs_v, mask_v, decay,
+                scale, K, stride_s_k, stride_s_v, stride_q_k, stride_k_k, GATE_PER_KEY, USE_QK_L2NORM, BLOCK_K,
+                BLOCK_V, CHUNK_K)
+        elif GATE_PER_KEY:
             pq = tl.sum(s0 * (decay * q_t)[:, None], axis=0)  # [BLOCK_V]: S0^T (exp(c) * q)
             pk = tl.sum(s0 * (decay * k_t)[:, None], axis=0)
         else:
@@ -712,7 +771,7 @@ def _replay_step(
     out=None, read_copy=None, read_format=None, ring_v=None, ring_beta=None, _block_v=None, _num_warps=None,
     _flush_dot=None, _ticket=True, _ring_physical=False, _split=False, _prefetch=True,
     _count_launch=True, flush_reads_copy=False,
-    _nvfp4_pairs=True, _kda_weights=True, _gdn_weights=False, _weights_warps=4,
+    _nvfp4_pairs=True, _kda_weights=True, _gdn_weights=False, _weights_warps=4, _chunk_k=0,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot``; ``_split`` (device positions only): the step as a flush-only launch for the rows due (the others
@@ -735,7 +794,13 @@ def _replay_step(
     or the replay launch of a split step), so that those programs skip the records' keys and their reductions over K
     (a flushing program computes its record decays itself; compile-only counts for sm_90 in ``BENCHMARKS.md``). H200,
     Qwen3-Next at [64, 2] (runs 89 / 95): host positions 208-211 vs 211-212 us at batch 256 (0.3-1 %), device
-    positions with rows in mixed phases 241.6 vs 227.9 (6 % slower; batch 64 70.9 vs 66.9), so it stays off."""
+    positions with rows in mixed phases 241.6 vs 227.9 (6 % slower; batch 64 70.9 vs 66.9), so it stays off.
+    ``_weights_warps``: the warps of that pre-launch (4; on one its scan over the records stays in each thread:
+    run 101's counters found the 4-warp launch L1-bound, 95 us at batch 256). ``_chunk_k`` (0: off; fp32
+    checkpoint, the replay-only launches: host positions, or a split step's replay launch): stream the checkpoint
+    ``_chunk_k`` rows of K at a time (:func:`_chunked_checkpoint_products`) instead of holding the whole tile in
+    registers, which caps GDN's [128, 64] x 2 replay at 238 registers and 12.5 % occupancy (run 101); sm_90:
+    chunks of 16 at [128, 64] x 2 155 registers, of 32 at [128, 64] x 4 94. Neither is timed on a GPU yet."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -797,6 +862,15 @@ def _replay_step(
     if any(weighted.values()):
         weights = torch.empty((batch, value_heads, block_k + 2 * block_r), dtype=torch.float32, device=v.device)
 
+    if _chunk_k:  # the replay-only launches (host phase 1, a split step's 4) stream the fp32 checkpoint
+        if _chunk_k & (_chunk_k - 1) or not 1 <= _chunk_k <= block_k:
+            raise ValueError(f"_chunk_k must be a power of two up to {block_k}, got {_chunk_k}")
+        if read_format != "fp32" or (per_key and not _kda_weights):
+            raise ValueError("_chunk_k streams the fp32 checkpoint of replay-only launches: it needs no read copy, "
+                             "and the weights pre-launch for per-key gates")
+        if phase == 0 and not split:
+            raise ValueError("_chunk_k needs the replay-only launches: host positions or a split step (_split=True)")
+
     def launch(kernel_phase):
         flush_only = kernel_phase in (2, 3)
         flush_dot = uses_dot(kernel_phase)
@@ -823,9 +897,10 @@ def _replay_step(
             # a split step's flush launch reads the copy only for a flushing row's output (flush_reads_copy)
             READ_FORMAT="fp32" if flush_only and not (kernel_phase == 3 and flush_reads_copy) else kernel_read_format,
             EXACT_FOLD=exact_fold,
-            PREFETCH_STATE=kernel_phase == 4 and read_format == "fp32" and bool(_prefetch),
+            PREFETCH_STATE=kernel_phase == 4 and read_format == "fp32" and bool(_prefetch) and not _chunk_k,
             FLUSH_READS_COPY=flush_reads_copy and kernel_phase in (0, 3),
             WEIGHTS_GIVEN=weighted[kernel_phase],
+            CHUNK_K=_chunk_k if kernel_phase in (1, 4) else 0,
             num_warps=num_warps,
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel

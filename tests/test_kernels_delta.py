@@ -16,7 +16,8 @@ from kernel_harness import HAS_TRITON, run_bench_smoke, run_case, worker_main
 from kernel_harness import assert_close as _close
 
 CASES = ["replay_mixed_gdn_bf16", "replay_launch_variants", "replay_mixed_kda", "replay_options", "state_update",
-         "sequence_gdn", "sequence_kda", "buffer_len_one", "host_phase", "kda_weights", "gdn_weights"]
+         "sequence_gdn", "sequence_kda", "buffer_len_one", "host_phase", "kda_weights", "gdn_weights",
+         "chunked_checkpoint"]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -430,6 +431,42 @@ def case_kda_weights(k, device):
                       rel=1e-5, poison=True, flush_dots=(False, True), splits=(True, False), launch=launch)
     _host_phase_with_and_without(k, device, per_key=True, option="_kda_weights")
     assert "kda_weights" in k.LAST_COMPILED
+
+
+def case_chunked_checkpoint(k, device):
+    """``_chunk_k`` (the replay-only launches stream the fp32 checkpoint K rows at a time): GDN and KDA against the
+    reference with device positions (split steps, NaN in uncommitted slots, K = 24 so the last chunk is masked,
+    GVA, with and without l2norm) and host positions at every count equal to the whole-tile launch (within float32
+    rounding: the sums over K are grouped by chunk); launches it cannot serve are refused."""
+    import torch
+
+    for per_key in (False, True):
+        for chunk, options in ((8, {}), (16, dict(use_qk_l2norm=False, scale=0.3))):
+            _check_replay(k, device, torch.float32, key_heads=2, value_heads=4, key_dim=24, value_dim=32,
+                          per_key=per_key, buffer_len=5, ring=7, origins=[6, 5, 0, 6, 3], counts=[4, 3, 0, 2, 1],
+                          block_vs=[16], rel=1e-5, poison=True, splits=(True,), launch=dict(_chunk_k=chunk), **options)
+        L, R = 5, 4
+        for count in range(L):
+            runs = []
+            for chunk in (8, 0):
+                p = _make(device, torch.bfloat16, 2, 2, 4, 24, 20, R, per_key=per_key, seed=count)
+                out = torch.empty(p["v"].shape, dtype=torch.float32, device=device)
+                runs.append((_run_replay(k._replay_step, p, (3 * count + 1) % R, count, buffer_len=L, out=out,
+                                         _block_v=16, _chunk_k=chunk), p))
+            (o, p), (o_whole, p_whole) = runs
+            print(f" host phase: count={count} per_key={per_key} chunk 8 vs whole tile")
+            assert torch.isfinite(o).all() and o.abs().max() > 0
+            _close("o, chunked", o, o_whole, 1e-5)
+            for name in RING:
+                _close(f"{name}, chunked", p[name].float(), p_whole[name].float(), 1e-5)
+    p = _make(device, torch.float32, 2, 2, 4, 24, 20, 4, per_key=False)
+    for bad, match in ((dict(_chunk_k=12), "power of two"), (dict(_chunk_k=8, _split=False), "split")):
+        with pytest.raises(ValueError, match=match):
+            _run_replay(k._replay_step, p, torch.zeros(2, dtype=torch.int32, device=device),
+                        torch.zeros(2, dtype=torch.int32, device=device), buffer_len=5, **bad)
+    p = _make(device, torch.float32, 2, 2, 4, 24, 20, 4, per_key=True)
+    with pytest.raises(ValueError, match="weights pre-launch"):
+        _run_replay(k._replay_step, p, 0, 1, buffer_len=5, _chunk_k=8, _kda_weights=False)
 
 
 if __name__ == "__main__":

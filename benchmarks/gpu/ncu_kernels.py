@@ -11,6 +11,7 @@ per-head weights pre-launch too). Without ncu it prints each arm's time (``trito
 bytes per second it implies, to set beside the counters.
 
     python3 benchmarks/gpu/ncu_kernels.py [--families gdn,kda,mamba2] [--batch 256] [--kda-weights-warps 1,2]
+        [--chunks 16:64:2,32:64:4]
     ncu --clock-control none --profile-from-start off --set detailed -o OUT python3 benchmarks/gpu/ncu_kernels.py
 """
 
@@ -30,7 +31,8 @@ def _bf16(*shape, device):
     return torch.randn(*shape, device=device).bfloat16()
 
 
-def delta_arms(batch: int, per_key: bool, device, weights_warps: tuple[int, ...] = ()) -> dict:
+def delta_arms(batch: int, per_key: bool, device, weights_warps: tuple[int, ...] = (),
+               chunks: tuple[tuple[int, int, int], ...] = ()) -> dict:
     heads, key_heads, dim = 32, 32 if per_key else 16, 128
     gate = (heads, dim) if per_key else (heads,)
     state = torch.randn(batch, heads, dim, dim, device=device) * 0.1
@@ -52,6 +54,13 @@ def delta_arms(batch: int, per_key: bool, device, weights_warps: tuple[int, ...]
         # device positions: the step advances each row's count, so successive calls walk the cycle
         arms[f"replay_device{tag}"] = (lambda launch=launch: delta_rule._replay_step(
             state, *rings, origin, counts, *t, buffer_len=RING, out=out, **launch), 1 + 2 / RING)
+    for chunk, block_v, warps in chunks:  # the replay-only launches streaming the checkpoint (_chunk_k)
+        launch, tag = dict(_chunk_k=chunk, _block_v=block_v, _num_warps=warps), f"_chunk{chunk}_{block_v}x{warps}"
+        arms[f"replay_host14{tag}"] = (lambda launch=launch: delta_rule._replay_step(
+            state, *rings, 0, 14, *t, buffer_len=RING, out=out, **launch), 1)
+        # a split step (flush launch, then the chunked replay launch), against the fused default above
+        arms[f"replay_device_split{tag}"] = (lambda launch=launch: delta_rule._replay_step(
+            state, *rings, origin, counts, *t, buffer_len=RING, out=out, _split=True, **launch), 1 + 2 / RING)
     return arms, state.numel() * 4
 
 
@@ -85,16 +94,19 @@ def main(argv=None) -> None:
     parser.add_argument("--families", default="gdn,kda,mamba2")
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--no-time", action="store_true", help="skip the do_bench timings (under ncu)")
+    parser.add_argument("--chunks", default="", help="comma-separated CHUNK:BLOCK_V:WARPS launches of the GDN / KDA "
+                        "replay-only step streaming the checkpoint (_chunk_k), added as arms")
     parser.add_argument("--kda-weights-warps", default="", help="comma-separated warp counts of KDA's weights "
                         "pre-launch to add as arms beside the default (4)")
     args = parser.parse_args(argv)
     weights_warps = tuple(int(w) for w in args.kda_weights_warps.split(",") if w)
+    chunks = tuple(tuple(int(n) for n in c.split(":")) for c in args.chunks.split(",") if c)
     device = torch.device("cuda")
     torch.manual_seed(0)
     arms = {}
     for family in args.families.split(","):
         built, state_bytes = (mamba2_arms(args.batch, device) if family == "mamba2"
-                              else delta_arms(args.batch, family == "kda", device, weights_warps))
+                              else delta_arms(args.batch, family == "kda", device, weights_warps, chunks))
         for name, (fn, passes) in built.items():
             arms[f"{family}_{name}"] = (fn, passes * state_bytes)
     for fn, _ in arms.values():  # compile and warm every kernel before the profiled window

@@ -15,8 +15,14 @@
 #   replay_device_flush_grid), and `hf-replayssm bench kernels --family mamba2` at batch 64 / 256 with the new
 #   variant (`replay_mixed_flush_device_grid_us`, `replay_in_phase_flush_device_grid_us`: every row flushing in one
 #   step is its worst case). If it wins in both phase layouts: make "device" the default.
+# STAGE=3 (about 4 minutes): the replay-only launches streaming the checkpoint in K chunks (`_chunk_k`, built in the
+#   seventeenth session): run 101 found GDN's replay at 238 registers, 12.5 % occupancy and 67 % of DRAM bandwidth
+#   (the standard step: 81 %). sm_90 registers: chunk 16 at [128, 64] x 2 155, chunk 32 at [128, 64] x 4 94, chunk 16
+#   at [128, 128] x 4 123 (KDA: 123 / 119 / 121). The step timed at host positions and split at device positions
+#   beside the defaults (ncu_kernels.py --chunks), and the counters. If a launch wins: make it the replay-only
+#   launches' default in replay_launch_config and re-time the cycles (bench_delta).
 # Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session18.sh", carry=[".triton_cache"], timeout_s=600), then
-#   STAGE=2 the same way.
+#   STAGE=2 and 3 the same way.
 source benchmarks/gpu/install.sh || exit 1
 RES=/tmp/w/res_next_session18_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
 pack() { tar czf "$OUT/next_session18_$STAGE.tgz" -C "$RES" . ; }
@@ -47,6 +53,20 @@ elif [ "$STAGE" = 2 ]; then
     python3 "$R/benchmarks/gpu/ncu_kernels.py" --families mamba2 --no-time > "$RES/ncu_run.txt" 2>&1
   timeout 30 "$NCU" --import "$RES/ncu_mamba2.ncu-rep" --page details --csv > "$RES/ncu_mamba2.csv" 2>&1
   rm -f "$RES/ncu_mamba2.ncu-rep"
+  echo "ncu rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+elif [ "$STAGE" = 3 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_chunked_cuda tests/test_kernels_delta.py \
+    -k "chunked_checkpoint"; pack
+  CHUNKS=16:64:2,32:64:4,16:128:4,32:128:4,16:32:1
+  timeout 150 python3 "$R/benchmarks/gpu/ncu_kernels.py" --families gdn,kda --chunks $CHUNKS \
+    > "$RES/chunked_replay.txt" 2>&1
+  echo "times rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout 150 "$NCU" --clock-control none --profile-from-start off --set detailed -o "$RES/ncu_chunked" \
+    python3 "$R/benchmarks/gpu/ncu_kernels.py" --families gdn --chunks 16:64:2,32:64:4 --no-time \
+    > "$RES/ncu_run.txt" 2>&1
+  timeout 30 "$NCU" --import "$RES/ncu_chunked.ncu-rep" --page details --csv > "$RES/ncu_chunked.csv" 2>&1
+  rm -f "$RES/ncu_chunked.ncu-rep"
   echo "ncu rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
 fi
 tail -n 12 "$RES"/*.txt

@@ -186,6 +186,48 @@ def _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group
 
 
 @triton.jit
+def _mamba2_token(x_ptr, dt_ptr, B_ptr, C_ptr, A_ptr, D_ptr, z_ptr, dt_bias_ptr, pid_b, h, group, offs_p, offs_n,
+                  mask_p, mask_n, stride_x_b, stride_x_h, stride_x_p, stride_dt_b, stride_dt_h,
+                  stride_B_b, stride_B_g, stride_B_n, stride_C_b, stride_C_g, stride_C_n,
+                  stride_A, stride_D, stride_dt_bias, stride_z_b, stride_z_h, stride_z_p,
+                  HAS_D: tl.constexpr, HAS_Z: tl.constexpr, HAS_DT_BIAS: tl.constexpr, DT_SOFTPLUS: tl.constexpr):
+    """One (row, head, P tile)'s token: every load before any arithmetic on a loaded value. Returns x and B as
+    loaded, x / B / C in float32, dt (biased, softplus'd), A dt, A, and D and z (0.0 where absent)."""
+    dt_raw = tl.load(dt_ptr + pid_b * stride_dt_b + h * stride_dt_h)
+    if HAS_DT_BIAS:
+        dt_bias = tl.load(dt_bias_ptr + h * stride_dt_bias)
+    A_h = tl.load(A_ptr + h * stride_A).to(tl.float32)
+    D_h = 0.0
+    if HAS_D:
+        D_h = tl.load(D_ptr + h * stride_D).to(tl.float32)
+    x_m = tl.load(x_ptr + pid_b * stride_x_b + h * stride_x_h + offs_p * stride_x_p, mask=mask_p, other=0.0)
+    B_m = tl.load(B_ptr + pid_b * stride_B_b + group * stride_B_g + offs_n * stride_B_n, mask=mask_n, other=0.0)
+    C_m = tl.load(C_ptr + pid_b * stride_C_b + group * stride_C_g + offs_n * stride_C_n, mask=mask_n, other=0.0)
+    z = 0.0
+    if HAS_Z:
+        z = tl.load(z_ptr + pid_b * stride_z_b + h * stride_z_h + offs_p * stride_z_p, mask=mask_p, other=0.0)
+    dt_m = dt_raw.to(tl.float32)
+    if HAS_DT_BIAS:
+        dt_m += dt_bias.to(tl.float32)
+    if DT_SOFTPLUS:
+        dt_m = _softplus(dt_m)
+    return (x_m, B_m, x_m.to(tl.float32), B_m.to(tl.float32), C_m.to(tl.float32), dt_m, A_h * dt_m, A_h, D_h, z)
+
+
+@triton.jit
+def _mamba2_store_y(y, x_f, D_h, z, y_ptr, pid_b, h, offs_p, mask_p, stride_y_b, stride_y_h, stride_y_p,
+                    HAS_D: tl.constexpr, HAS_Z: tl.constexpr):
+    """y + D x, gated by z silu(z) where given, stored in y's dtype."""
+    if HAS_D:
+        y += D_h * x_f
+    if HAS_Z:
+        z_f = z.to(tl.float32)
+        y *= z_f * tl.sigmoid(z_f)
+    tl.store(y_ptr + pid_b * stride_y_b + h * stride_y_h + offs_p * stride_y_p, y.to(y_ptr.dtype.element_ty),
+             mask=mask_p)
+
+
+@triton.jit
 def _mamba2_flush_math(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin, count,
                        ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m, la_m, A_h,
                        stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
@@ -327,29 +369,12 @@ def _mamba2_replay_step_kernel(
                                  0, N, stride_rcv_b, stride_rcv_h, stride_rcv_p,
                                  stride_rcv_n, stride_rcs_b, stride_rcs_h, stride_rcs_p, stride_rcs_n, stride_rct_b,
                                  READ_FORMAT, BLOCK_N, True)
-        # The token: every load before any arithmetic on a loaded value.
-        dt_raw = tl.load(dt_ptr + pid_b * stride_dt_b + h * stride_dt_h)
-        if HAS_DT_BIAS:
-            dt_bias = tl.load(dt_bias_ptr + h * stride_dt_bias)
-        A_h = tl.load(A_ptr + h * stride_A).to(tl.float32)
-        if HAS_D:
-            D_h = tl.load(D_ptr + h * stride_D).to(tl.float32)
-        x_m = tl.load(x_ptr + pid_b * stride_x_b + h * stride_x_h + offs_p * stride_x_p, mask=mask_p, other=0.0)
-        B_m = tl.load(B_ptr + pid_b * stride_B_b + group * stride_B_g + offs_n * stride_B_n, mask=mask_n, other=0.0)
-        C_m = tl.load(C_ptr + pid_b * stride_C_b + group * stride_C_g + offs_n * stride_C_n, mask=mask_n, other=0.0)
-        if HAS_Z:
-            z = tl.load(z_ptr + pid_b * stride_z_b + h * stride_z_h + offs_p * stride_z_p, mask=mask_p, other=0.0)
-
+        x_m, B_m, x_f, B_f, C_f, dt_m, la_m, A_h, D_h, z = _mamba2_token(
+            x_ptr, dt_ptr, B_ptr, C_ptr, A_ptr, D_ptr, z_ptr, dt_bias_ptr, pid_b, h, group, offs_p, offs_n, mask_p,
+            mask_n, stride_x_b, stride_x_h, stride_x_p, stride_dt_b, stride_dt_h, stride_B_b, stride_B_g, stride_B_n,
+            stride_C_b, stride_C_g, stride_C_n, stride_A, stride_D, stride_dt_bias, stride_z_b, stride_z_h,
+            stride_z_p, HAS_D, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS)
         count = count_raw & 0xFFFF
-        dt_m = dt_raw.to(tl.float32)
-        if HAS_DT_BIAS:
-            dt_m += dt_bias.to(tl.float32)
-        if DT_SOFTPLUS:
-            dt_m = _softplus(dt_m)
-        la_m = A_h * dt_m
-        x_f = x_m.to(tl.float32)
-        B_f = B_m.to(tl.float32)
-        C_f = C_m.to(tl.float32)
 
         if PHASE == 1 or PHASE == 4:
             y = _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count,
@@ -394,13 +419,8 @@ def _mamba2_replay_step_kernel(
                                         stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g,
                                         stride_rB_n, BLOCK_R, RING_PHYSICAL)
 
-        if HAS_D:
-            y += D_h * x_f
-        if HAS_Z:
-            z_f = z.to(tl.float32)
-            y *= z_f * tl.sigmoid(z_f)
-        tl.store(y_ptr + pid_b * stride_y_b + h * stride_y_h + offs_p * stride_y_p,
-                 y.to(y_ptr.dtype.element_ty), mask=mask_p)
+        _mamba2_store_y(y, x_f, D_h, z, y_ptr, pid_b, h, offs_p, mask_p, stride_y_b, stride_y_h, stride_y_p, HAS_D,
+                        HAS_Z)
 
     if (PHASE == 0 or PHASE == 4) and TICKET:
         # Take a ticket; the program that drew the row's last one (every program of the row has read the count by
@@ -472,35 +492,18 @@ def _mamba2_flush_due_kernel(
         s0 = tl.load(state_ptrs, mask=mask_pn, other=0.0).to(tl.float32)
         count = tl.load(count_ptr + pid_b * stride_count) & 0xFFFF
         origin = tl.load(origin_ptr + pid_b * stride_origin)
-        dt_raw = tl.load(dt_ptr + pid_b * stride_dt_b + h * stride_dt_h)
-        if HAS_DT_BIAS:
-            dt_bias = tl.load(dt_bias_ptr + h * stride_dt_bias)
-        A_h = tl.load(A_ptr + h * stride_A).to(tl.float32)
-        if HAS_D:
-            D_h = tl.load(D_ptr + h * stride_D).to(tl.float32)
-        x_m = tl.load(x_ptr + pid_b * stride_x_b + h * stride_x_h + offs_p * stride_x_p, mask=mask_p, other=0.0)
-        B_m = tl.load(B_ptr + pid_b * stride_B_b + group * stride_B_g + offs_n * stride_B_n, mask=mask_n, other=0.0)
-        C_m = tl.load(C_ptr + pid_b * stride_C_b + group * stride_C_g + offs_n * stride_C_n, mask=mask_n, other=0.0)
-        if HAS_Z:
-            z = tl.load(z_ptr + pid_b * stride_z_b + h * stride_z_h + offs_p * stride_z_p, mask=mask_p, other=0.0)
-        dt_m = dt_raw.to(tl.float32)
-        if HAS_DT_BIAS:
-            dt_m += dt_bias.to(tl.float32)
-        if DT_SOFTPLUS:
-            dt_m = _softplus(dt_m)
-        x_f = x_m.to(tl.float32)
+        _, _, x_f, B_f, C_f, dt_m, la_m, A_h, D_h, z = _mamba2_token(
+            x_ptr, dt_ptr, B_ptr, C_ptr, A_ptr, D_ptr, z_ptr, dt_bias_ptr, pid_b, h, group, offs_p, offs_n, mask_p,
+            mask_n, stride_x_b, stride_x_h, stride_x_p, stride_dt_b, stride_dt_h, stride_B_b, stride_B_g, stride_B_n,
+            stride_C_b, stride_C_g, stride_C_n, stride_A, stride_D, stride_dt_bias, stride_z_b, stride_z_h,
+            stride_z_p, HAS_D, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS)
         y = _mamba2_flush_math(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group,
-                               origin, count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_m.to(tl.float32),
-                               C_m.to(tl.float32), dt_m, A_h * dt_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h,
-                               stride_rx_p, stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r,
-                               stride_rB_g, stride_rB_n, FOLD_UNROLL, False, FLUSH_PRECISION, BLOCK_R)
-        if HAS_D:
-            y += D_h * x_f
-        if HAS_Z:
-            z_f = z.to(tl.float32)
-            y *= z_f * tl.sigmoid(z_f)
-        tl.store(y_ptr + pid_b * stride_y_b + h * stride_y_h + offs_p * stride_y_p,
-                 y.to(y_ptr.dtype.element_ty), mask=mask_p)
+                               origin, count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m, la_m,
+                               A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b, stride_rdt_r,
+                               stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n, FOLD_UNROLL, False,
+                               FLUSH_PRECISION, BLOCK_R)
+        _mamba2_store_y(y, x_f, D_h, z, y_ptr, pid_b, h, offs_p, mask_p, stride_y_b, stride_y_h, stride_y_p, HAS_D,
+                        HAS_Z)
 
 
 @triton.jit

@@ -26,6 +26,15 @@
 source benchmarks/gpu/install.sh || exit 1
 RES=/tmp/w/res_next_session18_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
 pack() { tar czf "$OUT/next_session18_$STAGE.tgz" -C "$RES" . ; }
+ncu_job() {  # ncu_job SECONDS NAME NCU_KERNELS_ARGS...: Nsight Compute's counters of ncu_kernels.py's arms, as csv
+  local limit=$1 name=$2; shift 2
+  local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout "$limit" "$ncu" --clock-control none --profile-from-start off --set detailed -o "$RES/$name" \
+    python3 "$R/benchmarks/gpu/ncu_kernels.py" "$@" --no-time > "$RES/${name}_run.txt" 2>&1
+  timeout 30 "$ncu" --import "$RES/$name.ncu-rep" --page details --csv > "$RES/$name.csv" 2>&1
+  rm -f "$RES/$name.ncu-rep"
+  echo "$name rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+}
 if [ "$STAGE" = 1 ]; then
   REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 200 test_kernels_kda_weights_cuda tests/test_kernels_delta.py \
     tests/test_kernels_verify.py -k "kda_weights"; pack
@@ -35,12 +44,7 @@ if [ "$STAGE" = 1 ]; then
   timeout 150 python3 -m hf_replayssm.kernels.bench_verify --family kda --batches 64,256 --windows 3,4,8 \
     --forms weights_1warp --out "$RES/verify_kda_weights_1warp.json" > "$RES/verify_kda_weights_1warp.txt" 2>&1
   echo "verify rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
-  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  timeout 120 "$NCU" --clock-control none --profile-from-start off --set detailed -o "$RES/ncu_kda" \
-    python3 "$R/benchmarks/gpu/ncu_kernels.py" --families kda --kda-weights-warps 1,2 --no-time > "$RES/ncu_run.txt" 2>&1
-  timeout 30 "$NCU" --import "$RES/ncu_kda.ncu-rep" --page details --csv > "$RES/ncu_kda.csv" 2>&1
-  rm -f "$RES/ncu_kda.ncu-rep"
-  echo "ncu rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  ncu_job 120 ncu_kda --families kda --kda-weights-warps 1,2
 elif [ "$STAGE" = 2 ]; then
   REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_mamba2_flush_grid_cuda tests/test_kernels_mamba2.py \
     -k "flush_device_grid or launch_variants or mixed_bf16"; pack
@@ -48,12 +52,7 @@ elif [ "$STAGE" = 2 ]; then
   echo "times rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   bench_job 200 kernels_mamba2_flush_grid kernels --family mamba2 --shapes nemotron-h-8b --batches 64,256 --no-sweep \
     --out "$RES/kernels_mamba2_flush_grid.json"; pack
-  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  timeout 120 "$NCU" --clock-control none --profile-from-start off --set detailed -o "$RES/ncu_mamba2" \
-    python3 "$R/benchmarks/gpu/ncu_kernels.py" --families mamba2 --no-time > "$RES/ncu_run.txt" 2>&1
-  timeout 30 "$NCU" --import "$RES/ncu_mamba2.ncu-rep" --page details --csv > "$RES/ncu_mamba2.csv" 2>&1
-  rm -f "$RES/ncu_mamba2.ncu-rep"
-  echo "ncu rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  ncu_job 120 ncu_mamba2 --families mamba2
 elif [ "$STAGE" = 3 ]; then
   REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_chunked_cuda tests/test_kernels_delta.py \
     -k "chunked_checkpoint"; pack
@@ -61,13 +60,7 @@ elif [ "$STAGE" = 3 ]; then
   timeout 150 python3 "$R/benchmarks/gpu/ncu_kernels.py" --families gdn,kda --chunks $CHUNKS \
     > "$RES/chunked_replay.txt" 2>&1
   echo "times rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
-  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  timeout 150 "$NCU" --clock-control none --profile-from-start off --set detailed -o "$RES/ncu_chunked" \
-    python3 "$R/benchmarks/gpu/ncu_kernels.py" --families gdn --chunks 16:64:2,32:64:4 --no-time \
-    > "$RES/ncu_run.txt" 2>&1
-  timeout 30 "$NCU" --import "$RES/ncu_chunked.ncu-rep" --page details --csv > "$RES/ncu_chunked.csv" 2>&1
-  rm -f "$RES/ncu_chunked.ncu-rep"
-  echo "ncu rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  ncu_job 150 ncu_chunked --families gdn --chunks 16:64:2,32:64:4
 fi
 tail -n 12 "$RES"/*.txt
 save_triton_cache

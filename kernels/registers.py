@@ -227,15 +227,20 @@ def _verify_call(family: str, batch: int, window: int, products: bool | str | No
     def call():
         case.verify(module, case.copies[0], _products=products, **launch, **form)
 
-    return module, [f"_{'mamba2' if family == 'mamba2' else 'delta'}_verify_kernel"], call
+    # KDA's per-head pre-launch of the record decays (from 3-token windows on) is recorded too, not run
+    return module, [f"_{'mamba2' if family == 'mamba2' else 'delta'}_verify_kernel",
+                    *(["_verify_record_weights_kernel"] if family != "mamba2" else [])], call
 
 
 def verify_registers(family: str, batch: int = 256, window: int = 4, products: bool | str | None = False,
                      arch: int = 90, launch: dict | None = None, steps: bool = False) -> dict:
     """Registers and spills of ``family``'s verify kernel ("mamba2", "gdn", "kda") at a batch's launch
     configuration (see :func:`_verify_call`), compiled for ``sm_<arch>``."""
-    (row,) = compile_launches(*_verify_call(family, batch, window, products, launch, steps), arch=arch)
-    return dict(row, family=family, batch=batch, window=window, products=products, steps=steps)
+    rows = compile_launches(*_verify_call(family, batch, window, products, launch, steps), arch=arch)
+    (row,) = [r for r in rows if r["kernel"].endswith("_verify_kernel")]
+    weights = {f"weights_{key}": r[key] for r in rows if r["kernel"] == "_verify_record_weights_kernel"
+               for key in ("registers", "spill_store_bytes")}  # KDA's pre-launch, where the wrapper runs it
+    return dict(row, **weights, family=family, batch=batch, window=window, products=products, steps=steps)
 
 
 FAMILIES = {"gdn": (_gdn_call, [(64, 4), (64, 2), (32, 4), (32, 2), (16, 2)]),

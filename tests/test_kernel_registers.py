@@ -97,4 +97,7 @@ def test_verify_kernels_default_launches_at_batch_256():
         if form != "tokens":  # the product form's tl.dot and the steps form's record fold: tf32x3
             assert r["PRECISION"] == "tf32x3", r
         assert 16 <= r["registers"] <= 255 and r["spill_store_bytes"] <= 512, r
+        # KDA's per-head pre-launch of the record decays runs from 3-token windows on, and compiles as well
+        assert ("weights_registers" in r) == (r["family"] == "kda" and r["window"] >= 3), r
+        assert r.get("weights_spill_store_bytes", 0) == 0, r
     assert result["restored"] == "JITFunction"

@@ -683,7 +683,9 @@ def _replay_step(
 
     if _flush_grid not in ("batch", "device"):
         raise ValueError(f"_flush_grid must be 'batch' or 'device', got {_flush_grid!r}")
-    flush_on_device_grid = split and _flush_grid == "device" and not flush_reads_copy
+    # (every program holds all counts: past MAX_FLUSH_GRID_BATCH rows the batch-sized grid serves)
+    flush_on_device_grid = (split and _flush_grid == "device" and not flush_reads_copy
+                            and batch <= MAX_FLUSH_GRID_BATCH)
 
     def launch_flush_due():
         flush_cfg = dict(flush_due_launch_config(head_dim, d_state), fold_unroll=cfg["fold_unroll"],
@@ -761,13 +763,16 @@ def _replay_step(
     return y
 
 
-FLUSH_PROGRAMS_PER_SM = 8  # resident programs of the device-grid flush per SM (128 registers x 2 warps, sm_90)
+FLUSH_PROGRAMS_PER_SM = 8  # programs of the device-grid flush per SM (sm_90: 128-145 registers x 2 warps, 7-8 fit)
+# its programs hold every row's count and rank: sm_90 143 registers at 256 rows, 145 at 512, 168 and a spill at 1024
+MAX_FLUSH_GRID_BATCH = 512
 
 
 def flush_due_launch_config(head_dim: int, d_state: int) -> dict:
     """``block_p`` and ``num_warps`` of the device-grid flush launch: a 2048-element tile ([16, 128] for d_state
     128) on 2 warps, as the commit's fold (``kernels/mamba2_verify.py``, fastest of its H200 sweep). Compile-only,
-    sm_90 (Triton 3.6): 128 registers, 8 programs per SM; at [32, 128] the loop over items needs 228."""
+    sm_90 (Triton 3.6), Nemotron-H 8B shape: 128 registers at 16 rows, 143 at 256; at [32, 128] the loop over
+    items needs 228."""
     block_n = triton.next_power_of_2(d_state)
     return dict(block_p=min(triton.next_power_of_2(head_dim), max(1, 2048 // block_n)), num_warps=2)
 

@@ -610,8 +610,8 @@ NARROW_STEPS_FROM_WINDOW = {False: 7, True: 5}
 
 
 # KDA's verify computes the committed records' decays and decayed keys once per (row, value head) from 3-token
-# windows on (the steps form); H200, batch 256, verify + commit, every draft accepted (run 96): T = 4 863 vs 928 us,
-# T = 8 1589 vs 1980; at T = 2 (the token form) it loses, 538 vs 507 (batch 64: 159 vs 143)
+# windows on (the steps form); H200, batch 256, verify + commit, every draft accepted (runs 96 / 99): T = 3 747 vs
+# 799 us, T = 4 863 vs 928, T = 8 1589 vs 1980; at T = 2 (the token form) it loses, 538 vs 507 (batch 64: 159 vs 143)
 WEIGHTS_FROM_WINDOW = 3
 
 
@@ -793,7 +793,7 @@ def fold_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: in
                        fold_dot: bool | str) -> tuple[int, int]:
     """(BLOCK_V, num_warps) of the commit and the ring fold: the standard step's tile (a fold is a standard step per
     record), at least 16 wide for the product fold, whose scalar-gate form runs on 8 warps. H200, flush with every
-    row flushing, batch 256, T = 4 (run 96, ``bench_verify --parts``): GDN product [128, 64] x 8 458 us, x 4 478,
+    row flushing, batch 256, T = 4 (run 97, ``bench_verify --parts``): GDN product [128, 64] x 8 458 us, x 4 478,
     loop x 4 688; KDA loop [128, 64] x 4 746, product x 4 663, x 8 741. Compile-only, sm_90: GDN product x 8 107
     registers against 217 on 4 warps."""
     block_v, num_warps = state_update_launch_config(batch, value_heads, key_dim, value_dim, per_key_gate)

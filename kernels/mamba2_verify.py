@@ -445,7 +445,7 @@ def _verify(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=Non
 def fold_launch_config(batch: int, heads: int, head_dim: int, d_state: int) -> dict:
     """``block_p`` and ``num_warps`` of the commit and the ring fold (a standard step per record): a 2048-element
     tile ([16, 128] for d_state 128) on 2 warps. H200, Nemotron-H 8B shape, batch 256, T = 4, flush with every row
-    flushing (run 96, ``bench_verify --parts``): [16, 128] x 2 1043 us, x 1 1103, [32, 128] x 4 1134, the standard
+    flushing (run 97, ``bench_verify --parts``): [16, 128] x 2 1043 us, x 1 1103, [32, 128] x 4 1134, the standard
     step's [32, 128] x 8 1229, [64, 128] x 8 1743."""
     block_n = triton.next_power_of_2(d_state)
     return dict(block_p=min(triton.next_power_of_2(head_dim), max(1, 2048 // block_n)), num_warps=2)

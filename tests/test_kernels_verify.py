@@ -77,10 +77,10 @@ def test_delta_verify_form_and_launch_rules():
     assert config(256, 32, 256, 256, False, 4, steps=True) == (16, 2)
     assert config(256, 32, 128, 128, False, 4) == (64, 4) and config(256, 32, 128, 128, True, 4) == (128, 4)
     assert config(1, 32, 128, 128, False, 4, steps=True) == (16, 1)  # 256 programs: the narrowest tile
-    # KDA's per-head pre-launch of the record decays from 3-token windows on (H200, run 96); never for a scalar gate
+    # KDA's per-head pre-launch of the record decays from 3-token windows on (H200, runs 96 / 99); not for scalar gates
     assert [k.default_verify_weights(True, t) for t in (1, 2, 3, 4, 16)] == [False, False, True, True, True]
     assert not any(k.default_verify_weights(False, t) for t in (1, 2, 3, 4, 16))
-    # commit / ring fold (run 96): the standard step's tile, the scalar-gate product fold on 8 warps, 16 wide at least
+    # commit / ring fold (run 97): the standard step's tile, the scalar-gate product fold on 8 warps, 16 wide at least
     fold = k.fold_launch_config
     assert fold(256, 32, 128, 128, False, True) == (64, 8) and fold(256, 32, 128, 128, True, True) == (64, 4)
     assert fold(256, 32, 128, 128, False, False) == (64, 4) and fold(256, 32, 128, 128, True, False) == (64, 4)
@@ -88,7 +88,7 @@ def test_delta_verify_form_and_launch_rules():
 
 
 def test_mamba2_fold_launch_rule():
-    """Mamba-2's commit / ring fold: a 2048-element tile on 2 warps (H200, run 96: [16, 128] x 2 fastest of the
+    """Mamba-2's commit / ring fold: a 2048-element tile on 2 warps (H200, run 97: [16, 128] x 2 fastest of the
     flush sweep, 1.18x the standard step's [32, 128] x 8)."""
     from kernel_harness import load_kernel_module
 

@@ -74,13 +74,13 @@ Design notes:
 from __future__ import annotations
 
 import contextlib
-import functools
 
 import torch
 import triton
 import triton.language as tl
 
 from hf_replayssm.kernels.counts import advance_counts
+from hf_replayssm.kernels.flush_grid import MAX_BATCH, due_row, due_rows, flush_grid_programs
 from hf_replayssm.kernels.read_copy import load_read_tile, read_copy_operands
 from hf_replayssm.ops.mamba2_step import mamba2_replay_step_ref, mamba2_state_update_ref
 from hf_replayssm.ops.positions import host_phase
@@ -462,27 +462,18 @@ def _mamba2_flush_due_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_B: tl.constexpr,
 ):
-    """The split device-phase step's flush launch on a grid sized to the GPU instead of the batch: every program
-    reads all counts, numbers the rows due to flush, and walks the (due row, head, P tile) items with a stride of
-    the grid, each as the ``PHASE`` 3 program of that tile would (the sequential fold, bit for bit). The
-    batch-sized grid launched a program for every tile of every row, most of which only read their count and
-    exited: at batch 256 with one row in 16 due that launch took 132 us of an H200 for 36 us worth of bytes (run
-    101). Counts are read, not written (the replay launch after it advances them)."""
-    pid = tl.program_id(0)
-    offs_b = tl.arange(0, BLOCK_B)
-    in_batch = offs_b < batch
-    counts = tl.load(count_ptr + offs_b * stride_count, mask=in_batch, other=0) & 0xFFFF
-    due = (in_batch & (counts + 1 >= BUFFER_LEN)).to(tl.int32)
-    rank = tl.cumsum(due, axis=0)  # the k-th due row has rank k + 1
+    """The split device-phase step's flush launch on a grid sized to the GPU (``kernels/flush_grid.py``): the
+    (due row, head, P tile) items, each as the ``PHASE`` 3 program of that tile would (the sequential fold, bit for
+    bit). Counts are read, not written (the replay launch after it advances them)."""
+    due, rank, n_due = due_rows(count_ptr, stride_count, batch, BUFFER_LEN, BLOCK_B)
     p_tiles = tl.cdiv(P, BLOCK_P)
     items_per_row = p_tiles * heads
     offs_n = tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
-    for item in range(pid, tl.sum(due, axis=0) * items_per_row, tl.num_programs(0)):
-        k = item // items_per_row
+    for item in range(tl.program_id(0), n_due * items_per_row, tl.num_programs(0)):
+        pid_b = due_row(due, rank, item // items_per_row, BLOCK_B)
         h = (item % items_per_row) // p_tiles
         pid_p = item % p_tiles
-        pid_b = tl.sum(tl.where((due > 0) & (rank == k + 1), offs_b, 0), axis=0).to(tl.int64)
         group = h // heads_per_group
         offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
         mask_p = offs_p < P
@@ -683,9 +674,7 @@ def _replay_step(
 
     if _flush_grid not in ("batch", "device"):
         raise ValueError(f"_flush_grid must be 'batch' or 'device', got {_flush_grid!r}")
-    # (every program holds all counts: past MAX_FLUSH_GRID_BATCH rows the batch-sized grid serves)
-    flush_on_device_grid = (split and _flush_grid == "device" and not flush_reads_copy
-                            and batch <= MAX_FLUSH_GRID_BATCH)
+    flush_on_device_grid = split and _flush_grid == "device" and not flush_reads_copy and batch <= MAX_BATCH
 
     def launch_flush_due():
         flush_cfg = dict(flush_due_launch_config(head_dim, d_state), fold_unroll=cfg["fold_unroll"],
@@ -763,11 +752,6 @@ def _replay_step(
     return y
 
 
-FLUSH_PROGRAMS_PER_SM = 8  # programs of the device-grid flush per SM (sm_90: 128-145 registers x 2 warps, 7-8 fit)
-# its programs hold every row's count and rank: sm_90 143 registers at 256 rows, 145 at 512, 168 and a spill at 1024
-MAX_FLUSH_GRID_BATCH = 512
-
-
 def flush_due_launch_config(head_dim: int, d_state: int) -> dict:
     """``block_p`` and ``num_warps`` of the device-grid flush launch: a 2048-element tile ([16, 128] for d_state
     128) on 2 warps, as the commit's fold (``kernels/mamba2_verify.py``, fastest of its H200 sweep). Compile-only,
@@ -775,21 +759,6 @@ def flush_due_launch_config(head_dim: int, d_state: int) -> dict:
     items needs 228."""
     block_n = triton.next_power_of_2(d_state)
     return dict(block_p=min(triton.next_power_of_2(head_dim), max(1, 2048 // block_n)), num_warps=2)
-
-
-def flush_grid_programs(device: torch.device, items: int) -> int:
-    """Programs of the flush launch on a device-sized grid: ``FLUSH_PROGRAMS_PER_SM`` per multiprocessor (4 on a
-    CPU, so that the interpreter walks several items per program), at most one per item of a step where every row
-    flushes."""
-    if device.type != "cuda":
-        return max(1, min(items, 4))
-    return max(1, min(items, FLUSH_PROGRAMS_PER_SM * _multiprocessors(device.index)))
-
-
-@functools.cache
-def _multiprocessors(index: int | None) -> int:
-    return torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index
-                                            ).multi_processor_count
 
 
 def _state_update(state, x, dt, B, C, A, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, _config=None):

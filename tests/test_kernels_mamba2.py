@@ -157,7 +157,7 @@ def case_flush_device_grid(k, device):
     """The split step's flush launch on a device-sized grid (``_flush_grid="device"``: a few programs walk the due
     rows' tiles) gives the bits of the batch-sized one, state and output, with no row due, one, several and all
     (more items than programs, so each program walks several; bf16 with D/z/dt_bias, NaN in uncommitted slots);
-    past ``MAX_FLUSH_GRID_BATCH`` rows the batch grid serves; a wrong name is refused."""
+    past ``kernels.flush_grid.MAX_BATCH`` rows the batch grid serves; a wrong name is refused."""
     import torch
 
     L, R = 5, 4
@@ -185,8 +185,8 @@ def case_flush_device_grid(k, device):
         _close("y, device grid", runs["device"][0], runs["batch"][0], 1e-6)
         due = [b for b, c in enumerate(counts) if c + 1 >= L]
         assert torch.isfinite(runs["device"][0]).all() and (not due or "flush_due" in k.LAST_COMPILED)
-    # past MAX_FLUSH_GRID_BATCH rows the batch-sized grid serves (the same bits)
-    limit, k.MAX_FLUSH_GRID_BATCH = k.MAX_FLUSH_GRID_BATCH, 4
+    # past kernels.flush_grid.MAX_BATCH rows the batch-sized grid serves (the same bits)
+    limit, k.MAX_BATCH = k.MAX_BATCH, 4
     try:
         k.LAST_COMPILED.pop("flush_due", None)
         counts = [4, 1, 4, 3, 4, 0]
@@ -200,7 +200,7 @@ def case_flush_device_grid(k, device):
         assert "flush_due" not in k.LAST_COMPILED and torch.equal(outs[0], outs[1])
         assert torch.equal(p["state"], q["state"])
     finally:
-        k.MAX_FLUSH_GRID_BATCH = limit
+        k.MAX_BATCH = limit
     p = _make(device, torch.float32, 2, heads=4, groups=2, head_dim=24, d_state=20, ring=R, options=False)
     args, kw = _replay_args(p, torch.zeros(2, dtype=torch.int32, device=device),
                             torch.zeros(2, dtype=torch.int32, device=device))

@@ -1,0 +1,55 @@
+"""A device-phase step's flush launch on a grid sized to the GPU rather than to the batch.
+
+With positions on the device, a split replay-or-flush step launches its flushes first. On a grid of one program per
+tile of every row, the programs of rows that are not due only read their count and exit: at batch 256 with one row
+in 16 due, Mamba-2's such launch took 132 us of an H200 for about 36 us worth of bytes (run 101, Nsight Compute). On
+a device-sized grid every program reads all counts, numbers the rows due (:func:`due_rows`), and walks the (due row,
+head, tile) items with a stride of the grid (:func:`due_row` maps an item's ordinal to its row), so the launch costs
+what the due rows cost. The family kernels (``kernels/mamba2.py``, ``kernels/delta_rule.py``) fold each item as the
+batch-grid program of that tile would.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+# programs per SM (sm_90: the family kernels compile to 128-145 registers on 2 warps, 7-8 programs fit)
+PROGRAMS_PER_SM = 8
+# every program holds every row's count and rank (sm_90, Mamba-2: 143 registers at 256 rows, 145 at 512, 168 and a
+# spill at 1024): past this many rows the batch-sized grid serves
+MAX_BATCH = 512
+
+
+def flush_grid_programs(device: torch.device, items: int) -> int:
+    """Programs of a device-grid flush launch: :data:`PROGRAMS_PER_SM` per multiprocessor (4 in all on a CPU, so that
+    the interpreter walks several items per program), at most one per item of a step where every row flushes."""
+    if device.type != "cuda":
+        return max(1, min(items, 4))
+    return max(1, min(items, PROGRAMS_PER_SM * _multiprocessors(device.index)))
+
+
+@functools.cache
+def _multiprocessors(index: int | None) -> int:
+    return torch.cuda.get_device_properties(torch.cuda.current_device() if index is None else index
+                                            ).multi_processor_count
+
+
+@triton.jit
+def due_rows(count_ptr, stride_count, batch, BUFFER_LEN: tl.constexpr, BLOCK_B: tl.constexpr):
+    """Every row's due flag (int32 [BLOCK_B]: count + 1 reaches the buffer length; the low 16 bits of count, as the
+    step kernels read it), its rank among the due rows (the k-th due row has rank k + 1) and how many are due."""
+    offs_b = tl.arange(0, BLOCK_B)
+    in_batch = offs_b < batch
+    counts = tl.load(count_ptr + offs_b * stride_count, mask=in_batch, other=0) & 0xFFFF
+    due = (in_batch & (counts + 1 >= BUFFER_LEN)).to(tl.int32)
+    return due, tl.cumsum(due, axis=0), tl.sum(due, axis=0)
+
+
+@triton.jit
+def due_row(due, rank, k, BLOCK_B: tl.constexpr):
+    """The batch row (int64) of the k-th due row (k from 0)."""
+    return tl.sum(tl.where((due > 0) & (rank == k + 1), tl.arange(0, BLOCK_B), 0), axis=0).to(tl.int64)

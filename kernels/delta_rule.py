@@ -109,6 +109,7 @@ import triton
 import triton.language as tl
 
 from hf_replayssm.kernels.counts import advance_counts
+from hf_replayssm.kernels.flush_grid import MAX_BATCH, due_row, due_rows, flush_grid_programs
 from hf_replayssm.kernels.read_copy import load_read_tile, read_copy_operands
 from hf_replayssm.ops.delta_step import delta_replay_step_ref, delta_state_update_ref
 from hf_replayssm.ops.positions import host_phase
@@ -635,6 +636,91 @@ def _delta_replay_step_kernel(
 
 
 @triton.jit
+def _delta_flush_due_kernel(
+    state_ptr, ring_k_ptr, ring_d_ptr, ring_g_ptr, origin_ptr, count_ptr,
+    q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, o_ptr,
+    batch, heads, K: tl.constexpr, V: tl.constexpr, ring_size, kv_ratio, scale,
+    stride_s_b, stride_s_h: tl.constexpr, stride_s_k: tl.constexpr, stride_s_v: tl.constexpr,
+    stride_rk_b, stride_rk_r: tl.constexpr, stride_rk_h: tl.constexpr, stride_rk_k: tl.constexpr,
+    stride_rd_b, stride_rd_r: tl.constexpr, stride_rd_h: tl.constexpr, stride_rd_v: tl.constexpr,
+    stride_rg_b, stride_rg_r: tl.constexpr, stride_rg_h: tl.constexpr, stride_rg_k: tl.constexpr,
+    stride_origin, stride_count,
+    stride_q_b, stride_q_h: tl.constexpr, stride_q_k: tl.constexpr,
+    stride_k_b, stride_k_h: tl.constexpr, stride_k_k: tl.constexpr,
+    stride_v_b, stride_v_h: tl.constexpr, stride_v_v: tl.constexpr,
+    stride_beta_b, stride_beta_h: tl.constexpr,
+    stride_g_b, stride_g_h: tl.constexpr, stride_g_k: tl.constexpr,
+    stride_o_b, stride_o_h: tl.constexpr, stride_o_v: tl.constexpr,
+    BUFFER_LEN: tl.constexpr,
+    GATE_PER_KEY: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    FLUSH_PRECISION: tl.constexpr,
+):
+    """The split device-phase step's flush launch on a grid sized to the GPU (``kernels/flush_grid.py``): the
+    (due row, value head, V tile) items, each folded as the replay kernel's ``PHASE`` 3 program of that tile (fp32
+    checkpoint, records decayed here, one tf32x3 product; no exact fold, no read copy): the same expressions in the
+    same order. Counts are read, not written (the replay launch after it advances them)."""
+    due, rank, n_due = due_rows(count_ptr, stride_count, batch, BUFFER_LEN, BLOCK_B)
+    v_tiles = tl.cdiv(V, BLOCK_V)
+    items_per_row = v_tiles * heads
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_r = tl.arange(0, BLOCK_R)
+    mask_k = offs_k < K
+    for item in range(tl.program_id(0), n_due * items_per_row, tl.num_programs(0)):
+        pid_b = due_row(due, rank, item // items_per_row, BLOCK_B)
+        pid_h = (item % items_per_row) // v_tiles
+        pid_v = item % v_tiles
+        hk = pid_h // kv_ratio
+        offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+        mask_v = offs_v < V
+        mask_kv = mask_k[:, None] & mask_v[None, :]
+        origin = tl.load(origin_ptr + pid_b * stride_origin)
+        count = tl.load(count_ptr + pid_b * stride_count) & 0xFFFF
+        state_ptrs = (state_ptr + pid_b * stride_s_b + pid_h * stride_s_h
+                      + offs_k[:, None] * stride_s_k + offs_v[None, :] * stride_s_v)
+        s0 = tl.load(state_ptrs, mask=mask_kv, other=0.0).to(tl.float32)
+        _, q_t, k_t, v_t, beta_t, g_t = _load_token(
+            q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, pid_b, pid_h, hk, offs_k, mask_k, offs_v, mask_v, scale,
+            stride_q_b, stride_q_h, stride_q_k, stride_k_b, stride_k_h, stride_k_k,
+            stride_v_b, stride_v_h, stride_v_v, stride_beta_b, stride_beta_h, stride_g_b, stride_g_h, stride_g_k,
+            GATE_PER_KEY, USE_QK_L2NORM)
+        valid = offs_r < count
+        slots = (origin + offs_r) % ring_size
+        rg_base = ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h
+        k_r = _load_record_keys(ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h, slots, valid, offs_k, mask_k,
+                                stride_rk_r, stride_rk_k, USE_QK_L2NORM)
+        d_r = _load_record_values(ring_d_ptr + pid_b * stride_rd_b + pid_h * stride_rd_h, slots, valid, offs_v,
+                                  mask_v, stride_rd_r, stride_rd_v)
+        decay, w_r, wq, wk = _record_weights(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, valid, q_t,
+                                             k_t, g_t, stride_rg_r, stride_rg_k, K, GATE_PER_KEY)
+        # the output and the fold, as the replay kernel's flushing program (kept in step with it)
+        if GATE_PER_KEY:
+            pq = tl.sum(s0 * (decay * q_t)[:, None], axis=0)
+            pk = tl.sum(s0 * (decay * k_t)[:, None], axis=0)
+        else:
+            pq = decay * tl.sum(s0 * q_t[:, None], axis=0)
+            pk = decay * tl.sum(s0 * k_t[:, None], axis=0)
+        pq += tl.sum(wq[:, None] * d_r, axis=0)
+        pk += tl.sum(wk[:, None] * d_r, axis=0)
+        d_t = beta_t * (v_t - pk)
+        o = pq + tl.sum(k_t * q_t, axis=0) * d_t
+        tl.store(o_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_v * stride_o_v,
+                 o.to(o_ptr.dtype.element_ty), mask=mask_v)
+        if GATE_PER_KEY:
+            s = s0 * decay[:, None] + k_t[:, None] * d_t[None, :]
+            kw_r = w_r
+        else:
+            s = s0 * decay + k_t[:, None] * d_t[None, :]
+            kw_r = k_r * w_r[:, None]
+        s += tl.dot(tl.trans(kw_r), d_r, input_precision=FLUSH_PRECISION)
+        tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask_kv)
+
+
+@triton.jit
 def _delta_state_update_kernel(
     state_ptr, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, o_ptr,
     K: tl.constexpr, V: tl.constexpr, kv_ratio, scale,
@@ -717,6 +803,15 @@ def replay_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: 
     return block_v, num_warps
 
 
+def flush_due_launch_config(key_dim: int, value_dim: int) -> tuple[int, int]:
+    """(BLOCK_V, num_warps) of the device-grid flush launch (``_delta_flush_due_kernel``): a [K, 4096 / K] tile
+    ([128, 32]) on 4 warps, the widest launch that compiles without spills at batch 256 (sm_90, Triton 3.6: GDN 177
+    registers, KDA 251; [128, 64] x 4 and the split step's [128, 64] x 2 / KDA's [128, 16] x 1 sit at 255, some
+    spilling); not yet timed on a GPU."""
+    block_k = triton.next_power_of_2(key_dim)
+    return min(triton.next_power_of_2(value_dim), max(16, 4096 // block_k)), 4
+
+
 def flush_uses_dot(per_key_gate: bool) -> bool:
     """Whether the replay step's flush sums the records with one tl.dot (fast, more registers) or a loop over the
     records (fewer registers; per-key gates would spill with the dot)."""
@@ -771,7 +866,8 @@ def _replay_step(
     out=None, read_copy=None, read_format=None, ring_v=None, ring_beta=None, _block_v=None, _num_warps=None,
     _flush_dot=None, _ticket=True, _ring_physical=False, _split=False, _prefetch=True,
     _count_launch=True, flush_reads_copy=False,
-    _nvfp4_pairs=True, _kda_weights=True, _gdn_weights=False, _weights_warps=4, _chunk_k=0,
+    _nvfp4_pairs=True, _kda_weights=True, _gdn_weights=False, _weights_warps=4, _chunk_k=0, _flush_grid="batch",
+    _flush_config=None,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot``; ``_split`` (device positions only): the step as a flush-only launch for the rows due (the others
@@ -800,7 +896,12 @@ def _replay_step(
     checkpoint, the replay-only launches: host positions, or a split step's replay launch): stream the checkpoint
     ``_chunk_k`` rows of K at a time (:func:`_chunked_checkpoint_products`) instead of holding the whole tile in
     registers, which caps GDN's [128, 64] x 2 replay at 238 registers and 12.5 % occupancy (run 101); sm_90:
-    chunks of 16 at [128, 64] x 2 155 registers, of 32 at [128, 64] x 4 94. Neither is timed on a GPU yet."""
+    chunks of 16 at [128, 64] x 2 155 registers, of 32 at [128, 64] x 4 94. ``_flush_grid`` (split steps with the
+    fp32 checkpoint, no exact fold, records in logical order, up to ``kernels.flush_grid.MAX_BATCH`` rows):
+    ``"batch"`` (a program per tile of every row; those of rows not due exit after reading their count) or
+    ``"device"`` (``_delta_flush_due_kernel`` on a device-sized grid walks the due rows' tiles at
+    :func:`flush_due_launch_config` or ``_flush_config``; the same expressions). None of the three is timed on a GPU
+    yet."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -871,7 +972,34 @@ def _replay_step(
         if phase == 0 and not split:
             raise ValueError("_chunk_k needs the replay-only launches: host positions or a split step (_split=True)")
 
+    if _flush_grid not in ("batch", "device"):
+        raise ValueError(f"_flush_grid must be 'batch' or 'device', got {_flush_grid!r}")
+    flush_on_device_grid = (split and _flush_grid == "device" and not exact_fold and not flush_reads_copy
+                            and not _ring_physical and _flush_dot is not False and batch <= MAX_BATCH)
+
+    def launch_flush_due():
+        flush_v, flush_warps = _flush_config or flush_due_launch_config(key_dim, value_dim)
+        LAST_COMPILED["replay_phase3"] = LAST_COMPILED["flush_due"] = _delta_flush_due_kernel[
+            (flush_grid_programs(v.device, batch * triton.cdiv(value_dim, flush_v) * value_heads),)](
+            state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, o,
+            batch, value_heads, key_dim, value_dim, ring_size, value_heads // key_heads, scale,
+            *state.stride(), *ring_k.stride(), *ring_d.stride(), *_ring_gate_strides(ring_g),
+            origin.stride(0), count.stride(0),
+            *q.stride(), *k.stride(), *v.stride(), *beta.stride(), *_gate_strides(g), *o.stride(),
+            BUFFER_LEN=buffer_len,
+            GATE_PER_KEY=per_key,
+            USE_QK_L2NORM=bool(use_qk_l2norm),
+            BLOCK_K=block_k,
+            BLOCK_V=flush_v,
+            BLOCK_R=block_r,
+            BLOCK_B=triton.next_power_of_2(batch),
+            FLUSH_PRECISION=FLUSH_PRECISION,
+            num_warps=flush_warps,
+        )
+
     def launch(kernel_phase):
+        if kernel_phase == 3 and flush_on_device_grid:
+            return launch_flush_due()
         flush_only = kernel_phase in (2, 3)
         flush_dot = uses_dot(kernel_phase)
         ring_physical = bool(_ring_physical) and not per_key

@@ -17,7 +17,7 @@ from kernel_harness import assert_close as _close
 
 CASES = ["replay_mixed_gdn_bf16", "replay_launch_variants", "replay_mixed_kda", "replay_options", "state_update",
          "sequence_gdn", "sequence_kda", "buffer_len_one", "host_phase", "kda_weights", "gdn_weights",
-         "chunked_checkpoint"]
+         "chunked_checkpoint", "flush_device_grid"]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -467,6 +467,43 @@ def case_chunked_checkpoint(k, device):
     p = _make(device, torch.float32, 2, 2, 4, 24, 20, 4, per_key=True)
     with pytest.raises(ValueError, match="weights pre-launch"):
         _run_replay(k._replay_step, p, 0, 1, buffer_len=5, _chunk_k=8, _kda_weights=False)
+
+
+def case_flush_device_grid(k, device):
+    """``_flush_grid="device"`` (a split step's flush launch on a device-sized grid walking the due rows' tiles):
+    GDN and KDA against the reference at its own tile (NaN in uncommitted slots, GVA), and at the batch grid's
+    tile equal to the batch-sized launch, bit for bit on the CPU (within 1e-6 on CUDA), with no row, one, several and
+    every row due (more items than programs); a wrong name is refused."""
+    import torch
+
+    for per_key in (False, True):
+        _check_replay(k, device, torch.float32, key_heads=2, value_heads=4, key_dim=24, value_dim=32, per_key=per_key,
+                      buffer_len=5, ring=7, origins=[6, 5, 0, 6, 3], counts=[4, 3, 0, 2, 4], block_vs=[16],
+                      rel=1e-5, poison=True, splits=(True,), launch=dict(_flush_grid="device"))
+        for counts in ([0, 1, 2, 3], [4, 1, 2, 3], [4, 0, 4, 2], [4, 4, 4, 4]):
+            runs = {}
+            for grid in ("batch", "device"):
+                p = _make(device, torch.bfloat16, 4, 2, 4, 24, 20, 4, per_key=per_key, seed=sum(counts))
+                count = torch.tensor(counts, dtype=torch.int32, device=device)
+                out = torch.empty(p["v"].shape, dtype=torch.float32, device=device)
+                k.LAST_COMPILED.pop("flush_due", None)
+                # the device grid at the batch grid's tile: the same products, hence the same bits
+                o = _run_replay(k._replay_step, p, torch.tensor([3, 0, 2, 1], dtype=torch.int32, device=device),
+                                count, buffer_len=5, out=out, _block_v=16, _split=True, _flush_grid=grid,
+                                _flush_config=(16, 2))
+                runs[grid] = (o, p, count, "flush_due" in k.LAST_COMPILED)
+            print(f" per_key={per_key} counts={counts}: device grid == batch grid")
+            (o, p, count, ran), (o_b, p_b, count_b, ran_b) = runs["device"], runs["batch"]
+            assert ran and not ran_b  # the device-grid kernel served the flush launch (finding no row due, or some)
+            exact = dict(rtol=0, atol=0) if str(device) == "cpu" else dict(rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(o, o_b, **exact)
+            for name in RING:
+                torch.testing.assert_close(p[name], p_b[name], equal_nan=True, **exact)
+            assert torch.equal(count, count_b)
+    p = _make(device, torch.float32, 2, 2, 4, 24, 20, 4, per_key=False)
+    with pytest.raises(ValueError, match="_flush_grid"):
+        _run_replay(k._replay_step, p, torch.zeros(2, dtype=torch.int32, device=device),
+                    torch.zeros(2, dtype=torch.int32, device=device), buffer_len=5, _flush_grid="persistent")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 Each family's standard step (read the state, update, write it back) and replay step (read the checkpoint, replay the
 buffered records, write no state), the replay at host positions with 14 buffered records (the cycle's most
 expensive replay) and at device positions with rows spread over the cycle (one row in 16 flushes; Mamba-2 also with
-the split step's flush launch on a device-sized grid). Shapes: GDN
+the split step's flush launch on a device-sized grid; GDN and KDA split that way too). Shapes: GDN
 Qwen3-Next (32 value / 16 key heads of 128), KDA Kimi-Linear (32 heads of 128), Mamba-2 Nemotron-H 8B (128 heads x 64,
 state 128, 8 groups); fp32 state, bf16 inputs. Every kernel runs warm first; only the last call of each is inside
 ``cudaProfilerStart`` / ``Stop``, so ``ncu --profile-from-start off`` sees one launch per arm (KDA's replay: its
@@ -54,6 +54,9 @@ def delta_arms(batch: int, per_key: bool, device, weights_warps: tuple[int, ...]
         # device positions: the step advances each row's count, so successive calls walk the cycle
         arms[f"replay_device{tag}"] = (lambda launch=launch: delta_rule._replay_step(
             state, *rings, origin, counts, *t, buffer_len=RING, out=out, **launch), 1 + 2 / RING)
+    # a split step whose flush launch runs on a device-sized grid (kernels/flush_grid.py), replay launch as is
+    arms["replay_device_split_flush_grid"] = (lambda: delta_rule._replay_step(
+        state, *rings, origin, counts, *t, buffer_len=RING, out=out, _split=True, _flush_grid="device"), 1 + 2 / RING)
     for chunk, block_v, warps in chunks:  # the replay-only launches streaming the checkpoint (_chunk_k)
         launch, tag = dict(_chunk_k=chunk, _block_v=block_v, _num_warps=warps), f"_chunk{chunk}_{block_v}x{warps}"
         arms[f"replay_host14{tag}"] = (lambda launch=launch: delta_rule._replay_step(
@@ -61,6 +64,9 @@ def delta_arms(batch: int, per_key: bool, device, weights_warps: tuple[int, ...]
         # a split step (flush launch, then the chunked replay launch), against the fused default above
         arms[f"replay_device_split{tag}"] = (lambda launch=launch: delta_rule._replay_step(
             state, *rings, origin, counts, *t, buffer_len=RING, out=out, _split=True, **launch), 1 + 2 / RING)
+        arms[f"replay_device_split_flush_grid{tag}"] = (lambda launch=launch: delta_rule._replay_step(
+            state, *rings, origin, counts, *t, buffer_len=RING, out=out, _split=True, _flush_grid="device",
+            **launch), 1 + 2 / RING)
     return arms, state.numel() * 4
 
 

@@ -20,7 +20,10 @@
 #   (the standard step: 81 %). sm_90 registers: chunk 16 at [128, 64] x 2 155, chunk 32 at [128, 64] x 4 94, chunk 16
 #   at [128, 128] x 4 123 (KDA: 123 / 119 / 121). The step timed at host positions and split at device positions
 #   beside the defaults (ncu_kernels.py --chunks), and the counters. If a launch wins: make it the replay-only
-#   launches' default in replay_launch_config and re-time the cycles (bench_delta).
+#   launches' default in replay_launch_config and re-time the cycles (bench_delta). The same run times GDN / KDA
+#   split steps with the flush launch on a device-sized grid (`_flush_grid="device"`, `_delta_flush_due_kernel`),
+#   alone and with the chunked replay launch, against the fused device-phase default (run 101: GDN 229 us, 255
+#   registers and spills).
 # Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session18.sh", carry=[".triton_cache"], timeout_s=600), then
 #   STAGE=2 and 3 the same way.
 source benchmarks/gpu/install.sh || exit 1
@@ -56,7 +59,7 @@ elif [ "$STAGE" = 2 ]; then
   ncu_job 120 ncu_mamba2 --families mamba2
 elif [ "$STAGE" = 3 ]; then
   REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_chunked_cuda tests/test_kernels_delta.py \
-    -k "chunked_checkpoint"; pack
+    -k "chunked_checkpoint or flush_device_grid"; pack
   CHUNKS=16:64:2,32:64:4,16:128:4,32:128:4,16:32:1
   timeout 150 python3 "$R/benchmarks/gpu/ncu_kernels.py" --families gdn,kda --chunks $CHUNKS \
     > "$RES/chunked_replay.txt" 2>&1

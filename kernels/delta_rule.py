@@ -109,7 +109,7 @@ import triton
 import triton.language as tl
 
 from hf_replayssm.kernels.counts import advance_counts
-from hf_replayssm.kernels.flush_grid import MAX_BATCH, due_row, due_rows, flush_grid_programs
+from hf_replayssm.kernels.flush_grid import MAX_BATCH, due_item, due_rows, flush_grid_programs
 from hf_replayssm.kernels.read_copy import load_read_tile, read_copy_operands
 from hf_replayssm.ops.delta_step import delta_replay_step_ref, delta_state_update_ref
 from hf_replayssm.ops.positions import host_phase
@@ -260,6 +260,37 @@ def _record_weights(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, vali
         return decay, w_r, tl.sum(w_r * q_t[None, :], axis=1), tl.sum(w_r * k_t[None, :], axis=1)
     else:
         return decay, w_r, w_r * tl.sum(k_r * q_t[None, :], axis=1), w_r * tl.sum(k_r * k_t[None, :], axis=1)
+
+
+@triton.jit
+def _checkpoint_products(s0, q_t, k_t, decay, GATE_PER_KEY: tl.constexpr):
+    """S0^T (exp(c) q) and S0^T (exp(c) k) [BLOCK_V] from the whole checkpoint tile."""
+    if GATE_PER_KEY:
+        pq = tl.sum(s0 * (decay * q_t)[:, None], axis=0)
+        pk = tl.sum(s0 * (decay * k_t)[:, None], axis=0)
+    else:
+        pq = decay * tl.sum(s0 * q_t[:, None], axis=0)
+        pk = decay * tl.sum(s0 * k_t[:, None], axis=0)
+    return pq, pk
+
+
+@triton.jit
+def _token_output(pq, pk, wq, wk, d_r, q_t, k_t, v_t, beta_t):
+    """The token's corrected value d_t and output o [BLOCK_V] from the checkpoint's products and the records'
+    weighted values (S_{t-1}^T k = pk + sum_j wk_j d_j, likewise for q)."""
+    pq += tl.sum(wq[:, None] * d_r, axis=0)
+    pk += tl.sum(wk[:, None] * d_r, axis=0)
+    d_t = beta_t * (v_t - pk)
+    return d_t, pq + tl.sum(k_t * q_t, axis=0) * d_t
+
+
+@triton.jit
+def _decayed_with_token(s, decay, k_t, d_t, GATE_PER_KEY: tl.constexpr):
+    """diag(exp(c)) S + k_t d_t^T: a flush's checkpoint before the records' sum is added."""
+    if GATE_PER_KEY:
+        return s * decay[:, None] + k_t[:, None] * d_t[None, :]
+    else:
+        return s * decay + k_t[:, None] * d_t[None, :]
 
 
 @triton.jit
@@ -541,16 +572,9 @@ def _delta_replay_step_kernel(
                 weights_ptr + (pid_b * tl.num_programs(2) + pid_h) * (BLOCK_K + 2 * BLOCK_R), offs_v, mask_v, decay,
                 scale, K, stride_s_k, stride_s_v, stride_q_k, stride_k_k, GATE_PER_KEY, USE_QK_L2NORM, BLOCK_K,
                 BLOCK_V, CHUNK_K)
-        elif GATE_PER_KEY:
-            pq = tl.sum(s0 * (decay * q_t)[:, None], axis=0)  # [BLOCK_V]: S0^T (exp(c) * q)
-            pk = tl.sum(s0 * (decay * k_t)[:, None], axis=0)
         else:
-            pq = decay * tl.sum(s0 * q_t[:, None], axis=0)
-            pk = decay * tl.sum(s0 * k_t[:, None], axis=0)
-        pq += tl.sum(wq[:, None] * d_r, axis=0)
-        pk += tl.sum(wk[:, None] * d_r, axis=0)
-        d_t = beta_t * (v_t - pk)
-        o = pq + tl.sum(k_t * q_t, axis=0) * d_t
+            pq, pk = _checkpoint_products(s0, q_t, k_t, decay, GATE_PER_KEY)
+        d_t, o = _token_output(pq, pk, wq, wk, d_r, q_t, k_t, v_t, beta_t)
         tl.store(o_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_v * stride_o_v,
                  o.to(o_ptr.dtype.element_ty), mask=mask_v)
 
@@ -571,10 +595,7 @@ def _delta_replay_step_kernel(
                              o_new.to(o_ptr.dtype.element_ty), mask=mask_v)  # replaces the output stored above
             else:
                 # S = diag(exp(c)) S0 + sum_j (exp(s_j) * k_j) d_j^T + k_t d_t^T, stored in place.
-                if GATE_PER_KEY:
-                    s = s_fold * decay[:, None] + k_t[:, None] * d_t[None, :]
-                else:
-                    s = s_fold * decay + k_t[:, None] * d_t[None, :]
+                s = _decayed_with_token(s_fold, decay, k_t, d_t, GATE_PER_KEY)
                 if FLUSH_DOT:
                     # The record sum as one [K, R] x [R, BLOCK_V] product (FLUSH_PRECISION "tf32x3": three tensor-core
                     # passes, float32 accuracy; "ieee": exact fp32 FMA, many more registers).
@@ -666,14 +687,11 @@ def _delta_flush_due_kernel(
     same order. Counts are read, not written (the replay launch after it advances them)."""
     due, rank, n_due = due_rows(count_ptr, stride_count, batch, BUFFER_LEN, BLOCK_B)
     v_tiles = tl.cdiv(V, BLOCK_V)
-    items_per_row = v_tiles * heads
     offs_k = tl.arange(0, BLOCK_K)
     offs_r = tl.arange(0, BLOCK_R)
     mask_k = offs_k < K
-    for item in range(tl.program_id(0), n_due * items_per_row, tl.num_programs(0)):
-        pid_b = due_row(due, rank, item // items_per_row, BLOCK_B)
-        pid_h = (item % items_per_row) // v_tiles
-        pid_v = item % v_tiles
+    for item in range(tl.program_id(0), n_due * v_tiles * heads, tl.num_programs(0)):
+        pid_b, pid_h, pid_v = due_item(due, rank, item, heads, v_tiles, BLOCK_B)
         hk = pid_h // kv_ratio
         offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
         mask_v = offs_v < V
@@ -697,24 +715,14 @@ def _delta_flush_due_kernel(
                                   mask_v, stride_rd_r, stride_rd_v)
         decay, w_r, wq, wk = _record_weights(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, valid, q_t,
                                              k_t, g_t, stride_rg_r, stride_rg_k, K, GATE_PER_KEY)
-        # the output and the fold, as the replay kernel's flushing program (kept in step with it)
-        if GATE_PER_KEY:
-            pq = tl.sum(s0 * (decay * q_t)[:, None], axis=0)
-            pk = tl.sum(s0 * (decay * k_t)[:, None], axis=0)
-        else:
-            pq = decay * tl.sum(s0 * q_t[:, None], axis=0)
-            pk = decay * tl.sum(s0 * k_t[:, None], axis=0)
-        pq += tl.sum(wq[:, None] * d_r, axis=0)
-        pk += tl.sum(wk[:, None] * d_r, axis=0)
-        d_t = beta_t * (v_t - pk)
-        o = pq + tl.sum(k_t * q_t, axis=0) * d_t
+        pq, pk = _checkpoint_products(s0, q_t, k_t, decay, GATE_PER_KEY)
+        d_t, o = _token_output(pq, pk, wq, wk, d_r, q_t, k_t, v_t, beta_t)
         tl.store(o_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_v * stride_o_v,
                  o.to(o_ptr.dtype.element_ty), mask=mask_v)
-        if GATE_PER_KEY:
-            s = s0 * decay[:, None] + k_t[:, None] * d_t[None, :]
-            kw_r = w_r
+        s = _decayed_with_token(s0, decay, k_t, d_t, GATE_PER_KEY)
+        if GATE_PER_KEY:  # noqa: SIM108 (a constexpr branch: no conditional expressions in the kernel code)
+            kw_r = w_r  # the decayed record keys
         else:
-            s = s0 * decay + k_t[:, None] * d_t[None, :]
             kw_r = k_r * w_r[:, None]
         s += tl.dot(tl.trans(kw_r), d_r, input_precision=FLUSH_PRECISION)
         tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask_kv)

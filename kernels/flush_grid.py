@@ -4,7 +4,7 @@ With positions on the device, a split replay-or-flush step launches its flushes 
 tile of every row, the programs of rows that are not due only read their count and exit: at batch 256 with one row
 in 16 due, Mamba-2's such launch took 132 us of an H200 for about 36 us worth of bytes (run 101, Nsight Compute). On
 a device-sized grid every program reads all counts, numbers the rows due (:func:`due_rows`), and walks the (due row,
-head, tile) items with a stride of the grid (:func:`due_row` maps an item's ordinal to its row), so the launch costs
+head, tile) items with a stride of the grid (:func:`due_item` maps an item's ordinal to them), so the launch costs
 what the due rows cost. The family kernels (``kernels/mamba2.py``, ``kernels/delta_rule.py``) fold each item as the
 batch-grid program of that tile would.
 """
@@ -50,6 +50,9 @@ def due_rows(count_ptr, stride_count, batch, BUFFER_LEN: tl.constexpr, BLOCK_B: 
 
 
 @triton.jit
-def due_row(due, rank, k, BLOCK_B: tl.constexpr):
-    """The batch row (int64) of the k-th due row (k from 0)."""
-    return tl.sum(tl.where((due > 0) & (rank == k + 1), tl.arange(0, BLOCK_B), 0), axis=0).to(tl.int64)
+def due_item(due, rank, item, heads, tiles, BLOCK_B: tl.constexpr):
+    """Item ``item`` of the due rows' (row, head, tile) items, tiles fastest: (batch row as int64, head, tile)."""
+    items_per_row = tiles * heads
+    k = item // items_per_row  # the k-th due row (from 0) has rank k + 1
+    row = tl.sum(tl.where((due > 0) & (rank == k + 1), tl.arange(0, BLOCK_B), 0), axis=0).to(tl.int64)
+    return row, (item % items_per_row) // tiles, item % tiles

@@ -80,7 +80,7 @@ import triton
 import triton.language as tl
 
 from hf_replayssm.kernels.counts import advance_counts
-from hf_replayssm.kernels.flush_grid import MAX_BATCH, due_row, due_rows, flush_grid_programs
+from hf_replayssm.kernels.flush_grid import MAX_BATCH, due_item, due_rows, flush_grid_programs
 from hf_replayssm.kernels.read_copy import load_read_tile, read_copy_operands
 from hf_replayssm.ops.mamba2_step import mamba2_replay_step_ref, mamba2_state_update_ref
 from hf_replayssm.ops.positions import host_phase
@@ -467,13 +467,10 @@ def _mamba2_flush_due_kernel(
     bit). Counts are read, not written (the replay launch after it advances them)."""
     due, rank, n_due = due_rows(count_ptr, stride_count, batch, BUFFER_LEN, BLOCK_B)
     p_tiles = tl.cdiv(P, BLOCK_P)
-    items_per_row = p_tiles * heads
     offs_n = tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
-    for item in range(tl.program_id(0), n_due * items_per_row, tl.num_programs(0)):
-        pid_b = due_row(due, rank, item // items_per_row, BLOCK_B)
-        h = (item % items_per_row) // p_tiles
-        pid_p = item % p_tiles
+    for item in range(tl.program_id(0), n_due * p_tiles * heads, tl.num_programs(0)):
+        pid_b, h, pid_p = due_item(due, rank, item, heads, p_tiles, BLOCK_B)
         group = h // heads_per_group
         offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
         mask_p = offs_p < P

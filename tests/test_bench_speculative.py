@@ -32,6 +32,23 @@ def test_bench_speculative_runs_and_reports(tmp_path):
     assert data["environment"]["device"] == "cpu"
 
 
+def test_warm_verify_widths_verifies_a_window_of_each_tile():
+    """The warm-up the bench runs on CUDA before its timed runs: a verify forward of every window width in
+    WARM_WINDOWS up to lookup + 1 (each run's first round verifies its full window)."""
+    import torch
+
+    from hf_replayssm.tiny import tiny_model
+
+    model = tiny_model("qwen3_5_text")
+    widths = []
+    model.register_forward_pre_hook(lambda module, args, kwargs: widths.append(
+        (args[0] if args else kwargs["input_ids"]).shape[1]), with_kwargs=True)
+    ids = torch.randint(3, 100, (2, 12), generator=torch.Generator().manual_seed(0))
+    assert speculative.warm_verify_widths(model, ids, lookup=9, buffer_len=16) == [1, 2, 3, 7, 9]
+    assert {2, 3, 4, 8, 10} <= set(widths), widths  # the windows (one token + n drafts) of each run
+    assert speculative.warm_verify_widths(model, ids, lookup=0, buffer_len=16) == []
+
+
 def test_snapshot_estimate_copies_every_ssm_state_per_position():
     """The snapshot estimate times (window + 1) copies of each SSM layer's checkpoint and leaves the state as it was."""
     import torch

@@ -283,6 +283,26 @@ def _identity_label(entry: dict) -> str:
     return "False"
 
 
+# a verify window of each kernel tile and form: the token form (up to 2 tokens), the steps / product forms at the
+# window tiles (BLOCK_T) 4, 8 and 16
+WARM_WINDOWS = (2, 3, 4, 8, 16)
+
+
+def warm_verify_widths(model, ids: torch.Tensor, lookup: int, buffer_len: int) -> list[int]:
+    """One verify window of each width in :data:`WARM_WINDOWS` up to ``lookup + 1``, so that every verify kernel a
+    timed run could launch is compiled before it: a warm-up run's windows follow what it drafted, which the timed
+    run need not repeat (H200 run 98: the unpinned arm compiled five verify kernels inside its timing). The drafts
+    are constant tokens, so each run's first round verifies a full window. Returns the draft counts run."""
+    from ..batched import batched_prompt_lookup
+    from ..cache import ReplayCache
+
+    drafts = sorted({min(lookup, width - 1) for width in WARM_WINDOWS}) if lookup >= 1 else []
+    for n in drafts:
+        batched_prompt_lookup(model, ids, max_new_tokens=n + 2, num_draft_tokens=n, cache=ReplayCache(buffer_len),
+                              drafter=lambda row, tokens, k: [tokens[-1]] * k)
+    return drafts
+
+
 def measure(model, batch: int, prompt: int, new_tokens: int, lookup: int = 10, buffer_len: int = 16,
             repeats: int = 1, seed: int = 0, tokenizer=None, draft_model=None,
             schedules: Sequence[str] = ("constant",), time_forwards: bool = False) -> list[dict]:
@@ -296,6 +316,8 @@ def measure(model, batch: int, prompt: int, new_tokens: int, lookup: int = 10, b
                         for schedule in schedules))
     for arm in arms:  # warm-up at the same lengths
         run_arm(model, ids, arm, new_tokens, lookup, buffer_len, draft_model)
+    if device.type == "cuda":  # Triton kernels compile per window tile: every one before the timed runs
+        warm_verify_widths(model, ids, lookup, buffer_len)
     best: dict[str, dict] = {}
     for _ in range(repeats):
         for arm in arms:

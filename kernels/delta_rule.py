@@ -109,7 +109,7 @@ import triton
 import triton.language as tl
 
 from hf_replayssm.kernels.counts import advance_counts
-from hf_replayssm.kernels.flush_grid import MAX_BATCH, due_item, due_rows, flush_grid_programs
+from hf_replayssm.kernels.flush_grid import due_item, due_rows, flush_grid_programs, use_device_grid
 from hf_replayssm.kernels.read_copy import load_read_tile, read_copy_operands
 from hf_replayssm.ops.delta_step import delta_replay_step_ref, delta_state_update_ref
 from hf_replayssm.ops.positions import host_phase
@@ -301,9 +301,9 @@ def _chunked_checkpoint_products(s_base, q_base, k_base, decay_base, offs_v, mas
     """S0^T (exp(c) q) and S0^T (exp(c) k) [BLOCK_V] with the checkpoint tile streamed CHUNK_K rows at a time
     instead of held whole in registers: a replaying program never writes the checkpoint, so these two products are
     all it needs of it. Two [CHUNK_K, BLOCK_V] accumulators, reduced over K once at the end; each chunk's load is
-    issued one chunk ahead. The chunks of q and k
-    are read again (raw) and scaled by the factors the whole vectors are normalised with; per-key decays come from
-    the weights pre-launch (``decay_base``, [BLOCK_K]), a scalar gate's ``decay`` scales the sums."""
+    issued one chunk ahead. The chunks of q and k are read again (raw) and scaled by the factors the whole vectors
+    are normalised with; per-key decays come from the weights pre-launch (``decay_base``, [BLOCK_K]), a scalar
+    gate's ``decay`` scales the sums."""
     offs_k = tl.arange(0, BLOCK_K)
     mask_k = offs_k < K
     q_factor = scale
@@ -980,10 +980,8 @@ def _replay_step(
         if phase == 0 and not split:
             raise ValueError("_chunk_k needs the replay-only launches: host positions or a split step (_split=True)")
 
-    if _flush_grid not in ("batch", "device"):
-        raise ValueError(f"_flush_grid must be 'batch' or 'device', got {_flush_grid!r}")
-    flush_on_device_grid = (split and _flush_grid == "device" and not exact_fold and not flush_reads_copy
-                            and not _ring_physical and _flush_dot is not False and batch <= MAX_BATCH)
+    flush_on_device_grid = (use_device_grid(_flush_grid, batch) and split and not exact_fold and not flush_reads_copy
+                            and not _ring_physical and _flush_dot is not False)
 
     def launch_flush_due():
         flush_v, flush_warps = _flush_config or flush_due_launch_config(key_dim, value_dim)

@@ -24,6 +24,14 @@ PROGRAMS_PER_SM = 8
 MAX_BATCH = 512
 
 
+def use_device_grid(flush_grid: str, batch: int) -> bool:
+    """Whether a split step's ``_flush_grid`` asks for the device-sized grid and ``batch`` fits it (past
+    :data:`MAX_BATCH` rows the batch-sized grid serves); a name other than ``"batch"`` / ``"device"`` is refused."""
+    if flush_grid not in ("batch", "device"):
+        raise ValueError(f"_flush_grid must be 'batch' or 'device', got {flush_grid!r}")
+    return flush_grid == "device" and batch <= MAX_BATCH
+
+
 def flush_grid_programs(device: torch.device, items: int) -> int:
     """Programs of a device-grid flush launch: :data:`PROGRAMS_PER_SM` per multiprocessor (4 in all on a CPU, so that
     the interpreter walks several items per program), at most one per item of a step where every row flushes."""

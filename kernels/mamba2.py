@@ -80,7 +80,7 @@ import triton
 import triton.language as tl
 
 from hf_replayssm.kernels.counts import advance_counts
-from hf_replayssm.kernels.flush_grid import MAX_BATCH, due_item, due_rows, flush_grid_programs
+from hf_replayssm.kernels.flush_grid import due_item, due_rows, flush_grid_programs, use_device_grid
 from hf_replayssm.kernels.read_copy import load_read_tile, read_copy_operands
 from hf_replayssm.ops.mamba2_step import mamba2_replay_step_ref, mamba2_state_update_ref
 from hf_replayssm.ops.positions import host_phase
@@ -630,7 +630,7 @@ def _replay_step(
     launch reads the fp32 checkpoint): ``"batch"`` (a program per tile of every row; those of rows not due exit
     after reading their count: 132 us at batch 256 on an H200 with one row in 16 due, run 101) or ``"device"``
     (:func:`flush_grid_programs` programs that walk the due rows' tiles, ``_mamba2_flush_due_kernel``, at
-    :func:`flush_due_launch_config` or ``_flush_config``; the same checkpoint bits; not yet timed on a GPU)."""
+    :func:`fold_tile_config` or ``_flush_config``; the same checkpoint bits; not yet timed on a GPU)."""
     batch, heads, head_dim, d_state, groups = _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias)
     ring_size = ring_x.shape[1]
     assert ring_x.shape == (batch, ring_size, heads, head_dim), f"ring_x must be [B, R, H, P], got {ring_x.shape}"
@@ -669,12 +669,10 @@ def _replay_step(
     launches = (3, 4) if split else (phase,)
     count_launch = phase == 0 and bool(_count_launch) and bool(_ticket)
 
-    if _flush_grid not in ("batch", "device"):
-        raise ValueError(f"_flush_grid must be 'batch' or 'device', got {_flush_grid!r}")
-    flush_on_device_grid = split and _flush_grid == "device" and not flush_reads_copy and batch <= MAX_BATCH
+    flush_on_device_grid = use_device_grid(_flush_grid, batch) and split and not flush_reads_copy
 
     def launch_flush_due():
-        flush_cfg = dict(flush_due_launch_config(head_dim, d_state), fold_unroll=cfg["fold_unroll"],
+        flush_cfg = dict(fold_tile_config(head_dim, d_state), fold_unroll=cfg["fold_unroll"],
                          **(_flush_config or {}))
         items = batch * triton.cdiv(head_dim, flush_cfg["block_p"]) * heads
         LAST_COMPILED["replay_phase3"] = LAST_COMPILED["flush_due"] = _mamba2_flush_due_kernel[
@@ -749,11 +747,13 @@ def _replay_step(
     return y
 
 
-def flush_due_launch_config(head_dim: int, d_state: int) -> dict:
-    """``block_p`` and ``num_warps`` of the device-grid flush launch: a 2048-element tile ([16, 128] for d_state
-    128) on 2 warps, as the commit's fold (``kernels/mamba2_verify.py``, fastest of its H200 sweep). Compile-only,
-    sm_90 (Triton 3.6), Nemotron-H 8B shape: 128 registers at 16 rows, 143 at 256; at [32, 128] the loop over
-    items needs 228."""
+def fold_tile_config(head_dim: int, d_state: int) -> dict:
+    """``block_p`` and ``num_warps`` of the record folds outside the replay step (the verify commit and ring fold,
+    ``kernels/mamba2_verify.py``, and the device-grid flush launch): a 2048-element tile ([16, 128] for d_state
+    128) on 2 warps. H200, Nemotron-H 8B shape, batch 256, the commit with every row flushing (run 97,
+    ``bench_verify --parts``): [16, 128] x 2 1043 us, x 1 1103, [32, 128] x 4 1134, the standard step's [32, 128] x 8
+    1229, [64, 128] x 8 1743. Compile-only, sm_90 (Triton 3.6), the device-grid flush: 128 registers at 16 rows,
+    143 at 256; at [32, 128] its loop over items needs 228."""
     block_n = triton.next_power_of_2(d_state)
     return dict(block_p=min(triton.next_power_of_2(head_dim), max(1, 2048 // block_n)), num_warps=2)
 

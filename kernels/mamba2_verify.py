@@ -72,7 +72,7 @@ from hf_replayssm.kernels.verify_products import dot_precision
 from hf_replayssm.ops.mamba2_verify import mamba2_commit_ref, mamba2_fold_ring_ref, mamba2_verify_ref
 
 if __package__:
-    from .mamba2 import _device_guard, _optional, _softplus, _strides
+    from .mamba2 import _device_guard, _optional, _softplus, _strides, fold_tile_config
 else:  # loaded from its file outside the package (a checkout without the package installed)
     import importlib.util
     import sys
@@ -85,6 +85,7 @@ else:  # loaded from its file outside the package (a checkout without the packag
         _spec.loader.exec_module(sys.modules[_spec.name])
     _m = sys.modules["_replayssm_kernels_mamba2"]
     _device_guard, _optional, _softplus, _strides = _m._device_guard, _m._optional, _m._softplus, _m._strides
+    fold_tile_config = _m.fold_tile_config
 
 __all__ = [
     "mamba2_commit",
@@ -443,12 +444,9 @@ def _verify(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=Non
 
 
 def fold_launch_config(batch: int, heads: int, head_dim: int, d_state: int) -> dict:
-    """``block_p`` and ``num_warps`` of the commit and the ring fold (a standard step per record): a 2048-element
-    tile ([16, 128] for d_state 128) on 2 warps. H200, Nemotron-H 8B shape, batch 256, T = 4, flush with every row
-    flushing (run 97, ``bench_verify --parts``): [16, 128] x 2 1043 us, x 1 1103, [32, 128] x 4 1134, the standard
-    step's [32, 128] x 8 1229, [64, 128] x 8 1743."""
-    block_n = triton.next_power_of_2(d_state)
-    return dict(block_p=min(triton.next_power_of_2(head_dim), max(1, 2048 // block_n)), num_warps=2)
+    """``block_p`` and ``num_warps`` of the commit and the ring fold (a standard step per record): the fold tile of
+    ``kernels/mamba2.py`` (:func:`fold_tile_config`, measured for this commit; the batch does not change it)."""
+    return fold_tile_config(head_dim, d_state)
 
 
 def _commit(state, ring_x, ring_dt, ring_B, origin, count, accepted, buffer_len, A, _config=None):

@@ -186,7 +186,9 @@ def case_flush_device_grid(k, device):
         due = [b for b, c in enumerate(counts) if c + 1 >= L]
         assert torch.isfinite(runs["device"][0]).all() and (not due or "flush_due" in k.LAST_COMPILED)
     # past kernels.flush_grid.MAX_BATCH rows the batch-sized grid serves (the same bits)
-    limit, k.MAX_BATCH = k.MAX_BATCH, 4
+    from hf_replayssm.kernels import flush_grid
+
+    limit, flush_grid.MAX_BATCH = flush_grid.MAX_BATCH, 4
     try:
         k.LAST_COMPILED.pop("flush_due", None)
         counts = [4, 1, 4, 3, 4, 0]
@@ -200,7 +202,7 @@ def case_flush_device_grid(k, device):
         assert "flush_due" not in k.LAST_COMPILED and torch.equal(outs[0], outs[1])
         assert torch.equal(p["state"], q["state"])
     finally:
-        k.MAX_BATCH = limit
+        flush_grid.MAX_BATCH = limit
     p = _make(device, torch.float32, 2, heads=4, groups=2, head_dim=24, d_state=20, ring=R, options=False)
     args, kw = _replay_args(p, torch.zeros(2, dtype=torch.int32, device=device),
                             torch.zeros(2, dtype=torch.int32, device=device))

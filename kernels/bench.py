@@ -299,6 +299,7 @@ VARIANTS = {
     "fused_count_launch_logical_ring": (dict(_split=False, _count_launch=True, _ring_physical=False), False),
     # the flush launch on a device-sized grid: the same checkpoint bits; y within 1e-5 (its own tile's reductions)
     "flush_device_grid": (dict(_flush_grid="device"), False),
+    "flush_batch_grid": (dict(_flush_grid="batch"), False),  # the default past kernels.mamba2.DEVICE_GRID_MAX_BATCH
 }
 
 

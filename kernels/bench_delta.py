@@ -527,14 +527,17 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                 kbv, knw = (int(x) for x in row["replay_mixed_per_tile_decays_config"].split("x"))
                 row["replay_in_phase_per_tile_decays_us"] = per_step_us(timer(inputs.fn(
                     k._replay_step, _block_v=kbv, _num_warps=knw, _kda_weights=False)))
-            # replay with the positions on the host (phase-specialised launches): default config and sweep
+            # replay with the positions on the host (phase-specialised launches): their own default config (KDA's
+            # differs from the device phase's) and sweep
+            host_cfg = k.replay_launch_config(batch, Hv, K, V, per_key)
             sweep = {}
-            for cfg in dict.fromkeys([default_cfg, *[c for c in replay_sweep if c[0] <= max(16, V)]]):
+            for cfg in dict.fromkeys([host_cfg, *[c for c in replay_sweep if c[0] <= max(16, V)]]):
                 t = timer(inputs.host_fn(k._replay_step, _block_v=cfg[0], _num_warps=cfg[1]))
                 sweep[_key(cfg)] = dict(us=per_step_us(t), **t, **_compiled_info(k, "replay"))
             best_host = min(sweep, key=lambda c: sweep[c]["us"])
-            row.update(replay_host_sweep=sweep, replay_host_best_config=best_host,
-                       replay_host_us=sweep[best_host]["us"], replay_host_default_us=sweep[_key(default_cfg)]["us"])
+            row.update(replay_host_sweep=sweep, replay_host_default_config=_key(host_cfg),
+                       replay_host_best_config=best_host, replay_host_us=sweep[best_host]["us"],
+                       replay_host_default_us=sweep[_key(host_cfg)]["us"])
             if not per_key:  # the per-head pre-launch of decays and record weights (off by default for GDN)
                 hbv, hnw = (int(x) for x in best_host.split("x"))
                 row["replay_host_gdn_weights_us"] = per_step_us(timer(inputs.host_fn(

@@ -127,6 +127,11 @@ __all__ = [
 _TICKET_SHIFT = 16
 FLUSH_PRECISION = "tf32x3"  # input precision of the flush's tl.dot ("ieee": exact fp32 FMA, more registers)
 MAX_KEY_DIM = 256
+# Warps of KDA's per-head weights pre-launch (the replay step's ``_kda_weights`` and the verify's ``_weights``): on
+# one, its reverse scan over the records stays inside each thread; on four it crossed warps through shared memory.
+# H200, Kimi-Linear shape, batch 256 (run 102, BENCHMARKS.md): the pre-launch 45.7 us on one warp, 61.4 on two,
+# 94.6 on four (L1 92 % busy); the host-position step 216 vs 261 us, device positions 233 vs 280.
+KDA_WEIGHTS_WARPS = 1
 LAST_COMPILED: dict = {}  # last compiled kernel per entry point (n_regs / n_spills for the benchmark)
 
 
@@ -874,7 +879,7 @@ def _replay_step(
     out=None, read_copy=None, read_format=None, ring_v=None, ring_beta=None, _block_v=None, _num_warps=None,
     _flush_dot=None, _ticket=True, _ring_physical=False, _split=False, _prefetch=True,
     _count_launch=True, flush_reads_copy=False,
-    _nvfp4_pairs=True, _kda_weights=True, _gdn_weights=False, _weights_warps=4, _chunk_k=0, _flush_grid="batch",
+    _nvfp4_pairs=True, _kda_weights=True, _gdn_weights=False, _weights_warps=None, _chunk_k=0, _flush_grid="batch",
     _flush_config=None,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
@@ -899,17 +904,19 @@ def _replay_step(
     (a flushing program computes its record decays itself; compile-only counts for sm_90 in ``BENCHMARKS.md``). H200,
     Qwen3-Next at [64, 2] (runs 89 / 95): host positions 208-211 vs 211-212 us at batch 256 (0.3-1 %), device
     positions with rows in mixed phases 241.6 vs 227.9 (6 % slower; batch 64 70.9 vs 66.9), so it stays off.
-    ``_weights_warps``: the warps of that pre-launch (4; on one its scan over the records stays in each thread:
-    run 101's counters found the 4-warp launch L1-bound, 95 us at batch 256). ``_chunk_k`` (0: off; fp32
-    checkpoint, the replay-only launches: host positions, or a split step's replay launch): stream the checkpoint
-    ``_chunk_k`` rows of K at a time (:func:`_chunked_checkpoint_products`) instead of holding the whole tile in
-    registers, which caps GDN's [128, 64] x 2 replay at 238 registers and 12.5 % occupancy (run 101); sm_90:
-    chunks of 16 at [128, 64] x 2 155 registers, of 32 at [128, 64] x 4 94. ``_flush_grid`` (split steps with the
-    fp32 checkpoint, no exact fold, records in logical order, up to ``kernels.flush_grid.MAX_BATCH`` rows):
-    ``"batch"`` (a program per tile of every row; those of rows not due exit after reading their count) or
-    ``"device"`` (``_delta_flush_due_kernel`` on a device-sized grid walks the due rows' tiles at
-    :func:`flush_due_launch_config` or ``_flush_config``; the same expressions). None of the three is timed on a GPU
-    yet."""
+    ``_weights_warps``: the warps of that pre-launch (:data:`KDA_WEIGHTS_WARPS` when not given). ``_chunk_k`` (0:
+    off; fp32 checkpoint, the replay-only launches: host positions, or a split step's replay launch): stream the
+    checkpoint ``_chunk_k`` rows of K at a time (:func:`_chunked_checkpoint_products`) instead of holding the whole
+    tile in registers (GDN's [128, 64] x 2 replay needs 238 registers, 12.5 % occupancy); sm_90: chunks of 16 at
+    [128, 64] x 2 155 registers, of 32 at [128, 64] x 4 94. It stays off: H200, batch 256, host positions (run 104)
+    GDN 206.5 us unchunked against 209.5-306.7 over five chunk / tile pairs, KDA 261.0 against 264.0-343.8 (the
+    chunks' loads serialise with the products they feed). ``_flush_grid`` (split steps with the fp32 checkpoint, no
+    exact fold, records in logical order, up to ``kernels.flush_grid.MAX_BATCH`` rows): ``"batch"`` (a program per
+    tile of every row; those of rows not due exit after reading their count) or ``"device"``
+    (``_delta_flush_due_kernel`` on a device-sized grid walks the due rows' tiles at :func:`flush_due_launch_config`
+    or ``_flush_config``; the same expressions). Run 104, batch 256, rows in mixed phases: the split step with it GDN
+    261.3 us, KDA 355.3 (four-warp weights), against the fused default's 236.4 / 281.2, so the default stays "batch"
+    (and fused)."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -1051,7 +1058,7 @@ def _replay_step(
                 BLOCK_K=block_k,
                 BLOCK_R=block_r,
                 GATE_PER_KEY=per_key,
-                num_warps=_weights_warps,
+                num_warps=_weights_warps or KDA_WEIGHTS_WARPS,
             )
         for kernel_phase in launches:  # in stream order: the replay launch (4) reads the counts the flush one read
             launch(kernel_phase)

@@ -88,6 +88,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hf_replayssm.kernels.delta_rule import KDA_WEIGHTS_WARPS
 from hf_replayssm.kernels.verify_products import dot_precision
 from hf_replayssm.ops.delta_verify import delta_commit_ref, delta_fold_ring_ref, delta_verify_ref
 
@@ -713,13 +714,13 @@ def _window_strides(g: torch.Tensor) -> tuple[int, ...]:
 
 
 def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_qk_l2norm=True, scale=None,
-            out=None, _block_v=None, _num_warps=None, _products=None, _steps=None, _weights=None, _weights_warps=4):
+            out=None, _block_v=None, _num_warps=None, _products=None, _steps=None, _weights=None, _weights_warps=None):
     """:func:`delta_verify` with launch overrides: ``_block_v`` / ``_num_warps``, the form (``_products`` /
     ``_steps``, :func:`resolve_form`), and ``_weights`` (per-key gates only; :func:`default_verify_weights` when not
     given): a first launch computes each (row, value head)'s decay and decayed record keys once
     (``_verify_record_weights_kernel``), which the verify programs of its V tiles load instead of each loading the
     record keys and gates and computing the [R, K] decays (the replay step's ``_kda_weights``, for verify);
-    ``_weights_warps``: that launch's warps."""
+    ``_weights_warps``: that launch's warps (:data:`kernels.delta_rule.KDA_WEIGHTS_WARPS` when not given)."""
     batch, value_heads, key_heads, key_dim, value_dim, ring_size, per_key = _check_rings(
         state, ring_k, ring_d, ring_g, origin, count)
     window = k.shape[1]
@@ -753,7 +754,8 @@ def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_
             LAST_COMPILED["verify_weights"] = _verify_record_weights_kernel[(batch, value_heads)](
                 ring_k, ring_g, origin, count, weights, key_dim, ring_size, value_heads // key_heads,
                 *ring_k.stride(), *_ring_gate_strides(ring_g), origin.stride(0), count.stride(0),
-                USE_QK_L2NORM=bool(use_qk_l2norm), BLOCK_K=block_k, BLOCK_R=block_r, num_warps=_weights_warps,
+                USE_QK_L2NORM=bool(use_qk_l2norm), BLOCK_K=block_k, BLOCK_R=block_r,
+                num_warps=_weights_warps or KDA_WEIGHTS_WARPS,
             )
         LAST_COMPILED["verify"] = _delta_verify_kernel[grid](
             state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, o, weights,

@@ -611,7 +611,7 @@ def _replay_step(
     state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=None, z=None, dt_bias=None,
     dt_softplus=False, buffer_len=16, out=None, read_copy=None, read_format=None, _config=None, _ticket=True,
     _ring_physical=None, _split=None, _prefetch=False, _count_launch=False, flush_reads_copy=False,
-    _nvfp4_pairs=True, _flush_grid="batch", _flush_config=None,
+    _nvfp4_pairs=True, _flush_grid=None, _flush_config=None,
 ):
     """:func:`mamba2_replay_step` with a launch-configuration override (``_config``: dict with ``block_p`` and/or
     ``num_warps``) and, for diagnostics only, ``_ticket=False`` (count read plainly and left unchanged) and
@@ -627,10 +627,10 @@ def _replay_step(
     Mamba-2 one (H200, batch 256: 450.7 vs 433.4 us split, 560.3 fused). ``_nvfp4_pairs`` (an nvfp4 read copy; default
     on): load the copy's bytes once as a byte tile and interleave the decoded nibbles; off, one byte load per nibble
     (same values; H200, batch 256, host-phase cycle 1088 vs 672 us). ``_flush_grid`` (split steps whose flush
-    launch reads the fp32 checkpoint): ``"batch"`` (a program per tile of every row; those of rows not due exit
-    after reading their count: 132 us at batch 256 on an H200 with one row in 16 due, run 101) or ``"device"``
-    (:func:`flush_grid_programs` programs that walk the due rows' tiles, ``_mamba2_flush_due_kernel``, at
-    :func:`fold_tile_config` or ``_flush_config``; the same checkpoint bits; not yet timed on a GPU)."""
+    launch reads the fp32 checkpoint; :func:`default_flush_grid` when not given): ``"batch"`` (a program per tile
+    of every row; those of rows not due exit after reading their count) or ``"device"`` (:func:`flush_grid_programs`
+    programs that walk the due rows' tiles, ``_mamba2_flush_due_kernel``, at :func:`fold_tile_config` or
+    ``_flush_config``; the same checkpoint bits)."""
     batch, heads, head_dim, d_state, groups = _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias)
     ring_size = ring_x.shape[1]
     assert ring_x.shape == (batch, ring_size, heads, head_dim), f"ring_x must be [B, R, H, P], got {ring_x.shape}"
@@ -669,7 +669,8 @@ def _replay_step(
     launches = (3, 4) if split else (phase,)
     count_launch = phase == 0 and bool(_count_launch) and bool(_ticket)
 
-    flush_on_device_grid = use_device_grid(_flush_grid, batch) and split and not flush_reads_copy
+    flush_grid = default_flush_grid(batch) if _flush_grid is None else _flush_grid
+    flush_on_device_grid = use_device_grid(flush_grid, batch) and split and not flush_reads_copy
 
     def launch_flush_due():
         flush_cfg = dict(fold_tile_config(head_dim, d_state), fold_unroll=cfg["fold_unroll"],
@@ -745,6 +746,19 @@ def _replay_step(
         if count_launch:
             advance_counts(count, buffer_len)
     return y
+
+
+# Largest batch whose split device-phase step flushes on the device-sized grid by default (kernels/flush_grid.py).
+# H200, Nemotron-H 8B shape, per step, rows in mixed phases / in phase (runs 103 / 105, `hf-replayssm bench kernels`,
+# variant flush_device_grid): batch 32 59.2 / 58.3 us against 67.9 / 62.7 on the batch-sized grid, 64 109.8 / 108.6
+# against 119.9 / 113.6, 128 212.4 / 208.4 against 225.9 / 213.9; batch 256 477.7 / 475.2 against 433.9 / 417.7.
+DEVICE_GRID_MAX_BATCH = 128
+
+
+def default_flush_grid(batch: int) -> str:
+    """The flush launch's grid of a split device-phase step: ``"device"`` up to :data:`DEVICE_GRID_MAX_BATCH` rows
+    (the launch costs what the due rows cost), ``"batch"`` beyond (where it measured slower)."""
+    return "device" if batch <= DEVICE_GRID_MAX_BATCH else "batch"
 
 
 def fold_tile_config(head_dim: int, d_state: int) -> dict:

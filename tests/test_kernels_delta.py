@@ -49,6 +49,12 @@ def test_bench_smoke(tmp_path, family):
         assert "decays per V tile" in stdout
     for key in keys:
         assert row[key] > 0, (key, row)
+    # the host-position arm starts from the host-position launch default (KDA's differs from the device phase's)
+    from hf_replayssm.kernels.delta_rule import replay_launch_config
+
+    host_default = replay_launch_config(row["batch"], row["value_heads"], row["key_dim"], row["value_dim"],
+                                        family == "kda")
+    assert row["replay_host_default_config"] == "x".join(map(str, host_default)), row
     assert all(check["ok"] for check in data["checks"].values()), data["checks"]
     if read:
         assert data["checks"]["smoke"]["read_copy_nvfp4_nibbles_rel_err"] < 1e-6, data["checks"]
@@ -425,7 +431,7 @@ def case_kda_weights(k, device):
     import torch
 
     for launch in (dict(_kda_weights=True), dict(_kda_weights=True, _count_launch=False), dict(_kda_weights=False),
-                   dict(_kda_weights=True, _weights_warps=1)):  # the pre-launch on one warp (its scan in-thread)
+                   dict(_kda_weights=True, _weights_warps=4)):  # the pre-launch on four warps (the default: one)
         _check_replay(k, device, torch.float32, key_heads=2, value_heads=4, key_dim=24, value_dim=32, per_key=True,
                       buffer_len=5, ring=7, origins=[6, 5, 0, 6, 3], counts=[4, 3, 0, 2, 1], block_vs=[16],
                       rel=1e-5, poison=True, flush_dots=(False, True), splits=(True, False), launch=launch)

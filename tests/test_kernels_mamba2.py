@@ -142,13 +142,14 @@ def case_replay_mixed_bf16(k, device):
 
 def case_replay_launch_variants(k, device):
     """The device-phase step's launch variants: counts advanced by a launch of their own instead of the tickets,
-    records in logical order instead of by physical slot, each split and fused, against the reference (uncommitted
-    ring slots hold NaN)."""
+    records in logical order instead of by physical slot, the flush launch on the batch-sized grid (the default at
+    this batch is the device-sized one), each split and fused, against the reference (uncommitted ring slots hold
+    NaN)."""
     import torch
 
     L = 6
     for launch in (dict(_count_launch=True), dict(_ring_physical=False),
-                   dict(_count_launch=True, _ring_physical=False), dict(_flush_grid="device")):
+                   dict(_count_launch=True, _ring_physical=False), dict(_flush_grid="batch")):
         _check_replay(k, device, torch.bfloat16, L, ring=L - 1, origins=[4, 3, 4, 2, 4, 1], counts=[0, 1, 2, 3, 4, 5],
                       configs=[_cfg(16)], options=True, rel=2e-6, poison=True, splits=(True, False), launch=launch)
 
@@ -203,6 +204,15 @@ def case_flush_device_grid(k, device):
         assert torch.equal(p["state"], q["state"])
     finally:
         flush_grid.MAX_BATCH = limit
+    # the default: the device-sized grid up to kernels.mamba2.DEVICE_GRID_MAX_BATCH rows, the batch-sized one past it
+    limit = k.DEVICE_GRID_MAX_BATCH
+    assert k.default_flush_grid(limit) == "device" and k.default_flush_grid(limit + 1) == "batch"
+    k.LAST_COMPILED.pop("flush_due", None)
+    p = _make(device, torch.float32, 6, heads=4, groups=2, head_dim=24, d_state=20, ring=R, options=False)
+    args, kw = _replay_args(p, torch.zeros(6, dtype=torch.int32, device=device),
+                            torch.tensor([4, 1, 4, 3, 4, 0], dtype=torch.int32, device=device))
+    k._replay_step(*args, **kw, buffer_len=L)
+    assert "flush_due" in k.LAST_COMPILED
     p = _make(device, torch.float32, 2, heads=4, groups=2, head_dim=24, d_state=20, ring=R, options=False)
     args, kw = _replay_args(p, torch.zeros(2, dtype=torch.int32, device=device),
                             torch.zeros(2, dtype=torch.int32, device=device))

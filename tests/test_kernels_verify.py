@@ -726,7 +726,7 @@ def case_delta_verify_kda_weights(k, device):
             p["count"] = torch.tensor(counts, dtype=torch.int32, device=device)
             plain, ref = _clone(p), _clone(p)
             out = torch.empty(p["v"].shape, dtype=torch.float32, device=device)
-            warps = dict(_weights_warps=1) if name == "steps" else {}  # the pre-launch on one warp too
+            warps = dict(_weights_warps=4) if name == "steps" else {}  # the pre-launch on four warps too
             o = k._verify(**p, **options, out=out, _block_v=16, _weights=True, **warps, **form)
             o_plain = k._verify(**plain, **options, out=torch.empty_like(out), _block_v=16, _weights=False, **form)
             o_ref = k.delta_verify_ref(**ref, **options, out=torch.empty_like(out))

@@ -24,6 +24,12 @@
 #   split steps with the flush launch on a device-sized grid (`_flush_grid="device"`, `_delta_flush_due_kernel`),
 #   alone and with the chunked replay launch, against the fused device-phase default (run 101: GDN 229 us, 255
 #   registers and spills).
+# STAGE=4 (after runs 102-104; about 5 minutes, carry .whl/fla too): KDA's weights pre-launch on one warp is now the
+#   default of both pre-launches. Its CUDA tests (the four-warp launch as the alternative), the KDA replay cycle
+#   re-timed beside the standard step and fla (bench_delta), the verify at T = 2 / 3 with and without the pre-launch
+#   (WEIGHTS_FROM_WINDOW was chosen on four warps), and Mamba-2's device-sized flush grid at batch 32 / 128 / 256
+#   (run 103: it won at batch 64, lost at 256 in bench kernels, won at 256 in ncu_kernels.py), with ncu_kernels.py's
+#   Mamba-2 arms again.
 # Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session18.sh", carry=[".triton_cache"], timeout_s=600), then
 #   STAGE=2 and 3 the same way.
 source benchmarks/gpu/install.sh || exit 1
@@ -65,6 +71,19 @@ elif [ "$STAGE" = 3 ]; then
     > "$RES/chunked_replay.txt" 2>&1
   echo "times rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   ncu_job 150 ncu_chunked --families gdn --chunks 16:64:2,32:64:4
+elif [ "$STAGE" = 4 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 200 test_kernels_kda_weights_cuda tests/test_kernels_delta.py \
+    tests/test_kernels_verify.py -k "kda_weights"; pack
+  timeout 200 python3 -m hf_replayssm.kernels.bench_delta --family kda --shapes kimi-linear --batches 64,256 \
+    --no-sweep --no-torch --out "$RES/delta_kda_cycle.json" > "$RES/delta_kda_cycle.txt" 2>&1
+  echo "kda cycle rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  timeout 120 python3 -m hf_replayssm.kernels.bench_verify --family kda --batches 64,256 --windows 2,3 \
+    --forms weights,no_weights --out "$RES/verify_kda_t2.json" > "$RES/verify_kda_t2.txt" 2>&1
+  echo "verify rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  bench_job 200 kernels_mamba2_flush_grid kernels --family mamba2 --shapes nemotron-h-8b --batches 32,128,256 \
+    --no-sweep --out "$RES/kernels_mamba2_flush_grid.json"; pack
+  timeout 60 python3 "$R/benchmarks/gpu/ncu_kernels.py" --families mamba2 > "$RES/mamba2_flush_grid.txt" 2>&1
+  echo "times rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
 fi
 tail -n 12 "$RES"/*.txt
 save_triton_cache

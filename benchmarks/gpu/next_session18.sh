@@ -30,6 +30,9 @@
 #   (WEIGHTS_FROM_WINDOW was chosen on four warps), and Mamba-2's device-sized flush grid at batch 32 / 128 / 256
 #   (run 103: it won at batch 64, lost at 256 in bench kernels, won at 256 in ncu_kernels.py), with ncu_kernels.py's
 #   Mamba-2 arms again.
+# STAGE=5 (after run 105; about 9 minutes, carry .whl/fla too): the KDA replay cycle with its launch sweeps at the new
+#   defaults (bench_delta's host-position arm now starts from the host default), Kimi-Linear-like end to end compiled
+#   (one-warp weights in every KDA step; run 91: 1.25x / 1.42x), Nemotron-H-like at batch 64 (the device-grid flush).
 # Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session18.sh", carry=[".triton_cache"], timeout_s=600), then
 #   STAGE=2 and 3 the same way.
 source benchmarks/gpu/install.sh || exit 1
@@ -84,6 +87,16 @@ elif [ "$STAGE" = 4 ]; then
     --no-sweep --out "$RES/kernels_mamba2_flush_grid.json"; pack
   timeout 60 python3 "$R/benchmarks/gpu/ncu_kernels.py" --families mamba2 > "$RES/mamba2_flush_grid.txt" 2>&1
   echo "times rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+elif [ "$STAGE" = 5 ]; then
+  timeout 170 python3 -m hf_replayssm.kernels.bench_delta --family kda --shapes kimi-linear --batches 64,256 \
+    --no-torch --out "$RES/delta_kda_cycle_sweep.json" > "$RES/delta_kda_cycle_sweep.txt" 2>&1
+  echo "kda cycle rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  bench_job 230 generate_kimi_linear generate --models kimi_linear --batches 64,256 \
+    --arms stock-static-compiled,replay-compiled --prompt 512 --new 128 --repeats 1 \
+    --out "$RES/generate_kimi_linear.json"; pack
+  bench_job 120 generate_nemotron_h generate --models nemotron_h --batches 64 \
+    --arms stock-static-compiled,replay-compiled --prompt 128 --new 128 --repeats 1 \
+    --out "$RES/generate_nemotron_h.json"; pack
 fi
 tail -n 12 "$RES"/*.txt
 save_triton_cache

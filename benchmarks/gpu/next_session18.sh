@@ -33,6 +33,10 @@
 # STAGE=5 (after run 105; about 9 minutes, carry .whl/fla too): the KDA replay cycle with its launch sweeps at the new
 #   defaults (bench_delta's host-position arm now starts from the host default), Kimi-Linear-like end to end compiled
 #   (one-warp weights in every KDA step; run 91: 1.25x / 1.42x), Nemotron-H-like at batch 64 (the device-grid flush).
+# STAGE=6 (after run 106; about 4 minutes): run 106's batch-64 end-to-end ratios fell (Kimi-Linear 1.25x -> 1.09x,
+#   Nemotron-H 1.27x -> 1.09x): each model at batch 64 with this session's change undone in the process (Mamba-2's
+#   flush on the batch-sized grid: DEVICE_GRID_MAX_BATCH = 0; KDA's pre-launch on four warps) and at the defaults,
+#   alternating, each bench with its own stock arm.
 # Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session18.sh", carry=[".triton_cache"], timeout_s=600), then
 #   STAGE=2 and 3 the same way.
 source benchmarks/gpu/install.sh || exit 1
@@ -97,6 +101,18 @@ elif [ "$STAGE" = 5 ]; then
   bench_job 120 generate_nemotron_h generate --models nemotron_h --batches 64 \
     --arms stock-static-compiled,replay-compiled --prompt 128 --new 128 --repeats 1 \
     --out "$RES/generate_nemotron_h.json"; pack
+elif [ "$STAGE" = 6 ]; then
+  ab() {  # ab NAME MODEL PROMPT PATCH: bench generate at batch 64 with a module global patched first
+    timeout 100 python3 -c "import sys; from hf_replayssm.kernels import mamba2, delta_rule; $4
+from hf_replayssm.cli import main; sys.argv = ['hf-replayssm'] + sys.argv[1:]; main()" bench generate \
+      --models "$2" --batches 64 --arms stock-static-compiled,replay-compiled --prompt "$3" --new 128 --repeats 1 \
+      --out "$RES/$1.json" > "$RES/$1.txt" 2>&1
+    echo "$1 rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  }
+  ab nemotron_batch_grid nemotron_h 128 "mamba2.DEVICE_GRID_MAX_BATCH = 0"
+  ab nemotron_default nemotron_h 128 "pass"
+  ab kimi_weights_4warps kimi_linear 512 "delta_rule.KDA_WEIGHTS_WARPS = 4"
+  ab kimi_default kimi_linear 512 "pass"
 fi
 tail -n 12 "$RES"/*.txt
 save_triton_cache

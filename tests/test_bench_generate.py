@@ -110,3 +110,23 @@ def test_a_compiled_arm_without_cuda_graphs_is_flagged():
     assert "NOGRAPH" in rows[2] and "NOGRAPH" not in rows[3] and " yes " in rows[3]
     before = bench.cudagraph_skips()
     assert isinstance(before, int) and before >= 0
+
+
+def test_triton_compiles_inside_timed_runs_are_reported():
+    """A Triton kernel compiled inside a timed run (Dynamo's frame count does not see it) is summed over the runs,
+    warned about in the JSON and the table; none compiled gives {} and no warning; a Triton that cannot count gives
+    None (not counted), not 0."""
+    def run(compiles) -> dict:
+        return dict(seconds=1.0, prefill_s=0.1, peak_bytes=1, compiled=True, dynamo_frames=0, cudagraph_skips=0,
+                    jit_compiles=compiles, cuda=True, tokens=torch.zeros(1, 4, dtype=torch.long))
+
+    flagged = bench._summarise("replay-compiled", [run({"_k": 1}), run({"_k": 1, "_j": 2})], run({}), batch=1,
+                               new_tokens=4)
+    assert flagged["jit_compiles_in_timed_runs"] == {"_k": 2, "_j": 2}
+    assert "compiled Triton kernels (_k x2, _j x2)" in flagged["warning"]
+    fine = bench._summarise("replay-compiled", [run({})], run({"_k": 5}), batch=1, new_tokens=4)  # warm-up compiles
+    assert fine["jit_compiles_in_timed_runs"] == {} and "warning" not in fine
+    uncounted = bench._summarise("replay-compiled", [run(None)], run(None), batch=1, new_tokens=4)
+    assert uncounted["jit_compiles_in_timed_runs"] is None and "warning" not in uncounted
+    rows = bench.table([{**e, "model": "m", "batch": 1} for e in (flagged, fine)]).splitlines()
+    assert "warning" in rows[3] and "_k x2" in rows[3] and len(rows) == 5

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from .attention import SDPA_CHOICES, sdpa_backend
+from .compiles import JitCompiles
 from .step import _sync
 
 ARMS = ("stock", "stock-static-compiled", "replay", "replay-compiled", "replay-fp8-compiled",
@@ -268,7 +269,7 @@ def timed_generate(model, ids: torch.Tensor, new_tokens: int, kwargs: dict) -> d
         torch.cuda.reset_peak_memory_stats(device)
     frames, skips = _dynamo_frames(), cudagraph_skips()
     _sync(device)
-    with torch.no_grad(), CompileProbe(model) as probe:
+    with torch.no_grad(), CompileProbe(model) as probe, JitCompiles() as jit:
         start = time.perf_counter()
         out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new_tokens,
                              min_new_tokens=new_tokens, suppress_tokens=suppress,
@@ -279,7 +280,7 @@ def timed_generate(model, ids: torch.Tensor, new_tokens: int, kwargs: dict) -> d
     prefill = (clock.time or start + seconds) - start
     return dict(seconds=seconds, prefill_s=prefill, peak_bytes=peak, compiled=probe.used,
                 dynamo_frames=_dynamo_frames() - frames, cudagraph_skips=cudagraph_skips() - skips,
-                cuda=device.type == "cuda",
+                jit_compiles=jit.summary(), cuda=device.type == "cuda",
                 tokens=out[:, ids.shape[1] :].cpu())
 
 
@@ -340,13 +341,29 @@ def _summarise(arm: str, runs: list[dict], warmup: dict, batch: int, new_tokens:
              # graphs compiled in the warm-up run (or later) that Inductor ran without CUDA graphs
              "cudagraph_skips": warmup["cudagraph_skips"] + sum(r["cudagraph_skips"] for r in runs),
              "tokens_checksum": _checksum(runs[-1]["tokens"]), "_tokens": runs[-1]["tokens"]}
+    # Triton kernels compiled inside the timed runs (None: this Triton cannot count them); a run that compiled
+    # timed the JIT too, which Dynamo's frame count does not see
+    counted = [r.get("jit_compiles") for r in runs]
+    entry["jit_compiles_in_timed_runs"] = None if any(c is None for c in counted) else _merge_counts(counted)
     if arm.endswith("-compiled") and not entry["compiled"]:
         entry["warning"] = "generate did not take the compiled forward: this arm ran eager"
     elif arm.endswith("-compiled") and entry["cudagraph_skips"] and runs[0]["cuda"]:
         entry["without_cuda_graphs"] = True
         entry["warning"] = (f"Inductor skipped CUDA graphs {entry['cudagraph_skips']} time(s) in this arm: its decode "
                             "step ran compiled but launched kernel by kernel (TORCH_LOGS=perf_hints says why)")
+    if entry["jit_compiles_in_timed_runs"]:
+        kernels = ", ".join(f"{name} x{n}" for name, n in entry["jit_compiles_in_timed_runs"].items())
+        note = f"the timed runs compiled Triton kernels ({kernels}): their time is in this arm's numbers"
+        entry["warning"] = f"{entry['warning']}; {note}" if "warning" in entry else note
     return entry
+
+
+def _merge_counts(counts: Sequence[dict]) -> dict:
+    merged: dict[str, int] = {}
+    for count in counts:
+        for name, n in count.items():
+            merged[name] = merged.get(name, 0) + n
+    return merged
 
 
 def _compare(entries: list[dict]) -> None:
@@ -615,6 +632,8 @@ def table(entries: Sequence[dict], title: str = "") -> str:
                      f"{e['prefill_ms']:>10.1f} {e['peak_bytes'] / gib:>8.2f} {compiled:>8} "
                      f"{e.get('x_vs_best_stock', float('nan')):>11.2f}x "
                      f"{same:>11}")
+        if e.get("jit_compiles_in_timed_runs"):
+            lines.append(f"{'':>5} warning: {e['warning']}")
     return "\n".join(lines)
 
 

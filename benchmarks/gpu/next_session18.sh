@@ -37,6 +37,8 @@
 #   Nemotron-H 1.27x -> 1.09x): each model at batch 64 with this session's change undone in the process (Mamba-2's
 #   flush on the batch-sized grid: DEVICE_GRID_MAX_BATCH = 0; KDA's pre-launch on four warps) and at the defaults,
 #   alternating, each bench with its own stock arm.
+# STAGE=7 (the session's last 250 s): Nemotron-H-like at batch 64 as the first bench process on a fresh machine (run
+#   106's position), now that bench generate counts Triton compiles inside the timed runs.
 # Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session18.sh", carry=[".triton_cache"], timeout_s=600), then
 #   STAGE=2 and 3 the same way.
 source benchmarks/gpu/install.sh || exit 1
@@ -113,6 +115,10 @@ from hf_replayssm.cli import main; sys.argv = ['hf-replayssm'] + sys.argv[1:]; m
   ab nemotron_default nemotron_h 128 "pass"
   ab kimi_weights_4warps kimi_linear 512 "delta_rule.KDA_WEIGHTS_WARPS = 4"
   ab kimi_default kimi_linear 512 "pass"
+elif [ "$STAGE" = 7 ]; then
+  bench_job 110 generate_nemotron_h generate --models nemotron_h --batches 64 \
+    --arms stock-static-compiled,replay-compiled --prompt 128 --new 128 --repeats 1 \
+    --out "$RES/generate_nemotron_h.json"; pack
 fi
 tail -n 12 "$RES"/*.txt
 save_triton_cache

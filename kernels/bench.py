@@ -300,6 +300,8 @@ VARIANTS = {
     # the flush launch on a device-sized grid: the same checkpoint bits; y within 1e-5 (its own tile's reductions)
     "flush_device_grid": (dict(_flush_grid="device"), False),
     "flush_batch_grid": (dict(_flush_grid="batch"), False),  # the default past kernels.mamba2.DEVICE_GRID_MAX_BATCH
+    # the device-grid flush reading each item's records in one round trip (the same arithmetic as four at a time)
+    "flush_device_grid_u16": (dict(_flush_grid="device", _flush_config=dict(fold_unroll=16)), False),
 }
 
 

@@ -820,7 +820,8 @@ def flush_due_launch_config(key_dim: int, value_dim: int) -> tuple[int, int]:
     """(BLOCK_V, num_warps) of the device-grid flush launch (``_delta_flush_due_kernel``): a [K, 4096 / K] tile
     ([128, 32]) on 4 warps, the widest launch that compiles without spills at batch 256 (sm_90, Triton 3.6: GDN 177
     registers, KDA 251; [128, 64] x 4 and the split step's [128, 64] x 2 / KDA's [128, 16] x 1 sit at 255, some
-    spilling); not yet timed on a GPU."""
+    spilling). H200, batch 256 (run 104): the launch 59.7 us for GDN with one row in 16 due, but the split step it
+    serves is slower than the fused default (``_replay_step``'s ``_flush_grid``)."""
     block_k = triton.next_power_of_2(key_dim)
     return min(triton.next_power_of_2(value_dim), max(16, 4096 // block_k)), 4
 

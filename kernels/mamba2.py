@@ -237,8 +237,9 @@ def _mamba2_flush_math(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_
                        BLOCK_R: tl.constexpr):
     """Flush: fold the records and the token into the checkpoint in place; y from the new state. FLUSH_DOT: the
     closed form ``exp(lam) S0 + X^T diag(w) B + token`` with all records loaded at once (one tl.dot, tf32x3 =
-    float32 accuracy); otherwise the sequential recurrence (the standard step's arithmetic) over records re-read
-    one at a time, which needs fewer registers but is a chain of dependent loads."""
+    float32 accuracy); otherwise the sequential recurrence (the standard step's arithmetic) over records read
+    FOLD_UNROLL at a time: fewer registers than the closed form, but a chain of about count / FOLD_UNROLL dependent
+    round trips to memory (FOLD_UNROLL >= count: one; the same arithmetic at every FOLD_UNROLL)."""
     if FLUSH_DOT:
         x_r, B_r, w, lam = _mamba2_records(
             ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin, count, ring_size, offs_p, offs_n, mask_p,
@@ -673,8 +674,7 @@ def _replay_step(
     flush_on_device_grid = use_device_grid(flush_grid, batch) and split and not flush_reads_copy
 
     def launch_flush_due():
-        flush_cfg = dict(fold_tile_config(head_dim, d_state), fold_unroll=cfg["fold_unroll"],
-                         **(_flush_config or {}))
+        flush_cfg = {**fold_tile_config(head_dim, d_state), "fold_unroll": cfg["fold_unroll"], **(_flush_config or {})}
         items = batch * triton.cdiv(head_dim, flush_cfg["block_p"]) * heads
         LAST_COMPILED["replay_phase3"] = LAST_COMPILED["flush_due"] = _mamba2_flush_due_kernel[
             (flush_grid_programs(x.device, items),)](

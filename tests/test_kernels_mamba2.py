@@ -15,7 +15,8 @@ import pytest
 from kernel_harness import HAS_TRITON, run_bench_smoke, run_case, worker_main
 from kernel_harness import assert_close as _close
 
-CASES = ["replay_mixed_bf16", "replay_launch_variants", "flush_device_grid", "replay_fp32_plain", "state_update",
+CASES = ["replay_mixed_bf16", "replay_launch_variants", "flush_device_grid", "flush_one_round_trip",
+         "replay_fp32_plain", "state_update",
          "sequence", "buffer_len_one", "host_phase"]
 
 
@@ -218,6 +219,51 @@ def case_flush_device_grid(k, device):
                             torch.zeros(2, dtype=torch.int32, device=device))
     with pytest.raises(ValueError, match="_flush_grid"):
         k._replay_step(*args, **kw, buffer_len=L, _flush_grid="persistent")
+
+
+def case_flush_one_round_trip(k, device):
+    """A flush reading all its records in one round trip (``fold_unroll=16`` >= every count; for the device-grid
+    flush alone through ``_flush_config``, where it needs no more registers at sm_90) against the default four at a
+    time: the same checkpoint and output bits on the CPU, and against the reference, in every launch that folds
+    sequentially (fused and split device steps, the device-sized flush grid, the host-phase loop flush); the slots
+    past each row's window hold NaN, loaded by the unrolled reads and discarded."""
+    import torch
+
+    L, R = 6, 5
+    origins, counts = [4, 3, 0, 2, 4, 1], [5, 1, 5, 3, 5, 0]
+    forms = [dict(_split=False), dict(_split=True, _flush_grid="batch"), dict(_split=True, _flush_grid="device")]
+    for form in forms:
+        _check_replay(k, device, torch.bfloat16, L, ring=R, origins=origins, counts=counts, configs=[_cfg(8, 2, 16)],
+                      options=True, rel=2e-6, poison=True, splits=(form["_split"],),
+                      launch={key: value for key, value in form.items() if key != "_split"})
+    pairs = [(form, dict(_config=_cfg(8, 2, unroll))) for form in forms for unroll in (4, 16)]
+    pairs += [(forms[2], dict(_config=_cfg(8, 2, 4), _flush_config=dict(fold_unroll=16)))]
+    runs = {}
+    for form, launch in pairs:
+        p = _make(device, torch.bfloat16, len(counts), heads=4, groups=2, head_dim=24, d_state=20, ring=R, options=True)
+        for b in range(len(counts)):
+            for slot in set(range(R)) - {(origins[b] + j) % R for j in range(counts[b])}:
+                for name in ("ring_x", "ring_dt", "ring_B"):
+                    p[name][b, slot] = float("nan")
+        args, kw = _replay_args(p, torch.tensor(origins, dtype=torch.int32, device=device),
+                                torch.tensor(counts, dtype=torch.int32, device=device))
+        y = k._replay_step(*args, **kw, buffer_len=L, out=torch.empty(p["x"].shape, device=device), **form, **launch)
+        assert torch.isfinite(p["state"]).all() and torch.isfinite(y).all()
+        runs.setdefault(str(form), []).append((y, p["state"]))
+    for form, results in runs.items():
+        (y4, s4), *others = results
+        for y, state in others:  # every flush that read its records at once against the four-at-a-time one
+            assert torch.equal(state, s4), form
+            if str(device) == "cpu":
+                assert torch.equal(y, y4), form
+    # host positions, every row flushing, the sequential (loop) flush form
+    outs = []
+    for unroll in (4, 16):
+        p = _make(device, torch.float32, 3, heads=4, groups=2, head_dim=24, d_state=20, ring=R, options=False)
+        args, kw = _replay_args(p, 2, L - 1)
+        outs.append((k._replay_step(*args, **kw, buffer_len=L, _config=dict(_cfg(8, 2, unroll), flush_loop=True)),
+                     p["state"]))
+    assert torch.equal(outs[0][1], outs[1][1]) and torch.equal(outs[0][0], outs[1][0])
 
 
 def case_replay_fp32_plain(k, device):

@@ -92,6 +92,13 @@ def mamba2_arms(batch: int, device) -> dict:
         "replay_device_flush_grid": (lambda: mamba2._replay_step(state, *rings, origin, counts, *token,
                                                                  buffer_len=RING, out=out, _flush_grid="device",
                                                                  **params), 1 + 2 / RING),
+        # the same, each item's records read in one round trip (fold_unroll 16 >= every count)
+        "replay_device_flush_grid_u16": (lambda: mamba2._replay_step(
+            state, *rings, origin, counts, *token, buffer_len=RING, out=out, _flush_grid="device",
+            _flush_config=dict(fold_unroll=16), **params), 1 + 2 / RING),
+        "replay_device_batch_grid": (lambda: mamba2._replay_step(state, *rings, origin, counts, *token,
+                                                                 buffer_len=RING, out=out, _flush_grid="batch",
+                                                                 **params), 1 + 2 / RING),
     }, state.numel() * 4
 
 

@@ -57,3 +57,15 @@ test_job() {  # test_job SECONDS NAME PYTEST-ARGS...: pytest from a copy of test
     > "$RES/$name.txt" 2>&1)
   echo "$name rc=$? $(date +%T)" | tee -a "$RES/done.txt"
 }
+ncu_job() {  # ncu_job SECONDS NAME NCU_KERNELS_ARGS...: Nsight Compute's counters of ncu_kernels.py's arms, as csv
+  # into $RES/NAME.csv (the calling script's results folder; its pack() runs after)
+  local limit=$1 name=$2; shift 2
+  local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  timeout "$limit" "$ncu" --clock-control none --profile-from-start off --set detailed --section WarpStateStats \
+    --section SchedulerStats -o "$RES/$name" \
+    python3 "$R/benchmarks/gpu/ncu_kernels.py" "$@" --no-time > "$RES/${name}_run.txt" 2>&1
+  local rc=$?  # the profiled run's status (the export's follows it)
+  timeout 30 "$ncu" --import "$RES/$name.ncu-rep" --page details --csv > "$RES/$name.csv" 2>&1
+  rm -f "$RES/$name.ncu-rep"
+  echo "$name rc=$rc $(date +%T)" | tee -a "$RES/done.txt"; pack
+}

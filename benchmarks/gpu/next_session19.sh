@@ -17,16 +17,6 @@
 source benchmarks/gpu/install.sh || exit 1
 RES=/tmp/w/res_next_session19_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
 pack() { tar czf "$OUT/next_session19_$STAGE.tgz" -C "$RES" . ; }
-ncu_job() {  # ncu_job SECONDS NAME NCU_KERNELS_ARGS...: Nsight Compute's counters of ncu_kernels.py's arms, as csv
-  local limit=$1 name=$2; shift 2
-  local ncu; ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  timeout "$limit" "$ncu" --clock-control none --profile-from-start off --set detailed --section WarpStateStats \
-    --section SchedulerStats -o "$RES/$name" \
-    python3 "$R/benchmarks/gpu/ncu_kernels.py" "$@" --no-time > "$RES/${name}_run.txt" 2>&1
-  timeout 30 "$ncu" --import "$RES/$name.ncu-rep" --page details --csv > "$RES/$name.csv" 2>&1
-  rm -f "$RES/$name.ncu-rep"
-  echo "$name rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
-}
 if [ "$STAGE" = 1 ]; then
   REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_mamba2_flush_cuda tests/test_kernels_mamba2.py \
     -k "one_round_trip or flush_device_grid or launch_variants"; pack

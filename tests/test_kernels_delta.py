@@ -351,21 +351,22 @@ def case_buffer_len_one(k, device):
 def case_host_phase(k, device):
     """Host-int positions (every row at one position: the phase-specialised kernels) == the reference with those
     positions as per-row tensors, for every count 0..L-1 (replay-only and flush-only programs), GDN and KDA, GVA,
-    ring wrap-around, bf16 inputs. And the device-phase GDN kernel reads the ring in physical and in logical order
-    with the same result."""
+    ring wrap-around, bf16 inputs; the flush-only launch with both folds (the product, its default, and the loop,
+    which KDA's takes from the weights pre-launch). And the device-phase GDN kernel reads the ring in physical and in
+    logical order with the same result."""
     import torch
 
     L, R, batch = 5, 4, 2
     for per_key in (False, True):
-        for count in range(L):
+        for count, flush_dot in [(c, None) for c in range(L)] + [(L - 1, False)]:
             origin = (3 * count + 1) % R
             p = _make(device, torch.bfloat16, batch, 2, 4, 24, 20, R, per_key=per_key, seed=count)
             q = _clone(p)
             out = torch.empty(p["v"].shape, dtype=torch.float32, device=device)
-            o = _run_replay(k._replay_step, p, origin, count, buffer_len=L, out=out)
+            o = _run_replay(k._replay_step, p, origin, count, buffer_len=L, out=out, _flush_dot=flush_dot)
             full = [torch.full((batch,), x, dtype=torch.int32, device=device) for x in (origin, count)]
             o_ref = _run_replay(k.delta_replay_step_ref, q, *full, buffer_len=L, out=torch.empty_like(out))
-            print(f" host phase: per_key={per_key} origin={origin} count={count}")
+            print(f" host phase: per_key={per_key} origin={origin} count={count} flush_dot={flush_dot}")
             _close("o", o, o_ref, 2e-5)
             _close("state", p["state"], q["state"], 2e-6)
             assert torch.equal(p["ring_k"], q["ring_k"]) and torch.equal(p["ring_g"], q["ring_g"])

@@ -12,22 +12,27 @@
 #   model at batch 1 / 64 / 256 (Nemotron-H-like prompt 128; Kimi-Linear-like and Qwen3.5-like prompt 512), compiles
 #   inside the timed runs now counted (`jit_compiles_in_timed_runs`). Run 106-108 found batch-64 ratios of 1.09x to
 #   1.46x on the same code: two repeats per arm, best kept, is the bench's own answer to that.
+# STAGE=3 (about 3 minutes): where the host-position cycles' flush step goes. KDA's host cycle (run 106) averages
+#   247 us at [128, 64] x 4 against 226 with rows in mixed phases, which puts its flush-only launch near 950 us (3.4
+#   standard steps). `bench_delta --diag` now also times that launch with the loop fold at the host tile and at the
+#   device phase's tile (`count15_flush_loop_*`), for KDA and GDN. If the loop wins: make it phase 2's fold for that
+#   gate kind (kernels.delta_rule.flush_uses_dot / _replay_step's uses_dot).
 # Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session19.sh", carry=[".triton_cache"], timeout_s=600), then
-#   STAGE=2 with carry=[".triton_cache", ".whl"].
+#   STAGE=2 with carry=[".triton_cache", ".whl"], then STAGE=3 like STAGE=1.
 source benchmarks/gpu/install.sh || exit 1
 RES=/tmp/w/res_next_session19_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
 pack() { tar czf "$OUT/next_session19_$STAGE.tgz" -C "$RES" . ; }
 if [ "$STAGE" = 1 ]; then
-  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_mamba2_flush_cuda tests/test_kernels_mamba2.py \
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 120 test_kernels_mamba2_flush_cuda tests/test_kernels_mamba2.py \
     -k "one_round_trip or flush_device_grid or launch_variants"; pack
-  bench_job 240 kernels_mamba2_diag kernels --family mamba2 --shapes nemotron-h-8b --batches 64,128,256 --no-sweep \
+  bench_job 200 kernels_mamba2_diag kernels --family mamba2 --shapes nemotron-h-8b --batches 128,256 --no-sweep \
     --diag --out "$RES/kernels_mamba2_diag.json"; pack
   for batch in 256 64; do
-    timeout 60 python3 "$R/benchmarks/gpu/ncu_kernels.py" --families mamba2 --batch $batch \
+    timeout 50 python3 "$R/benchmarks/gpu/ncu_kernels.py" --families mamba2 --batch $batch \
       > "$RES/mamba2_arms_b$batch.txt" 2>&1
     echo "arms b$batch rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   done
-  ncu_job 120 ncu_mamba2 --families mamba2
+  ncu_job 100 ncu_mamba2 --families mamba2
 elif [ "$STAGE" = 2 ]; then
   bench_job 200 generate_nemotron_h generate --models nemotron_h --batches 1,64,256 \
     --arms stock-static-compiled,replay-compiled --prompt 128 --new 128 --repeats 2 \
@@ -38,6 +43,14 @@ elif [ "$STAGE" = 2 ]; then
   bench_job 170 generate_qwen3_5 generate --models qwen3_5 --batches 1,64,256 \
     --arms stock-static-compiled,replay-compiled --prompt 512 --new 128 --repeats 2 \
     --out "$RES/generate_qwen3_5.json"; pack
+elif [ "$STAGE" = 3 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 120 test_kernels_delta_host_cuda tests/test_kernels_delta.py \
+    -k "host_phase"; pack
+  for family in kda gdn; do
+    timeout 120 python3 -m hf_replayssm.kernels.bench_delta --family $family --batches 256 --no-sweep --diag \
+      --no-torch --no-fla --out "$RES/delta_${family}_diag.json" > "$RES/delta_${family}_diag.txt" 2>&1
+    echo "$family diag rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  done
 fi
 tail -n 12 "$RES"/*.txt
 save_triton_cache

@@ -46,8 +46,10 @@ elif [ "$STAGE" = 2 ]; then
 elif [ "$STAGE" = 3 ]; then
   REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 120 test_kernels_delta_host_cuda tests/test_kernels_delta.py \
     -k "host_phase"; pack
-  for family in kda gdn; do
-    timeout 120 python3 -m hf_replayssm.kernels.bench_delta --family $family --batches 256 --no-sweep --diag \
+  for pair in kda:kimi-linear gdn:qwen3-next; do
+    family=${pair%%:*}
+    timeout 120 python3 -m hf_replayssm.kernels.bench_delta --family $family --shapes ${pair#*:} --batches 256 \
+      --no-sweep --diag \
       --no-torch --no-fla --out "$RES/delta_${family}_diag.json" > "$RES/delta_${family}_diag.txt" 2>&1
     echo "$family diag rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   done

@@ -17,8 +17,11 @@
 #   standard steps). `bench_delta --diag` now also times that launch with the loop fold at the host tile and at the
 #   device phase's tile (`count15_flush_loop_*`), for KDA and GDN. If the loop wins: make it phase 2's fold for that
 #   gate kind (kernels.delta_rule.flush_uses_dot / _replay_step's uses_dot).
+# STAGE=4 (about 3 minutes): where a compiled batch-64 Nemotron-H-like step goes in each arm (runs 106-108: the
+#   ReplayCache arm 1.94-2.72 ms per step on the same code, stock 2.83-3.27): profile_compiled.py's kernels and GPU
+#   time per step and its cProfile of the host, twice in one process order each way.
 # Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session19.sh", carry=[".triton_cache"], timeout_s=600), then
-#   STAGE=2 with carry=[".triton_cache", ".whl"], then STAGE=3 like STAGE=1.
+#   STAGE=2 with carry=[".triton_cache", ".whl"], then STAGE=3 and 4 like STAGE=1.
 source benchmarks/gpu/install.sh || exit 1
 RES=/tmp/w/res_next_session19_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
 pack() { tar czf "$OUT/next_session19_$STAGE.tgz" -C "$RES" . ; }
@@ -52,6 +55,12 @@ elif [ "$STAGE" = 3 ]; then
       --no-sweep --diag \
       --no-torch --no-fla --out "$RES/delta_${family}_diag.json" > "$RES/delta_${family}_diag.txt" 2>&1
     echo "$family diag rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  done
+elif [ "$STAGE" = 4 ]; then
+  for arms in stock-static-compiled,replay-compiled replay-compiled,stock-static-compiled; do
+    timeout 120 python3 "$R/benchmarks/gpu/profile_compiled.py" --model nemotron_h --batch 64 --prompt 128 --new 64 \
+      --arms $arms --out "$RES/profile_b64_${arms%%,*}_first" > "$RES/profile_b64_${arms%%,*}_first.txt" 2>&1
+    echo "profile $arms rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   done
 fi
 tail -n 12 "$RES"/*.txt

@@ -71,7 +71,29 @@ def resolve_backend(backend: str, device: torch.device | None) -> str:
                 f"backend='triton' runs on CUDA devices (the model is on {device}); use backend='auto', or set "
                 "TRITON_INTERPRET=1 to run the kernels on CPU for testing"
             )
+        if interpreted and not on_cuda:
+            _check_interpreter_numpy()
     return backend
+
+
+def _release(version: str) -> tuple[int, int]:
+    major, minor = (int(part) for part in version.split(".")[:2])
+    return major, minor
+
+
+def _check_interpreter_numpy() -> None:
+    """Triton's interpreter up to 3.6 passes a kernel's integer arguments as one-element arrays and takes their
+    ``int()``, which NumPy 2.4 refuses: every kernel looping over such an argument fails deep inside the interpreter.
+    Refuse that pair up front (Triton 3.7+ and NumPy below 2.4 both work; checked on 3.6 / 3.7 / 3.8 / 3.9)."""
+    import numpy
+    import triton
+
+    if _release(triton.__version__) < (3, 7) and _release(numpy.__version__) >= (2, 4):
+        raise ValueError(
+            f"TRITON_INTERPRET=1 with triton {triton.__version__} cannot run the kernels under numpy "
+            f"{numpy.__version__} (that interpreter turns integer arguments into one-element arrays, which numpy 2.4 "
+            "no longer converts): pip install 'triton>=3.7' or 'numpy<2.4', or use backend='torch'"
+        )
 
 
 class ReplayCache(DynamicCache):

@@ -26,8 +26,18 @@ def subprocess_env() -> dict[str, str]:
     return env
 
 
+def _interpreter_usable() -> None:
+    """On the CPU, fail with what to install where the interpreter cannot run the kernels at all (Triton <= 3.6 with
+    NumPy >= 2.4; ``hf_replayssm.cache._check_interpreter_numpy``) instead of deep inside the first kernel."""
+    if subprocess_env().get("TRITON_INTERPRET") == "1":
+        from hf_replayssm.cache import _check_interpreter_numpy
+
+        _check_interpreter_numpy()
+
+
 def run_case(test_file: str, case: str) -> None:
     """Run ``case`` of a kernel test file in a subprocess; it must print ``OK <case>``."""
+    _interpreter_usable()
     out = subprocess.run([sys.executable, str(Path(test_file).resolve()), case], cwd=ROOT, env=subprocess_env(),
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
@@ -36,6 +46,7 @@ def run_case(test_file: str, case: str) -> None:
 
 def run_bench_smoke(bench: str, args: list[str], result: Path) -> tuple[dict, str]:
     """Run a kernel benchmark's ``main(args + ['--smoke', '--out', result])`` in a subprocess; (its JSON, stdout)."""
+    _interpreter_usable()
     code = (f"from kernel_harness import load_kernel_module; "
             f"load_kernel_module({bench!r}).main({[*args, '--smoke', '--out', str(result)]!r})")
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,

@@ -26,6 +26,30 @@ def test_backend_resolution_on_cpu():
             ReplayCache.for_model(model, backend="triton")
 
 
+def test_interpreter_refuses_triton_36_with_numpy_24(monkeypatch):
+    """Triton's interpreter up to 3.6 fails on NumPy 2.4 deep inside every kernel that loops over an integer
+    argument: backend='triton' under TRITON_INTERPRET=1 on the CPU refuses that pair with what to install, and
+    accepts Triton 3.7+ or NumPy below 2.4; CUDA devices (compiled kernels) are not concerned."""
+    import numpy
+    import torch
+
+    triton = pytest.importorskip("triton")
+    from hf_replayssm.cache import resolve_backend
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    for triton_version, numpy_version, refused in (("3.6.0", "2.4.6", True), ("3.5.1", "2.5.0", True),
+                                                   ("3.7.0", "2.4.6", False), ("3.6.0", "2.3.5", False),
+                                                   ("3.9.0", "2.4.0", False)):
+        monkeypatch.setattr(triton, "__version__", triton_version)
+        monkeypatch.setattr(numpy, "__version__", numpy_version)
+        if refused:
+            with pytest.raises(ValueError, match=r"pip install 'triton>=3.7' or 'numpy<2.4'"):
+                resolve_backend("triton", torch.device("cpu"))
+        else:
+            assert resolve_backend("triton", torch.device("cpu")) == "triton"
+        assert resolve_backend("triton", torch.device("cuda", 0)) == "triton"
+
+
 def test_auto_resolves_to_triton_on_cuda_devices():
     """auto = the kernels on CUDA when triton imports (resolution only: no device is touched), the reference on CPU,
     and a clear error for an unknown name."""

@@ -549,10 +549,9 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                         k._replay_step, only=c, _block_v=hbv, _num_warps=hnw))) for c in (L // 2, L - 1)}
                 # the host flush-only launch with the other fold (the product by default, the loop for KDA's
                 # fused device launch), at the host tile and at the device phase's
-                other = dict(_flush_dot=False)
                 for tag, (fbv, fnw) in (("host_tile", (hbv, hnw)), ("device_tile", (bv, nw))):
                     row["diag_host_phase_us"][f"count{L - 1}_flush_loop_{tag}"] = per_step_us(timer(inputs.host_fn(
-                        k._replay_step, only=L - 1, _block_v=fbv, _num_warps=fnw, **other)))
+                        k._replay_step, only=L - 1, _block_v=fbv, _num_warps=fnw, _flush_dot=False)))
             if args.read_format is not None:  # separated precision: replay launches read the low-precision copy
                 inputs.add_read_copies(args.read_format)
                 row["read_format"] = args.read_format

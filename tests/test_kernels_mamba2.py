@@ -91,6 +91,15 @@ def _replay_args(p, origin, count):
     return [p[k] for k in keys] + [origin, count], rest
 
 
+def _poison(p, origins, counts, ring):
+    """NaN in every ring slot outside each row's committed window: such slots must never reach an output."""
+    for b in range(len(counts)):
+        committed = {(origins[b] + j) % ring for j in range(counts[b])}
+        for slot in set(range(ring)) - committed:
+            for name in ("ring_x", "ring_dt", "ring_B"):
+                p[name][b, slot] = float("nan")
+
+
 def _check_replay(k, device, dtype, buffer_len, ring, origins, counts, configs, options, rel, poison=False,
                   splits=(None,), launch=None):
     import torch
@@ -100,12 +109,8 @@ def _check_replay(k, device, dtype, buffer_len, ring, origins, counts, configs, 
         p = _make(device, dtype, batch, heads=4, groups=2, head_dim=24, d_state=20, ring=ring, options=options)
         origin = torch.tensor(origins, dtype=torch.int32, device=device)
         count = torch.tensor(counts, dtype=torch.int32, device=device)
-        if poison:  # slots outside the committed window hold NaN: they must never reach the output
-            for b in range(batch):
-                committed = {(origins[b] + j) % ring for j in range(counts[b])}
-                for slot in set(range(ring)) - committed:
-                    for name in ("ring_x", "ring_dt", "ring_B"):
-                        p[name][b, slot] = float("nan")
+        if poison:
+            _poison(p, origins, counts, ring)
         q, origin_ref, count_ref = _clone(p), origin.clone(), count.clone()
         args, kw = _replay_args(p, origin, count)
         out = torch.empty(p["x"].shape, dtype=torch.float32, device=device)  # fp32 output: compare before rounding
@@ -169,10 +174,7 @@ def case_flush_device_grid(k, device):
         for grid in ("batch", "device"):
             p = _make(device, torch.bfloat16, len(counts), heads=4, groups=2, head_dim=24, d_state=20, ring=R,
                       options=True)
-            for b in range(len(counts)):  # NaN outside the committed window
-                for slot in set(range(R)) - {(origins[b] + j) % R for j in range(counts[b])}:
-                    for name in ("ring_x", "ring_dt", "ring_B"):
-                        p[name][b, slot] = float("nan")
+            _poison(p, origins, counts, R)
             count = torch.tensor(counts, dtype=torch.int32, device=device)
             args, kw = _replay_args(p, torch.tensor(origins, dtype=torch.int32, device=device), count)
             y = k._replay_step(*args, **kw, buffer_len=L, out=torch.empty(p["x"].shape, device=device),
@@ -243,10 +245,7 @@ def case_flush_one_round_trip(k, device):
     runs = {}
     for form, launch in pairs:
         p = _make(device, torch.bfloat16, len(counts), heads=4, groups=2, head_dim=24, d_state=20, ring=R, options=True)
-        for b in range(len(counts)):
-            for slot in set(range(R)) - {(origins[b] + j) % R for j in range(counts[b])}:
-                for name in ("ring_x", "ring_dt", "ring_B"):
-                    p[name][b, slot] = float("nan")
+        _poison(p, origins, counts, R)
         args, kw = _replay_args(p, torch.tensor(origins, dtype=torch.int32, device=device),
                                 torch.tensor(counts, dtype=torch.int32, device=device))
         y = k._replay_step(*args, **kw, buffer_len=L, out=torch.empty(p["x"].shape, device=device), **form, **launch)

@@ -55,3 +55,8 @@ class JitCompiles:
         for name in self.names:
             counts[name] = counts.get(name, 0) + 1
         return counts
+
+
+def describe(compiled: dict[str, int]) -> str:
+    """``{kernel: variants}`` as one line for a warning: ``name xN, ...``."""
+    return ", ".join(f"{name} x{n}" for name, n in compiled.items())

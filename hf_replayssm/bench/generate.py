@@ -35,13 +35,14 @@ import json
 import platform
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 
 from .attention import SDPA_CHOICES, sdpa_backend
-from .compiles import JitCompiles
+from .compiles import JitCompiles, describe
 from .step import _sync
 
 ARMS = ("stock", "stock-static-compiled", "replay", "replay-compiled", "replay-fp8-compiled",
@@ -344,7 +345,8 @@ def _summarise(arm: str, runs: list[dict], warmup: dict, batch: int, new_tokens:
     # Triton kernels compiled inside the timed runs (None: this Triton cannot count them); a run that compiled
     # timed the JIT too, which Dynamo's frame count does not see
     counted = [r.get("jit_compiles") for r in runs]
-    entry["jit_compiles_in_timed_runs"] = None if any(c is None for c in counted) else _merge_counts(counted)
+    entry["jit_compiles_in_timed_runs"] = (None if any(c is None for c in counted)
+                                           else dict(sum(map(Counter, counted), Counter())))
     if arm.endswith("-compiled") and not entry["compiled"]:
         entry["warning"] = "generate did not take the compiled forward: this arm ran eager"
     elif arm.endswith("-compiled") and entry["cudagraph_skips"] and runs[0]["cuda"]:
@@ -352,18 +354,10 @@ def _summarise(arm: str, runs: list[dict], warmup: dict, batch: int, new_tokens:
         entry["warning"] = (f"Inductor skipped CUDA graphs {entry['cudagraph_skips']} time(s) in this arm: its decode "
                             "step ran compiled but launched kernel by kernel (TORCH_LOGS=perf_hints says why)")
     if entry["jit_compiles_in_timed_runs"]:
-        kernels = ", ".join(f"{name} x{n}" for name, n in entry["jit_compiles_in_timed_runs"].items())
-        note = f"the timed runs compiled Triton kernels ({kernels}): their time is in this arm's numbers"
+        note = (f"the timed runs compiled Triton kernels ({describe(entry['jit_compiles_in_timed_runs'])}): their "
+                "time is in this arm's numbers")
         entry["warning"] = f"{entry['warning']}; {note}" if "warning" in entry else note
     return entry
-
-
-def _merge_counts(counts: Sequence[dict]) -> dict:
-    merged: dict[str, int] = {}
-    for count in counts:
-        for name, n in count.items():
-            merged[name] = merged.get(name, 0) + n
-    return merged
 
 
 def _compare(entries: list[dict]) -> None:

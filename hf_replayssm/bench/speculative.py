@@ -33,7 +33,7 @@ import torch
 
 from ..batched import DRAFT_SCHEDULES, stop_tokens, until_stop
 from .attention import SDPA_CHOICES, sdpa_backend
-from .compiles import JitCompiles
+from .compiles import JitCompiles, describe
 from .step import _sync
 
 
@@ -428,8 +428,8 @@ def _run_models(args, names, drafts, dtype, schedules, results) -> None:
                 for label, compiled in (("greedy", entry["greedy_jit_compiles"]),
                                         (entry["arm"], entry["jit_compiles"])):
                     if compiled:  # a timed run that compiled kernels measured the JIT too
-                        kernels = ", ".join(f"{name} x{n}" for name, n in compiled.items())
-                        print(f"      warning: the timed {label} run compiled Triton kernels ({kernels})", flush=True)
+                        print(f"      warning: the timed {label} run compiled Triton kernels ({describe(compiled)})",
+                              flush=True)
                 if args.time_forwards:
                     for label, forwards in (("greedy", entry["greedy_forwards"]), (entry["arm"], entry["forwards"])):
                         widths = ", ".join(f"width {w}: {c} x {1e3 * t / c:.2f} ms"

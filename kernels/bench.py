@@ -242,19 +242,23 @@ class ReplayInputs:
                        after=None if reencode is None else
                        lambda c: reencode(c["state"], c["read_copy"], read_format, c["count"] == 0), **launch)
 
-    def host_fn(self, step, only: int | None = None, read_format: str | None = None, **launch):
+    def host_fn(self, step, only: int | None = None, read_format: str | None = None, flush_launch: dict | None = None,
+                **launch):
         """A cycle with every row at one position known on the host (plain batched decoding): L - 1 replay-only
         launches and one flush-only launch (the phase-specialised kernels); ``only``: L launches at that count.
-        ``read_format``: the replay-only launches read the copies' read copy (see :meth:`add_read_copies`)."""
+        ``read_format``: the replay-only launches read the copies' read copy (see :meth:`add_read_copies`).
+        ``flush_launch``: the flush-only launch's overrides instead of ``launch`` (``{}``: its defaults, e.g. while
+        a sweep varies the replay-only launches' tile)."""
         def run():
             for j in range(self.L):
                 i = j if only is None else only
                 c = self.copies[j % self.n]
                 read = (dict(read_copy=c["read_copy"], read_format=read_format)
                         if read_format is not None and i + 1 < self.L else {})
+                overrides = flush_launch if flush_launch is not None and i == self.L - 1 else launch
                 step(c["state"], c["ring_x"], c["ring_dt"], c["ring_B"], 0, i, c["x"], c["dt"],
                      c["B"], c["C"], self.params["A"], D=self.params["D"], dt_bias=self.params["dt_bias"],
-                     dt_softplus=True, buffer_len=self.L, out=c["out"], **launch, **read)
+                     dt_softplus=True, buffer_len=self.L, out=c["out"], **overrides, **read)
 
         return run
 
@@ -302,6 +306,9 @@ VARIANTS = {
     "flush_batch_grid": (dict(_flush_grid="batch"), False),  # the default past kernels.mamba2.DEVICE_GRID_MAX_BATCH
     # the device-grid flush reading each item's records in one round trip (the same arithmetic as four at a time)
     "flush_device_grid_u16": (dict(_flush_grid="device", _flush_config=dict(fold_unroll=16)), False),
+    # the batch-grid flush launch on fold_tile_config's smaller tile instead of the replay tile (the host-phase
+    # flush-only launch was 16 % faster on it, run 114)
+    "flush_batch_grid_fold_tile": (dict(_flush_grid="batch", _flush_config=dict(block_p=16, num_warps=2)), False),
 }
 
 
@@ -450,10 +457,13 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
             row["replay_in_phase_default_us"] = (
                 per_step_us(timer(inputs.fn(k.mamba2_replay_step))) if best_cfg != default_key
                 else row["replay_in_phase_us"])
-            # replay with the positions on the host (phase-specialised launches): default config and sweep
+            # replay with the positions on the host (phase-specialised launches): default config and sweep of the
+            # replay-only launches' tile, the flush launch at its own default (host_flush_launch_config)
+            flush_cfg = k.host_flush_launch_config(batch, heads, head_dim, d_state)
+            row["host_flush_default_config"] = f"p{flush_cfg['block_p']}w{flush_cfg['num_warps']}"
             sweep = {}
             for cfg in dict.fromkeys([default_cfg, *replay_sweep]):
-                t = timer(inputs.host_fn(k._replay_step, _config=_cfg_dict(cfg)))
+                t = timer(inputs.host_fn(k._replay_step, _config=_cfg_dict(cfg), flush_launch={}))
                 sweep[_cfg_name(cfg)] = dict(us=per_step_us(t), **t, **_compiled_info(k, "replay"))
             best_host = min(sweep, key=lambda c: sweep[c]["us"])
             row.update(replay_host_sweep=sweep, replay_host_best_config=best_host,
@@ -461,15 +471,18 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
             if args.diag:  # single launches of the host-phase kernels: replay-only at count L/2, flush-only
                 cfg = _cfg_dict(configs.get(best_host, default_cfg))
                 row["diag_host_phase_us"] = {
-                    f"count{c}{'_flush' if c == L - 1 else ''}": per_step_us(timer(inputs.host_fn(
-                        k._replay_step, only=c, _config=cfg))) for c in (L // 2, L - 1)}
+                    f"count{L // 2}": per_step_us(timer(inputs.host_fn(k._replay_step, only=L // 2, _config=cfg))),
+                    f"count{L - 1}_flush": per_step_us(timer(inputs.host_fn(k._replay_step, only=L - 1))),
+                    f"count{L - 1}_flush_replay_tile": per_step_us(timer(inputs.host_fn(
+                        k._replay_step, only=L - 1, _config=cfg)))}
             if args.read_format is not None:  # separated precision: replay launches read the low-precision copy
                 inputs.add_read_copies(args.read_format)
                 row["read_format"] = args.read_format
                 read_sweep, read_cfgs = {}, {}  # the fp32 host-phase best, and with --read-copy-sweep the sweep
                 for cfg in dict.fromkeys([configs.get(best_host, default_cfg),
                                           *(REPLAY_SWEEP if args.read_copy_sweep else [])]):
-                    t = timer(inputs.host_fn(k._replay_step, read_format=args.read_format, _config=_cfg_dict(cfg)))
+                    t = timer(inputs.host_fn(k._replay_step, read_format=args.read_format, _config=_cfg_dict(cfg),
+                                             flush_launch={}))
                     read_sweep[_cfg_name(cfg)] = dict(us=per_step_us(t), **t, **_compiled_info(k, "replay_phase1"))
                     read_cfgs[_cfg_name(cfg)] = cfg
                 best_read = min(read_sweep, key=lambda c: read_sweep[c]["us"])
@@ -485,7 +498,8 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                             for key, value in fused.items()})
                 if args.read_format == "nvfp4":  # the former load: a byte load per nibble
                     row["replay_host_read_copy_nvfp4_nibbles_us"] = per_step_us(timer(inputs.host_fn(
-                        k._replay_step, read_format="nvfp4", _config=read_cfg, _nvfp4_pairs=False)))
+                        k._replay_step, read_format="nvfp4", _config=read_cfg, _nvfp4_pairs=False,
+                        flush_launch={})))
                     row["replay_host_read_copy_nvfp4_nibbles_kernel"] = _compiled_info(k, "replay_phase1")
                     nibbles = device_read_copy_times(k, inputs, timer, "nvfp4", "in_phase", per_step_us,
                                                       compact=False, _config=read_cfg, _nvfp4_pairs=False)
@@ -549,7 +563,7 @@ def _print_row(r, header):
     print(f"{'':<16}{'':>6} | host-phase replay {r['replay_host_us']:>9.2f} us "
           f"{100 * r['replay_host_frac_of_copy_bw']:>4.0f}% of copy BW, "
           f"x std {r['speedup_replay_host_vs_standard']:.2f} "
-          f"[{r['replay_host_best_config']}]", flush=True)
+          f"[{r['replay_host_best_config']}, flush {r['host_flush_default_config']}]", flush=True)
     print_read_copy_rows(r, 16)
 
 

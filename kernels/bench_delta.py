@@ -242,10 +242,13 @@ class ReplayInputs:
                        after=None if reencode is None else
                        lambda c: reencode(c["state"], c["read_copy"], read_format, c["count"] == 0), **launch)
 
-    def host_fn(self, step, only: int | None = None, read_format: str | None = None, **launch):
+    def host_fn(self, step, only: int | None = None, read_format: str | None = None, flush_launch: dict | None = None,
+                **launch):
         """A cycle with every row at one position known on the host (plain batched decoding): L - 1 replay-only
         launches and one flush-only launch (the phase-specialised kernels); ``only``: L launches at that count.
-        ``read_format``: the replay-only launches read the copies' read copy (see :meth:`add_read_copies`)."""
+        ``read_format``: the replay-only launches read the copies' read copy (see :meth:`add_read_copies`).
+        ``flush_launch``: the flush-only launch's overrides instead of ``launch`` (``{}``: its defaults, e.g. while
+        a sweep varies the replay-only launches' tile)."""
         def run():
             for j in range(self.L):
                 i = j if only is None else only
@@ -255,8 +258,9 @@ class ReplayInputs:
                     read = dict(ring_v=c["ring_v"], ring_beta=c["ring_beta"])
                     if i + 1 < self.L:
                         read.update(read_copy=c["read_copy"], read_format=read_format)
+                overrides = flush_launch if flush_launch is not None and i == self.L - 1 else launch
                 step(*[c[n] for n in RING[:4]], 0, i, *[c[n] for n in TOKEN], buffer_len=self.L, out=c["out"],
-                     **launch, **read)
+                     **overrides, **read)
 
         return run
 
@@ -528,11 +532,14 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                 row["replay_in_phase_per_tile_decays_us"] = per_step_us(timer(inputs.fn(
                     k._replay_step, _block_v=kbv, _num_warps=knw, _kda_weights=False)))
             # replay with the positions on the host (phase-specialised launches): their own default config (KDA's
-            # differs from the device phase's) and sweep
+            # differs from the device phase's) and sweep of the replay-only launches' tile, the flush launch at its
+            # own default (host_flush_launch_config)
             host_cfg = k.replay_launch_config(batch, Hv, K, V, per_key)
+            fbv, fnw, fdot = k.host_flush_launch_config(batch, Hv, K, V, per_key)
+            row["host_flush_default_config"] = f"{fbv}x{fnw} {'dot' if fdot else 'loop'}"
             sweep = {}
             for cfg in dict.fromkeys([host_cfg, *[c for c in replay_sweep if c[0] <= max(16, V)]]):
-                t = timer(inputs.host_fn(k._replay_step, _block_v=cfg[0], _num_warps=cfg[1]))
+                t = timer(inputs.host_fn(k._replay_step, _block_v=cfg[0], _num_warps=cfg[1], flush_launch={}))
                 sweep[_key(cfg)] = dict(us=per_step_us(t), **t, **_compiled_info(k, "replay"))
             best_host = min(sweep, key=lambda c: sweep[c]["us"])
             row.update(replay_host_sweep=sweep, replay_host_default_config=_key(host_cfg),
@@ -541,17 +548,19 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
             if not per_key:  # the per-head pre-launch of decays and record weights (off by default for GDN)
                 hbv, hnw = (int(x) for x in best_host.split("x"))
                 row["replay_host_gdn_weights_us"] = per_step_us(timer(inputs.host_fn(
-                    k._replay_step, _block_v=hbv, _num_warps=hnw, _gdn_weights=True)))
+                    k._replay_step, _block_v=hbv, _num_warps=hnw, _gdn_weights=True, flush_launch={})))
             if args.diag:  # single launches of the host-phase kernels: replay-only at count L/2, flush-only
                 hbv, hnw = (int(x) for x in best_host.split("x"))
                 row["diag_host_phase_us"] = {
-                    f"count{c}{'_flush' if c == L - 1 else ''}": per_step_us(timer(inputs.host_fn(
-                        k._replay_step, only=c, _block_v=hbv, _num_warps=hnw))) for c in (L // 2, L - 1)}
-                # the host flush-only launch with the other fold (the product by default, the loop for KDA's
-                # fused device launch), at the host tile and at the device phase's
-                for tag, (fbv, fnw) in (("host_tile", (hbv, hnw)), ("device_tile", (bv, nw))):
-                    row["diag_host_phase_us"][f"count{L - 1}_flush_loop_{tag}"] = per_step_us(timer(inputs.host_fn(
-                        k._replay_step, only=L - 1, _block_v=fbv, _num_warps=fnw, _flush_dot=False)))
+                    f"count{L // 2}": per_step_us(timer(inputs.host_fn(
+                        k._replay_step, only=L // 2, _block_v=hbv, _num_warps=hnw))),
+                    f"count{L - 1}_flush": per_step_us(timer(inputs.host_fn(k._replay_step, only=L - 1)))}
+                # the host flush-only launch with each fold (the record sum as one product, or the loop), at the
+                # host tile and at the device phase's
+                for fold, dot in (("dot", True), ("loop", False)):
+                    for tag, (fbv, fnw) in (("host_tile", (hbv, hnw)), ("device_tile", (bv, nw))):
+                        row["diag_host_phase_us"][f"count{L - 1}_flush_{fold}_{tag}"] = per_step_us(timer(
+                            inputs.host_fn(k._replay_step, only=L - 1, _block_v=fbv, _num_warps=fnw, _flush_dot=dot)))
             if args.read_format is not None:  # separated precision: replay launches read the low-precision copy
                 inputs.add_read_copies(args.read_format)
                 row["read_format"] = args.read_format
@@ -562,7 +571,7 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                 for key in dict.fromkeys([read_default, best_host, *candidates]):
                     rbv, rnw = (int(x) for x in key.split("x"))
                     t = timer(inputs.host_fn(k._replay_step, read_format=args.read_format, _block_v=rbv,
-                                             _num_warps=rnw))
+                                             _num_warps=rnw, flush_launch={}))
                     read_sweep[key] = dict(us=per_step_us(t), **t, **_compiled_info(k, "replay_phase1"))
                 best_read = min(read_sweep, key=lambda c: read_sweep[c]["us"])
                 row.update(replay_host_read_copy_sweep=read_sweep, replay_host_read_copy_best_config=best_read,
@@ -582,7 +591,8 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                             for key, value in split.items()})
                 if args.read_format == "nvfp4":  # the former load: a byte load per nibble
                     row["replay_host_read_copy_nvfp4_nibbles_us"] = per_step_us(timer(inputs.host_fn(
-                        k._replay_step, read_format="nvfp4", _block_v=rbv, _num_warps=rnw, _nvfp4_pairs=False)))
+                        k._replay_step, read_format="nvfp4", _block_v=rbv, _num_warps=rnw, _nvfp4_pairs=False,
+                        flush_launch={})))
                     row["replay_host_read_copy_nvfp4_nibbles_kernel"] = _compiled_info(k, "replay_phase1")
                     nibbles = device_read_copy_times(k, inputs, timer, "nvfp4", "in_phase", per_step_us,
                                                       compact=False, _block_v=rbv, _num_warps=rnw,
@@ -660,7 +670,7 @@ def _print_row(r, header):
     print(f"{'':<14}{'':>6} | host-phase replay {r['replay_host_us']:>9.2f} us "
           f"{100 * r['replay_host_frac_of_copy_bw']:>4.0f}% of copy BW, "
           f"x std {r['speedup_replay_host_vs_standard']:.2f}, x fla {_fmt(r['speedup_replay_host_vs_fla'], 5)} "
-          f"[{r['replay_host_best_config']}]", flush=True)
+          f"[{r['replay_host_best_config']}, flush {r['host_flush_default_config']}]", flush=True)
     if r.get("replay_host_gdn_weights_us"):
         w, m = r["replay_host_gdn_weights_us"], r["replay_mixed_gdn_weights_us"]
         print(f"{'':<14}{'':>6} | host-phase replay with the per-head weights pre-launch (_gdn_weights): {w:>9.2f} us, "

@@ -120,6 +120,7 @@ __all__ = [
     "delta_state_update",
     "delta_state_update_ref",
     "flush_uses_dot",
+    "host_flush_launch_config",
     "replay_launch_config",
     "state_update_launch_config",
 ]
@@ -832,6 +833,24 @@ def flush_uses_dot(per_key_gate: bool) -> bool:
     return not per_key_gate
 
 
+def host_flush_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: int, per_key_gate: bool = False,
+                             kda_weights: bool = True, exact_fold: bool = False) -> tuple[int, int, bool]:
+    """(BLOCK_V, num_warps, flush_dot) of the host-phase flush-only launch (every row at its last buffered position).
+    Scalar gates: the replay tile with the record sum as one tl.dot. Per-key gates with the per-head weights
+    pre-launch: the loop over the records, reading the pre-launch's decays, on a [K, 32] tile and one warp. H200,
+    Kimi-Linear shape, per flush launch: batch 256 (run 111, ``bench_delta --diag``) 706.8 us at the device phase's
+    [128, 16] x 1 against 945.5 with the dot at the host tile [128, 64] x 4 and 962.7 with the loop there; run 114
+    (``benchmarks/gpu/host_flush_sweep.py``) [128, 32] x 1 614.2 against [128, 16] x 1 694.3, [128, 32] x 2 897.4,
+    [128, 16] x 2 1000.0, batch 64 170.4 against 189.1. GDN keeps the dot at its replay tile ([128, 64] x 2: 512.1,
+    the loop 587.2, [128, 64] x 4 549.2). The exact fold of the separated policies (``ring_v`` / ``ring_beta``: a
+    serial loop of its own whatever the flag) keeps the replay tile, where it was measured."""
+    if per_key_gate and kda_weights and not exact_fold:
+        return min(32, max(16, triton.next_power_of_2(value_dim))), 1, False
+    block_v, num_warps = replay_launch_config(batch, value_heads, key_dim, value_dim, per_key_gate,
+                                              kda_weights=kda_weights)
+    return block_v, num_warps, True
+
+
 def state_update_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: int,
                                per_key_gate: bool = False) -> tuple[int, int]:
     """(BLOCK_V, num_warps) for the standard step: a [K, 64] tile with 4 warps measured best on an H200 for
@@ -948,8 +967,13 @@ def _replay_step(
     assert o.shape == v.shape
     scale = key_dim ** -0.5 if scale is None else float(scale)
 
-    block_v, num_warps = replay_launch_config(batch, value_heads, key_dim, value_dim, per_key, read_format,
-                                              device_phase=phase == 0, kda_weights=bool(_kda_weights))
+    if phase == 2:  # the host-phase flush reads the fp32 checkpoint alone, at its own tile and fold
+        block_v, num_warps, host_flush_dot = host_flush_launch_config(
+            batch, value_heads, key_dim, value_dim, per_key, kda_weights=bool(_kda_weights), exact_fold=exact_fold)
+    else:
+        host_flush_dot = True  # (unused)
+        block_v, num_warps = replay_launch_config(batch, value_heads, key_dim, value_dim, per_key, read_format,
+                                                  device_phase=phase == 0, kda_weights=bool(_kda_weights))
     block_v, num_warps = _block_v or block_v, _num_warps or num_warps
     grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
     assert grid[0] * value_heads < (1 << (31 - _TICKET_SHIFT)), "too many programs per row for the count ticket"
@@ -965,9 +989,13 @@ def _replay_step(
     block_k, block_r = max(16, triton.next_power_of_2(key_dim)), max(16, triton.next_power_of_2(ring_size))
 
     def uses_dot(kernel_phase):
-        # Flush-only programs always fold with the dot (their registers do not throttle replay programs) and read
-        # and write the checkpoint alone.
-        return (flush_uses_dot(per_key) or kernel_phase in (2, 3)) if _flush_dot is None else bool(_flush_dot)
+        # A split step's flush-only programs fold with the dot (their registers do not throttle replay programs);
+        # the host-phase flush as host_flush_launch_config says.
+        if _flush_dot is not None:
+            return bool(_flush_dot)
+        if kernel_phase == 2:
+            return host_flush_dot
+        return flush_uses_dot(per_key) or kernel_phase == 3
 
     # per-key gates: every launch that folds without the dot; scalar gates: the launches with replaying programs
     # (a flushing program of the fused launch computes its record decays itself), reading the ring in logical order

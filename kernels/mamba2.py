@@ -86,6 +86,7 @@ from hf_replayssm.ops.mamba2_step import mamba2_replay_step_ref, mamba2_state_up
 from hf_replayssm.ops.positions import host_phase
 
 __all__ = [
+    "host_flush_launch_config",
     "mamba2_replay_step",
     "mamba2_replay_step_ref",
     "mamba2_state_update",
@@ -569,6 +570,18 @@ def replay_launch_config(batch: int, heads: int, head_dim: int, d_state: int) ->
     return dict(block_p=block_p, num_warps=2, fold_unroll=4)
 
 
+def host_flush_launch_config(batch: int, heads: int, head_dim: int, d_state: int) -> dict:
+    """``block_p`` and ``num_warps`` of the host-phase flush-only launch (every row at its last buffered position;
+    the record sum as one tl.dot): :func:`fold_tile_config`'s 2048-element tile on 2 warps, smaller than the replay
+    tile. H200, Nemotron-H 8B shape, per flush launch (run 114, ``benchmarks/gpu/host_flush_sweep.py``): batch 256
+    [16, 128] x 2 726.3 us against the replay tile [32, 128] x 2's 860.3 ([16, 128] x 1 730.7, [32, 128] x 8 816.5,
+    [16, 128] x 4 924.2, the loop fold 1080.4); batch 64 183.6 against 222.6. At least 16 rows of P where the head
+    has them (the tl.dot's smallest tile; d_state 256 would otherwise fall back to the loop)."""
+    cfg = dict(fold_tile_config(head_dim, d_state))
+    cfg["block_p"] = max(cfg["block_p"], min(16, triton.next_power_of_2(head_dim)))
+    return cfg
+
+
 def state_update_launch_config(batch: int, heads: int, head_dim: int, d_state: int) -> dict:
     """``block_p`` and ``num_warps`` of the standard step: a 4096-element tile on 8 warps (for d_state 128:
     [32, 128]), the fastest of the benchmark's sweep on an H200 at batch 32 and 256 (92 % of the copy bandwidth;
@@ -631,7 +644,10 @@ def _replay_step(
     launch reads the fp32 checkpoint; :func:`default_flush_grid` when not given): ``"batch"`` (a program per tile
     of every row; those of rows not due exit after reading their count) or ``"device"`` (:func:`flush_grid_programs`
     programs that walk the due rows' tiles, ``_mamba2_flush_due_kernel``, at :func:`fold_tile_config` or
-    ``_flush_config``; the same checkpoint bits)."""
+    ``_flush_config``; the same checkpoint bits). With host positions the flush-only launch (the last buffered
+    position) runs at :func:`host_flush_launch_config` unless ``_config`` is given. ``_flush_config`` (``block_p``,
+    ``num_warps``, ``fold_unroll``) sets the tile of whichever flush launch the step makes: host-phase, device-grid or
+    a split step's batch-grid one (which otherwise takes the replay tile)."""
     batch, heads, head_dim, d_state, groups = _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias)
     ring_size = ring_x.shape[1]
     assert ring_x.shape == (batch, ring_size, heads, head_dim), f"ring_x must be [B, R, H, P], got {ring_x.shape}"
@@ -649,8 +665,16 @@ def _replay_step(
     y = torch.empty_like(x) if out is None else out
     assert y.shape == x.shape
     cfg = dict(replay_launch_config(batch, heads, head_dim, d_state), **(_config or {}))
-    grid = (triton.cdiv(head_dim, cfg["block_p"]), batch, heads)
-    assert grid[0] * heads < (1 << (31 - _TICKET_SHIFT)), "too many programs per row for the count ticket"
+    assert triton.cdiv(head_dim, cfg["block_p"]) * heads < (1 << (31 - _TICKET_SHIFT)), (
+        "too many programs per row for the count ticket")
+
+    def launch_config(kernel_phase):
+        # the host-phase flush-only launch at its own tile unless the caller set one; _flush_config over a flush
+        # launch's (a split step's flush launch takes no count ticket, so its tile is free)
+        if kernel_phase == 2:
+            return {**cfg, **(host_flush_launch_config(batch, heads, head_dim, d_state) if _config is None else {}),
+                    **(_flush_config or {})}
+        return {**cfg, **(_flush_config or {})} if kernel_phase == 3 else cfg
     # The device-phase kernel reads every physical ring slot (addresses that need not wait for origin/count) when
     # the ring is no larger than the record tile anyway.
     block_r = triton.next_power_of_2(max(buffer_len - 1, 1))
@@ -706,8 +730,10 @@ def _replay_step(
         # Host-phase flush programs fold with one tl.dot (closed form, tf32x3; tl.dot needs every tile dimension
         # >= 16). Device-phase ones keep the sequential fold, whose checkpoint is bit for bit the standard step's
         # (what speculative rollback and the device path promise), at once per L steps.
-        flush_dot = (kernel_phase == 2 and cfg["block_p"] >= 16
+        launch_cfg = launch_config(kernel_phase)
+        flush_dot = (kernel_phase == 2 and launch_cfg["block_p"] >= 16
                      and not (_config or {}).get("flush_loop", False))
+        grid = (triton.cdiv(head_dim, launch_cfg["block_p"]), batch, heads)
         kernel = _mamba2_replay_step_kernel[grid](
             state, ring_x, ring_dt, ring_B, *positions,
             x, dt, B, C, A, _optional(D, A), _optional(z, x), _optional(dt_bias, A), y, *read_operands[:3],
@@ -725,10 +751,10 @@ def _replay_step(
             DT_SOFTPLUS=bool(dt_softplus),
             TICKET=bool(_ticket) and not count_launch,
             RING_PHYSICAL=bool(ring_physical),
-            FOLD_UNROLL=cfg["fold_unroll"],
+            FOLD_UNROLL=launch_cfg["fold_unroll"],
             FLUSH_DOT=flush_dot,
             FLUSH_PRECISION=FLUSH_PRECISION,
-            BLOCK_P=cfg["block_p"],
+            BLOCK_P=launch_cfg["block_p"],
             BLOCK_N=triton.next_power_of_2(d_state),
             BLOCK_R=max(16, triton.next_power_of_2(ring_size)) if flush_dot else block_r,
             # a split step's flush launch reads the copy only for a flushing row's output (flush_reads_copy)
@@ -736,7 +762,7 @@ def _replay_step(
             else "fp32",
             PREFETCH_STATE=kernel_phase == 4 and read_format == "fp32" and bool(_prefetch),
             FLUSH_READS_COPY=flush_reads_copy and kernel_phase in (0, 3),
-            num_warps=cfg["num_warps"],
+            num_warps=launch_cfg["num_warps"],
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel
 

@@ -55,6 +55,14 @@ def test_bench_smoke(tmp_path, family):
     host_default = replay_launch_config(row["batch"], row["value_heads"], row["key_dim"], row["value_dim"],
                                         family == "kda")
     assert row["replay_host_default_config"] == "x".join(map(str, host_default)), row
+    # the host-phase flush launch runs at its own default: KDA's loop fold at the device phase's tile
+    from hf_replayssm.kernels.delta_rule import host_flush_launch_config
+
+    flush_v, flush_warps, flush_dot = host_flush_launch_config(row["batch"], row["value_heads"], row["key_dim"],
+                                                               row["value_dim"], family == "kda")
+    assert flush_dot == (family == "gdn"), (family, flush_dot)
+    assert row["host_flush_default_config"] == f"{flush_v}x{flush_warps} {'dot' if flush_dot else 'loop'}", row
+    assert f"flush {row['host_flush_default_config']}" in stdout
     assert all(check["ok"] for check in data["checks"].values()), data["checks"]
     if read:
         assert data["checks"]["smoke"]["read_copy_nvfp4_nibbles_rel_err"] < 1e-6, data["checks"]
@@ -351,14 +359,14 @@ def case_buffer_len_one(k, device):
 def case_host_phase(k, device):
     """Host-int positions (every row at one position: the phase-specialised kernels) == the reference with those
     positions as per-row tensors, for every count 0..L-1 (replay-only and flush-only programs), GDN and KDA, GVA,
-    ring wrap-around, bf16 inputs; the flush-only launch with both folds (the product, its default, and the loop,
-    which KDA's takes from the weights pre-launch). And the device-phase GDN kernel reads the ring in physical and in
-    logical order with the same result."""
+    ring wrap-around, bf16 inputs; the flush-only launch at its default (host_flush_launch_config: GDN the product,
+    KDA the loop at the device phase's tile, from the weights pre-launch) and with each fold forced. And the
+    device-phase GDN kernel reads the ring in physical and in logical order with the same result."""
     import torch
 
     L, R, batch = 5, 4, 2
     for per_key in (False, True):
-        for count, flush_dot in [(c, None) for c in range(L)] + [(L - 1, False)]:
+        for count, flush_dot in [(c, None) for c in range(L)] + [(L - 1, False), (L - 1, True)]:
             origin = (3 * count + 1) % R
             p = _make(device, torch.bfloat16, batch, 2, 4, 24, 20, R, per_key=per_key, seed=count)
             q = _clone(p)
@@ -384,9 +392,10 @@ def case_host_phase(k, device):
     assert torch.equal(results[0][2], results[1][2])
 
 
-def _host_phase_with_and_without(k, device, *, per_key, option):
+def _host_phase_with_and_without(k, device, *, per_key, option, flush_dot=None):
     """Host positions at every count of a period (replay-only and flush-only launches, bf16 inputs): the replay step
-    with the private ``option`` on equals it off, bit for bit on the CPU (within 2e-6 on CUDA), outputs and rings."""
+    with the private ``option`` on equals it off, bit for bit on the CPU (within 2e-6 on CUDA), outputs and rings.
+    ``flush_dot``: the flush-only launch's fold in both runs (None: each run's default)."""
     import torch
 
     L, R, batch = 5, 4, 2
@@ -396,8 +405,9 @@ def _host_phase_with_and_without(k, device, *, per_key, option):
         for on in (True, False):
             p = _make(device, torch.bfloat16, batch, 2, 4, 24, 20, R, per_key=per_key, seed=count)
             out = torch.empty(p["v"].shape, dtype=torch.float32, device=device)
+            fold = dict(_flush_dot=flush_dot) if count == L - 1 else {}
             runs.append((_run_replay(k._replay_step, p, origin, count, buffer_len=L, out=out, _block_v=16,
-                                     **{option: on}), p))
+                                     **fold, **{option: on}), p))
         print(f" host phase: origin={origin} count={count} {option}")
         (o, p), (o_off, p_off) = runs
         assert torch.isfinite(o).all()
@@ -436,7 +446,9 @@ def case_kda_weights(k, device):
         _check_replay(k, device, torch.float32, key_heads=2, value_heads=4, key_dim=24, value_dim=32, per_key=True,
                       buffer_len=5, ring=7, origins=[6, 5, 0, 6, 3], counts=[4, 3, 0, 2, 1], block_vs=[16],
                       rel=1e-5, poison=True, flush_dots=(False, True), splits=(True, False), launch=launch)
-    _host_phase_with_and_without(k, device, per_key=True, option="_kda_weights")
+    # the flush with the loop in both runs (by default the launch with the weights loops, the one without takes
+    # the product: different sums)
+    _host_phase_with_and_without(k, device, per_key=True, option="_kda_weights", flush_dot=False)
     assert "kda_weights" in k.LAST_COMPILED
 
 

@@ -27,6 +27,19 @@ def test_kernel_matches_reference(case):
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_host_flush_launch_config():
+    """The host-phase flush tile: 2048 elements on 2 warps ([16, 128] for Nemotron-H), never below the tl.dot's 16
+    rows of P where the head has them (d_state 256), whatever the batch."""
+    from hf_replayssm.kernels.mamba2 import host_flush_launch_config, replay_launch_config
+
+    for batch in (1, 64, 256):
+        assert host_flush_launch_config(batch, 128, 64, 128) == dict(block_p=16, num_warps=2)
+    assert replay_launch_config(256, 128, 64, 128)["block_p"] == 32  # the replay tile it differs from
+    assert host_flush_launch_config(256, 64, 64, 256)["block_p"] == 16
+    assert host_flush_launch_config(4, 2, 8, 256)["block_p"] == 8  # a head of 8 rows: the whole head
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_bench_smoke(tmp_path):
     data, stdout = run_bench_smoke("bench", ["--family", "mamba2", "--read-format", "nvfp4"], tmp_path / "bench.json")
     assert data["results"], data
@@ -42,6 +55,12 @@ def test_bench_smoke(tmp_path):
     assert data["checks"]["smoke"]["read_copy_nvfp4_nibbles_rel_err"] < 1e-6, data["checks"]
     assert "replay step" in stdout and "device-phase, mixed replay reading a nvfp4 copy" in stdout
     assert "one fused launch (the former default)" in stdout
+    # the host-phase flush launch runs at its own tile (host_flush_launch_config), printed with the host arm
+    from hf_replayssm.kernels.mamba2 import host_flush_launch_config
+
+    flush = host_flush_launch_config(row["batch"], row["heads"], row["head_dim"], row["d_state"])
+    assert row["host_flush_default_config"] == f"p{flush['block_p']}w{flush['num_warps']}", row
+    assert f"flush {row['host_flush_default_config']}]" in stdout
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -149,8 +168,9 @@ def case_replay_mixed_bf16(k, device):
 def case_replay_launch_variants(k, device):
     """The device-phase step's launch variants: counts advanced by a launch of their own instead of the tickets,
     records in logical order instead of by physical slot, the flush launch on the batch-sized grid (the default at
-    this batch is the device-sized one), each split and fused, against the reference (uncommitted ring slots hold
-    NaN)."""
+    this batch is the device-sized one), each split and fused, and the split step's batch-grid flush launch on a
+    tile of its own (``_flush_config``: [16, .] where the replay launch takes [8, .]), against the reference
+    (uncommitted ring slots hold NaN)."""
     import torch
 
     L = 6
@@ -158,6 +178,9 @@ def case_replay_launch_variants(k, device):
                    dict(_count_launch=True, _ring_physical=False), dict(_flush_grid="batch")):
         _check_replay(k, device, torch.bfloat16, L, ring=L - 1, origins=[4, 3, 4, 2, 4, 1], counts=[0, 1, 2, 3, 4, 5],
                       configs=[_cfg(16)], options=True, rel=2e-6, poison=True, splits=(True, False), launch=launch)
+    _check_replay(k, device, torch.bfloat16, L, ring=L - 1, origins=[4, 3, 4, 2, 4, 1], counts=[0, 5, 2, 5, 4, 5],
+                  configs=[_cfg(8, 2)], options=True, rel=2e-6, poison=True, splits=(True,),
+                  launch=dict(_flush_grid="batch", _flush_config=dict(block_p=16, num_warps=2)))
 
 
 def case_flush_device_grid(k, device):
@@ -450,6 +473,20 @@ def case_host_phase(k, device):
         for name in ("ring_x", "ring_B"):
             assert torch.equal(p[name], q[name]), name
         _close("ring_dt", p["ring_dt"], q["ring_dt"], 1e-6)
+    # the flush-only launch on a tile of its own (host_flush_launch_config's smaller P tile: two per head, the last
+    # one masked), against the reference
+    origin = 1
+    p = _make(device, torch.bfloat16, batch, 4, 2, 24, 20, R, seed=11, options=True)
+    q = _clone(p)
+    args, kw = _replay_args(p, origin, L - 1)
+    out = torch.empty(p["x"].shape, dtype=torch.float32, device=device)
+    y = k._replay_step(*args, **kw, buffer_len=L, out=out, _flush_config=dict(block_p=16, num_warps=2))
+    full = [torch.full((batch,), x, dtype=torch.int32, device=device) for x in (origin, L - 1)]
+    args_ref, kw_ref = _replay_args(q, *full)
+    y_ref = k.mamba2_replay_step_ref(*args_ref, **kw_ref, buffer_len=L, out=torch.empty_like(out))
+    print(" host phase flush on its own tile")
+    _close("y", y, y_ref, 2e-6)
+    _close("state", p["state"], q["state"], 1e-6)
     origins, counts = [4, 0, 2], [3, 0, 4]
     results = []
     for physical in (True, False):

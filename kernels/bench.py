@@ -309,6 +309,12 @@ VARIANTS = {
     # the batch-grid flush launch on fold_tile_config's smaller tile instead of the replay tile (the host-phase
     # flush-only launch was 16 % faster on it, run 114)
     "flush_batch_grid_fold_tile": (dict(_flush_grid="batch", _flush_config=dict(block_p=16, num_warps=2)), False),
+    # the device-grid flush on smaller tiles with more programs in flight (sm_90, batch 256, compile-only: [8, 128]
+    # x 2 96 registers, [4, 128] x 1 95, against [16, 128] x 2's 137 at 8 programs per SM)
+    "flush_device_grid_p8w2_x12": (dict(_flush_grid="device", _flush_config=dict(block_p=8, num_warps=2,
+                                                                                  programs_per_sm=12)), False),
+    "flush_device_grid_p4w1_x24": (dict(_flush_grid="device", _flush_config=dict(block_p=4, num_warps=1,
+                                                                                  programs_per_sm=24)), False),
 }
 
 

@@ -32,12 +32,16 @@ def use_device_grid(flush_grid: str, batch: int) -> bool:
     return flush_grid == "device" and batch <= MAX_BATCH
 
 
-def flush_grid_programs(device: torch.device, items: int) -> int:
-    """Programs of a device-grid flush launch: :data:`PROGRAMS_PER_SM` per multiprocessor (4 in all on a CPU, so that
-    the interpreter walks several items per program), at most one per item of a step where every row flushes."""
+def flush_grid_programs(device: torch.device, items: int, programs_per_sm: int | None = None) -> int:
+    """Programs of a device-grid flush launch: ``programs_per_sm`` (:data:`PROGRAMS_PER_SM` when not given) per
+    multiprocessor (4 in all on a CPU, so that the interpreter walks several items per program), at most one per item
+    of a step where every row flushes."""
+    per_sm = PROGRAMS_PER_SM if programs_per_sm is None else int(programs_per_sm)
+    if per_sm < 1:
+        raise ValueError(f"programs_per_sm must be at least 1, got {programs_per_sm}")
     if device.type != "cuda":
         return max(1, min(items, 4))
-    return max(1, min(items, PROGRAMS_PER_SM * _multiprocessors(device.index)))
+    return max(1, min(items, per_sm * _multiprocessors(device.index)))
 
 
 @functools.cache

@@ -647,7 +647,9 @@ def _replay_step(
     ``_flush_config``; the same checkpoint bits). With host positions the flush-only launch (the last buffered
     position) runs at :func:`host_flush_launch_config` unless ``_config`` is given. ``_flush_config`` (``block_p``,
     ``num_warps``, ``fold_unroll``) sets the tile of whichever flush launch the step makes: host-phase, device-grid or
-    a split step's batch-grid one (which otherwise takes the replay tile)."""
+    a split step's batch-grid one (which otherwise takes the replay tile); for the device-grid one also
+    ``programs_per_sm`` (its grid: that many programs per multiprocessor, ``kernels.flush_grid.PROGRAMS_PER_SM`` when
+    not given)."""
     batch, heads, head_dim, d_state, groups = _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias)
     ring_size = ring_x.shape[1]
     assert ring_x.shape == (batch, ring_size, heads, head_dim), f"ring_x must be [B, R, H, P], got {ring_x.shape}"
@@ -701,7 +703,7 @@ def _replay_step(
         flush_cfg = {**fold_tile_config(head_dim, d_state), "fold_unroll": cfg["fold_unroll"], **(_flush_config or {})}
         items = batch * triton.cdiv(head_dim, flush_cfg["block_p"]) * heads
         LAST_COMPILED["replay_phase3"] = LAST_COMPILED["flush_due"] = _mamba2_flush_due_kernel[
-            (flush_grid_programs(x.device, items),)](
+            (flush_grid_programs(x.device, items, flush_cfg.get("programs_per_sm")),)](
             state, ring_x, ring_dt, ring_B, origin, count,
             x, dt, B, C, A, _optional(D, A), _optional(z, x), _optional(dt_bias, A), y,
             batch, heads, head_dim, d_state, ring_size, heads // groups,

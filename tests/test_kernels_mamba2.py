@@ -244,6 +244,23 @@ def case_flush_device_grid(k, device):
                             torch.zeros(2, dtype=torch.int32, device=device))
     with pytest.raises(ValueError, match="_flush_grid"):
         k._replay_step(*args, **kw, buffer_len=L, _flush_grid="persistent")
+    # the device-grid flush on a smaller tile with more programs per multiprocessor (_flush_config): the checkpoint
+    # bits of the batch grid at the replay tile; a grid of no programs is refused
+    counts, origins = [4, 1, 4, 3, 4, 0], [3, 0, 2, 1, 3, 2]
+    runs = []
+    for launch in (dict(_flush_grid="batch"),
+                   dict(_flush_grid="device", _flush_config=dict(block_p=4, num_warps=1, programs_per_sm=24))):
+        p = _make(device, torch.bfloat16, 6, heads=4, groups=2, head_dim=24, d_state=20, ring=R, options=True)
+        _poison(p, origins, counts, R)
+        args, kw = _replay_args(p, torch.tensor(origins, dtype=torch.int32, device=device),
+                                torch.tensor(counts, dtype=torch.int32, device=device))
+        runs.append((k._replay_step(*args, **kw, buffer_len=L, out=torch.empty(p["x"].shape, device=device),
+                                    _config=_cfg(8, 2), _split=True, **launch), p["state"]))
+    assert torch.equal(runs[0][1], runs[1][1])
+    _close("y, device grid [4, .] x 1", runs[1][0], runs[0][0], 1e-6)
+    with pytest.raises(ValueError, match="programs_per_sm"):
+        k._replay_step(*args, **kw, buffer_len=L, _split=True, _flush_grid="device",
+                       _flush_config=dict(programs_per_sm=0))
 
 
 def case_flush_one_round_trip(k, device):

@@ -31,3 +31,18 @@ def test_host_flush_sweep_smoke(tmp_path):
     assert rows["kda"]["default_flush_config"] == list(host_flush_launch_config(2, 2, 16, 16, True))
     assert rows["gdn"]["default_flush_config"][2] is True  # GDN keeps the product
     assert "kda batch 2: {'flush_default_us'" in out.stdout
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_read_probe_smoke(tmp_path):
+    """Every form of the read-bandwidth probe builds and computes S0^T q (checked inside against einsum)."""
+    _interpreter_usable()
+    result = tmp_path / "probe.json"
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "read_probe.py"), "--smoke", "--out",
+                          str(result)], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
+    data = json.loads(result.read_text())
+    assert "errors" not in data, data["errors"]
+    forms = data["forms"]
+    assert {name.split("_")[0] for name in forms} == {"grid", "persistent", "tma", "torch"}, sorted(forms)
+    assert all(entry["us"] > 0 and entry["GBps"] > 0 for entry in forms.values()), forms

@@ -11,6 +11,10 @@
 #   flush_batch_grid_fold_tile wins at batch 256: make it the batch-grid flush's default tile (kernels.mamba2
 #   launch_config for phase 3); if a device-grid variant beats both grids at 256, make it fold_tile_config's /
 #   PROGRAMS_PER_SM's values for that launch and raise DEVICE_GRID_MAX_BATCH.
+#   Then read_probe.py (about 1 minute): the read bandwidth of a bare "S0^T q" tile read at batch 256 x 32 heads of
+#   128 x 128, per program (today's loads) against a device-sized grid whose tl.range pipelines the loads (cp.async,
+#   compile-only) and one loading through TMA descriptors (cp.async.bulk.tensor): if a pipelined form reads well past
+#   the grid form's bandwidth, the replay launches (65-79 % of copy bandwidth) should walk their tiles that way.
 # STAGE=2 (about 6 minutes, carry .whl too): eager decoding at batch 256 (host positions, where the new flush tiles
 #   apply; the compiled step uses the device-phase kernels): Nemotron-H-like and Kimi-Linear-like, stock eager against
 #   ReplayCache eager, two repeats.
@@ -32,6 +36,8 @@ if [ "$STAGE" = 1 ]; then
       --no-sweep --diag --no-torch --no-fla --out "$RES/delta_${family}_diag.json" > "$RES/delta_${family}_diag.txt" 2>&1
     echo "$family diag rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   done
+  timeout 90 python3 "$R/benchmarks/gpu/read_probe.py" --out "$RES/read_probe.json" > "$RES/read_probe.txt" 2>&1
+  echo "read_probe rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
 elif [ "$STAGE" = 2 ]; then
   for model in nemotron_h kimi_linear; do
     prompt=$([ $model = nemotron_h ] && echo 128 || echo 512)

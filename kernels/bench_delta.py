@@ -77,6 +77,10 @@ BATCHES = [1, 8, 32, 64, 128, 256, 512]
 # one- and two-warp tiles since run 86 (GDN 64 x 2 and KDA's device-phase 16 x 1 were the fastest fp32 replays)
 REPLAY_SWEEP = [(16, 1), (16, 2), (16, 4), (32, 1), (32, 2), (32, 4), (32, 8), (64, 2), (64, 4), (64, 8), (128, 8)]
 STANDARD_SWEEP = [(8, 1), (8, 2), (16, 1), (16, 2), (16, 4), (32, 1), (32, 2), (32, 4), (64, 4), (64, 8)]
+# --diag: the host-position cycle with its replay-only launches walking the tiles on a device-sized grid, loads
+# pipelined (_walk): (BLOCK_V, num_warps, pipeline stages, programs per SM); sm_90 compile-only registers 214-233
+# without spills at these tiles ([128, 64] x 2 spills)
+WALKS = [(64, 4, 2, 2), (64, 4, 3, 2), (32, 2, 2, 3), (32, 1, 2, 4)]
 
 
 def _fla_step_fn(family: str):
@@ -561,6 +565,12 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                     for tag, (fbv, fnw) in (("host_tile", (hbv, hnw)), ("device_tile", (bv, nw))):
                         row["diag_host_phase_us"][f"count{L - 1}_flush_{fold}_{tag}"] = per_step_us(timer(
                             inputs.host_fn(k._replay_step, only=L - 1, _block_v=fbv, _num_warps=fnw, _flush_dot=dot)))
+                walks = {(min(wbv, max(16, 1 << (V - 1).bit_length())), *rest) for wbv, *rest in WALKS}
+                row["diag_host_walk_us"] = {
+                    f"{wbv}x{wnw}_s{stages}_x{per_sm}": per_step_us(timer(inputs.host_fn(
+                        k._replay_step, _block_v=wbv, _num_warps=wnw, flush_launch={},
+                        _walk=dict(num_stages=stages, programs_per_sm=per_sm))))
+                    for wbv, wnw, stages, per_sm in sorted(walks, reverse=True)}
             if args.read_format is not None:  # separated precision: replay launches read the low-precision copy
                 inputs.add_read_copies(args.read_format)
                 row["read_format"] = args.read_format
@@ -671,6 +681,9 @@ def _print_row(r, header):
           f"{100 * r['replay_host_frac_of_copy_bw']:>4.0f}% of copy BW, "
           f"x std {r['speedup_replay_host_vs_standard']:.2f}, x fla {_fmt(r['speedup_replay_host_vs_fla'], 5)} "
           f"[{r['replay_host_best_config']}, flush {r['host_flush_default_config']}]", flush=True)
+    if r.get("diag_host_walk_us"):
+        walks = ", ".join(f"{key} {us:.2f}" for key, us in r["diag_host_walk_us"].items())
+        print(f"{'':<14}{'':>6} | host-phase cycle, replay launches walking the tiles (_walk): {walks} us", flush=True)
     if r.get("replay_host_gdn_weights_us"):
         w, m = r["replay_host_gdn_weights_us"], r["replay_mixed_gdn_weights_us"]
         print(f"{'':<14}{'':>6} | host-phase replay with the per-head weights pre-launch (_gdn_weights): {w:>9.2f} us, "

@@ -662,6 +662,92 @@ def _delta_replay_step_kernel(
             tl.atomic_xchg(count_ptr + pid_b * stride_count, tl.where(due, 0, count + 1), sem="relaxed")
 
 
+@triton.jit(do_not_specialize=["origin", "count"])
+def _delta_replay_walk_kernel(
+    state_ptr, ring_k_ptr, ring_d_ptr, ring_g_ptr, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, o_ptr, weights_ptr,
+    n_items, heads, K: tl.constexpr, V: tl.constexpr, ring_size, kv_ratio, scale, origin, count,
+    stride_s_b, stride_s_h: tl.constexpr, stride_s_k: tl.constexpr, stride_s_v: tl.constexpr,
+    stride_rk_b, stride_rk_r: tl.constexpr, stride_rk_h: tl.constexpr, stride_rk_k: tl.constexpr,
+    stride_rd_b, stride_rd_r: tl.constexpr, stride_rd_h: tl.constexpr, stride_rd_v: tl.constexpr,
+    stride_rg_b, stride_rg_r: tl.constexpr, stride_rg_h: tl.constexpr, stride_rg_k: tl.constexpr,
+    stride_q_b, stride_q_h: tl.constexpr, stride_q_k: tl.constexpr,
+    stride_k_b, stride_k_h: tl.constexpr, stride_k_k: tl.constexpr,
+    stride_v_b, stride_v_h: tl.constexpr, stride_v_v: tl.constexpr,
+    stride_beta_b, stride_beta_h: tl.constexpr,
+    stride_g_b, stride_g_h: tl.constexpr, stride_g_k: tl.constexpr,
+    stride_o_b, stride_o_h: tl.constexpr, stride_o_v: tl.constexpr,
+    GATE_PER_KEY: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+    WEIGHTS_GIVEN: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    """The host-phase replay-only launch (``PHASE`` 1, fp32 checkpoint, every row at ``origin`` / ``count``) on a
+    device-sized grid: each program walks the (row, value head, V tile) items with a stride of the grid, and
+    ``tl.range(num_stages=NUM_STAGES)`` lets Triton's pipeliner issue the next items' loads (the checkpoint tile above
+    all) while this one computes (asynchronous copies on sm_90). Each item is the ``_delta_replay_step_kernel``
+    program of that tile, the same expressions."""
+    v_tiles = tl.cdiv(V, BLOCK_V)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_k = offs_k < K
+    offs_r = tl.arange(0, BLOCK_R)
+    valid = offs_r < count
+    slots = (origin + offs_r) % ring_size
+    slot = (origin + count) % ring_size
+    for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0), num_stages=NUM_STAGES):
+        pid_v = item % v_tiles
+        pid_h = (item // v_tiles) % heads
+        pid_b = tl.full([], 0, tl.int64) + item // (v_tiles * heads)  # int64 row offsets (a Python int in the
+        # interpreter has no .to)
+        hk = pid_h // kv_ratio
+        offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+        mask_v = offs_v < V
+        state_ptrs = (state_ptr + pid_b * stride_s_b + pid_h * stride_s_h
+                      + offs_k[:, None] * stride_s_k + offs_v[None, :] * stride_s_v)
+        s0 = tl.load(state_ptrs, mask=mask_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+        rk_base = ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h
+        rd_base = ring_d_ptr + pid_b * stride_rd_b + pid_h * stride_rd_h
+        rg_base = ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h
+        k_raw, q_t, k_t, v_t, beta_t, g_t = _load_token(
+            q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, pid_b, pid_h, hk, offs_k, mask_k, offs_v, mask_v, scale,
+            stride_q_b, stride_q_h, stride_q_k, stride_k_b, stride_k_h, stride_k_k,
+            stride_v_b, stride_v_h, stride_v_v, stride_beta_b, stride_beta_h, stride_g_b, stride_g_h, stride_g_k,
+            GATE_PER_KEY, USE_QK_L2NORM)
+        d_r = _load_record_values(rd_base, slots, valid, offs_v, mask_v, stride_rd_r, stride_rd_v)
+        if WEIGHTS_GIVEN:
+            w_base = weights_ptr + (pid_b * heads + pid_h) * (BLOCK_K + 2 * BLOCK_R)
+            if GATE_PER_KEY:  # noqa: SIM108 (a constexpr branch: no conditional expressions in the kernel code)
+                decay = tl.load(w_base + offs_k)
+            else:
+                decay = tl.load(w_base)
+            wq = tl.load(w_base + BLOCK_K + offs_r)
+            wk = tl.load(w_base + BLOCK_K + BLOCK_R + offs_r)
+        else:
+            k_r = _load_record_keys(rk_base, slots, valid, offs_k, mask_k, stride_rk_r, stride_rk_k, USE_QK_L2NORM)
+            decay, _, wq, wk = _record_weights(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, valid, q_t,
+                                               k_t, g_t, stride_rg_r, stride_rg_k, K, GATE_PER_KEY)
+        pq, pk = _checkpoint_products(s0, q_t, k_t, decay, GATE_PER_KEY)
+        d_t, o = _token_output(pq, pk, wq, wk, d_r, q_t, k_t, v_t, beta_t)
+        tl.store(o_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_v * stride_o_v,
+                 o.to(o_ptr.dtype.element_ty), mask=mask_v)
+        tl.store(rd_base + slot * stride_rd_r + offs_v * stride_rd_v, d_t.to(ring_d_ptr.dtype.element_ty),
+                 mask=mask_v)
+        # V tile 0 appends the gate, and the key once per key head: as masked stores (limits on the key offsets,
+        # which the interpreter accepts where a tensor mask & a scalar bool is not a valid mask)
+        gate_limit = tl.where(pid_v == 0, K, 0)
+        key_limit = tl.where((pid_v == 0) & (pid_h % kv_ratio == 0), K, 0)
+        if GATE_PER_KEY:
+            tl.store(rg_base + slot * stride_rg_r + offs_k * stride_rg_k, g_t.to(ring_g_ptr.dtype.element_ty),
+                     mask=offs_k < gate_limit)
+        else:  # the scalar gate through lane 0 of a [BLOCK_K] store
+            tl.store(rg_base + slot * stride_rg_r + offs_k * 0, (g_t + offs_k * 0.0).to(ring_g_ptr.dtype.element_ty),
+                     mask=offs_k < tl.minimum(gate_limit, 1))
+        tl.store(rk_base + slot * stride_rk_r + offs_k * stride_rk_k, k_raw.to(ring_k_ptr.dtype.element_ty),
+                 mask=offs_k < key_limit)
+
+
 @triton.jit
 def _delta_flush_due_kernel(
     state_ptr, ring_k_ptr, ring_d_ptr, ring_g_ptr, origin_ptr, count_ptr,
@@ -900,7 +986,7 @@ def _replay_step(
     _flush_dot=None, _ticket=True, _ring_physical=False, _split=False, _prefetch=True,
     _count_launch=True, flush_reads_copy=False,
     _nvfp4_pairs=True, _kda_weights=True, _gdn_weights=False, _weights_warps=None, _chunk_k=0, _flush_grid="batch",
-    _flush_config=None,
+    _flush_config=None, _walk=None,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot``; ``_split`` (device positions only): the step as a flush-only launch for the rows due (the others
@@ -936,7 +1022,9 @@ def _replay_step(
     (``_delta_flush_due_kernel`` on a device-sized grid walks the due rows' tiles at :func:`flush_due_launch_config`
     or ``_flush_config``; the same expressions). Run 104, batch 256, rows in mixed phases: the split step with it GDN
     261.3 us, KDA 355.3 (four-warp weights), against the fused default's 236.4 / 281.2, so the default stays "batch"
-    (and fused)."""
+    (and fused). ``_walk`` (host positions, replay-only launches reading the fp32 checkpoint; off by default, not
+    timed yet): ``dict(programs_per_sm=..., num_stages=...)`` runs them as ``_delta_replay_walk_kernel``, a
+    device-sized grid whose programs walk the tiles with their loads pipelined ``num_stages`` deep."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -1018,6 +1106,30 @@ def _replay_step(
 
     flush_on_device_grid = (use_device_grid(_flush_grid, batch) and split and not exact_fold and not flush_reads_copy
                             and not _ring_physical and _flush_dot is not False)
+    if _walk is not None:
+        unknown = set(_walk) - {"programs_per_sm", "num_stages"}
+        if unknown or phase != 1 or read_format != "fp32" or exact_fold or _chunk_k:
+            raise ValueError("_walk (keys programs_per_sm, num_stages) serves the host-phase replay-only launch "
+                             f"reading the fp32 checkpoint without an exact fold or _chunk_k; got {dict(_walk)} at "
+                             f"host phase {phase}, read format {read_format}")
+
+    def launch_walk():
+        programs = flush_grid_programs(v.device, grid[0] * batch * value_heads, _walk.get("programs_per_sm", 2))
+        LAST_COMPILED["replay_phase1"] = LAST_COMPILED["replay"] = _delta_replay_walk_kernel[(programs,)](
+            state, ring_k, ring_d, ring_g, q, k, v, beta, g, o, weights,
+            grid[0] * batch * value_heads, value_heads, key_dim, value_dim, ring_size, value_heads // key_heads, scale,
+            *host,
+            *state.stride(), *ring_k.stride(), *ring_d.stride(), *_ring_gate_strides(ring_g),
+            *q.stride(), *k.stride(), *v.stride(), *beta.stride(), *_gate_strides(g), *o.stride(),
+            GATE_PER_KEY=per_key,
+            USE_QK_L2NORM=bool(use_qk_l2norm),
+            WEIGHTS_GIVEN=weighted[1],
+            BLOCK_K=block_k,
+            BLOCK_V=block_v,
+            BLOCK_R=block_r,
+            NUM_STAGES=int(_walk.get("num_stages", 2)),
+            num_warps=num_warps,
+        )
 
     def launch_flush_due():
         flush_v, flush_warps = _flush_config or flush_due_launch_config(key_dim, value_dim)
@@ -1042,6 +1154,8 @@ def _replay_step(
     def launch(kernel_phase):
         if kernel_phase == 3 and flush_on_device_grid:
             return launch_flush_due()
+        if kernel_phase == 1 and _walk is not None:
+            return launch_walk()
         flush_only = kernel_phase in (2, 3)
         flush_dot = uses_dot(kernel_phase)
         ring_physical = bool(_ring_physical) and not per_key

@@ -17,7 +17,7 @@ from kernel_harness import assert_close as _close
 
 CASES = ["replay_mixed_gdn_bf16", "replay_launch_variants", "replay_mixed_kda", "replay_options", "state_update",
          "sequence_gdn", "sequence_kda", "buffer_len_one", "host_phase", "kda_weights", "gdn_weights",
-         "chunked_checkpoint", "flush_device_grid"]
+         "chunked_checkpoint", "flush_device_grid", "replay_walk"]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -29,8 +29,10 @@ def test_kernel_matches_reference(case):
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 @pytest.mark.parametrize("family", ["gdn", "kda"])
 def test_bench_smoke(tmp_path, family):
-    read = ["--read-format", "nvfp4"] if family == "gdn" else []  # the separated-precision arms on one family
-    data, stdout = run_bench_smoke("bench_delta", ["--family", family, *read], tmp_path / "bench.json")
+    # the separated-precision arms on one family, the --diag arms on the other
+    extra = ["--read-format", "nvfp4"] if family == "gdn" else ["--diag"]
+    read = extra if family == "gdn" else []
+    data, stdout = run_bench_smoke("bench_delta", ["--family", family, *extra], tmp_path / "bench.json")
     assert data["results"], data
     row = data["results"][0]
     keys = ["replay_mixed_us", "replay_in_phase_us", "standard_us", "torch_us", "speedup_replay_vs_standard"]
@@ -43,8 +45,14 @@ def test_bench_smoke(tmp_path, family):
     if family == "gdn":  # the per-head weights pre-launch (off by default for scalar gates), timed
         keys += ["replay_host_gdn_weights_us", "replay_mixed_gdn_weights_us"]
         assert "weights pre-launch (_gdn_weights)" in stdout
-    if family == "kda":  # the former per-V-tile decays, timed and checked against the default
+    if family == "kda":  # the former per-V-tile decays, timed and checked against the default; the diag arms
         keys += ["replay_mixed_per_tile_decays_us", "replay_in_phase_per_tile_decays_us"]
+        L = row["buffer_len"]
+        host = row["diag_host_phase_us"]
+        assert all(host[f"count{L - 1}_flush{form}"] > 0 for form in ("", "_dot_host_tile", "_dot_device_tile",
+                                                                         "_loop_host_tile", "_loop_device_tile")), host
+        assert row["diag_host_walk_us"] and all(us > 0 for us in row["diag_host_walk_us"].values()), row
+        assert "replay launches walking the tiles (_walk)" in stdout
         assert all(check["variants_equal_default"]["per_tile_decays"] for check in data["checks"].values())
         assert "decays per V tile" in stdout
     for key in keys:
@@ -450,6 +458,38 @@ def case_kda_weights(k, device):
     # the product: different sums)
     _host_phase_with_and_without(k, device, per_key=True, option="_kda_weights", flush_dot=False)
     assert "kda_weights" in k.LAST_COMPILED
+
+
+def case_replay_walk(k, device):
+    """``_walk`` (the host-phase replay-only launch on a device-sized grid walking the tiles, loads pipelined): the
+    outputs and rings of the per-tile launch, bit for bit on the CPU (within 2e-6 on CUDA), GDN with GVA and KDA with
+    and without the weights pre-launch, two V tiles per head, every replaying count, pipelines 2 and 3 deep; the
+    launches it cannot serve are refused."""
+    import torch
+
+    L, R, batch = 5, 4, 3
+    for per_key, launch in ((False, {}), (True, {}), (True, dict(_kda_weights=False))):
+        for count in range(L - 1):
+            origin = (3 * count + 1) % R
+            for walk in (dict(programs_per_sm=2, num_stages=2), dict(programs_per_sm=3, num_stages=3)):
+                runs = []
+                for use in (None, walk):
+                    p = _make(device, torch.bfloat16, batch, 2, 4, 24, 20, R, per_key=per_key, seed=count)
+                    out = torch.empty(p["v"].shape, dtype=torch.float32, device=device)
+                    runs.append((_run_replay(k._replay_step, p, origin, count, buffer_len=L, out=out, _block_v=16,
+                                             _walk=use, **launch), p))
+                print(f" walk: per_key={per_key} {launch} count={count} {walk}")
+                (o, p), (o_walk, p_walk) = runs
+                exact = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=2e-6, atol=2e-6)
+                assert torch.isfinite(o_walk).all()
+                torch.testing.assert_close(o_walk, o, **exact)
+                for name in RING:
+                    torch.testing.assert_close(p_walk[name], p[name], **exact)
+    assert "replay_phase1" in k.LAST_COMPILED
+    p = _make(device, torch.float32, batch, 2, 4, 24, 20, R, per_key=False)
+    for count, extra in ((L - 1, {}), (1, dict(_walk=dict(stages=2))), (1, dict(_chunk_k=8))):
+        with pytest.raises(ValueError, match="_walk"):
+            _run_replay(k._replay_step, p, 0, count, buffer_len=L, **{"_walk": {}, **extra})
 
 
 def case_chunked_checkpoint(k, device):

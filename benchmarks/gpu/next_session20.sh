@@ -7,7 +7,9 @@
 #   for Mamba-2 at batch 64 / 128 / 256 (host cycle at the new flush tile; the new variant flush_batch_grid_fold_tile:
 #   the split step's batch-grid flush launch on [16, 128] x 2 instead of the replay tile, 128 registers instead of 168
 #   at sm_90; and the device-grid flush on smaller tiles with more programs per SM, flush_device_grid_p8w2_x12 and
-#   flush_device_grid_p4w1_x24), and `bench_delta --diag` for KDA at 64 / 256 and GDN at 256. If
+#   flush_device_grid_p4w1_x24), and `bench_delta --diag` for KDA at 64 / 256 and GDN at 256 (which now also times
+#   the host cycle with its replay-only launches walking the tiles on a device-sized grid, loads pipelined by
+#   tl.range: `_walk`, diag_host_walk_us; if a walk beats the per-tile launch, make it the host-phase default). If
 #   flush_batch_grid_fold_tile wins at batch 256: make it the batch-grid flush's default tile (kernels.mamba2
 #   launch_config for phase 3); if a device-grid variant beats both grids at 256, make it fold_tile_config's /
 #   PROGRAMS_PER_SM's values for that launch and raise DEVICE_GRID_MAX_BATCH.

@@ -76,6 +76,10 @@ BATCHES = [1, 8, 32, 64, 128, 256, 512]
 REPLAY_SWEEP = [(16, 2, 4), (16, 2, 1), (32, 2, 4), (32, 2, 1), (8, 2, 4), (16, 4, 4), (32, 4, 4), (64, 8, 4),
                 (16, 1, 4), (32, 1, 4)]
 STANDARD_SWEEP = [(4, 4), (8, 4), (16, 8), (32, 8), (64, 8)]
+# --diag: the host-position cycle with its replay-only launches walking the tiles on a device-sized grid, loads
+# pipelined (_walk): (block_p, num_warps, pipeline stages, programs per SM); sm_90 compile-only registers 156-206,
+# no spills
+WALKS = [(32, 2, 2, 2), (32, 2, 3, 2), (16, 2, 2, 4), (32, 4, 2, 2)]
 CONFIG_KEYS = ("block_p", "num_warps", "fold_unroll")
 
 
@@ -481,6 +485,12 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                     f"count{L - 1}_flush": per_step_us(timer(inputs.host_fn(k._replay_step, only=L - 1))),
                     f"count{L - 1}_flush_replay_tile": per_step_us(timer(inputs.host_fn(
                         k._replay_step, only=L - 1, _config=cfg)))}
+                walks = {(min(bp, 1 << (head_dim - 1).bit_length()), *rest) for bp, *rest in WALKS}
+                row["diag_host_walk_us"] = {
+                    f"p{bp}w{nw}_s{stages}_x{per_sm}": per_step_us(timer(inputs.host_fn(
+                        k._replay_step, _config=dict(block_p=bp, num_warps=nw), flush_launch={},
+                        _walk=dict(num_stages=stages, programs_per_sm=per_sm))))
+                    for bp, nw, stages, per_sm in sorted(walks, reverse=True)}
             if args.read_format is not None:  # separated precision: replay launches read the low-precision copy
                 inputs.add_read_copies(args.read_format)
                 row["read_format"] = args.read_format
@@ -570,6 +580,9 @@ def _print_row(r, header):
           f"{100 * r['replay_host_frac_of_copy_bw']:>4.0f}% of copy BW, "
           f"x std {r['speedup_replay_host_vs_standard']:.2f} "
           f"[{r['replay_host_best_config']}, flush {r['host_flush_default_config']}]", flush=True)
+    if r.get("diag_host_walk_us"):
+        walks = ", ".join(f"{key} {us:.2f}" for key, us in r["diag_host_walk_us"].items())
+        print(f"{'':<16}{'':>6} | host-phase cycle, replay launches walking the tiles (_walk): {walks} us", flush=True)
     print_read_copy_rows(r, 16)
 
 

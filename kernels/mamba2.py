@@ -435,6 +435,63 @@ def _mamba2_replay_step_kernel(
                            sem="relaxed")
 
 
+@triton.jit(do_not_specialize=["origin", "count"])
+def _mamba2_replay_walk_kernel(
+    state_ptr, ring_x_ptr, ring_dt_ptr, ring_B_ptr,
+    x_ptr, dt_ptr, B_ptr, C_ptr, A_ptr, D_ptr, z_ptr, dt_bias_ptr, y_ptr,
+    n_items, heads, P, N, ring_size, heads_per_group, origin, count,
+    stride_s_b, stride_s_h, stride_s_p, stride_s_n,
+    stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
+    stride_rdt_b, stride_rdt_r, stride_rdt_h,
+    stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
+    stride_x_b, stride_x_h, stride_x_p,
+    stride_dt_b, stride_dt_h,
+    stride_B_b, stride_B_g, stride_B_n,
+    stride_C_b, stride_C_g, stride_C_n,
+    stride_A, stride_D, stride_dt_bias,
+    stride_z_b, stride_z_h, stride_z_p,
+    stride_y_b, stride_y_h, stride_y_p,
+    HAS_D: tl.constexpr,
+    HAS_Z: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+    """The host-phase replay-only launch (``PHASE`` 1, fp32 checkpoint, every row at ``origin`` / ``count``) on a
+    device-sized grid: each program walks the (row, head, P tile) items with a stride of the grid, and
+    ``tl.range(num_stages=NUM_STAGES)`` lets Triton's pipeliner issue the next items' loads while this one computes
+    (asynchronous copies on sm_90). Each item is the ``_mamba2_replay_step_kernel`` program of that tile, the same
+    expressions."""
+    p_tiles = tl.cdiv(P, BLOCK_P)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0), num_stages=NUM_STAGES):
+        pid_p = item % p_tiles
+        h = (item // p_tiles) % heads
+        pid_b = tl.full([], 0, tl.int64) + item // (p_tiles * heads)  # (a Python int in the interpreter has no .to)
+        group = h // heads_per_group
+        offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
+        mask_p = offs_p < P
+        mask_pn = mask_p[:, None] & mask_n[None, :]
+        s0 = tl.load(state_ptr + pid_b * stride_s_b + h * stride_s_h + offs_p[:, None] * stride_s_p
+                     + offs_n[None, :] * stride_s_n, mask=mask_pn, other=0.0).to(tl.float32)
+        x_m, B_m, x_f, B_f, C_f, dt_m, la_m, A_h, D_h, z = _mamba2_token(
+            x_ptr, dt_ptr, B_ptr, C_ptr, A_ptr, D_ptr, z_ptr, dt_bias_ptr, pid_b, h, group, offs_p, offs_n, mask_p,
+            mask_n, stride_x_b, stride_x_h, stride_x_p, stride_dt_b, stride_dt_h, stride_B_b, stride_B_g, stride_B_n,
+            stride_C_b, stride_C_g, stride_C_n, stride_A, stride_D, stride_dt_bias, stride_z_b, stride_z_h,
+            stride_z_p, HAS_D, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS)
+        y = _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count,
+                                ring_size, heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m, x_f, B_f, C_f,
+                                dt_m, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
+                                stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g,
+                                stride_rB_n, BLOCK_R, False)
+        _mamba2_store_y(y, x_f, D_h, z, y_ptr, pid_b, h, offs_p, mask_p, stride_y_b, stride_y_h, stride_y_p, HAS_D,
+                        HAS_Z)
+
+
 @triton.jit
 def _mamba2_flush_due_kernel(
     state_ptr, ring_x_ptr, ring_dt_ptr, ring_B_ptr, origin_ptr, count_ptr,
@@ -625,7 +682,7 @@ def _replay_step(
     state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=None, z=None, dt_bias=None,
     dt_softplus=False, buffer_len=16, out=None, read_copy=None, read_format=None, _config=None, _ticket=True,
     _ring_physical=None, _split=None, _prefetch=False, _count_launch=False, flush_reads_copy=False,
-    _nvfp4_pairs=True, _flush_grid=None, _flush_config=None,
+    _nvfp4_pairs=True, _flush_grid=None, _flush_config=None, _walk=None,
 ):
     """:func:`mamba2_replay_step` with a launch-configuration override (``_config``: dict with ``block_p`` and/or
     ``num_warps``) and, for diagnostics only, ``_ticket=False`` (count read plainly and left unchanged) and
@@ -649,7 +706,9 @@ def _replay_step(
     ``num_warps``, ``fold_unroll``) sets the tile of whichever flush launch the step makes: host-phase, device-grid or
     a split step's batch-grid one (which otherwise takes the replay tile); for the device-grid one also
     ``programs_per_sm`` (its grid: that many programs per multiprocessor, ``kernels.flush_grid.PROGRAMS_PER_SM`` when
-    not given)."""
+    not given). ``_walk`` (host positions, replay-only launches reading the fp32 checkpoint; off by default, not timed
+    yet): ``dict(programs_per_sm=..., num_stages=...)`` runs them as ``_mamba2_replay_walk_kernel``, a device-sized
+    grid whose programs walk the tiles with their loads pipelined ``num_stages`` deep."""
     batch, heads, head_dim, d_state, groups = _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias)
     ring_size = ring_x.shape[1]
     assert ring_x.shape == (batch, ring_size, heads, head_dim), f"ring_x must be [B, R, H, P], got {ring_x.shape}"
@@ -698,6 +757,34 @@ def _replay_step(
 
     flush_grid = default_flush_grid(batch) if _flush_grid is None else _flush_grid
     flush_on_device_grid = use_device_grid(flush_grid, batch) and split and not flush_reads_copy
+    if _walk is not None:
+        unknown = set(_walk) - {"programs_per_sm", "num_stages"}
+        if unknown or phase != 1 or read_format != "fp32":
+            raise ValueError("_walk (keys programs_per_sm, num_stages) serves the host-phase replay-only launch "
+                             f"reading the fp32 checkpoint; got {dict(_walk)} at host phase {phase}, read format "
+                             f"{read_format}")
+
+    def launch_walk():
+        items = triton.cdiv(head_dim, cfg["block_p"]) * batch * heads
+        LAST_COMPILED["replay_phase1"] = LAST_COMPILED["replay"] = _mamba2_replay_walk_kernel[
+            (flush_grid_programs(x.device, items, _walk.get("programs_per_sm", 2)),)](
+            state, ring_x, ring_dt, ring_B,
+            x, dt, B, C, A, _optional(D, A), _optional(z, x), _optional(dt_bias, A), y,
+            items, heads, head_dim, d_state, ring_size, heads // groups, *host,
+            *state.stride(), *ring_x.stride(), *ring_dt.stride(), *ring_B.stride(),
+            *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
+            A.stride(0), _strides(D, 1)[0], _strides(dt_bias, 1)[0],
+            *_strides(z, 3), *y.stride(),
+            HAS_D=D is not None,
+            HAS_Z=z is not None,
+            HAS_DT_BIAS=dt_bias is not None,
+            DT_SOFTPLUS=bool(dt_softplus),
+            BLOCK_P=cfg["block_p"],
+            BLOCK_N=triton.next_power_of_2(d_state),
+            BLOCK_R=block_r,
+            NUM_STAGES=int(_walk.get("num_stages", 2)),
+            num_warps=cfg["num_warps"],
+        )
 
     def launch_flush_due():
         flush_cfg = {**fold_tile_config(head_dim, d_state), "fold_unroll": cfg["fold_unroll"], **(_flush_config or {})}
@@ -729,6 +816,8 @@ def _replay_step(
     def launch(kernel_phase):
         if kernel_phase == 3 and flush_on_device_grid:
             return launch_flush_due()
+        if kernel_phase == 1 and _walk is not None:
+            return launch_walk()
         # Host-phase flush programs fold with one tl.dot (closed form, tf32x3; tl.dot needs every tile dimension
         # >= 16). Device-phase ones keep the sequential fold, whose checkpoint is bit for bit the standard step's
         # (what speculative rollback and the device path promise), at once per L steps.

@@ -17,7 +17,7 @@ from kernel_harness import assert_close as _close
 
 CASES = ["replay_mixed_bf16", "replay_launch_variants", "flush_device_grid", "flush_one_round_trip",
          "replay_fp32_plain", "state_update",
-         "sequence", "buffer_len_one", "host_phase"]
+         "sequence", "buffer_len_one", "host_phase", "replay_walk"]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -41,7 +41,8 @@ def test_host_flush_launch_config():
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_bench_smoke(tmp_path):
-    data, stdout = run_bench_smoke("bench", ["--family", "mamba2", "--read-format", "nvfp4"], tmp_path / "bench.json")
+    data, stdout = run_bench_smoke("bench", ["--family", "mamba2", "--read-format", "nvfp4", "--diag"],
+                                   tmp_path / "bench.json")
     assert data["results"], data
     row = data["results"][0]
     for key in ("replay_mixed_us", "replay_in_phase_us", "standard_us", "torch_us", "speedup_replay_vs_standard",
@@ -61,6 +62,12 @@ def test_bench_smoke(tmp_path):
     flush = host_flush_launch_config(row["batch"], row["heads"], row["head_dim"], row["d_state"])
     assert row["host_flush_default_config"] == f"p{flush['block_p']}w{flush['num_warps']}", row
     assert f"flush {row['host_flush_default_config']}]" in stdout
+    # --diag: the host flush at its default and at the replay tile, and the host cycle walking the tiles
+    L = row["buffer_len"]
+    assert row["diag_host_phase_us"][f"count{L - 1}_flush"] > 0 and row["diag_host_phase_us"][
+        f"count{L - 1}_flush_replay_tile"] > 0, row["diag_host_phase_us"]
+    assert row["diag_host_walk_us"] and all(us > 0 for us in row["diag_host_walk_us"].values()), row
+    assert "replay launches walking the tiles (_walk)" in stdout
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -515,6 +522,38 @@ def case_host_phase(k, device):
     print(" ring read order")
     _close("y physical vs logical", results[0][0], results[1][0], 1e-6)
     assert torch.equal(results[0][1], results[1][1]) and torch.equal(results[0][2], results[1][2])
+
+
+def case_replay_walk(k, device):
+    """``_walk`` (the host-phase replay-only launch on a device-sized grid walking the tiles, loads pipelined): the
+    outputs and rings of the per-tile launch, bit for bit on the CPU (within 2e-6 on CUDA), bf16 with D/z/dt_bias,
+    two P tiles per head (the last masked), every replaying count, pipelines 2 and 3 deep; the launches it cannot
+    serve are refused."""
+    import torch
+
+    L, R, batch = 6, 5, 3
+    for count in range(L - 1):
+        origin = (3 * count + 2) % R
+        for walk in (dict(programs_per_sm=2, num_stages=2), dict(programs_per_sm=3, num_stages=3)):
+            runs = []
+            for use in (None, walk):
+                p = _make(device, torch.bfloat16, batch, 4, 2, 24, 20, R, seed=count, options=True)
+                args, kw = _replay_args(p, origin, count)
+                out = torch.empty(p["x"].shape, dtype=torch.float32, device=device)
+                runs.append((k._replay_step(*args, **kw, buffer_len=L, out=out, _config=_cfg(16), _walk=use), p))
+            print(f" walk: count={count} {walk}")
+            (y, p), (y_walk, p_walk) = runs
+            exact = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=2e-6, atol=2e-6)
+            assert torch.isfinite(y_walk).all()
+            torch.testing.assert_close(y_walk, y, **exact)
+            for name in ("state", "ring_x", "ring_dt", "ring_B"):
+                torch.testing.assert_close(p_walk[name], p[name], **exact)
+    assert "replay_phase1" in k.LAST_COMPILED
+    p = _make(device, torch.float32, batch, 4, 2, 24, 20, R, options=False)
+    for count, walk in ((L - 1, {}), (1, dict(stages=2))):
+        args, kw = _replay_args(p, 0, count)
+        with pytest.raises(ValueError, match="_walk"):
+            k._replay_step(*args, **kw, buffer_len=L, _walk=walk)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@
 #   (KDA [128, 16] x 1: 231.6 us per step) or inferred. The CUDA tests of the changed launches, `bench kernels --diag`
 #   for Mamba-2 at batch 64 / 128 / 256 (host cycle at the new flush tile; the new variant flush_batch_grid_fold_tile:
 #   the split step's batch-grid flush launch on [16, 128] x 2 instead of the replay tile, 128 registers instead of 168
+#   (and the host cycle walking the tiles with pipelined loads, diag_host_walk_us, as for the delta rule below)
 #   at sm_90; and the device-grid flush on smaller tiles with more programs per SM, flush_device_grid_p8w2_x12 and
 #   flush_device_grid_p4w1_x24), and `bench_delta --diag` for KDA at 64 / 256 and GDN at 256 (which now also times
 #   the host cycle with its replay-only launches walking the tiles on a device-sized grid, loads pipelined by

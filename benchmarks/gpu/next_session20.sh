@@ -1,53 +1,53 @@
 #!/usr/bin/env bash
 # Planned GPU calls for the next session (not run yet). Every job packs what it wrote into $OUT right after it ends.
-# STAGE=1 (about 6 minutes): the nineteenth session's new launch configurations. The host-phase flush launches now
-#   have tiles of their own (run 114's flush-alone sweep: KDA the loop fold on [128, 32] x 1, 945 -> 614 us per flush
-#   at batch 256; Mamba-2 [16, 128] x 2, 860 -> 726 us); their cycles were timed only at an intermediate default
-#   (KDA [128, 16] x 1: 231.6 us per step) or inferred. The CUDA tests of the changed launches, `bench kernels --diag`
-#   for Mamba-2 at batch 64 / 128 / 256 (host cycle at the new flush tile; the new variant flush_batch_grid_fold_tile:
-#   the split step's batch-grid flush launch on [16, 128] x 2 instead of the replay tile, 128 registers instead of 168
-#   (and the host cycle walking the tiles with pipelined loads, diag_host_walk_us, as for the delta rule below)
-#   at sm_90; and the device-grid flush on smaller tiles with more programs per SM, flush_device_grid_p8w2_x12 and
-#   flush_device_grid_p4w1_x24), and `bench_delta --diag` for KDA at 64 / 256 and GDN at 256 (which now also times
-#   the host cycle with its replay-only launches walking the tiles on a device-sized grid, loads pipelined by
-#   tl.range: `_walk`, diag_host_walk_us; if a walk beats the per-tile launch, make it the host-phase default). If
-#   flush_batch_grid_fold_tile wins at batch 256: make it the batch-grid flush's default tile (kernels.mamba2
-#   launch_config for phase 3); if a device-grid variant beats both grids at 256, make it fold_tile_config's /
-#   PROGRAMS_PER_SM's values for that launch and raise DEVICE_GRID_MAX_BATCH.
-#   Then read_probe.py (about 1 minute): the read bandwidth of a bare "S0^T q" tile read at batch 256 x 32 heads of
-#   128 x 128, per program (today's loads) against a device-sized grid whose tl.range pipelines the loads (cp.async,
-#   compile-only) and one loading through TMA descriptors (cp.async.bulk.tensor): if a pipelined form reads well past
-#   the grid form's bandwidth, the replay launches (65-79 % of copy bandwidth) should walk their tiles that way.
-# STAGE=2 (about 6 minutes, carry .whl too): eager decoding at batch 256 (host positions, where the new flush tiles
+# STAGE=1 (about 6 minutes): the nineteenth session's Mamba-2 launches. The host-phase flush launch now has a tile of
+#   its own ([16, 128] x 2: 860 -> 726 us per flush at batch 256 in run 114's flush-alone sweep; the cycle only
+#   inferred). The CUDA tests of every changed launch (both families), `bench kernels --diag` at batch 64 / 128 / 256
+#   (the host cycle at the new flush tile; the new variants flush_batch_grid_fold_tile, the split step's batch-grid
+#   flush on [16, 128] x 2 instead of the replay tile, 128 registers instead of 168 at sm_90, and
+#   flush_device_grid_p8w2_x12 / _p4w1_x24, the device-grid flush on smaller tiles with more programs per SM; and the
+#   host cycle with its replay-only launches walking the tiles on a device-sized grid with tl.range-pipelined loads,
+#   `_walk`, diag_host_walk_us). Then read_probe.py (about 1 minute): the read bandwidth of a bare "S0^T q" tile read
+#   per program (today's loads) against the pipelined walk (cp.async) and TMA descriptor loads (cp.async.bulk.tensor).
+#   Decisions: flush_batch_grid_fold_tile faster at 256 -> the batch-grid flush's default tile (kernels.mamba2
+#   launch_config, phase 3); a device-grid variant faster than both grids at 256 -> its values as the device-grid
+#   flush's and DEVICE_GRID_MAX_BATCH raised; a walk faster than the per-tile host cycle -> the host-phase default,
+#   and the same walk tried for the device-phase launches.
+# STAGE=2 (about 6 minutes): the delta rule. `bench_delta --diag` for KDA at 64 / 256 (the host cycle at the final
+#   flush default, the loop fold on [128, 32] x 1: 614 us per flush at 256 in run 114, the cycle timed only at
+#   [128, 16] x 1, 231.6 us) and GDN at 256, with the host cycle's walks (diag_host_walk_us).
+# STAGE=3 (about 6 minutes, carry .whl too): eager decoding at batch 256 (host positions, where the new flush tiles
 #   apply; the compiled step uses the device-phase kernels): Nemotron-H-like and Kimi-Linear-like, stock eager against
 #   ReplayCache eager, two repeats.
-# STAGE=3 (about 4 minutes, carry .whl too): batch 1 end to end with three repeats (Qwen3.5-like measured 0.99x,
+# STAGE=4 (about 4 minutes, carry .whl too): batch 1 end to end with three repeats (Qwen3.5-like measured 0.99x,
 #   20 us in a 3 ms host-bound step, in run 110; Nemotron-H-like 1.02x), the issue's "never slower at batch 1".
 # Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session20.sh", carry=[".triton_cache"], timeout_s=600), then
-#   STAGE=2 and 3 with carry=[".triton_cache", ".whl"].
+#   STAGE=2 the same way, STAGE=3 and 4 with carry=[".triton_cache", ".whl"].
 source benchmarks/gpu/install.sh || exit 1
 RES=/tmp/w/res_next_session20_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
 pack() { tar czf "$OUT/next_session20_$STAGE.tgz" -C "$RES" . ; }
 if [ "$STAGE" = 1 ]; then
-  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_host_flush_cuda tests/test_kernels_mamba2.py \
-    tests/test_kernels_delta.py -k "host_phase or launch_variants or host_flush or kda_weights"; pack
-  bench_job 200 kernels_mamba2_diag kernels --family mamba2 --shapes nemotron-h-8b --batches 64,128,256 --no-sweep \
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 200 test_kernels_cuda tests/test_kernels_mamba2.py \
+    tests/test_kernels_delta.py -k "host_phase or launch_variants or host_flush or kda_weights or replay_walk or flush_device_grid"
+  pack
+  bench_job 240 kernels_mamba2_diag kernels --family mamba2 --shapes nemotron-h-8b --batches 64,128,256 --no-sweep \
     --diag --out "$RES/kernels_mamba2_diag.json"; pack
-  for pair in kda:kimi-linear:64,256 gdn:qwen3-next:256; do
-    IFS=: read -r family shape batches <<< "$pair"
-    timeout 120 python3 -m hf_replayssm.kernels.bench_delta --family $family --shapes $shape --batches $batches \
-      --no-sweep --diag --no-torch --no-fla --out "$RES/delta_${family}_diag.json" > "$RES/delta_${family}_diag.txt" 2>&1
-    echo "$family diag rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
-  done
   timeout 90 python3 "$R/benchmarks/gpu/read_probe.py" --out "$RES/read_probe.json" > "$RES/read_probe.txt" 2>&1
   echo "read_probe rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
 elif [ "$STAGE" = 2 ]; then
+  for pair in kda:kimi-linear:64,256:300 gdn:qwen3-next:256:200; do
+    IFS=: read -r family shape batches limit <<< "$pair"
+    timeout $limit python3 -m hf_replayssm.kernels.bench_delta --family $family --shapes $shape --batches $batches \
+      --no-sweep --diag --no-torch --no-fla --out "$RES/delta_${family}_diag.json" > "$RES/delta_${family}_diag.txt" 2>&1
+    echo "$family diag rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  done
+elif [ "$STAGE" = 3 ]; then
   for model in nemotron_h kimi_linear; do
     prompt=$([ $model = nemotron_h ] && echo 128 || echo 512)
     bench_job 170 generate_eager_$model generate --models $model --batches 256 --arms stock,replay \
       --prompt $prompt --new 128 --repeats 2 --out "$RES/generate_eager_$model.json"; pack
   done
-elif [ "$STAGE" = 3 ]; then
+elif [ "$STAGE" = 4 ]; then
   for model in qwen3_5 nemotron_h; do
     prompt=$([ $model = nemotron_h ] && echo 128 || echo 512)
     bench_job 120 generate_b1_$model generate --models $model --batches 1 \

@@ -319,6 +319,10 @@ VARIANTS = {
                                                                                   programs_per_sm=12)), False),
     "flush_device_grid_p4w1_x24": (dict(_flush_grid="device", _flush_config=dict(block_p=4, num_warps=1,
                                                                                   programs_per_sm=24)), False),
+    # the replay launch walking the tiles on a device-sized grid with pipelined loads (counts advanced by their own
+    # launch); sm_90 compile-only at batch 256 in BENCHMARKS.md
+    "walk_s2": (dict(_count_launch=True, _walk=dict(num_stages=2, programs_per_sm=2)), False),
+    "walk_s3": (dict(_count_launch=True, _walk=dict(num_stages=3, programs_per_sm=2)), False),
 }
 
 

@@ -435,11 +435,12 @@ def _mamba2_replay_step_kernel(
                            sem="relaxed")
 
 
-@triton.jit(do_not_specialize=["origin", "count"])
+@triton.jit(do_not_specialize=["origin_host", "count_host"])
 def _mamba2_replay_walk_kernel(
-    state_ptr, ring_x_ptr, ring_dt_ptr, ring_B_ptr,
+    state_ptr, ring_x_ptr, ring_dt_ptr, ring_B_ptr, origin_ptr, count_ptr,
     x_ptr, dt_ptr, B_ptr, C_ptr, A_ptr, D_ptr, z_ptr, dt_bias_ptr, y_ptr,
-    n_items, heads, P, N, ring_size, heads_per_group, origin, count,
+    n_items, heads, P, N, ring_size, heads_per_group, origin_host, count_host,
+    stride_origin, stride_count,
     stride_s_b, stride_s_h, stride_s_p, stride_s_n,
     stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
     stride_rdt_b, stride_rdt_r, stride_rdt_h,
@@ -459,12 +460,17 @@ def _mamba2_replay_walk_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    BUFFER_LEN: tl.constexpr,
+    DEVICE_POSITIONS: tl.constexpr,
+    RING_PHYSICAL: tl.constexpr,  # DEVICE_POSITIONS: records by physical slot, as the per-tile PHASE 4 program reads
 ):
-    """The host-phase replay-only launch (``PHASE`` 1, fp32 checkpoint, every row at ``origin`` / ``count``) on a
-    device-sized grid: each program walks the (row, head, P tile) items with a stride of the grid, and
-    ``tl.range(num_stages=NUM_STAGES)`` lets Triton's pipeliner issue the next items' loads while this one computes
-    (asynchronous copies on sm_90). Each item is the ``_mamba2_replay_step_kernel`` program of that tile, the same
-    expressions."""
+    """A replay-only launch reading the fp32 checkpoint on a device-sized grid: each program walks the (row, head, P
+    tile) items with a stride of the grid, and ``tl.range(num_stages=NUM_STAGES)`` lets Triton's pipeliner issue the
+    next items' loads while this one computes (asynchronous copies on sm_90). Host positions (``PHASE`` 1: every row
+    at ``origin_host`` / ``count_host``), or ``DEVICE_POSITIONS`` (a split step's replay launch, ``PHASE`` 4, with
+    the counts advanced by a launch of their own): each row's origin / count read on the device, the items of rows
+    due to flush (served by the step's flush launch) masked off, loads and stores alike. Each item is the
+    ``_mamba2_replay_step_kernel`` program of that tile, the same expressions."""
     p_tiles = tl.cdiv(P, BLOCK_P)
     offs_n = tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
@@ -473,8 +479,19 @@ def _mamba2_replay_walk_kernel(
         h = (item // p_tiles) % heads
         pid_b = tl.full([], 0, tl.int64) + item // (p_tiles * heads)  # (a Python int in the interpreter has no .to)
         group = h // heads_per_group
+        if DEVICE_POSITIONS:
+            count = tl.load(count_ptr + pid_b * stride_count) & 0xFFFF
+            origin = tl.load(origin_ptr + pid_b * stride_origin)
+            run = count + 1 < BUFFER_LEN
+            count = tl.where(run, count, 0)  # a due row's items read no records
+            p_limit = tl.where(run, P, 0)  # (limits on the offsets: the interpreter takes no tensor & scalar masks)
+        else:
+            count = count_host
+            origin = origin_host
+            run = True
+            p_limit = P
         offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
-        mask_p = offs_p < P
+        mask_p = offs_p < p_limit
         mask_pn = mask_p[:, None] & mask_n[None, :]
         s0 = tl.load(state_ptr + pid_b * stride_s_b + h * stride_s_h + offs_p[:, None] * stride_s_p
                      + offs_n[None, :] * stride_s_n, mask=mask_pn, other=0.0).to(tl.float32)
@@ -487,7 +504,7 @@ def _mamba2_replay_walk_kernel(
                                 ring_size, heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m, x_f, B_f, C_f,
                                 dt_m, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
                                 stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g,
-                                stride_rB_n, BLOCK_R, False)
+                                stride_rB_n, BLOCK_R, RING_PHYSICAL, append=run)
         _mamba2_store_y(y, x_f, D_h, z, y_ptr, pid_b, h, offs_p, mask_p, stride_y_b, stride_y_h, stride_y_p, HAS_D,
                         HAS_Z)
 
@@ -706,9 +723,10 @@ def _replay_step(
     ``num_warps``, ``fold_unroll``) sets the tile of whichever flush launch the step makes: host-phase, device-grid or
     a split step's batch-grid one (which otherwise takes the replay tile); for the device-grid one also
     ``programs_per_sm`` (its grid: that many programs per multiprocessor, ``kernels.flush_grid.PROGRAMS_PER_SM`` when
-    not given). ``_walk`` (host positions, replay-only launches reading the fp32 checkpoint; off by default, not timed
-    yet): ``dict(programs_per_sm=..., num_stages=...)`` runs them as ``_mamba2_replay_walk_kernel``, a device-sized
-    grid whose programs walk the tiles with their loads pipelined ``num_stages`` deep."""
+    not given). ``_walk`` (replay-only launches reading the fp32 checkpoint: host positions, or a split step's
+    replay launch with ``_count_launch``; off by default, not timed yet): ``dict(programs_per_sm=...,
+    num_stages=...)`` runs them as ``_mamba2_replay_walk_kernel``, a device-sized grid whose programs walk the tiles
+    with their loads pipelined ``num_stages`` deep."""
     batch, heads, head_dim, d_state, groups = _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias)
     ring_size = ring_x.shape[1]
     assert ring_x.shape == (batch, ring_size, heads, head_dim), f"ring_x must be [B, R, H, P], got {ring_x.shape}"
@@ -759,18 +777,21 @@ def _replay_step(
     flush_on_device_grid = use_device_grid(flush_grid, batch) and split and not flush_reads_copy
     if _walk is not None:
         unknown = set(_walk) - {"programs_per_sm", "num_stages"}
-        if unknown or phase != 1 or read_format != "fp32":
-            raise ValueError("_walk (keys programs_per_sm, num_stages) serves the host-phase replay-only launch "
-                             f"reading the fp32 checkpoint; got {dict(_walk)} at host phase {phase}, read format "
-                             f"{read_format}")
+        serves = phase == 1 or (split and count_launch and not flush_reads_copy)
+        if unknown or not serves or read_format != "fp32":
+            raise ValueError("_walk (keys programs_per_sm, num_stages) serves the replay-only launches reading the "
+                             "fp32 checkpoint: host positions, or a split step with _count_launch=True; got "
+                             f"{dict(_walk)} at host phase {phase} (0: device positions), split {split}, count launch "
+                             f"{count_launch}, read format {read_format}")
 
-    def launch_walk():
+    def launch_walk(kernel_phase):
         items = triton.cdiv(head_dim, cfg["block_p"]) * batch * heads
-        LAST_COMPILED["replay_phase1"] = LAST_COMPILED["replay"] = _mamba2_replay_walk_kernel[
+        LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = _mamba2_replay_walk_kernel[
             (flush_grid_programs(x.device, items, _walk.get("programs_per_sm", 2)),)](
-            state, ring_x, ring_dt, ring_B,
+            state, ring_x, ring_dt, ring_B, *positions,
             x, dt, B, C, A, _optional(D, A), _optional(z, x), _optional(dt_bias, A), y,
             items, heads, head_dim, d_state, ring_size, heads // groups, *host,
+            *((origin.stride(0), count.stride(0)) if phase == 0 else (0, 0)),
             *state.stride(), *ring_x.stride(), *ring_dt.stride(), *ring_B.stride(),
             *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
             A.stride(0), _strides(D, 1)[0], _strides(dt_bias, 1)[0],
@@ -783,6 +804,9 @@ def _replay_step(
             BLOCK_N=triton.next_power_of_2(d_state),
             BLOCK_R=block_r,
             NUM_STAGES=int(_walk.get("num_stages", 2)),
+            BUFFER_LEN=buffer_len,
+            DEVICE_POSITIONS=kernel_phase == 4,
+            RING_PHYSICAL=kernel_phase == 4 and bool(ring_physical),
             num_warps=cfg["num_warps"],
         )
 
@@ -816,8 +840,8 @@ def _replay_step(
     def launch(kernel_phase):
         if kernel_phase == 3 and flush_on_device_grid:
             return launch_flush_due()
-        if kernel_phase == 1 and _walk is not None:
-            return launch_walk()
+        if kernel_phase in (1, 4) and _walk is not None:
+            return launch_walk(kernel_phase)
         # Host-phase flush programs fold with one tl.dot (closed form, tf32x3; tl.dot needs every tile dimension
         # >= 16). Device-phase ones keep the sequential fold, whose checkpoint is bit for bit the standard step's
         # (what speculative rollback and the device path promise), at once per L steps.

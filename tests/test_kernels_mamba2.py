@@ -525,10 +525,11 @@ def case_host_phase(k, device):
 
 
 def case_replay_walk(k, device):
-    """``_walk`` (the host-phase replay-only launch on a device-sized grid walking the tiles, loads pipelined): the
-    outputs and rings of the per-tile launch, bit for bit on the CPU (within 2e-6 on CUDA), bf16 with D/z/dt_bias,
-    two P tiles per head (the last masked), every replaying count, pipelines 2 and 3 deep; the launches it cannot
-    serve are refused."""
+    """``_walk`` (replay-only launches on a device-sized grid walking the tiles, loads pipelined): the outputs and
+    rings of the per-tile launch, bit for bit on the CPU (within 2e-6 on CUDA), bf16 with D/z/dt_bias, two P tiles
+    per head (the last masked), pipelines 2 and 3 deep: with host positions at every replaying count, and as a split
+    step's replay launch with the counts advanced by their own launch (rows in mixed phases, some due, NaN in
+    uncommitted slots); the launches it cannot serve are refused."""
     import torch
 
     L, R, batch = 6, 5, 3
@@ -549,11 +550,33 @@ def case_replay_walk(k, device):
             for name in ("state", "ring_x", "ring_dt", "ring_B"):
                 torch.testing.assert_close(p_walk[name], p[name], **exact)
     assert "replay_phase1" in k.LAST_COMPILED
+    origins, counts = [4, 3, 0, 2, 4, 1], [5, 1, 5, 3, 0, 4]
+    for walk in (dict(programs_per_sm=2, num_stages=2), dict(programs_per_sm=3, num_stages=3)):
+        runs = []
+        for use in (None, walk):
+            p = _make(device, torch.bfloat16, len(counts), 4, 2, 24, 20, R, seed=5, options=True)
+            _poison(p, origins, counts, R)
+            count = torch.tensor(counts, dtype=torch.int32, device=device)
+            args, kw = _replay_args(p, torch.tensor(origins, dtype=torch.int32, device=device), count)
+            out = torch.empty(p["x"].shape, dtype=torch.float32, device=device)
+            runs.append((k._replay_step(*args, **kw, buffer_len=L, out=out, _config=_cfg(16), _split=True,
+                                        _count_launch=True, _walk=use), p, count))
+        print(f" walk, device positions: counts={counts} {walk}")
+        (y, p, count), (y_walk, p_walk, count_walk) = runs
+        exact = dict(rtol=0, atol=0, equal_nan=True) if device == "cpu" else dict(rtol=2e-6, atol=2e-6, equal_nan=True)
+        assert torch.isfinite(y_walk).all() and torch.equal(count_walk, count)
+        torch.testing.assert_close(y_walk, y, **exact)
+        for name in ("state", "ring_x", "ring_dt", "ring_B"):
+            torch.testing.assert_close(p_walk[name], p[name], **exact)
     p = _make(device, torch.float32, batch, 4, 2, 24, 20, R, options=False)
     for count, walk in ((L - 1, {}), (1, dict(stages=2))):
         args, kw = _replay_args(p, 0, count)
         with pytest.raises(ValueError, match="_walk"):
             k._replay_step(*args, **kw, buffer_len=L, _walk=walk)
+    args, kw = _replay_args(p, torch.zeros(batch, dtype=torch.int32, device=device),
+                            torch.ones(batch, dtype=torch.int32, device=device))
+    with pytest.raises(ValueError, match="_count_launch"):  # device positions: tickets would need every program
+        k._replay_step(*args, **kw, buffer_len=L, _split=True, _walk={})
 
 
 if __name__ == "__main__":

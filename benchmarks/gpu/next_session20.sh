@@ -7,12 +7,13 @@
 #   flush on [16, 128] x 2 instead of the replay tile, 128 registers instead of 168 at sm_90, and
 #   flush_device_grid_p8w2_x12 / _p4w1_x24, the device-grid flush on smaller tiles with more programs per SM; and the
 #   host cycle with its replay-only launches walking the tiles on a device-sized grid with tl.range-pipelined loads,
-#   `_walk`, diag_host_walk_us). Then read_probe.py (about 1 minute): the read bandwidth of a bare "S0^T q" tile read
+#   `_walk`, diag_host_walk_us; and the split step's replay launch walking likewise, variants walk_s2 / walk_s3,
+#   the compiled path's launch). Then read_probe.py (about 1 minute): the read bandwidth of a bare "S0^T q" tile read
 #   per program (today's loads) against the pipelined walk (cp.async) and TMA descriptor loads (cp.async.bulk.tensor).
 #   Decisions: flush_batch_grid_fold_tile faster at 256 -> the batch-grid flush's default tile (kernels.mamba2
 #   launch_config, phase 3); a device-grid variant faster than both grids at 256 -> its values as the device-grid
-#   flush's and DEVICE_GRID_MAX_BATCH raised; a walk faster than the per-tile host cycle -> the host-phase default,
-#   and the same walk tried for the device-phase launches.
+#   flush's and DEVICE_GRID_MAX_BATCH raised; a walk faster than the per-tile host cycle -> the host-phase default;
+#   walk_s2 / _s3 faster than the default step -> the device-phase default (with _count_launch), then end to end.
 # STAGE=2 (about 6 minutes): the delta rule. `bench_delta --diag` for KDA at 64 / 256 (the host cycle at the final
 #   flush default, the loop fold on [128, 32] x 1: 614 us per flush at 256 in run 114, the cycle timed only at
 #   [128, 16] x 1, 231.6 us) and GDN at 256, with the host cycle's walks (diag_host_walk_us).

@@ -338,6 +338,9 @@ VARIANTS = {
     "tickets": (dict(_count_launch=False), True),
     "split_no_prefetch": (dict(_split=True, _prefetch=False), False),
     "physical_ring": (dict(_ring_physical=True), False),
+    # the split step's replay launch walking the tiles on a device-sized grid, loads pipelined (_walk)
+    "split_walk_s2": (dict(_split=True, _walk=dict(num_stages=2, programs_per_sm=2)), False),
+    "split_walk_s3": (dict(_split=True, _walk=dict(num_stages=3, programs_per_sm=2)), False),
 }
 
 

@@ -662,10 +662,12 @@ def _delta_replay_step_kernel(
             tl.atomic_xchg(count_ptr + pid_b * stride_count, tl.where(due, 0, count + 1), sem="relaxed")
 
 
-@triton.jit(do_not_specialize=["origin", "count"])
+@triton.jit(do_not_specialize=["origin_host", "count_host"])
 def _delta_replay_walk_kernel(
-    state_ptr, ring_k_ptr, ring_d_ptr, ring_g_ptr, q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, o_ptr, weights_ptr,
-    n_items, heads, K: tl.constexpr, V: tl.constexpr, ring_size, kv_ratio, scale, origin, count,
+    state_ptr, ring_k_ptr, ring_d_ptr, ring_g_ptr, origin_ptr, count_ptr,
+    q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, o_ptr, weights_ptr,
+    n_items, heads, K: tl.constexpr, V: tl.constexpr, ring_size, kv_ratio, scale, origin_host, count_host,
+    stride_origin, stride_count,
     stride_s_b, stride_s_h: tl.constexpr, stride_s_k: tl.constexpr, stride_s_v: tl.constexpr,
     stride_rk_b, stride_rk_r: tl.constexpr, stride_rk_h: tl.constexpr, stride_rk_k: tl.constexpr,
     stride_rd_b, stride_rd_r: tl.constexpr, stride_rd_h: tl.constexpr, stride_rd_v: tl.constexpr,
@@ -683,27 +685,42 @@ def _delta_replay_walk_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_R: tl.constexpr,
     NUM_STAGES: tl.constexpr,
+    BUFFER_LEN: tl.constexpr,
+    DEVICE_POSITIONS: tl.constexpr,
 ):
-    """The host-phase replay-only launch (``PHASE`` 1, fp32 checkpoint, every row at ``origin`` / ``count``) on a
-    device-sized grid: each program walks the (row, value head, V tile) items with a stride of the grid, and
-    ``tl.range(num_stages=NUM_STAGES)`` lets Triton's pipeliner issue the next items' loads (the checkpoint tile above
-    all) while this one computes (asynchronous copies on sm_90). Each item is the ``_delta_replay_step_kernel``
-    program of that tile, the same expressions."""
+    """A replay-only launch reading the fp32 checkpoint on a device-sized grid: each program walks the (row, value
+    head, V tile) items with a stride of the grid, and ``tl.range(num_stages=NUM_STAGES)`` lets Triton's pipeliner
+    issue the next items' loads (the checkpoint tile above all) while this one computes (asynchronous copies on
+    sm_90). Host positions (``PHASE`` 1: every row at ``origin_host`` / ``count_host``), or ``DEVICE_POSITIONS`` (a
+    split step's replay launch, ``PHASE`` 4, the counts advanced by a launch of their own): each row's origin / count
+    read on the device, the items of rows due to flush (served by the step's flush launch) masked off, loads and
+    stores alike. Each item is the ``_delta_replay_step_kernel`` program of that tile, the same expressions."""
     v_tiles = tl.cdiv(V, BLOCK_V)
     offs_k = tl.arange(0, BLOCK_K)
     mask_k = offs_k < K
     offs_r = tl.arange(0, BLOCK_R)
-    valid = offs_r < count
-    slots = (origin + offs_r) % ring_size
-    slot = (origin + count) % ring_size
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0), num_stages=NUM_STAGES):
         pid_v = item % v_tiles
         pid_h = (item // v_tiles) % heads
         pid_b = tl.full([], 0, tl.int64) + item // (v_tiles * heads)  # int64 row offsets (a Python int in the
         # interpreter has no .to)
         hk = pid_h // kv_ratio
+        if DEVICE_POSITIONS:
+            origin = tl.load(origin_ptr + pid_b * stride_origin)
+            count = tl.load(count_ptr + pid_b * stride_count) & 0xFFFF
+            run = count + 1 < BUFFER_LEN
+            count = tl.where(run, count, 0)  # a due row's items read no records
+            v_limit = tl.where(run, V, 0)  # (limits on the offsets: the interpreter takes no tensor & scalar masks)
+        else:
+            origin = origin_host
+            count = count_host
+            run = True
+            v_limit = V
+        valid = offs_r < count
+        slots = (origin + offs_r) % ring_size
+        slot = (origin + count) % ring_size
         offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
-        mask_v = offs_v < V
+        mask_v = offs_v < v_limit
         state_ptrs = (state_ptr + pid_b * stride_s_b + pid_h * stride_s_h
                       + offs_k[:, None] * stride_s_k + offs_v[None, :] * stride_s_v)
         s0 = tl.load(state_ptrs, mask=mask_k[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
@@ -736,8 +753,8 @@ def _delta_replay_walk_kernel(
                  mask=mask_v)
         # V tile 0 appends the gate, and the key once per key head: as masked stores (limits on the key offsets,
         # which the interpreter accepts where a tensor mask & a scalar bool is not a valid mask)
-        gate_limit = tl.where(pid_v == 0, K, 0)
-        key_limit = tl.where((pid_v == 0) & (pid_h % kv_ratio == 0), K, 0)
+        gate_limit = tl.where((pid_v == 0) & run, K, 0)
+        key_limit = tl.where((pid_v == 0) & (pid_h % kv_ratio == 0) & run, K, 0)
         if GATE_PER_KEY:
             tl.store(rg_base + slot * stride_rg_r + offs_k * stride_rg_k, g_t.to(ring_g_ptr.dtype.element_ty),
                      mask=offs_k < gate_limit)
@@ -1017,14 +1034,16 @@ def _replay_step(
     [128, 64] x 2 155 registers, of 32 at [128, 64] x 4 94. It stays off: H200, batch 256, host positions (run 104)
     GDN 206.5 us unchunked against 209.5-306.7 over five chunk / tile pairs, KDA 261.0 against 264.0-343.8 (the
     chunks' loads serialise with the products they feed). ``_flush_grid`` (split steps with the fp32 checkpoint, no
-    exact fold, records in logical order, up to ``kernels.flush_grid.MAX_BATCH`` rows): ``"batch"`` (a program per
+    exact fold, records in logical order, the flush folding with the product (KDA's folds with the loop unless
+    ``_flush_dot=True``), up to ``kernels.flush_grid.MAX_BATCH`` rows): ``"batch"`` (a program per
     tile of every row; those of rows not due exit after reading their count) or ``"device"``
     (``_delta_flush_due_kernel`` on a device-sized grid walks the due rows' tiles at :func:`flush_due_launch_config`
     or ``_flush_config``; the same expressions). Run 104, batch 256, rows in mixed phases: the split step with it GDN
     261.3 us, KDA 355.3 (four-warp weights), against the fused default's 236.4 / 281.2, so the default stays "batch"
-    (and fused). ``_walk`` (host positions, replay-only launches reading the fp32 checkpoint; off by default, not
-    timed yet): ``dict(programs_per_sm=..., num_stages=...)`` runs them as ``_delta_replay_walk_kernel``, a
-    device-sized grid whose programs walk the tiles with their loads pipelined ``num_stages`` deep."""
+    (and fused). ``_walk`` (replay-only launches reading the fp32 checkpoint: host positions, or a split step's
+    replay launch; off by default, not timed yet): ``dict(programs_per_sm=..., num_stages=...)`` runs them as
+    ``_delta_replay_walk_kernel``, a device-sized grid whose programs walk the tiles with their loads pipelined
+    ``num_stages`` deep."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -1055,11 +1074,13 @@ def _replay_step(
     assert o.shape == v.shape
     scale = key_dim ** -0.5 if scale is None else float(scale)
 
-    if phase == 2:  # the host-phase flush reads the fp32 checkpoint alone, at its own tile and fold
-        block_v, num_warps, host_flush_dot = host_flush_launch_config(
-            batch, value_heads, key_dim, value_dim, per_key, kda_weights=bool(_kda_weights), exact_fold=exact_fold)
+    # the flush-only launches' fold (host phase 2, a split step's 3): the product, or for per-key gates with the
+    # weights pre-launch the loop (the product's per-key tiles spill: sm_90, KDA [128, 16] x 1, 6124 B)
+    flush_block_v, flush_warps, flush_only_dot = host_flush_launch_config(
+        batch, value_heads, key_dim, value_dim, per_key, kda_weights=bool(_kda_weights), exact_fold=exact_fold)
+    if phase == 2:  # the host-phase flush reads the fp32 checkpoint alone, at its own tile
+        block_v, num_warps = flush_block_v, flush_warps
     else:
-        host_flush_dot = True  # (unused)
         block_v, num_warps = replay_launch_config(batch, value_heads, key_dim, value_dim, per_key, read_format,
                                                   device_phase=phase == 0, kda_weights=bool(_kda_weights))
     block_v, num_warps = _block_v or block_v, _num_warps or num_warps
@@ -1077,13 +1098,12 @@ def _replay_step(
     block_k, block_r = max(16, triton.next_power_of_2(key_dim)), max(16, triton.next_power_of_2(ring_size))
 
     def uses_dot(kernel_phase):
-        # A split step's flush-only programs fold with the dot (their registers do not throttle replay programs);
-        # the host-phase flush as host_flush_launch_config says.
+        # Flush-only programs (their registers do not throttle replay programs) as host_flush_launch_config says
         if _flush_dot is not None:
             return bool(_flush_dot)
-        if kernel_phase == 2:
-            return host_flush_dot
-        return flush_uses_dot(per_key) or kernel_phase == 3
+        if kernel_phase in (2, 3):
+            return flush_only_dot
+        return flush_uses_dot(per_key)
 
     # per-key gates: every launch that folds without the dot; scalar gates: the launches with replaying programs
     # (a flushing program of the fused launch computes its record decays itself), reading the ring in logical order
@@ -1104,30 +1124,36 @@ def _replay_step(
         if phase == 0 and not split:
             raise ValueError("_chunk_k needs the replay-only launches: host positions or a split step (_split=True)")
 
+    # (the device-grid flush kernel folds with the product alone)
     flush_on_device_grid = (use_device_grid(_flush_grid, batch) and split and not exact_fold and not flush_reads_copy
-                            and not _ring_physical and _flush_dot is not False)
+                            and not _ring_physical and (flush_only_dot if _flush_dot is None else bool(_flush_dot)))
     if _walk is not None:
         unknown = set(_walk) - {"programs_per_sm", "num_stages"}
-        if unknown or phase != 1 or read_format != "fp32" or exact_fold or _chunk_k:
-            raise ValueError("_walk (keys programs_per_sm, num_stages) serves the host-phase replay-only launch "
-                             f"reading the fp32 checkpoint without an exact fold or _chunk_k; got {dict(_walk)} at "
-                             f"host phase {phase}, read format {read_format}")
+        serves = phase == 1 or (split and count_launch and not flush_reads_copy and not _ring_physical)
+        if unknown or not serves or read_format != "fp32" or exact_fold or _chunk_k:
+            raise ValueError("_walk (keys programs_per_sm, num_stages) serves the replay-only launches reading the "
+                             "fp32 checkpoint without an exact fold or _chunk_k: host positions, or a split step "
+                             f"(_split=True) with the count launch; got {dict(_walk)} at host phase {phase} (0: device "
+                             f"positions), split {split}, count launch {count_launch}, read format {read_format}")
 
-    def launch_walk():
+    def launch_walk(kernel_phase):
         programs = flush_grid_programs(v.device, grid[0] * batch * value_heads, _walk.get("programs_per_sm", 2))
-        LAST_COMPILED["replay_phase1"] = LAST_COMPILED["replay"] = _delta_replay_walk_kernel[(programs,)](
-            state, ring_k, ring_d, ring_g, q, k, v, beta, g, o, weights,
+        LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = _delta_replay_walk_kernel[
+            (programs,)](
+            state, ring_k, ring_d, ring_g, *positions, q, k, v, beta, g, o, weights,
             grid[0] * batch * value_heads, value_heads, key_dim, value_dim, ring_size, value_heads // key_heads, scale,
-            *host,
+            *host, *strides,
             *state.stride(), *ring_k.stride(), *ring_d.stride(), *_ring_gate_strides(ring_g),
             *q.stride(), *k.stride(), *v.stride(), *beta.stride(), *_gate_strides(g), *o.stride(),
             GATE_PER_KEY=per_key,
             USE_QK_L2NORM=bool(use_qk_l2norm),
-            WEIGHTS_GIVEN=weighted[1],
+            WEIGHTS_GIVEN=weighted[kernel_phase],
             BLOCK_K=block_k,
             BLOCK_V=block_v,
             BLOCK_R=block_r,
             NUM_STAGES=int(_walk.get("num_stages", 2)),
+            BUFFER_LEN=buffer_len,
+            DEVICE_POSITIONS=kernel_phase == 4,
             num_warps=num_warps,
         )
 
@@ -1154,8 +1180,8 @@ def _replay_step(
     def launch(kernel_phase):
         if kernel_phase == 3 and flush_on_device_grid:
             return launch_flush_due()
-        if kernel_phase == 1 and _walk is not None:
-            return launch_walk()
+        if kernel_phase in (1, 4) and _walk is not None:
+            return launch_walk(kernel_phase)
         flush_only = kernel_phase in (2, 3)
         flush_dot = uses_dot(kernel_phase)
         ring_physical = bool(_ring_physical) and not per_key

@@ -461,10 +461,10 @@ def case_kda_weights(k, device):
 
 
 def case_replay_walk(k, device):
-    """``_walk`` (the host-phase replay-only launch on a device-sized grid walking the tiles, loads pipelined): the
-    outputs and rings of the per-tile launch, bit for bit on the CPU (within 2e-6 on CUDA), GDN with GVA and KDA with
-    and without the weights pre-launch, two V tiles per head, every replaying count, pipelines 2 and 3 deep; the
-    launches it cannot serve are refused."""
+    """``_walk`` (replay-only launches on a device-sized grid walking the tiles, loads pipelined): the outputs and
+    rings of the per-tile launch, bit for bit on the CPU (within 2e-6 on CUDA), GDN with GVA and KDA with and without
+    the weights pre-launch, two V tiles per head: host positions at every replaying count, pipelines 2 and 3 deep, and
+    a split step's replay launch (rows in mixed phases, some due); the launches it cannot serve are refused."""
     import torch
 
     L, R, batch = 5, 4, 3
@@ -486,10 +486,32 @@ def case_replay_walk(k, device):
                 for name in RING:
                     torch.testing.assert_close(p_walk[name], p[name], **exact)
     assert "replay_phase1" in k.LAST_COMPILED
+    # a split step's replay launch walking (device positions, rows in mixed phases, some due to flush)
+    origins, counts = [3, 0, 2, 1, 3, 2], [4, 1, 4, 3, 0, 2]
+    for per_key, launch in ((False, {}), (True, {}), (True, dict(_kda_weights=False))):
+        runs = []
+        for use in (None, dict(programs_per_sm=2, num_stages=2)):
+            p = _make(device, torch.bfloat16, len(counts), 2, 4, 24, 20, R, per_key=per_key, seed=3)
+            count = torch.tensor(counts, dtype=torch.int32, device=device)
+            origin = torch.tensor(origins, dtype=torch.int32, device=device)
+            out = torch.empty(p["v"].shape, dtype=torch.float32, device=device)
+            runs.append((_run_replay(k._replay_step, p, origin, count, buffer_len=L, out=out, _block_v=16,
+                                     _split=True, _walk=use, **launch), p, count))
+        print(f" walk, device positions: per_key={per_key} {launch} counts={counts}")
+        (o, p, count), (o_walk, p_walk, count_walk) = runs
+        exact = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=2e-6, atol=2e-6)
+        assert torch.isfinite(o_walk).all() and torch.equal(count_walk, count)
+        torch.testing.assert_close(o_walk, o, **exact)
+        for name in RING:
+            torch.testing.assert_close(p_walk[name], p[name], **exact)
     p = _make(device, torch.float32, batch, 2, 4, 24, 20, R, per_key=False)
     for count, extra in ((L - 1, {}), (1, dict(_walk=dict(stages=2))), (1, dict(_chunk_k=8))):
         with pytest.raises(ValueError, match="_walk"):
             _run_replay(k._replay_step, p, 0, count, buffer_len=L, **{"_walk": {}, **extra})
+    positions = [torch.zeros(batch, dtype=torch.int32, device=device) for _ in range(2)]
+    for extra in (dict(_split=False), dict(_split=True, _count_launch=False)):  # fused, or tickets: refused
+        with pytest.raises(ValueError, match="_walk"):
+            _run_replay(k._replay_step, p, *positions, buffer_len=L, _walk={}, **extra)
 
 
 def case_chunked_checkpoint(k, device):
@@ -536,9 +558,13 @@ def case_flush_device_grid(k, device):
     import torch
 
     for per_key in (False, True):
+        # (per-key gates: the split step's flush folds with the loop by default, which the device grid does not
+        # serve; the product asked for)
+        product = dict(_flush_dot=True) if per_key else {}
         _check_replay(k, device, torch.float32, key_heads=2, value_heads=4, key_dim=24, value_dim=32, per_key=per_key,
                       buffer_len=5, ring=7, origins=[6, 5, 0, 6, 3], counts=[4, 3, 0, 2, 4], block_vs=[16],
-                      rel=1e-5, poison=True, splits=(True,), launch=dict(_flush_grid="device"))
+                      rel=1e-5, poison=True, splits=(True,), flush_dots=(True,) if per_key else (None,),
+                      launch=dict(_flush_grid="device"))
         for counts in ([0, 1, 2, 3], [4, 1, 2, 3], [4, 0, 4, 2], [4, 4, 4, 4]):
             runs = {}
             for grid in ("batch", "device"):
@@ -549,7 +575,7 @@ def case_flush_device_grid(k, device):
                 # the device grid at the batch grid's tile: the same products, hence the same bits
                 o = _run_replay(k._replay_step, p, torch.tensor([3, 0, 2, 1], dtype=torch.int32, device=device),
                                 count, buffer_len=5, out=out, _block_v=16, _split=True, _flush_grid=grid,
-                                _flush_config=(16, 2))
+                                _flush_config=(16, 2), **product)
                 runs[grid] = (o, p, count, "flush_due" in k.LAST_COMPILED)
             print(f" per_key={per_key} counts={counts}: device grid == batch grid")
             (o, p, count, ran), (o_b, p_b, count_b, ran_b) = runs["device"], runs["batch"]

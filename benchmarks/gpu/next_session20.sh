@@ -16,7 +16,9 @@
 #   walk_s2 / _s3 faster than the default step -> the device-phase default (with _count_launch), then end to end.
 # STAGE=2 (about 6 minutes): the delta rule. `bench_delta --diag` for KDA at 64 / 256 (the host cycle at the final
 #   flush default, the loop fold on [128, 32] x 1: 614 us per flush at 256 in run 114, the cycle timed only at
-#   [128, 16] x 1, 231.6 us) and GDN at 256, with the host cycle's walks (diag_host_walk_us).
+#   [128, 16] x 1, 231.6 us) and GDN at 256, with the host cycle's walks (diag_host_walk_us), the split step's
+#   replay launch walking (variants split_walk_s2 / _s3), and KDA's split step now folding its flush with the loop
+#   (replay_mixed_split_us: 717 us in run 111 with the spilling product).
 # STAGE=3 (about 6 minutes, carry .whl too): eager decoding at batch 256 (host positions, where the new flush tiles
 #   apply; the compiled step uses the device-phase kernels): Nemotron-H-like and Kimi-Linear-like, stock eager against
 #   ReplayCache eager, two repeats.

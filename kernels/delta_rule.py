@@ -109,7 +109,7 @@ import triton
 import triton.language as tl
 
 from hf_replayssm.kernels.counts import advance_counts
-from hf_replayssm.kernels.flush_grid import due_item, due_rows, flush_grid_programs, use_device_grid
+from hf_replayssm.kernels.flush_grid import due_item, due_rows, flush_grid_programs, use_device_grid, walk_item
 from hf_replayssm.kernels.read_copy import load_read_tile, read_copy_operands
 from hf_replayssm.ops.delta_step import delta_replay_step_ref, delta_state_update_ref
 from hf_replayssm.ops.positions import host_phase
@@ -288,6 +288,35 @@ def _token_output(pq, pk, wq, wk, d_r, q_t, k_t, v_t, beta_t):
     pk += tl.sum(wk[:, None] * d_r, axis=0)
     d_t = beta_t * (v_t - pk)
     return d_t, pq + tl.sum(k_t * q_t, axis=0) * d_t
+
+
+@triton.jit
+def _given_weights(w_base, offs_k, offs_r, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, GATE_PER_KEY: tl.constexpr):
+    """One (row, value head)'s entry of the per-head pre-launch (``_kda_weights_kernel``): the decay since the
+    checkpoint ([K] for a per-key gate, else a scalar) and the records' weights against q and k [R]."""
+    if GATE_PER_KEY:  # noqa: SIM108 (a constexpr branch: no conditional expressions in the kernel code)
+        decay = tl.load(w_base + offs_k)
+    else:
+        decay = tl.load(w_base)  # a scalar gate's decay fills every slot
+    return decay, tl.load(w_base + BLOCK_K + offs_r), tl.load(w_base + BLOCK_K + BLOCK_R + offs_r)
+
+
+@triton.jit
+def _append_record(rd_base, rg_base, rk_base, slot, d_t, g_t, k_raw, offs_v, mask_v, offs_k, mask_k, first_tile,
+                   pid_h, kv_ratio, stride_rd_r, stride_rd_v, stride_rg_r, stride_rg_k, stride_rk_r, stride_rk_k,
+                   GATE_PER_KEY: tl.constexpr):
+    """Append the token's record at ring ``slot``: d by every V tile (``mask_v``), g by the ``first_tile`` of value
+    head ``pid_h``, the raw key by the ``first_tile`` of the first value head of its key group."""
+    tl.store(rd_base + slot * stride_rd_r + offs_v * stride_rd_v, d_t.to(rd_base.dtype.element_ty), mask=mask_v)
+    if first_tile:
+        if GATE_PER_KEY:
+            tl.store(rg_base + slot * stride_rg_r + offs_k * stride_rg_k, g_t.to(rg_base.dtype.element_ty),
+                     mask=mask_k)
+        else:
+            tl.store(rg_base + slot * stride_rg_r, g_t.to(rg_base.dtype.element_ty))
+        if pid_h % kv_ratio == 0:
+            tl.store(rk_base + slot * stride_rk_r + offs_k * stride_rk_k, k_raw.to(rk_base.dtype.element_ty),
+                     mask=mask_k)
 
 
 @triton.jit
@@ -553,13 +582,8 @@ def _delta_replay_step_kernel(
         # Decays from the gates one record later (s_r = sum_{r<i<count} g_i + g_t; c = g_0 + s_0) and the records'
         # weights: from the per-head pre-launch (WEIGHTS_GIVEN: once per (row, head), not once per V tile) or here.
         if WEIGHTS_GIVEN:
-            w_base = weights_ptr + (pid_b * tl.num_programs(2) + pid_h) * (BLOCK_K + 2 * BLOCK_R)
-            if GATE_PER_KEY:  # noqa: SIM108 (a constexpr branch: no conditional expressions in the kernel code)
-                decay = tl.load(w_base + offs_k)
-            else:
-                decay = tl.load(w_base)  # a scalar gate's decay fills every slot
-            wq = tl.load(w_base + BLOCK_K + offs_r)
-            wk = tl.load(w_base + BLOCK_K + BLOCK_R + offs_r)
+            decay, wq, wk = _given_weights(weights_ptr + (pid_b * tl.num_programs(2) + pid_h) * (BLOCK_K + 2 * BLOCK_R),
+                                           offs_k, offs_r, BLOCK_K, BLOCK_R, GATE_PER_KEY)
         elif RING_PHYSICAL:  # scalar gates only
             g_r = tl.load(rg_base + slots * stride_rg_r, mask=valid, other=0.0).to(tl.float32)
             after = pos[None, :] > pos[:, None]  # [j, i]: record i comes after record j (invalid g_i are 0)
@@ -638,17 +662,9 @@ def _delta_replay_step_kernel(
             # Append the token's record at logical position count: d by every V tile, g by V tile 0, the raw key by
             # V tile 0 of the first value head of its key group.
             slot = (origin + count) % ring_size
-            tl.store(rd_base + slot * stride_rd_r + offs_v * stride_rd_v, d_t.to(ring_d_ptr.dtype.element_ty),
-                     mask=mask_v)
-            if pid_v == 0:
-                if GATE_PER_KEY:
-                    tl.store(rg_base + slot * stride_rg_r + offs_k * stride_rg_k, g_t.to(ring_g_ptr.dtype.element_ty),
-                             mask=mask_k)
-                else:
-                    tl.store(rg_base + slot * stride_rg_r, g_t.to(ring_g_ptr.dtype.element_ty))
-                if pid_h % kv_ratio == 0:
-                    tl.store(rk_base + slot * stride_rk_r + offs_k * stride_rk_k, k_raw.to(ring_k_ptr.dtype.element_ty),
-                             mask=mask_k)
+            _append_record(rd_base, rg_base, rk_base, slot, d_t, g_t, k_raw, offs_v, mask_v, offs_k, mask_k,
+                           pid_v == 0, pid_h, kv_ratio, stride_rd_r, stride_rd_v, stride_rg_r, stride_rg_k,
+                           stride_rk_r, stride_rk_k, GATE_PER_KEY)
             if EXACT_FOLD:  # the raw inputs a flush recomputes d from: v by every V tile, beta by V tile 0
                 tl.store(rv_base + slot * stride_rv_r + offs_v * stride_rv_v, v_t.to(ring_v_ptr.dtype.element_ty),
                          mask=mask_v)
@@ -700,10 +716,7 @@ def _delta_replay_walk_kernel(
     mask_k = offs_k < K
     offs_r = tl.arange(0, BLOCK_R)
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0), num_stages=NUM_STAGES):
-        pid_v = item % v_tiles
-        pid_h = (item // v_tiles) % heads
-        pid_b = tl.full([], 0, tl.int64) + item // (v_tiles * heads)  # int64 row offsets (a Python int in the
-        # interpreter has no .to)
+        pid_v, pid_h, pid_b = walk_item(item, heads, v_tiles)
         hk = pid_h // kv_ratio
         if DEVICE_POSITIONS:
             origin = tl.load(origin_ptr + pid_b * stride_origin)
@@ -734,13 +747,8 @@ def _delta_replay_walk_kernel(
             GATE_PER_KEY, USE_QK_L2NORM)
         d_r = _load_record_values(rd_base, slots, valid, offs_v, mask_v, stride_rd_r, stride_rd_v)
         if WEIGHTS_GIVEN:
-            w_base = weights_ptr + (pid_b * heads + pid_h) * (BLOCK_K + 2 * BLOCK_R)
-            if GATE_PER_KEY:  # noqa: SIM108 (a constexpr branch: no conditional expressions in the kernel code)
-                decay = tl.load(w_base + offs_k)
-            else:
-                decay = tl.load(w_base)
-            wq = tl.load(w_base + BLOCK_K + offs_r)
-            wk = tl.load(w_base + BLOCK_K + BLOCK_R + offs_r)
+            decay, wq, wk = _given_weights(weights_ptr + (pid_b * heads + pid_h) * (BLOCK_K + 2 * BLOCK_R), offs_k,
+                                           offs_r, BLOCK_K, BLOCK_R, GATE_PER_KEY)
         else:
             k_r = _load_record_keys(rk_base, slots, valid, offs_k, mask_k, stride_rk_r, stride_rk_k, USE_QK_L2NORM)
             decay, _, wq, wk = _record_weights(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, valid, q_t,
@@ -749,20 +757,9 @@ def _delta_replay_walk_kernel(
         d_t, o = _token_output(pq, pk, wq, wk, d_r, q_t, k_t, v_t, beta_t)
         tl.store(o_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_v * stride_o_v,
                  o.to(o_ptr.dtype.element_ty), mask=mask_v)
-        tl.store(rd_base + slot * stride_rd_r + offs_v * stride_rd_v, d_t.to(ring_d_ptr.dtype.element_ty),
-                 mask=mask_v)
-        # V tile 0 appends the gate, and the key once per key head: as masked stores (limits on the key offsets,
-        # which the interpreter accepts where a tensor mask & a scalar bool is not a valid mask)
-        gate_limit = tl.where((pid_v == 0) & run, K, 0)
-        key_limit = tl.where((pid_v == 0) & (pid_h % kv_ratio == 0) & run, K, 0)
-        if GATE_PER_KEY:
-            tl.store(rg_base + slot * stride_rg_r + offs_k * stride_rg_k, g_t.to(ring_g_ptr.dtype.element_ty),
-                     mask=offs_k < gate_limit)
-        else:  # the scalar gate through lane 0 of a [BLOCK_K] store
-            tl.store(rg_base + slot * stride_rg_r + offs_k * 0, (g_t + offs_k * 0.0).to(ring_g_ptr.dtype.element_ty),
-                     mask=offs_k < tl.minimum(gate_limit, 1))
-        tl.store(rk_base + slot * stride_rk_r + offs_k * stride_rk_k, k_raw.to(ring_k_ptr.dtype.element_ty),
-                 mask=offs_k < key_limit)
+        _append_record(rd_base, rg_base, rk_base, slot, d_t, g_t, k_raw, offs_v, mask_v, offs_k, mask_k,
+                       (pid_v == 0) & run, pid_h, kv_ratio, stride_rd_r, stride_rd_v, stride_rg_r, stride_rg_k,
+                       stride_rk_r, stride_rk_k, GATE_PER_KEY)
 
 
 @triton.jit
@@ -1076,10 +1073,10 @@ def _replay_step(
 
     # the flush-only launches' fold (host phase 2, a split step's 3): the product, or for per-key gates with the
     # weights pre-launch the loop (the product's per-key tiles spill: sm_90, KDA [128, 16] x 1, 6124 B)
-    flush_block_v, flush_warps, flush_only_dot = host_flush_launch_config(
+    host_flush_v, host_flush_warps, flush_only_dot = host_flush_launch_config(
         batch, value_heads, key_dim, value_dim, per_key, kda_weights=bool(_kda_weights), exact_fold=exact_fold)
     if phase == 2:  # the host-phase flush reads the fp32 checkpoint alone, at its own tile
-        block_v, num_warps = flush_block_v, flush_warps
+        block_v, num_warps = host_flush_v, host_flush_warps
     else:
         block_v, num_warps = replay_launch_config(batch, value_heads, key_dim, value_dim, per_key, read_format,
                                                   device_phase=phase == 0, kda_weights=bool(_kda_weights))
@@ -1126,7 +1123,7 @@ def _replay_step(
 
     # (the device-grid flush kernel folds with the product alone)
     flush_on_device_grid = (use_device_grid(_flush_grid, batch) and split and not exact_fold and not flush_reads_copy
-                            and not _ring_physical and (flush_only_dot if _flush_dot is None else bool(_flush_dot)))
+                            and not _ring_physical and uses_dot(3))
     if _walk is not None:
         unknown = set(_walk) - {"programs_per_sm", "num_stages"}
         serves = phase == 1 or (split and count_launch and not flush_reads_copy and not _ring_physical)

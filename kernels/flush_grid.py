@@ -62,6 +62,14 @@ def due_rows(count_ptr, stride_count, batch, BUFFER_LEN: tl.constexpr, BLOCK_B: 
 
 
 @triton.jit
+def walk_item(item, heads, tiles):
+    """Item ``item`` of every row's (row, head, tile) items, tiles fastest: (tile, head, batch row as int64); the
+    order of a batch-sized grid's programs, for launches whose programs walk the items with a stride of the grid."""
+    row = tl.full([], 0, tl.int64) + item // (tiles * heads)  # (a Python int in the interpreter has no .to)
+    return item % tiles, (item // tiles) % heads, row
+
+
+@triton.jit
 def due_item(due, rank, item, heads, tiles, BLOCK_B: tl.constexpr):
     """Item ``item`` of the due rows' (row, head, tile) items, tiles fastest: (batch row as int64, head, tile)."""
     items_per_row = tiles * heads

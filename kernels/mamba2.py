@@ -80,7 +80,7 @@ import triton
 import triton.language as tl
 
 from hf_replayssm.kernels.counts import advance_counts
-from hf_replayssm.kernels.flush_grid import due_item, due_rows, flush_grid_programs, use_device_grid
+from hf_replayssm.kernels.flush_grid import due_item, due_rows, flush_grid_programs, use_device_grid, walk_item
 from hf_replayssm.kernels.read_copy import load_read_tile, read_copy_operands
 from hf_replayssm.ops.mamba2_step import mamba2_replay_step_ref, mamba2_state_update_ref
 from hf_replayssm.ops.positions import host_phase
@@ -475,9 +475,7 @@ def _mamba2_replay_walk_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     mask_n = offs_n < N
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0), num_stages=NUM_STAGES):
-        pid_p = item % p_tiles
-        h = (item // p_tiles) % heads
-        pid_b = tl.full([], 0, tl.int64) + item // (p_tiles * heads)  # (a Python int in the interpreter has no .to)
+        pid_p, h, pid_b = walk_item(item, heads, p_tiles)
         group = h // heads_per_group
         if DEVICE_POSITIONS:
             count = tl.load(count_ptr + pid_b * stride_count) & 0xFFFF
@@ -761,6 +759,7 @@ def _replay_step(
     if ring_physical:
         block_r = triton.next_power_of_2(ring_size)
     positions = (origin, count) if phase == 0 else (A, A)  # unused pointers in the host-phase kernels
+    position_strides = (origin.stride(0), count.stride(0)) if phase == 0 else (0, 0)
     host = (0, 0) if phase == 0 else (origin, count)
     # Kernel phases: the host's phase, or on the device one fused launch (0) or two (3: flushes, then 4: replays).
     flush_reads_copy = bool(flush_reads_copy) and read_format != "fp32"
@@ -791,7 +790,7 @@ def _replay_step(
             state, ring_x, ring_dt, ring_B, *positions,
             x, dt, B, C, A, _optional(D, A), _optional(z, x), _optional(dt_bias, A), y,
             items, heads, head_dim, d_state, ring_size, heads // groups, *host,
-            *((origin.stride(0), count.stride(0)) if phase == 0 else (0, 0)),
+            *position_strides,
             *state.stride(), *ring_x.stride(), *ring_dt.stride(), *ring_B.stride(),
             *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
             A.stride(0), _strides(D, 1)[0], _strides(dt_bias, 1)[0],
@@ -854,7 +853,7 @@ def _replay_step(
             x, dt, B, C, A, _optional(D, A), _optional(z, x), _optional(dt_bias, A), y, *read_operands[:3],
             head_dim, d_state, ring_size, heads // groups, *host,
             *state.stride(), *ring_x.stride(), *ring_dt.stride(), *ring_B.stride(),
-            *((origin.stride(0), count.stride(0)) if phase == 0 else (0, 0)),
+            *position_strides,
             *x.stride(), *dt.stride(), *B.stride(), *C.stride(),
             A.stride(0), _strides(D, 1)[0], _strides(dt_bias, 1)[0],
             *_strides(z, 3), *y.stride(), *read_operands[3:],

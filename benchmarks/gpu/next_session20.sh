@@ -50,7 +50,13 @@ elif [ "$STAGE" = 3 ]; then
     bench_job 170 generate_eager_$model generate --models $model --batches 256 --arms stock,replay \
       --prompt $prompt --new 128 --repeats 2 --out "$RES/generate_eager_$model.json"; pack
   done
-elif [ "$STAGE" = 4 ]; then
+elif [ "$STAGE" = 5 ]; then  # the twentieth session's second call: STAGE 1's probe again (its write-back form had
+  # halved the states rep after rep, so the next form's check divided 0 by 0), then STAGE 4
+  timeout 120 python3 "$R/benchmarks/gpu/read_probe.py" --out "$RES/read_probe.json" > "$RES/read_probe.txt" 2>&1
+  echo "read_probe rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  STAGE=4  # the same folder, packed as next_session20_4.tgz from here on
+fi
+if [ "$STAGE" = 4 ]; then
   for model in qwen3_5 nemotron_h; do
     prompt=$([ $model = nemotron_h ] && echo 128 || echo 512)
     bench_job 120 generate_b1_$model generate --models $model --batches 1 \

@@ -57,12 +57,26 @@ from pathlib import Path
 import torch
 
 if __package__:
-    from .bench_common import Timer, copy_bandwidth, device_read_copy_times, load_kernels, print_read_copy_rows
+    from .bench_common import (
+        Timer,
+        copy_bandwidth,
+        device_read_copy_times,
+        load_kernels,
+        parse_walks,
+        print_read_copy_rows,
+    )
     from .bench_common import compiled_info as _compiled_info
     from .bench_common import json_default as _json_default
     from .bench_common import num_copies as _num_copies
 else:  # run as a script from a checkout: python kernels/bench.py
-    from bench_common import Timer, copy_bandwidth, device_read_copy_times, load_kernels, print_read_copy_rows
+    from bench_common import (
+        Timer,
+        copy_bandwidth,
+        device_read_copy_times,
+        load_kernels,
+        parse_walks,
+        print_read_copy_rows,
+    )
     from bench_common import compiled_info as _compiled_info
     from bench_common import json_default as _json_default
     from bench_common import num_copies as _num_copies
@@ -77,9 +91,10 @@ REPLAY_SWEEP = [(16, 2, 4), (16, 2, 1), (32, 2, 4), (32, 2, 1), (8, 2, 4), (16, 
                 (16, 1, 4), (32, 1, 4)]
 STANDARD_SWEEP = [(4, 4), (8, 4), (16, 8), (32, 8), (64, 8)]
 # --diag: the host-position cycle with its replay-only launches walking the tiles on a device-sized grid, loads
-# pipelined (_walk): (block_p, num_warps, pipeline stages, programs per SM); sm_90 compile-only registers 156-206,
-# no spills
-WALKS = [(32, 2, 2, 2), (32, 2, 3, 2), (16, 2, 2, 4), (32, 4, 2, 2)]
+# pipelined (_walk): (block_p, num_warps, pipeline stages, programs per SM); --walks overrides. Run 116 (batch 256,
+# per-tile cycle 349 us): [32] x 4 x 2 stages x 2 per SM 706, [32] x 2 x 3 x 2 612, [32] x 2 x 2 x 2 745, [16] x 2
+# x 2 x 4 685: faster with every program per SM, so these try more (shared memory: stages x tile <= 228 KB per SM)
+WALKS = [(32, 2, 2, 4), (32, 2, 2, 6), (16, 2, 2, 8), (16, 1, 2, 12)]
 CONFIG_KEYS = ("block_p", "num_warps", "fold_unroll")
 
 
@@ -308,21 +323,12 @@ VARIANTS = {
     # the flush launch on a device-sized grid: the same checkpoint bits; y within 1e-5 (its own tile's reductions)
     "flush_device_grid": (dict(_flush_grid="device"), False),
     "flush_batch_grid": (dict(_flush_grid="batch"), False),  # the default past kernels.mamba2.DEVICE_GRID_MAX_BATCH
-    # the device-grid flush reading each item's records in one round trip (the same arithmetic as four at a time)
-    "flush_device_grid_u16": (dict(_flush_grid="device", _flush_config=dict(fold_unroll=16)), False),
-    # the batch-grid flush launch on fold_tile_config's smaller tile instead of the replay tile (the host-phase
-    # flush-only launch was 16 % faster on it, run 114)
-    "flush_batch_grid_fold_tile": (dict(_flush_grid="batch", _flush_config=dict(block_p=16, num_warps=2)), False),
-    # the device-grid flush on smaller tiles with more programs in flight (sm_90, batch 256, compile-only: [8, 128]
-    # x 2 96 registers, [4, 128] x 1 95, against [16, 128] x 2's 137 at 8 programs per SM)
-    "flush_device_grid_p8w2_x12": (dict(_flush_grid="device", _flush_config=dict(block_p=8, num_warps=2,
-                                                                                  programs_per_sm=12)), False),
-    "flush_device_grid_p4w1_x24": (dict(_flush_grid="device", _flush_config=dict(block_p=4, num_warps=1,
-                                                                                  programs_per_sm=24)), False),
-    # the replay launch walking the tiles on a device-sized grid with pipelined loads (counts advanced by their own
-    # launch); sm_90 compile-only at batch 256 in BENCHMARKS.md
-    "walk_s2": (dict(_count_launch=True, _walk=dict(num_stages=2, programs_per_sm=2)), False),
-    "walk_s3": (dict(_count_launch=True, _walk=dict(num_stages=3, programs_per_sm=2)), False),
+    # (run 116, batch 256, against the default 433 us mixed: the batch-grid flush on fold_tile_config's tile 436,
+    # the device-grid flush on [8, 128] x 2 x 12 / [4, 128] x 1 x 24 per SM 495 / 525, the replay launch walking the
+    # tiles at 2 programs per SM 956 / 846 (2 / 3 stages); run 109: the device-grid flush reading 16 records per round
+    # trip 475 vs 476; all dropped from the list). The replay launch walking at 6 programs per SM, 2 stages (the
+    # walks got faster with every program added per SM, run 116's diag; 16 KB per stage: 192 KB of shared memory)
+    "walk_s2_x6": (dict(_count_launch=True, _walk=dict(num_stages=2, programs_per_sm=6)), False),
 }
 
 
@@ -489,7 +495,8 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                     f"count{L - 1}_flush": per_step_us(timer(inputs.host_fn(k._replay_step, only=L - 1))),
                     f"count{L - 1}_flush_replay_tile": per_step_us(timer(inputs.host_fn(
                         k._replay_step, only=L - 1, _config=cfg)))}
-                walks = {(min(bp, 1 << (head_dim - 1).bit_length()), *rest) for bp, *rest in WALKS}
+                walks = {(min(bp, 1 << (head_dim - 1).bit_length()), *rest)
+                         for bp, *rest in parse_walks(args.walks, WALKS)}
                 row["diag_host_walk_us"] = {
                     f"p{bp}w{nw}_s{stages}_x{per_sm}": per_step_us(timer(inputs.host_fn(
                         k._replay_step, _config=dict(block_p=bp, num_warps=nw), flush_launch={},
@@ -603,6 +610,8 @@ def main(argv: list[str] | None = None) -> dict:
                         help="with --read-format: time the read-copy replay over the replay launch sweep too")
     parser.add_argument("--no-check", action="store_true", help="skip the on-device correctness check")
     parser.add_argument("--diag", action="store_true", help="also time single phases and a no-ticket variant")
+    parser.add_argument("--walks", default=None,
+                        help="--diag's host walks as tile:warps:stages:programs_per_sm items, comma-separated")
     parser.add_argument("--read-format", choices=["fp8", "nvfp4"], default=None,
                         help="also time the host-phase cycle whose replay launches read a read copy in this format")
     parser.add_argument("--budget-ms", type=float, default=150.0, help="GPU time per measurement")

@@ -186,3 +186,17 @@ def print_read_copy_rows(r: dict, pad: int) -> None:
         print(f"{'':<{pad}}{'':>6} | nvfp4 copy loaded per nibble (the former load): host-phase "
               f"{r['replay_host_read_copy_nvfp4_nibbles_us']:.2f} us, device, in phase "
               f"{r['replay_in_phase_read_copy_nvfp4_nibbles_us']:.2f} us", flush=True)
+
+
+def parse_walks(text: str | None, default: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:
+    """``--walks``: "tile:warps:stages:per_sm,..." (tile is block_p for Mamba-2, BLOCK_V for the delta rule), or the
+    bench's default list when not given."""
+    if not text:
+        return list(default)
+    walks = []
+    for item in text.split(","):
+        parts = item.split(":")
+        if len(parts) != 4 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"--walks takes tile:warps:stages:programs_per_sm items, comma-separated; got {item!r}")
+        walks.append(tuple(int(p) for p in parts))
+    return walks

@@ -58,12 +58,26 @@ from pathlib import Path
 import torch
 
 if __package__:
-    from .bench_common import Timer, copy_bandwidth, device_read_copy_times, load_kernels, print_read_copy_rows
+    from .bench_common import (
+        Timer,
+        copy_bandwidth,
+        device_read_copy_times,
+        load_kernels,
+        parse_walks,
+        print_read_copy_rows,
+    )
     from .bench_common import compiled_info as _compiled_info
     from .bench_common import json_default as _json_default
     from .bench_common import num_copies as _num_copies
 else:  # run as a script from a checkout: python kernels/bench.py
-    from bench_common import Timer, copy_bandwidth, device_read_copy_times, load_kernels, print_read_copy_rows
+    from bench_common import (
+        Timer,
+        copy_bandwidth,
+        device_read_copy_times,
+        load_kernels,
+        parse_walks,
+        print_read_copy_rows,
+    )
     from bench_common import compiled_info as _compiled_info
     from bench_common import json_default as _json_default
     from bench_common import num_copies as _num_copies
@@ -78,9 +92,11 @@ BATCHES = [1, 8, 32, 64, 128, 256, 512]
 REPLAY_SWEEP = [(16, 1), (16, 2), (16, 4), (32, 1), (32, 2), (32, 4), (32, 8), (64, 2), (64, 4), (64, 8), (128, 8)]
 STANDARD_SWEEP = [(8, 1), (8, 2), (16, 1), (16, 2), (16, 4), (32, 1), (32, 2), (32, 4), (64, 4), (64, 8)]
 # --diag: the host-position cycle with its replay-only launches walking the tiles on a device-sized grid, loads
-# pipelined (_walk): (BLOCK_V, num_warps, pipeline stages, programs per SM); sm_90 compile-only registers 214-233
-# without spills at these tiles ([128, 64] x 2 spills)
-WALKS = [(64, 4, 2, 2), (64, 4, 3, 2), (32, 2, 2, 3), (32, 1, 2, 4)]
+# pipelined (_walk): (BLOCK_V, num_warps, pipeline stages, programs per SM); --walks overrides. Run 116 (batch 256):
+# GDN 64 x 4 x 3 stages x 2 per SM 323, 64 x 4 x 2 x 2 324, 32 x 2 x 2 x 3 302, 32 x 1 x 2 x 4 228 against the
+# per-tile cycle's 212 us; KDA 293 / 311 / 291 / 247 against 227: the one-warp tile with the most programs per SM
+# came closest, so these go further (32 x 1 at two stages is 32 KB of shared memory per program)
+WALKS = [(32, 1, 2, 6), (32, 1, 3, 4), (16, 1, 2, 8), (16, 1, 2, 12)]
 
 
 def _fla_step_fn(family: str):
@@ -338,9 +354,10 @@ VARIANTS = {
     "tickets": (dict(_count_launch=False), True),
     "split_no_prefetch": (dict(_split=True, _prefetch=False), False),
     "physical_ring": (dict(_ring_physical=True), False),
-    # the split step's replay launch walking the tiles on a device-sized grid, loads pipelined (_walk)
-    "split_walk_s2": (dict(_split=True, _walk=dict(num_stages=2, programs_per_sm=2)), False),
-    "split_walk_s3": (dict(_split=True, _walk=dict(num_stages=3, programs_per_sm=2)), False),
+    # the split step's replay launch walking the tiles on a device-sized grid, loads pipelined (_walk): at 2 programs
+    # per SM (run 116, batch 256) GDN 306 / 294 us (2 / 3 stages) and KDA 515 / 430 against the default's 227 / 226;
+    # more programs per SM were faster in every host walk, so 4 now
+    "split_walk_s2_x4": (dict(_split=True, _walk=dict(num_stages=2, programs_per_sm=4)), False),
 }
 
 
@@ -568,7 +585,8 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                     for tag, (fbv, fnw) in (("host_tile", (hbv, hnw)), ("device_tile", (bv, nw))):
                         row["diag_host_phase_us"][f"count{L - 1}_flush_{fold}_{tag}"] = per_step_us(timer(
                             inputs.host_fn(k._replay_step, only=L - 1, _block_v=fbv, _num_warps=fnw, _flush_dot=dot)))
-                walks = {(min(wbv, max(16, 1 << (V - 1).bit_length())), *rest) for wbv, *rest in WALKS}
+                walks = {(min(wbv, max(16, 1 << (V - 1).bit_length())), *rest)
+                         for wbv, *rest in parse_walks(args.walks, WALKS)}
                 row["diag_host_walk_us"] = {
                     f"{wbv}x{wnw}_s{stages}_x{per_sm}": per_step_us(timer(inputs.host_fn(
                         k._replay_step, _block_v=wbv, _num_warps=wnw, flush_launch={},
@@ -716,6 +734,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-fla", action="store_true", help="skip the flash-linear-attention arm")
     parser.add_argument("--no-torch", action="store_true", help="skip the transformers torch arm")
     parser.add_argument("--diag", action="store_true", help="also time single phases and a no-ticket variant")
+    parser.add_argument("--walks", default=None,
+                        help="--diag's host walks as tile:warps:stages:programs_per_sm items, comma-separated")
     parser.add_argument("--read-format", choices=["fp8", "nvfp4"], default=None,
                         help="also time the host-phase cycle whose replay launches read a read copy in this format")
     parser.add_argument("--budget-ms", type=float, default=150.0, help="GPU time per measurement")

@@ -41,8 +41,8 @@ def test_host_flush_launch_config():
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_bench_smoke(tmp_path):
-    data, stdout = run_bench_smoke("bench", ["--family", "mamba2", "--read-format", "nvfp4", "--diag"],
-                                   tmp_path / "bench.json")
+    data, stdout = run_bench_smoke("bench", ["--family", "mamba2", "--read-format", "nvfp4", "--diag",
+                                             "--walks", "8:1:2:3,4:2:3:5"], tmp_path / "bench.json")
     assert data["results"], data
     row = data["results"][0]
     for key in ("replay_mixed_us", "replay_in_phase_us", "standard_us", "torch_us", "speedup_replay_vs_standard",
@@ -66,8 +66,21 @@ def test_bench_smoke(tmp_path):
     L = row["buffer_len"]
     assert row["diag_host_phase_us"][f"count{L - 1}_flush"] > 0 and row["diag_host_phase_us"][
         f"count{L - 1}_flush_replay_tile"] > 0, row["diag_host_phase_us"]
-    assert row["diag_host_walk_us"] and all(us > 0 for us in row["diag_host_walk_us"].values()), row
+    assert all(us > 0 for us in row["diag_host_walk_us"].values()), row
+    assert set(row["diag_host_walk_us"]) == {"p8w1_s2_x3", "p4w2_s3_x5"}, row["diag_host_walk_us"]  # --walks
     assert "replay launches walking the tiles (_walk)" in stdout
+
+
+def test_parse_walks():
+    """--walks: tile:warps:stages:programs_per_sm items, the default list when absent, a clear error otherwise."""
+    from hf_replayssm.kernels.bench_common import parse_walks
+
+    default = [(32, 2, 2, 4)]
+    assert parse_walks(None, default) == default and parse_walks("", default) == default
+    assert parse_walks("16:1:2:8,32:2:3:4", default) == [(16, 1, 2, 8), (32, 2, 3, 4)]
+    for bad in ("16:1:2", "16:1:2:0", "a:1:2:3", "16:1:2:3,"):
+        with pytest.raises(ValueError, match="tile:warps:stages:programs_per_sm"):
+            parse_walks(bad, default)
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -55,6 +55,17 @@ elif [ "$STAGE" = 5 ]; then  # the twentieth session's second call: STAGE 1's pr
   timeout 120 python3 "$R/benchmarks/gpu/read_probe.py" --out "$RES/read_probe.json" > "$RES/read_probe.txt" 2>&1
   echo "read_probe rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   STAGE=4  # the same folder, packed as next_session20_4.tgz from here on
+elif [ "$STAGE" = 6 ]; then  # the twentieth session's third call: the walks again with more programs per SM
+  # (run 116: every walk lost 1.1-2.2x, but each family's walks got faster with every program added per SM); the
+  # new WALKS lists and variants walk_s2_x6 (Mamba-2) / split_walk_s2_x4 (delta), batch 256
+  bench_job 150 kernels_mamba2_walks kernels --family mamba2 --shapes nemotron-h-8b --batches 256 --no-sweep \
+    --diag --out "$RES/kernels_mamba2_walks.json"; pack
+  for pair in kda:kimi-linear gdn:qwen3-next; do
+    IFS=: read -r family shape <<< "$pair"
+    timeout 150 python3 -m hf_replayssm.kernels.bench_delta --family $family --shapes $shape --batches 256 \
+      --no-sweep --diag --no-torch --no-fla --out "$RES/delta_${family}_walks.json" > "$RES/delta_${family}_walks.txt" 2>&1
+    echo "$family walks rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  done
 fi
 if [ "$STAGE" = 4 ]; then
   for model in qwen3_5 nemotron_h; do

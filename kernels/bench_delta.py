@@ -565,16 +565,24 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
             for cfg in dict.fromkeys([host_cfg, *[c for c in replay_sweep if c[0] <= max(16, V)]]):
                 t = timer(inputs.host_fn(k._replay_step, _block_v=cfg[0], _num_warps=cfg[1], flush_launch={}))
                 sweep[_key(cfg)] = dict(us=per_step_us(t), **t, **_compiled_info(k, "replay"))
+            best_tile = min(sweep, key=lambda c: sweep[c]["us"])  # the best per-tile launch
+            host_key = _key(host_cfg)
+            walk_cfg = k.host_walk_launch_config(batch, V)
+            if walk_cfg is not None:  # from HOST_WALK_MIN_BATCH rows the default launch walks the tiles
+                walk = walk_cfg[2]
+                host_key = f"{_key(walk_cfg[:2])}_walk_x{walk['programs_per_sm']}_s{walk['num_stages']}"
+                t = timer(inputs.host_fn(k._replay_step, flush_launch={}))
+                sweep[host_key] = dict(us=per_step_us(t), **t, **_compiled_info(k, "replay"))
             best_host = min(sweep, key=lambda c: sweep[c]["us"])
-            row.update(replay_host_sweep=sweep, replay_host_default_config=_key(host_cfg),
+            row.update(replay_host_sweep=sweep, replay_host_default_config=host_key,
                        replay_host_best_config=best_host, replay_host_us=sweep[best_host]["us"],
-                       replay_host_default_us=sweep[_key(host_cfg)]["us"])
+                       replay_host_default_us=sweep[host_key]["us"], replay_host_best_tile_config=best_tile)
             if not per_key:  # the per-head pre-launch of decays and record weights (off by default for GDN)
-                hbv, hnw = (int(x) for x in best_host.split("x"))
+                hbv, hnw = (int(x) for x in best_tile.split("x"))
                 row["replay_host_gdn_weights_us"] = per_step_us(timer(inputs.host_fn(
                     k._replay_step, _block_v=hbv, _num_warps=hnw, _gdn_weights=True, flush_launch={})))
             if args.diag:  # single launches of the host-phase kernels: replay-only at count L/2, flush-only
-                hbv, hnw = (int(x) for x in best_host.split("x"))
+                hbv, hnw = (int(x) for x in best_tile.split("x"))
                 row["diag_host_phase_us"] = {
                     f"count{L // 2}": per_step_us(timer(inputs.host_fn(
                         k._replay_step, only=L // 2, _block_v=hbv, _num_warps=hnw))),
@@ -599,7 +607,7 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                 read_default = _key(k.replay_launch_config(batch, Hv, K, V, per_key, args.read_format))
                 read_sweep = {}
                 candidates = [_key(c) for c in REPLAY_SWEEP if c[0] <= max(16, V)] if args.read_copy_sweep else []
-                for key in dict.fromkeys([read_default, best_host, *candidates]):
+                for key in dict.fromkeys([read_default, best_tile, *candidates]):
                     rbv, rnw = (int(x) for x in key.split("x"))
                     t = timer(inputs.host_fn(k._replay_step, read_format=args.read_format, _block_v=rbv,
                                              _num_warps=rnw, flush_launch={}))
@@ -708,7 +716,8 @@ def _print_row(r, header):
     if r.get("replay_host_gdn_weights_us"):
         w, m = r["replay_host_gdn_weights_us"], r["replay_mixed_gdn_weights_us"]
         print(f"{'':<14}{'':>6} | host-phase replay with the per-head weights pre-launch (_gdn_weights): {w:>9.2f} us, "
-              f"x std {r['standard_us'] / w:.2f} [{r['replay_host_best_config']}]; device phase, mixed {m:>9.2f} us, "
+              f"x std {r['standard_us'] / w:.2f} [{r['replay_host_best_tile_config']}]; "
+              f"device phase, mixed {m:>9.2f} us, "
               f"x std {r['standard_us'] / m:.2f}", flush=True)
     if r.get("replay_mixed_per_tile_decays_us"):
         w = r["replay_mixed_per_tile_decays_us"]

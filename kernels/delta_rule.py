@@ -951,6 +951,22 @@ def host_flush_launch_config(batch: int, value_heads: int, key_dim: int, value_d
     return block_v, num_warps, True
 
 
+HOST_WALK_MIN_BATCH = 64  # the walk measured faster at batch 64 and 256 (run 118); per-tile launches below
+
+
+def host_walk_launch_config(batch: int, value_dim: int) -> tuple[int, int, dict] | None:
+    """(BLOCK_V, num_warps, walk) of the host-phase replay-only launch when it walks the tiles
+    (``_delta_replay_walk_kernel``: 8 programs per SM, each walking [K, 32] tiles on one warp with the next tile's
+    load issued a stage ahead), or None (the per-tile launch at :func:`replay_launch_config`) below
+    :data:`HOST_WALK_MIN_BATCH` rows. H200, host-phase cycle per step (runs 116-118, ``bench_delta --diag``):
+    Qwen3-Next batch 256 175.1 us against the per-tile [128, 64] x 2's 211.4 (batch 64 51.9 vs 59.2); Kimi-Linear
+    215.1 against 227.1 (61.8 vs 65.3). Programs per SM decided it (GDN at 256: 2 / 4 / 5 / 6 / 7 / 8 per SM 306
+    (3 stages) / 228 / 217 / 195 / 182 / 175 us); 16-wide tiles, two warps or three stages were slower."""
+    if batch < HOST_WALK_MIN_BATCH:
+        return None
+    return min(32, max(16, triton.next_power_of_2(value_dim))), 1, dict(programs_per_sm=8, num_stages=2)
+
+
 def state_update_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: int,
                                per_key_gate: bool = False) -> tuple[int, int]:
     """(BLOCK_V, num_warps) for the standard step: a [K, 64] tile with 4 warps measured best on an H200 for
@@ -1000,7 +1016,7 @@ def _replay_step(
     _flush_dot=None, _ticket=True, _ring_physical=False, _split=False, _prefetch=True,
     _count_launch=True, flush_reads_copy=False,
     _nvfp4_pairs=True, _kda_weights=True, _gdn_weights=False, _weights_warps=None, _chunk_k=0, _flush_grid="batch",
-    _flush_config=None, _walk=None,
+    _flush_config=None, _walk="auto",
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot``; ``_split`` (device positions only): the step as a flush-only launch for the rows due (the others
@@ -1038,9 +1054,11 @@ def _replay_step(
     or ``_flush_config``; the same expressions). Run 104, batch 256, rows in mixed phases: the split step with it GDN
     261.3 us, KDA 355.3 (four-warp weights), against the fused default's 236.4 / 281.2, so the default stays "batch"
     (and fused). ``_walk`` (replay-only launches reading the fp32 checkpoint: host positions, or a split step's
-    replay launch; off by default, not timed yet): ``dict(programs_per_sm=..., num_stages=...)`` runs them as
-    ``_delta_replay_walk_kernel``, a device-sized grid whose programs walk the tiles with their loads pipelined
-    ``num_stages`` deep."""
+    replay launch): ``dict(programs_per_sm=..., num_stages=...)`` runs them as ``_delta_replay_walk_kernel``, a
+    device-sized grid whose programs walk the tiles with their loads pipelined ``num_stages`` deep; ``None``: the
+    per-tile launch; ``"auto"`` (the default): the host-phase replay-only launch of the fp32 checkpoint walks at
+    :func:`host_walk_launch_config` when no tile is forced (``_block_v`` / ``_num_warps``), everything else runs
+    per tile (a split step's replay launch walking at 2 programs per SM: run 116, GDN 306 us against 227)."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -1080,6 +1098,16 @@ def _replay_step(
     else:
         block_v, num_warps = replay_launch_config(batch, value_heads, key_dim, value_dim, per_key, read_format,
                                                   device_phase=phase == 0, kda_weights=bool(_kda_weights))
+    if isinstance(_walk, str):
+        if _walk != "auto":
+            raise ValueError(f"_walk must be a dict, None or 'auto', got {_walk!r}")
+        walk_cfg = None
+        if (phase == 1 and read_format == "fp32" and not exact_fold and not _chunk_k and _block_v is None
+                and _num_warps is None):
+            walk_cfg = host_walk_launch_config(batch, value_dim)
+        _walk = None if walk_cfg is None else walk_cfg[2]
+        if walk_cfg is not None:
+            block_v, num_warps = walk_cfg[:2]
     block_v, num_warps = _block_v or block_v, _num_warps or num_warps
     grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
     assert grid[0] * value_heads < (1 << (31 - _TICKET_SHIFT)), "too many programs per row for the count ticket"

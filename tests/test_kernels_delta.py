@@ -17,7 +17,7 @@ from kernel_harness import assert_close as _close
 
 CASES = ["replay_mixed_gdn_bf16", "replay_launch_variants", "replay_mixed_kda", "replay_options", "state_update",
          "sequence_gdn", "sequence_kda", "buffer_len_one", "host_phase", "kda_weights", "gdn_weights",
-         "chunked_checkpoint", "flush_device_grid", "replay_walk"]
+         "chunked_checkpoint", "flush_device_grid", "replay_walk", "host_walk_default"]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -512,6 +512,68 @@ def case_replay_walk(k, device):
     for extra in (dict(_split=False), dict(_split=True, _count_launch=False)):  # fused, or tickets: refused
         with pytest.raises(ValueError, match="_walk"):
             _run_replay(k._replay_step, p, *positions, buffer_len=L, _walk={}, **extra)
+
+
+def case_host_walk_default(k, device):
+    """From ``HOST_WALK_MIN_BATCH`` rows (lowered here to reach it on tiny shapes) the host-phase replay-only launch
+    walks the tiles by default at ``host_walk_launch_config``: bit for bit the explicit walk, the per-tile launch's
+    outputs and rings within float32 rounding (GDN with GVA, KDA with and without the weights pre-launch, every
+    replaying count); a forced tile, the flush launch and device positions run per tile, an unknown ``_walk`` is
+    refused."""
+    import torch
+
+    class Counted:  # which kernel a launch ran (the interpreter's launches return nothing to ask)
+        def __init__(self, kernel):
+            self.kernel, self.calls = kernel, 0
+
+        def __getitem__(self, grid):
+            self.calls += 1
+            return self.kernel[grid]
+
+    def walked(**kw) -> bool:
+        before = walk_kernel.calls
+        _run_replay(k._replay_step, **kw)
+        return walk_kernel.calls > before
+
+    L, R, batch = 5, 4, 3
+    saved = k.HOST_WALK_MIN_BATCH, k._delta_replay_walk_kernel
+    walk_kernel = k._delta_replay_walk_kernel = Counted(saved[1])
+    try:
+        k.HOST_WALK_MIN_BATCH = 1
+        block_v, warps, walk = k.host_walk_launch_config(batch, 20)
+        assert (block_v, warps) == (32, 1) and walk == dict(programs_per_sm=8, num_stages=2)
+        for per_key, launch in ((False, {}), (True, {}), (True, dict(_kda_weights=False))):
+            for count in range(L - 1):
+                origin = (3 * count + 2) % R
+                runs = []
+                for use in ({}, dict(_block_v=block_v, _num_warps=warps, _walk=walk), dict(_walk=None)):
+                    p = _make(device, torch.bfloat16, batch, 2, 4, 24, 20, R, per_key=per_key, seed=count + 7)
+                    out = torch.empty(p["v"].shape, dtype=torch.float32, device=device)
+                    before = walk_kernel.calls
+                    _run_replay(k._replay_step, p, origin, count, buffer_len=L, out=out, **use, **launch)
+                    runs.append((out, p, walk_kernel.calls > before))
+                print(f" host walk default: per_key={per_key} {launch} count={count}")
+                (o, p, walk_used), (o_walk, p_walk, _), (o_tile, p_tile, tile_walked) = runs
+                assert walk_used and not tile_walked
+                assert torch.isfinite(o).all()
+                exact = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=2e-6, atol=2e-6)
+                torch.testing.assert_close(o, o_walk, **exact)
+                torch.testing.assert_close(o, o_tile, rtol=2e-6, atol=2e-6)
+                for name_ in RING:
+                    torch.testing.assert_close(p[name_], p_walk[name_], **exact)
+                    torch.testing.assert_close(p[name_], p_tile[name_], rtol=2e-6, atol=2e-6)
+        p = _make(device, torch.float32, batch, 2, 4, 24, 20, R, per_key=False)
+        assert walked(p=p, origin=0, count=1, buffer_len=L)
+        assert not walked(p=p, origin=0, count=1, buffer_len=L, _block_v=16)  # a forced tile: per tile
+        assert not walked(p=p, origin=0, count=L - 1, buffer_len=L)  # the flush launch
+        positions = [torch.zeros(batch, dtype=torch.int32, device=device) for _ in range(2)]
+        assert not walked(p=p, origin=positions[0], count=positions[1], buffer_len=L)  # device positions
+        with pytest.raises(ValueError, match="_walk must be"):
+            _run_replay(k._replay_step, p, 0, 1, buffer_len=L, _walk="always")
+    finally:
+        k.HOST_WALK_MIN_BATCH, k._delta_replay_walk_kernel = saved
+    assert k.host_walk_launch_config(k.HOST_WALK_MIN_BATCH - 1, 128) is None
+    assert k.host_walk_launch_config(k.HOST_WALK_MIN_BATCH, 128)[:2] == (32, 1)
 
 
 def case_chunked_checkpoint(k, device):

@@ -66,6 +66,17 @@ elif [ "$STAGE" = 6 ]; then  # the twentieth session's third call: the walks aga
       --no-sweep --diag --no-torch --no-fla --out "$RES/delta_${family}_walks.json" > "$RES/delta_${family}_walks.txt" 2>&1
     echo "$family walks rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   done
+elif [ "$STAGE" = 7 ]; then  # the twentieth session's last call: the delta rule's host-phase replay-only launch now
+  # walks by default from 64 rows (32 x 1, 2 stages, 8 per SM; runs 117-118); its CUDA tests, then the default timed
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 200 test_kernels_cuda tests/test_kernels_delta.py \
+    -k "host_walk_default or replay_walk or host_phase"
+  pack
+  for pair in gdn:qwen3-next kda:kimi-linear; do
+    IFS=: read -r family shape <<< "$pair"
+    timeout 120 python3 -m hf_replayssm.kernels.bench_delta --family $family --shapes $shape --batches 64,256 \
+      --no-sweep --no-torch --no-fla --out "$RES/delta_${family}_default.json" > "$RES/delta_${family}_default.txt" 2>&1
+    echo "$family default rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  done
 fi
 if [ "$STAGE" = 4 ]; then
   for model in qwen3_5 nemotron_h; do

@@ -951,18 +951,20 @@ def host_flush_launch_config(batch: int, value_heads: int, key_dim: int, value_d
     return block_v, num_warps, True
 
 
-HOST_WALK_MIN_BATCH = 64  # the walk measured faster at batch 64 and 256 (run 118); per-tile launches below
+HOST_WALK_MIN_BATCH = 64  # the walk measured faster at batch 64 and 256 (run 122); per-tile launches below
 
 
-def host_walk_launch_config(batch: int, value_dim: int) -> tuple[int, int, dict] | None:
+def host_walk_launch_config(batch: int, key_dim: int, value_dim: int) -> tuple[int, int, dict] | None:
     """(BLOCK_V, num_warps, walk) of the host-phase replay-only launch when it walks the tiles
     (``_delta_replay_walk_kernel``: 8 programs per SM, each walking [K, 32] tiles on one warp with the next tile's
     load issued a stage ahead), or None (the per-tile launch at :func:`replay_launch_config`) below
-    :data:`HOST_WALK_MIN_BATCH` rows. H200, host-phase cycle per step (runs 116-118, ``bench_delta --diag``):
-    Qwen3-Next batch 256 175.1 us against the per-tile [128, 64] x 2's 211.4 (batch 64 51.9 vs 59.2); Kimi-Linear
-    215.1 against 227.1 (61.8 vs 65.3). Programs per SM decided it (GDN at 256: 2 / 4 / 5 / 6 / 7 / 8 per SM 306
-    (3 stages) / 228 / 217 / 195 / 182 / 175 us); 16-wide tiles, two warps or three stages were slower."""
-    if batch < HOST_WALK_MIN_BATCH:
+    :data:`HOST_WALK_MIN_BATCH` rows or past 128 key channels (a [256, 32] tile on one warp would spill; not
+    measured). H200, host-phase cycle per step (run 122, ``bench_delta``): Qwen3-Next batch
+    256 176.6 us against the per-tile [128, 64] x 2's 211.8 (batch 64 52.0 vs 59.3); Kimi-Linear 216.5 against
+    227.0 at [128, 64] x 4 (62.0 vs 65.1). Programs per SM decided it (runs 117-121, ``--diag --walks``; GDN at 256,
+    2 stages: 4 / 5 / 6 / 7 / 8 per SM 228 / 217 / 195 / 182 / 175 us); 16-wide tiles, two warps or three stages
+    were slower. Mamba-2 keeps its per-tile launch (every walk slower, see ``BENCHMARKS.md``)."""
+    if batch < HOST_WALK_MIN_BATCH or key_dim > 128:
         return None
     return min(32, max(16, triton.next_power_of_2(value_dim))), 1, dict(programs_per_sm=8, num_stages=2)
 
@@ -1104,7 +1106,7 @@ def _replay_step(
         walk_cfg = None
         if (phase == 1 and read_format == "fp32" and not exact_fold and not _chunk_k and _block_v is None
                 and _num_warps is None):
-            walk_cfg = host_walk_launch_config(batch, value_dim)
+            walk_cfg = host_walk_launch_config(batch, key_dim, value_dim)
         _walk = None if walk_cfg is None else walk_cfg[2]
         if walk_cfg is not None:
             block_v, num_warps = walk_cfg[:2]

@@ -540,7 +540,7 @@ def case_host_walk_default(k, device):
     walk_kernel = k._delta_replay_walk_kernel = Counted(saved[1])
     try:
         k.HOST_WALK_MIN_BATCH = 1
-        block_v, warps, walk = k.host_walk_launch_config(batch, 20)
+        block_v, warps, walk = k.host_walk_launch_config(batch, 24, 20)
         assert (block_v, warps) == (32, 1) and walk == dict(programs_per_sm=8, num_stages=2)
         for per_key, launch in ((False, {}), (True, {}), (True, dict(_kda_weights=False))):
             for count in range(L - 1):
@@ -572,8 +572,9 @@ def case_host_walk_default(k, device):
             _run_replay(k._replay_step, p, 0, 1, buffer_len=L, _walk="always")
     finally:
         k.HOST_WALK_MIN_BATCH, k._delta_replay_walk_kernel = saved
-    assert k.host_walk_launch_config(k.HOST_WALK_MIN_BATCH - 1, 128) is None
-    assert k.host_walk_launch_config(k.HOST_WALK_MIN_BATCH, 128)[:2] == (32, 1)
+    assert k.host_walk_launch_config(k.HOST_WALK_MIN_BATCH - 1, 128, 128) is None
+    assert k.host_walk_launch_config(k.HOST_WALK_MIN_BATCH, 128, 128)[:2] == (32, 1)
+    assert k.host_walk_launch_config(k.HOST_WALK_MIN_BATCH, 256, 128) is None  # wider keys: per tile
 
 
 def case_chunked_checkpoint(k, device):

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Planned GPU calls for the next session (not run yet). Every job packs what it wrote into $OUT right after it ends.
+# The twentieth session's GPU calls (runs 116-122; STAGE 3 not run). Every job packs what it wrote into $OUT right after it ends.
 # STAGE=1 (about 6 minutes): the nineteenth session's Mamba-2 launches. The host-phase flush launch now has a tile of
 #   its own ([16, 128] x 2: 860 -> 726 us per flush at batch 256 in run 114's flush-alone sweep; the cycle only
 #   inferred). The CUDA tests of every changed launch (both families), `bench kernels --diag` at batch 64 / 128 / 256

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Planned GPU calls for the next session (not run yet). Every job packs what it wrote into $OUT right after it ends.
+# STAGE=1 (about 4 minutes): GDN's device-phase step as a split step whose replay launch walks the tiles, the
+#   compiled path's candidate (run 123: 219.6 us with rows in phase against the fused default's 234.7, 229.3 against
+#   227.6 with rows in mixed phases, Qwen3-Next batch 256). `bench_delta` at batch 64 / 256 for both GDN shapes with
+#   the variants split_walk_s2_x4 and split_walk_32x1_x8 (and --walks for the host cycle's neighbours). Decision:
+#   faster in phase at both batches and not slower mixed by more than 2 % -> the device-phase default for GDN, then
+#   STAGE 3 end to end.
+# STAGE=2 (about 6 minutes, carry .whl too; carry the Triton cache only if the two fit in 64 MiB): eager decoding at
+#   batch 256, where the host-phase launches run (the delta rule's replay-only launch now walks the tiles: Qwen3-Next
+#   host cycle 212 -> 177 us): Qwen3.5-like and Kimi-Linear-like, stock (with fla) against ReplayCache, two repeats.
+# STAGE=3 (about 5 minutes, carry .whl too): compiled end to end at batch 1 and 256 for Qwen3.5-like, three repeats
+#   (batch 1 was 0.93x in run 118 and 0.99x in run 110: host-bound, the arms' order matters).
+# Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session21.sh", carry=[".triton_cache"], timeout_s=600), then
+#   STAGE=2 and 3 with carry=[".whl"] (add ".triton_cache" when `du` says both fit beside the tracked files).
+source benchmarks/gpu/install.sh || exit 1
+RES=/tmp/w/res_next_session21_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
+pack() { tar czf "$OUT/next_session21_$STAGE.tgz" -C "$RES" . ; }
+if [ "$STAGE" = 1 ]; then
+  for shape in qwen3-next qwen3.5-large; do
+    timeout 150 python3 -m hf_replayssm.kernels.bench_delta --family gdn --shapes $shape --batches 64,256 \
+      --no-sweep --diag --walks 32:1:2:8,32:1:2:10,64:2:2:4 --no-torch --no-fla \
+      --out "$RES/delta_gdn_${shape}.json" > "$RES/delta_gdn_${shape}.txt" 2>&1
+    echo "$shape rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  done
+elif [ "$STAGE" = 2 ]; then
+  for model in qwen3_5 kimi_linear; do
+    bench_job 200 generate_eager_$model generate --models $model --batches 256 --arms stock,replay \
+      --prompt 512 --new 128 --repeats 2 --out "$RES/generate_eager_$model.json"; pack
+  done
+elif [ "$STAGE" = 3 ]; then
+  bench_job 280 generate_compiled_qwen3_5 generate --models qwen3_5 --batches 1,256 \
+    --arms stock-static-compiled,replay-compiled --prompt 512 --new 128 --repeats 3 \
+    --out "$RES/generate_compiled_qwen3_5.json"; pack
+fi
+tail -n 12 "$RES"/*.txt
+save_triton_cache

@@ -92,10 +92,11 @@ BATCHES = [1, 8, 32, 64, 128, 256, 512]
 REPLAY_SWEEP = [(16, 1), (16, 2), (16, 4), (32, 1), (32, 2), (32, 4), (32, 8), (64, 2), (64, 4), (64, 8), (128, 8)]
 STANDARD_SWEEP = [(8, 1), (8, 2), (16, 1), (16, 2), (16, 4), (32, 1), (32, 2), (32, 4), (64, 4), (64, 8)]
 # --diag: the host-position cycle with its replay-only launches walking the tiles on a device-sized grid, loads
-# pipelined (_walk): (BLOCK_V, num_warps, pipeline stages, programs per SM); --walks overrides. Run 116 (batch 256):
+# pipelined (_walk): (BLOCK_V, num_warps, pipeline stages, programs per SM); --walks overrides. Run 117 (batch 256):
 # GDN 64 x 4 x 3 stages x 2 per SM 323, 64 x 4 x 2 x 2 324, 32 x 2 x 2 x 3 302, 32 x 1 x 2 x 4 228 against the
 # per-tile cycle's 212 us; KDA 293 / 311 / 291 / 247 against 227: the one-warp tile with the most programs per SM
-# came closest, so these go further (32 x 1 at two stages is 32 KB of shared memory per program)
+# came closest, so these go further (32 x 1 at two stages is 32 KB of shared memory per program); runs
+# 119-121 found 8 per SM at 32 x 1, 2 stages best, the host-phase default since (host_walk_launch_config)
 WALKS = [(32, 1, 2, 6), (32, 1, 3, 4), (16, 1, 2, 8), (16, 1, 2, 12)]
 
 
@@ -355,10 +356,10 @@ VARIANTS = {
     "split_no_prefetch": (dict(_split=True, _prefetch=False), False),
     "physical_ring": (dict(_ring_physical=True), False),
     # the split step's replay launch walking the tiles on a device-sized grid, loads pipelined (_walk): at 2 programs
-    # per SM (run 116, batch 256) GDN 306 / 294 us (2 / 3 stages) and KDA 515 / 430 against the default's 227 / 226;
+    # per SM (run 117, batch 256) GDN 306 / 294 us (2 / 3 stages) and KDA 515 / 430 against the default's 227 / 226;
     # more programs per SM were faster in every host walk, so 4 now
     "split_walk_s2_x4": (dict(_split=True, _walk=dict(num_stages=2, programs_per_sm=4)), False),
-    # the same at the host walk's default ([K, 32] x 1 warp, 8 per SM; host cycle GDN 211 -> 175 us, run 118)
+    # the same at the host walk's default ([K, 32] x 1 warp, 8 per SM; host cycle GDN 212 -> 177 us, run 122)
     "split_walk_32x1_x8": (dict(_split=True, _block_v=32, _num_warps=1,
                                 _walk=dict(num_stages=2, programs_per_sm=8)), False),
 }

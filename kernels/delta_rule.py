@@ -50,6 +50,12 @@ Design notes:
   on tensor cores; the default for GDN) or a loop over the records re-read from L1, newest first (fewer registers;
   the default for KDA, whose per-key tiles would spill with the dot), see :func:`flush_uses_dot`. bf16/fp16 inputs
   are upcast to fp32 right after loading (also required by ``TRITON_INTERPRET=1``).
+* Host phases from :data:`HOST_WALK_MIN_BATCH` rows: the replay-only launch (``PHASE`` 1) runs as
+  ``_delta_replay_walk_kernel``, a device-sized grid (8 one-warp programs per SM) whose programs walk [K, 32] tiles
+  with the next tile's load issued a stage ahead (``tl.range(num_stages=2)``), the same per-tile arithmetic
+  (:func:`host_walk_launch_config`; H200, Qwen3-Next batch 256: host cycle 177 us against 212 per tile, 83 % of copy
+  bandwidth). A [128, 64] tile on two warps holds 238 registers, so an SM keeps 8 warps with one tile each in flight;
+  the walk keeps 8 warps with two.
 * Device phases: one fused launch (``PHASE`` 0, the default for tensor positions; H200, batch 256, rows in phase:
   229 us per step, as fast as the phase-specialised host launches' 227 us) or, on request, split (``PHASE`` 3 then
   4: 257 us). The fused kernel was first the slower (348 us vs 289 us split) while device-read records were read by

@@ -329,6 +329,9 @@ VARIANTS = {
     # trip 475 vs 476; all dropped from the list). The replay launch walking at 6 programs per SM, 2 stages (the
     # walks got faster with every program added per SM, run 116's diag; 16 KB per stage: 192 KB of shared memory)
     "walk_s2_x6": (dict(_count_launch=True, _walk=dict(num_stages=2, programs_per_sm=6)), False),
+    # the split step's replay launch reading each (row, head)'s record coefficients from a pre-launch (_weights;
+    # sm_90 compile-only at batch 256: 112 registers against 196, records in logical order instead of by slot)
+    "weights": (dict(_weights=True), False),
 }
 
 
@@ -488,6 +491,10 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
             best_host = min(sweep, key=lambda c: sweep[c]["us"])
             row.update(replay_host_sweep=sweep, replay_host_best_config=best_host,
                        replay_host_us=sweep[best_host]["us"], replay_host_default_us=sweep[default_key]["us"])
+            # the record coefficients once per (row, head) by a pre-launch (_weights), at the best host tile
+            row["replay_host_weights_us"] = per_step_us(timer(inputs.host_fn(
+                k._replay_step, _config=_cfg_dict(configs.get(best_host, default_cfg)), flush_launch={},
+                _weights=True)))
             if args.diag:  # single launches of the host-phase kernels: replay-only at count L/2, flush-only
                 cfg = _cfg_dict(configs.get(best_host, default_cfg))
                 row["diag_host_phase_us"] = {
@@ -594,6 +601,11 @@ def _print_row(r, header):
     if r.get("diag_host_walk_us"):
         walks = ", ".join(f"{key} {us:.2f}" for key, us in r["diag_host_walk_us"].items())
         print(f"{'':<16}{'':>6} | host-phase cycle, replay launches walking the tiles (_walk): {walks} us", flush=True)
+    if r.get("replay_host_weights_us"):
+        w = r["replay_host_weights_us"]
+        print(f"{'':<16}{'':>6} | with the record coefficients from a pre-launch (_weights): host phase {w:>9.2f} us, "
+              f"x std {r['standard_us'] / w:.2f}; device phase, mixed {r['replay_mixed_weights_us']:>9.2f} us, "
+              f"in phase {r['replay_in_phase_weights_us']:>9.2f}", flush=True)
     print_read_copy_rows(r, 16)
 
 

@@ -145,13 +145,73 @@ def _mamba2_records(ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin
                    mask=valid, other=0.0).to(tl.float32)
     B_r = tl.load(ring_B_ptr + pid_b * stride_rB_b + slots[:, None] * stride_rB_r + group * stride_rB_g
                   + offs_n[None, :] * stride_rB_n, mask=valid[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
-    # Log decays as direct sums of the terms in between (invalid records contribute 0).
+    w, lam = _mamba2_record_decays(dt_r, valid, pos, la_m, A_h)
+    return x_r, B_r, w, lam
+
+
+@triton.jit
+def _mamba2_record_decays(dt_r, valid, pos, la_m, A_h):
+    """The records' weights ``w_j = dt_j exp(seg_j)`` [R] (0 for empty slots) and the log decay ``lam`` from the
+    checkpoint to the token; the log decays as direct sums of the terms in between (invalid records contribute 0)."""
     la_r = A_h * dt_r
     after = pos[None, :] > pos[:, None]  # [j, i]: record i comes after record j
     seg = tl.sum(tl.where(after, la_r[None, :], 0.0), axis=1) + la_m  # log decay record j -> token m
     lam = tl.sum(la_r, axis=0) + la_m  # log decay checkpoint -> token m
-    w = tl.where(valid, dt_r * tl.exp(seg), 0.0)
-    return x_r, B_r, w, lam
+    return tl.where(valid, dt_r * tl.exp(seg), 0.0), lam
+
+
+@triton.jit
+def _mamba2_weights_kernel(
+    ring_dt_ptr, ring_B_ptr, origin_ptr, count_ptr, dt_ptr, B_ptr, C_ptr, A_ptr, dt_bias_ptr, weights_ptr,
+    N, ring_size, heads_per_group, origin_host, count_host,
+    stride_rdt_b, stride_rdt_r, stride_rdt_h,
+    stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
+    stride_origin, stride_count,
+    stride_dt_b, stride_dt_h,
+    stride_B_b, stride_B_g, stride_B_n,
+    stride_C_b, stride_C_g, stride_C_n,
+    stride_A, stride_dt_bias,
+    DEVICE_POSITIONS: tl.constexpr,
+    HAS_DT_BIAS: tl.constexpr,
+    DT_SOFTPLUS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
+    """A head's replay quantities that do not depend on P, once per (row, head), into ``weights`` [B, H, BLOCK_R + 2]:
+    each record's coefficient ``w_j (B_j . C_m)`` [BLOCK_R] (records in logical order), ``exp(lam)`` and the token's
+    ``dt_m (B_m . C_m)``. The replay programs of the head's P tiles then read them instead of each loading the
+    records' B [R, N] and reducing it against C (the ``WEIGHTS_GIVEN`` form of :func:`_mamba2_replay_math`, the same
+    expressions). Grid (B, H); positions as the replay launch reads them (the counts before the step)."""
+    pid_b = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    group = h // heads_per_group
+    if DEVICE_POSITIONS:
+        origin = tl.load(origin_ptr + pid_b * stride_origin)
+        count = tl.load(count_ptr + pid_b * stride_count, volatile=True) & 0xFFFF
+    else:
+        origin = origin_host
+        count = count_host
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_n = offs_n < N
+    offs_r = tl.arange(0, BLOCK_R)
+    valid = offs_r < count
+    slots = (origin + offs_r) % ring_size
+    dt_m = _token_dt(dt_ptr, dt_bias_ptr, pid_b, h, stride_dt_b, stride_dt_h, stride_dt_bias, HAS_DT_BIAS,
+                     DT_SOFTPLUS)
+    A_h = tl.load(A_ptr + h * stride_A).to(tl.float32)
+    B_f = tl.load(B_ptr + pid_b * stride_B_b + group * stride_B_g + offs_n * stride_B_n, mask=mask_n,
+                  other=0.0).to(tl.float32)
+    C_f = tl.load(C_ptr + pid_b * stride_C_b + group * stride_C_g + offs_n * stride_C_n, mask=mask_n,
+                  other=0.0).to(tl.float32)
+    dt_r = tl.load(ring_dt_ptr + pid_b * stride_rdt_b + slots * stride_rdt_r + h * stride_rdt_h,
+                   mask=valid, other=0.0).to(tl.float32)
+    B_r = tl.load(ring_B_ptr + pid_b * stride_rB_b + slots[:, None] * stride_rB_r + group * stride_rB_g
+                  + offs_n[None, :] * stride_rB_n, mask=valid[:, None] & mask_n[None, :], other=0.0).to(tl.float32)
+    w, lam = _mamba2_record_decays(dt_r, valid, offs_r, A_h * dt_m, A_h)
+    w_base = weights_ptr + (pid_b * tl.num_programs(1) + h) * (BLOCK_R + 2)
+    tl.store(w_base + offs_r, w * tl.sum(B_r * C_f[None, :], axis=1))
+    tl.store(w_base + BLOCK_R, tl.exp(lam))
+    tl.store(w_base + BLOCK_R + 1, dt_m * tl.sum(B_f * C_f, axis=0))
 
 
 @triton.jit
@@ -160,17 +220,30 @@ def _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group
                         stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
                         stride_rdt_b, stride_rdt_r, stride_rdt_h,
                         stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
-                        BLOCK_R: tl.constexpr, RING_PHYSICAL: tl.constexpr, append=True):
+                        BLOCK_R: tl.constexpr, RING_PHYSICAL: tl.constexpr, append=True, w_base=0,
+                        WEIGHTS_GIVEN: tl.constexpr = False):
     """Replay: y from the checkpoint tile and the ``count`` committed records, then append the token's record
-    (unless ``append`` is false: a flushing row's output from the read copy, FLUSH_READS_COPY)."""
-    x_r, B_r, w, lam = _mamba2_records(
-        ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin, count, ring_size, offs_p, offs_n, mask_p,
-        mask_n, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b, stride_rdt_r,
-        stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n, BLOCK_R, RING_PHYSICAL)
-    bc = tl.sum(B_r * C_f[None, :], axis=1)  # [R]: B_j . C_m
-    bc_m = tl.sum(B_f * C_f, axis=0)
-    y = (tl.exp(lam) * tl.sum(s0 * C_f[None, :], axis=1) + tl.sum((w * bc)[:, None] * x_r, axis=0)
-         + (dt_m * bc_m) * x_f)
+    (unless ``append`` is false: a flushing row's output from the read copy, FLUSH_READS_COPY). WEIGHTS_GIVEN: the
+    records' coefficients, exp(lam) and the token's term come from ``_mamba2_weights_kernel`` at ``w_base`` (records
+    in logical order), so only the records' x are loaded here."""
+    if WEIGHTS_GIVEN:
+        offs_r = tl.arange(0, BLOCK_R)
+        valid = offs_r < count
+        slots = (origin + offs_r) % ring_size
+        x_r = tl.load(ring_x_ptr + pid_b * stride_rx_b + slots[:, None] * stride_rx_r + h * stride_rx_h
+                      + offs_p[None, :] * stride_rx_p, mask=valid[:, None] & mask_p[None, :], other=0.0
+                      ).to(tl.float32)
+        y = (tl.load(w_base + BLOCK_R) * tl.sum(s0 * C_f[None, :], axis=1)
+             + tl.sum(tl.load(w_base + offs_r)[:, None] * x_r, axis=0) + tl.load(w_base + BLOCK_R + 1) * x_f)
+    else:
+        x_r, B_r, w, lam = _mamba2_records(
+            ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin, count, ring_size, offs_p, offs_n, mask_p,
+            mask_n, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b, stride_rdt_r,
+            stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n, BLOCK_R, RING_PHYSICAL)
+        bc = tl.sum(B_r * C_f[None, :], axis=1)  # [R]: B_j . C_m
+        bc_m = tl.sum(B_f * C_f, axis=0)
+        y = (tl.exp(lam) * tl.sum(s0 * C_f[None, :], axis=1) + tl.sum((w * bc)[:, None] * x_r, axis=0)
+             + (dt_m * bc_m) * x_f)
     # Append the token's record: x by every P tile, dt by P tile 0, B by P tile 0 of the group's first head (no
     # writer at all, writer_p = -1, and no x lanes when not appending).
     slot = (origin + count) % ring_size
@@ -275,6 +348,7 @@ def _mamba2_replay_step_kernel(
     state_ptr, ring_x_ptr, ring_dt_ptr, ring_B_ptr, origin_ptr, count_ptr,
     x_ptr, dt_ptr, B_ptr, C_ptr, A_ptr, D_ptr, z_ptr, dt_bias_ptr, y_ptr,
     rc_values_ptr, rc_scales_ptr, rc_tensor_scale_ptr,  # the read copy (READ_FORMAT fp8 / nvfp4)
+    weights_ptr,  # WEIGHTS_GIVEN: per (row, head) the records' coefficients, exp(lam), the token's term
     # sizes; the host's positions (PHASE 1/2: every row at origin_host / count_host)
     P, N, ring_size, heads_per_group, origin_host, count_host,
     # strides
@@ -312,6 +386,7 @@ def _mamba2_replay_step_kernel(
     READ_FORMAT: tl.constexpr,  # what replay reads: "fp32" the checkpoint, "fp8" / "nvfp4" the read copy
     PREFETCH_STATE: tl.constexpr,  # PHASE 4 with READ_FORMAT "fp32" only: load the tile before the phase test
     FLUSH_READS_COPY: tl.constexpr,  # PHASE 0 / 3 with a read copy: a flushing row's y from the copy, as replays
+    WEIGHTS_GIVEN: tl.constexpr = False,  # PHASE 1 / 4: record weights from _mamba2_weights_kernel
 ):
     pid_p = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -383,7 +458,9 @@ def _mamba2_replay_step_kernel(
                                     ring_size, heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m, x_f, B_f, C_f,
                                     dt_m, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
                                     stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g,
-                                    stride_rB_n, BLOCK_R, PHASE == 4 and RING_PHYSICAL)
+                                    stride_rB_n, BLOCK_R, PHASE == 4 and RING_PHYSICAL,
+                                    w_base=weights_ptr + (pid_b * tl.num_programs(2) + h) * (BLOCK_R + 2),
+                                    WEIGHTS_GIVEN=WEIGHTS_GIVEN)
         elif PHASE == 2 or (PHASE == 3 and not FLUSH_READS_COPY):
             y = _mamba2_flush_math(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group,
                                    origin, count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m, la_m,
@@ -697,7 +774,7 @@ def _replay_step(
     state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=None, z=None, dt_bias=None,
     dt_softplus=False, buffer_len=16, out=None, read_copy=None, read_format=None, _config=None, _ticket=True,
     _ring_physical=None, _split=None, _prefetch=False, _count_launch=False, flush_reads_copy=False,
-    _nvfp4_pairs=True, _flush_grid=None, _flush_config=None, _walk=None,
+    _nvfp4_pairs=True, _flush_grid=None, _flush_config=None, _walk=None, _weights=False,
 ):
     """:func:`mamba2_replay_step` with a launch-configuration override (``_config``: dict with ``block_p`` and/or
     ``num_warps``) and, for diagnostics only, ``_ticket=False`` (count read plainly and left unchanged) and
@@ -722,9 +799,15 @@ def _replay_step(
     a split step's batch-grid one (which otherwise takes the replay tile); for the device-grid one also
     ``programs_per_sm`` (its grid: that many programs per multiprocessor, ``kernels.flush_grid.PROGRAMS_PER_SM`` when
     not given). ``_walk`` (replay-only launches reading the fp32 checkpoint: host positions, or a split step's
-    replay launch with ``_count_launch``; off by default, not timed yet): ``dict(programs_per_sm=...,
-    num_stages=...)`` runs them as ``_mamba2_replay_walk_kernel``, a device-sized grid whose programs walk the tiles
-    with their loads pipelined ``num_stages`` deep."""
+    replay launch with ``_count_launch``; off by default): ``dict(programs_per_sm=..., num_stages=...)`` runs them
+    as ``_mamba2_replay_walk_kernel``, a device-sized grid whose programs walk the tiles with their loads pipelined
+    ``num_stages`` deep (H200, batch 256, host cycle: 377-745 us over ten walks against the per-tile 345-349, runs
+    116-120; the delta rule's walk won, see ``kernels/delta_rule.py``). ``_weights`` (the per-tile replay-only
+    launches: host positions, or a split step's replay launch; off by default, not timed yet): a small launch first
+    computes each (row, head)'s record coefficients ``w_j (B_j . C_m)``, ``exp(lam)`` and the token's
+    ``dt_m (B_m . C_m)`` once (``_mamba2_weights_kernel``), which the replay programs of its P tiles read instead of
+    each loading the records' B [R, N] (shared by the group's heads) and reducing it against C; those programs then
+    read the records in logical order."""
     batch, heads, head_dim, d_state, groups = _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias)
     ring_size = ring_x.shape[1]
     assert ring_x.shape == (batch, ring_size, heads, head_dim), f"ring_x must be [B, R, H, P], got {ring_x.shape}"
@@ -782,6 +865,28 @@ def _replay_step(
                              "fp32 checkpoint: host positions, or a split step with _count_launch=True; got "
                              f"{dict(_walk)} at host phase {phase} (0: device positions), split {split}, count launch "
                              f"{count_launch}, read format {read_format}")
+
+    if _weights and (_walk is not None or not (phase == 1 or split)):
+        raise ValueError("_weights serves the per-tile replay-only launches: host positions, or a split step "
+                         f"(device positions, _split not False); got host phase {phase} (0: device positions), "
+                         f"split {split}, _walk {_walk}")
+    weights = A  # (unused pointer)
+    if _weights:
+        weights = torch.empty((batch, heads, block_r + 2), dtype=torch.float32, device=x.device)
+
+    def launch_weights():
+        LAST_COMPILED["weights"] = _mamba2_weights_kernel[(batch, heads)](
+            ring_dt, ring_B, *positions, dt, B, C, A, _optional(dt_bias, A), weights,
+            d_state, ring_size, heads // groups, *host,
+            *ring_dt.stride(), *ring_B.stride(), *position_strides,
+            *dt.stride(), *B.stride(), *C.stride(), A.stride(0), _strides(dt_bias, 1)[0],
+            DEVICE_POSITIONS=phase == 0,
+            HAS_DT_BIAS=dt_bias is not None,
+            DT_SOFTPLUS=bool(dt_softplus),
+            BLOCK_N=triton.next_power_of_2(d_state),
+            BLOCK_R=block_r,
+            num_warps=1,
+        )
 
     def launch_walk(kernel_phase):
         items = triton.cdiv(head_dim, cfg["block_p"]) * batch * heads
@@ -850,7 +955,7 @@ def _replay_step(
         grid = (triton.cdiv(head_dim, launch_cfg["block_p"]), batch, heads)
         kernel = _mamba2_replay_step_kernel[grid](
             state, ring_x, ring_dt, ring_B, *positions,
-            x, dt, B, C, A, _optional(D, A), _optional(z, x), _optional(dt_bias, A), y, *read_operands[:3],
+            x, dt, B, C, A, _optional(D, A), _optional(z, x), _optional(dt_bias, A), y, *read_operands[:3], weights,
             head_dim, d_state, ring_size, heads // groups, *host,
             *state.stride(), *ring_x.stride(), *ring_dt.stride(), *ring_B.stride(),
             *position_strides,
@@ -876,11 +981,14 @@ def _replay_step(
             else "fp32",
             PREFETCH_STATE=kernel_phase == 4 and read_format == "fp32" and bool(_prefetch),
             FLUSH_READS_COPY=flush_reads_copy and kernel_phase in (0, 3),
+            WEIGHTS_GIVEN=bool(_weights) and kernel_phase in (1, 4),
             num_warps=launch_cfg["num_warps"],
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel
 
     with _device_guard(x):
+        if _weights:  # before the step's launches: it reads the counts they read
+            launch_weights()
         for kernel_phase in launches:  # in stream order: the replay launch (4) reads the counts the flush one read
             launch(kernel_phase)
         if count_launch:

@@ -17,7 +17,7 @@ from kernel_harness import assert_close as _close
 
 CASES = ["replay_mixed_bf16", "replay_launch_variants", "flush_device_grid", "flush_one_round_trip",
          "replay_fp32_plain", "state_update",
-         "sequence", "buffer_len_one", "host_phase", "replay_walk"]
+         "sequence", "buffer_len_one", "host_phase", "replay_walk", "replay_weights"]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -69,6 +69,10 @@ def test_bench_smoke(tmp_path):
     assert all(us > 0 for us in row["diag_host_walk_us"].values()), row
     assert set(row["diag_host_walk_us"]) == {"p8w1_s2_x3", "p4w2_s3_x5"}, row["diag_host_walk_us"]  # --walks
     assert "replay launches walking the tiles (_walk)" in stdout
+    # the record-coefficient pre-launch, timed with host positions and as a device-phase variant, checked on the way
+    assert row["replay_host_weights_us"] > 0 and row["replay_mixed_weights_us"] > 0, row
+    assert all(check["variants_equal_default"]["weights"] for check in data["checks"].values())
+    assert "record coefficients from a pre-launch (_weights)" in stdout
 
 
 def test_parse_walks():
@@ -535,6 +539,66 @@ def case_host_phase(k, device):
     print(" ring read order")
     _close("y physical vs logical", results[0][0], results[1][0], 1e-6)
     assert torch.equal(results[0][1], results[1][1]) and torch.equal(results[0][2], results[1][2])
+
+
+def case_replay_weights(k, device):
+    """``_weights`` (a per-(row, head) launch computes the records' coefficients once; the replay programs read them):
+    the outputs and rings of the launch without it, bit for bit on the CPU (within 2e-6 on CUDA), bf16 with D / z /
+    dt_bias and without them, two P tiles per head (the last masked): host positions at every replaying count, and a
+    split step with rows in mixed phases (some due, NaN in uncommitted slots, ring wrap-around) with count tickets
+    and with the count launch, also against the reference; the launches it cannot serve are refused."""
+    import torch
+
+    L, R, batch = 6, 5, 3
+    for options in (True, False):
+        for count in range(L - 1):
+            origin = (3 * count + 2) % R
+            runs = []
+            for use in (False, True):
+                p = _make(device, torch.bfloat16, batch, 4, 2, 24, 20, R, seed=count, options=options)
+                args, kw = _replay_args(p, origin, count)
+                out = torch.empty(p["x"].shape, dtype=torch.float32, device=device)
+                runs.append((k._replay_step(*args, **kw, buffer_len=L, out=out, _config=_cfg(16), _weights=use), p))
+            print(f" weights: options={options} count={count}")
+            (y, p), (y_w, p_w) = runs
+            exact = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=2e-6, atol=2e-6)
+            assert torch.isfinite(y_w).all()
+            torch.testing.assert_close(y_w, y, **exact)
+            for name in ("state", "ring_x", "ring_dt", "ring_B"):
+                torch.testing.assert_close(p_w[name], p[name], **exact)
+    assert "weights" in k.LAST_COMPILED
+    origins, counts = [4, 3, 0, 2, 4, 1], [5, 1, 5, 3, 0, 4]
+    for count_launch in (False, True):
+        runs = []
+        for use in (False, True):
+            p = _make(device, torch.bfloat16, len(counts), 4, 2, 24, 20, R, seed=5, options=True)
+            _poison(p, origins, counts, R)
+            ref = _clone(p)
+            count = torch.tensor(counts, dtype=torch.int32, device=device)
+            origin = torch.tensor(origins, dtype=torch.int32, device=device)
+            args, kw = _replay_args(p, origin, count)
+            out = torch.empty(p["x"].shape, dtype=torch.float32, device=device)
+            runs.append((k._replay_step(*args, **kw, buffer_len=L, out=out, _config=_cfg(16), _split=True,
+                                        _ring_physical=False, _count_launch=count_launch, _weights=use), p, count))
+        args_ref, kw_ref = _replay_args(ref, torch.tensor(origins, dtype=torch.int32, device=device),
+                                        torch.tensor(counts, dtype=torch.int32, device=device))
+        y_ref = k.mamba2_replay_step_ref(*args_ref, **kw_ref, buffer_len=L, out=torch.empty_like(out))
+        print(f" weights, device positions: counts={counts} count launch {count_launch}")
+        (y, p, count), (y_w, p_w, count_w) = runs
+        exact = dict(rtol=0, atol=0, equal_nan=True) if device == "cpu" else dict(rtol=2e-6, atol=2e-6, equal_nan=True)
+        assert torch.isfinite(y_w).all() and torch.equal(count_w, count)
+        assert count.tolist() == [0 if c + 1 >= L else c + 1 for c in counts]
+        torch.testing.assert_close(y_w, y, **exact)
+        _close("y", y_w, y_ref, 2e-6)
+        for name in ("state", "ring_x", "ring_dt", "ring_B"):
+            torch.testing.assert_close(p_w[name], p[name], **exact)
+    p = _make(device, torch.float32, batch, 4, 2, 24, 20, R, options=False)
+    positions = [torch.zeros(batch, dtype=torch.int32, device=device), torch.ones(batch, dtype=torch.int32,
+                                                                                  device=device)]
+    for extra in (dict(_split=False), dict(_split=True, _count_launch=True, _walk=dict(programs_per_sm=2))):
+        args, kw = _replay_args(p, *positions)
+        with pytest.raises(ValueError, match="_weights"):
+            k._replay_step(*args, **kw, buffer_len=L, _weights=True, **extra)
 
 
 def case_replay_walk(k, device):

@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
 # Planned GPU calls for the next session (not run yet). Every job packs what it wrote into $OUT right after it ends.
-# STAGE=1 (about 4 minutes): GDN's device-phase step as a split step whose replay launch walks the tiles, the
+# STAGE=1 (about 7 minutes): GDN's device-phase step as a split step whose replay launch walks the tiles, the
 #   compiled path's candidate (run 123: 219.6 us with rows in phase against the fused default's 234.7, 229.3 against
 #   227.6 with rows in mixed phases, Qwen3-Next batch 256). `bench_delta` at batch 64 / 256 for both GDN shapes with
 #   the variants split_walk_s2_x4 and split_walk_32x1_x8 (and --walks for the host cycle's neighbours). Decision:
 #   faster in phase at both batches and not slower mixed by more than 2 % -> the device-phase default for GDN, then
 #   STAGE 3 end to end.
+#   Before that, Mamba-2's record-coefficient pre-launch (`_weights`, built in the twentieth session, CPU-tested,
+#   not timed: sm_90 compile-only, the split step's replay launch 196 -> 112 registers, the host-phase one 128 -> 96):
+#   its CUDA tests, then `bench kernels` at batch 64 / 256 (the host arm's replay_host_weights_us and the device-phase
+#   variant "weights"). Decision: faster with host positions -> the host default; faster in the split step (rows in
+#   mixed phases and in phase) -> the device-phase default, then end to end (Nemotron-H-like, compiled, batch 64 / 256).
 # STAGE=2 (about 6 minutes, carry .whl too; carry the Triton cache only if the two fit in 64 MiB): eager decoding at
 #   batch 256, where the host-phase launches run (the delta rule's replay-only launch now walks the tiles: Qwen3-Next
 #   host cycle 212 -> 177 us): Qwen3.5-like and Kimi-Linear-like, stock (with fla) against ReplayCache, two repeats.
@@ -17,6 +22,10 @@ source benchmarks/gpu/install.sh || exit 1
 RES=/tmp/w/res_next_session21_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
 pack() { tar czf "$OUT/next_session21_$STAGE.tgz" -C "$RES" . ; }
 if [ "$STAGE" = 1 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_cuda tests/test_kernels_mamba2.py -k "replay_weights"
+  pack
+  bench_job 200 kernels_mamba2_weights kernels --family mamba2 --shapes nemotron-h-8b --batches 64,256 --no-sweep \
+    --out "$RES/kernels_mamba2_weights.json"; pack
   for shape in qwen3-next qwen3.5-large; do
     timeout 150 python3 -m hf_replayssm.kernels.bench_delta --family gdn --shapes $shape --batches 64,256 \
       --no-sweep --diag --walks 32:1:2:8,32:1:2:10,64:2:2:4 --no-torch --no-fla \

@@ -46,3 +46,47 @@ def test_read_probe_smoke(tmp_path):
     forms = data["forms"]
     assert {name.split("_")[0] for name in forms} == {"grid", "persistent", "tma", "torch"}, sorted(forms)
     assert all(entry["us"] > 0 and entry["GBps"] > 0 for entry in forms.values()), forms
+
+
+def test_prune_triton_cache(tmp_path):
+    """The cache pruner drops the named kernels' entry folders (found by their metadata file, not the group lists)
+    and keeps every byte of the others."""
+    import io
+    import tarfile
+
+    sys.path.insert(0, str(ROOT / "benchmarks" / "gpu"))
+    try:
+        import prune_triton_cache as prune
+    finally:
+        sys.path.pop(0)
+    files = {"./AAA/_keep_kernel.json": b"{}", "./AAA/_keep_kernel.cubin": b"\x00keep" * 100,
+             "./AAA/__grp___keep_kernel.json": b"{}", "./BBB/_drop_kernel.json": b"{}",
+             "./BBB/_drop_kernel.cubin": b"\x01drop" * 100, "./CCC/_other_kernel.json": b"{}"}
+    cache = tmp_path / "cache.tgz"
+    with tarfile.open(cache, "w:gz") as tar:
+        top = tarfile.TarInfo(".")
+        top.type = tarfile.DIRTYPE
+        tar.addfile(top)
+        for folder in ("./AAA", "./BBB", "./CCC"):  # entry folders as members of their own, as tar writes them
+            info = tarfile.TarInfo(folder)
+            info.type = tarfile.DIRTYPE
+            tar.addfile(info)
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    listed = prune.listing(cache)
+    assert set(listed) == {"_keep_kernel", "_drop_kernel", "_other_kernel"} and listed["_drop_kernel"][0] == 1
+    out = tmp_path / "pruned.tgz"
+    result = prune.prune(cache, out, {"_drop_kernel"})
+    assert (result["kept"], result["dropped"]) == (2, 1)
+    with tarfile.open(out, "r:gz") as tar:
+        got = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+        folders = {m.name for m in tar.getmembers() if m.isdir()}
+    assert got == {name: data for name, data in files.items() if "/BBB/" not in name}
+    assert folders == {".", "./AAA", "./CCC"}, folders  # the dropped entry's folder goes too
+    prune.main(["--cache", str(cache), "--drop", "_other_kernel"])  # in place
+    with tarfile.open(cache, "r:gz") as tar:
+        assert not any("CCC" in m.name for m in tar.getmembers())
+    with pytest.raises(SystemExit):
+        prune.main(["--cache", str(cache)])  # nothing named: a usage error

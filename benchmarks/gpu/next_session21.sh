@@ -17,7 +17,9 @@
 # STAGE=3 (about 5 minutes, carry .whl too): compiled end to end at batch 1 and 256 for Qwen3.5-like, three repeats
 #   (batch 1 was 0.93x in run 118 and 0.99x in run 110: host-bound, the arms' order matters).
 # Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session21.sh", carry=[".triton_cache"], timeout_s=600), then
-#   STAGE=2 and 3 with carry=[".whl"] (add ".triton_cache" when `du` says both fit beside the tracked files).
+#   STAGE=2 and 3 with carry=[".whl", ".triton_cache"] after `python3 benchmarks/gpu/prune_triton_cache.py --drop
+#   _delta_commit_kernel,_mamba2_verify_kernel,_delta_verify_kernel,_mamba2_commit_kernel` (both must fit in 64 MiB
+#   beside the tracked files; `--list` shows what is in the cache).
 source benchmarks/gpu/install.sh || exit 1
 RES=/tmp/w/res_next_session21_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
 pack() { tar czf "$OUT/next_session21_$STAGE.tgz" -C "$RES" . ; }

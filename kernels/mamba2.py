@@ -803,7 +803,8 @@ def _replay_step(
     as ``_mamba2_replay_walk_kernel``, a device-sized grid whose programs walk the tiles with their loads pipelined
     ``num_stages`` deep (H200, batch 256, host cycle: 377-745 us over ten walks against the per-tile 345-349, runs
     116-120; the delta rule's walk won, see ``kernels/delta_rule.py``). ``_weights`` (the per-tile replay-only
-    launches: host positions, or a split step's replay launch; off by default, not timed yet): a small launch first
+    launches reading the fp32 checkpoint: host positions, or a split step's replay launch; off by default, not timed
+    yet): a small launch first
     computes each (row, head)'s record coefficients ``w_j (B_j . C_m)``, ``exp(lam)`` and the token's
     ``dt_m (B_m . C_m)`` once (``_mamba2_weights_kernel``), which the replay programs of its P tiles read instead of
     each loading the records' B [R, N] (shared by the group's heads) and reducing it against C; those programs then
@@ -866,10 +867,10 @@ def _replay_step(
                              f"{dict(_walk)} at host phase {phase} (0: device positions), split {split}, count launch "
                              f"{count_launch}, read format {read_format}")
 
-    if _weights and (_walk is not None or not (phase == 1 or split)):
-        raise ValueError("_weights serves the per-tile replay-only launches: host positions, or a split step "
-                         f"(device positions, _split not False); got host phase {phase} (0: device positions), "
-                         f"split {split}, _walk {_walk}")
+    if _weights and (_walk is not None or not (phase == 1 or split) or read_format != "fp32"):
+        raise ValueError("_weights serves the per-tile replay-only launches reading the fp32 checkpoint: host "
+                         "positions, or a split step (device positions, _split not False); got host phase "
+                         f"{phase} (0: device positions), split {split}, _walk {_walk}, read format {read_format}")
     weights = A  # (unused pointer)
     if _weights:
         weights = torch.empty((batch, heads, block_r + 2), dtype=torch.float32, device=x.device)

@@ -599,6 +599,16 @@ def case_replay_weights(k, device):
         args, kw = _replay_args(p, *positions)
         with pytest.raises(ValueError, match="_weights"):
             k._replay_step(*args, **kw, buffer_len=L, _weights=True, **extra)
+    from hf_replayssm.precision.policy import PrecisionPolicy
+    from hf_replayssm.precision.store import CheckpointStore
+
+    store = CheckpointStore(PrecisionPolicy("fp32", read_format="fp8"))  # a read copy: not served
+    store.allocate(tuple(p["state"].shape), p["state"].device)
+    store.write(p["state"], position=0)
+    args, kw = _replay_args(p, 0, 1)
+    with pytest.raises(ValueError, match="_weights"):
+        k._replay_step(*args, **kw, buffer_len=L, _weights=True, read_copy=store.slots[0].read_copy,
+                       read_format="fp8")
 
 
 def case_replay_walk(k, device):

@@ -489,14 +489,14 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                 t = timer(inputs.host_fn(k._replay_step, _config=_cfg_dict(cfg), flush_launch={}))
                 sweep[_cfg_name(cfg)] = dict(us=per_step_us(t), **t, **_compiled_info(k, "replay"))
             best_host = min(sweep, key=lambda c: sweep[c]["us"])
+            best_host_cfg = configs.get(best_host, default_cfg)
             row.update(replay_host_sweep=sweep, replay_host_best_config=best_host,
                        replay_host_us=sweep[best_host]["us"], replay_host_default_us=sweep[default_key]["us"])
             # the record coefficients once per (row, head) by a pre-launch (_weights), at the best host tile
             row["replay_host_weights_us"] = per_step_us(timer(inputs.host_fn(
-                k._replay_step, _config=_cfg_dict(configs.get(best_host, default_cfg)), flush_launch={},
-                _weights=True)))
+                k._replay_step, _config=_cfg_dict(best_host_cfg), flush_launch={}, _weights=True)))
             if args.diag:  # single launches of the host-phase kernels: replay-only at count L/2, flush-only
-                cfg = _cfg_dict(configs.get(best_host, default_cfg))
+                cfg = _cfg_dict(best_host_cfg)
                 row["diag_host_phase_us"] = {
                     f"count{L // 2}": per_step_us(timer(inputs.host_fn(k._replay_step, only=L // 2, _config=cfg))),
                     f"count{L - 1}_flush": per_step_us(timer(inputs.host_fn(k._replay_step, only=L - 1))),
@@ -513,8 +513,7 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                 inputs.add_read_copies(args.read_format)
                 row["read_format"] = args.read_format
                 read_sweep, read_cfgs = {}, {}  # the fp32 host-phase best, and with --read-copy-sweep the sweep
-                for cfg in dict.fromkeys([configs.get(best_host, default_cfg),
-                                          *(REPLAY_SWEEP if args.read_copy_sweep else [])]):
+                for cfg in dict.fromkeys([best_host_cfg, *(REPLAY_SWEEP if args.read_copy_sweep else [])]):
                     t = timer(inputs.host_fn(k._replay_step, read_format=args.read_format, _config=_cfg_dict(cfg),
                                              flush_launch={}))
                     read_sweep[_cfg_name(cfg)] = dict(us=per_step_us(t), **t, **_compiled_info(k, "replay_phase1"))

@@ -115,7 +115,14 @@ import triton
 import triton.language as tl
 
 from hf_replayssm.kernels.counts import advance_counts
-from hf_replayssm.kernels.flush_grid import due_item, due_rows, flush_grid_programs, use_device_grid, walk_item
+from hf_replayssm.kernels.flush_grid import (
+    due_item,
+    due_rows,
+    flush_grid_programs,
+    use_device_grid,
+    walk_item,
+    walk_positions,
+)
 from hf_replayssm.kernels.read_copy import load_read_tile, read_copy_operands
 from hf_replayssm.ops.delta_step import delta_replay_step_ref, delta_state_update_ref
 from hf_replayssm.ops.positions import host_phase
@@ -724,17 +731,8 @@ def _delta_replay_walk_kernel(
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0), num_stages=NUM_STAGES):
         pid_v, pid_h, pid_b = walk_item(item, heads, v_tiles)
         hk = pid_h // kv_ratio
-        if DEVICE_POSITIONS:
-            origin = tl.load(origin_ptr + pid_b * stride_origin)
-            count = tl.load(count_ptr + pid_b * stride_count) & 0xFFFF
-            run = count + 1 < BUFFER_LEN
-            count = tl.where(run, count, 0)  # a due row's items read no records
-            v_limit = tl.where(run, V, 0)  # (limits on the offsets: the interpreter takes no tensor & scalar masks)
-        else:
-            origin = origin_host
-            count = count_host
-            run = True
-            v_limit = V
+        origin, count, run, v_limit = walk_positions(origin_ptr, count_ptr, pid_b, stride_origin, stride_count,
+                                                     origin_host, count_host, V, BUFFER_LEN, DEVICE_POSITIONS)
         valid = offs_r < count
         slots = (origin + offs_r) % ring_size
         slot = (origin + count) % ring_size
@@ -1109,13 +1107,12 @@ def _replay_step(
     if isinstance(_walk, str):
         if _walk != "auto":
             raise ValueError(f"_walk must be a dict, None or 'auto', got {_walk!r}")
-        walk_cfg = None
-        if (phase == 1 and read_format == "fp32" and not exact_fold and not _chunk_k and _block_v is None
-                and _num_warps is None):
-            walk_cfg = host_walk_launch_config(batch, key_dim, value_dim)
-        _walk = None if walk_cfg is None else walk_cfg[2]
+        auto = (phase == 1 and read_format == "fp32" and not exact_fold and not _chunk_k and _block_v is None
+                and _num_warps is None)
+        walk_cfg = host_walk_launch_config(batch, key_dim, value_dim) if auto else None
+        _walk = None
         if walk_cfg is not None:
-            block_v, num_warps = walk_cfg[:2]
+            block_v, num_warps, _walk = walk_cfg
     block_v, num_warps = _block_v or block_v, _num_warps or num_warps
     grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
     assert grid[0] * value_heads < (1 << (31 - _TICKET_SHIFT)), "too many programs per row for the count ticket"

@@ -70,6 +70,29 @@ def walk_item(item, heads, tiles):
 
 
 @triton.jit
+def walk_positions(origin_ptr, count_ptr, row, stride_origin, stride_count, origin_host, count_host, extent,
+                   BUFFER_LEN: tl.constexpr, DEVICE_POSITIONS: tl.constexpr):
+    """A walking replay program's positions for one item of batch ``row``: (origin, count, run, limit). Host
+    positions: ``origin_host`` / ``count_host``, ``run`` true, ``limit`` the tile dimension's ``extent``. With
+    ``DEVICE_POSITIONS`` (a split step's replay launch, the counts advanced by a launch of their own): the row's
+    origin and count (low 16 bits) read on the device; a row due to flush, which the step's flush launch serves, gets
+    ``run`` false, count 0 (no records read) and ``limit`` 0 (its offsets masked off: limits on the offsets, since
+    the interpreter takes no tensor & scalar masks)."""
+    if DEVICE_POSITIONS:
+        origin = tl.load(origin_ptr + row * stride_origin)
+        count = tl.load(count_ptr + row * stride_count) & 0xFFFF
+        run = count + 1 < BUFFER_LEN
+        count = tl.where(run, count, 0)
+        limit = tl.where(run, extent, 0)
+    else:
+        origin = origin_host
+        count = count_host
+        run = True
+        limit = extent
+    return origin, count, run, limit
+
+
+@triton.jit
 def due_item(due, rank, item, heads, tiles, BLOCK_B: tl.constexpr):
     """Item ``item`` of the due rows' (row, head, tile) items, tiles fastest: (batch row as int64, head, tile)."""
     items_per_row = tiles * heads

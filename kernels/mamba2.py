@@ -80,7 +80,14 @@ import triton
 import triton.language as tl
 
 from hf_replayssm.kernels.counts import advance_counts
-from hf_replayssm.kernels.flush_grid import due_item, due_rows, flush_grid_programs, use_device_grid, walk_item
+from hf_replayssm.kernels.flush_grid import (
+    due_item,
+    due_rows,
+    flush_grid_programs,
+    use_device_grid,
+    walk_item,
+    walk_positions,
+)
 from hf_replayssm.kernels.read_copy import load_read_tile, read_copy_operands
 from hf_replayssm.ops.mamba2_step import mamba2_replay_step_ref, mamba2_state_update_ref
 from hf_replayssm.ops.positions import host_phase
@@ -554,17 +561,8 @@ def _mamba2_replay_walk_kernel(
     for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0), num_stages=NUM_STAGES):
         pid_p, h, pid_b = walk_item(item, heads, p_tiles)
         group = h // heads_per_group
-        if DEVICE_POSITIONS:
-            count = tl.load(count_ptr + pid_b * stride_count) & 0xFFFF
-            origin = tl.load(origin_ptr + pid_b * stride_origin)
-            run = count + 1 < BUFFER_LEN
-            count = tl.where(run, count, 0)  # a due row's items read no records
-            p_limit = tl.where(run, P, 0)  # (limits on the offsets: the interpreter takes no tensor & scalar masks)
-        else:
-            count = count_host
-            origin = origin_host
-            run = True
-            p_limit = P
+        origin, count, run, p_limit = walk_positions(origin_ptr, count_ptr, pid_b, stride_origin, stride_count,
+                                                     origin_host, count_host, P, BUFFER_LEN, DEVICE_POSITIONS)
         offs_p = pid_p * BLOCK_P + tl.arange(0, BLOCK_P)
         mask_p = offs_p < p_limit
         mask_pn = mask_p[:, None] & mask_n[None, :]

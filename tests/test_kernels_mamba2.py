@@ -541,6 +541,41 @@ def case_host_phase(k, device):
     assert torch.equal(results[0][1], results[1][1]) and torch.equal(results[0][2], results[1][2])
 
 
+def _assert_launch_unchanged(k, device, launch, L, R, origins, counts, seed, options=True, **common):
+    """The step with and without the launch override ``launch`` on the same fresh inputs (bf16, [24, 20] heads in two
+    P tiles of 16, the last masked): outputs, checkpoint and rings equal, bit for bit on the CPU (within 2e-6 on
+    CUDA), the output finite. ``origins`` / ``counts``: host ints (3 rows), or per-row lists (device positions,
+    NaN in uncommitted slots; the counts after the step equal too). Returns the launch's inputs as made (for a
+    reference), its output and its counts after the step."""
+    import torch
+
+    device_positions = isinstance(counts, list)
+    batch = len(counts) if device_positions else 3
+    runs = []
+    for extra in ({}, launch):
+        p = _make(device, torch.bfloat16, batch, 4, 2, 24, 20, R, seed=seed, options=options)
+        if device_positions:
+            _poison(p, origins, counts, R)
+        fresh = _clone(p)
+        origin, count = ((torch.tensor(origins, dtype=torch.int32, device=device),
+                          torch.tensor(counts, dtype=torch.int32, device=device)) if device_positions
+                         else (origins, counts))
+        args, kw = _replay_args(p, origin, count)
+        out = torch.empty(p["x"].shape, dtype=torch.float32, device=device)
+        runs.append((k._replay_step(*args, **kw, buffer_len=L, out=out, _config=_cfg(16), **common, **extra), p,
+                     count))
+    (y, p, count), (y_var, p_var, count_var) = runs
+    exact = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=2e-6, atol=2e-6)
+    exact["equal_nan"] = device_positions  # the poisoned slots stay NaN in both
+    assert torch.isfinite(y_var).all()
+    if device_positions:
+        assert torch.equal(count_var, count)
+    torch.testing.assert_close(y_var, y, **exact)
+    for name in ("state", "ring_x", "ring_dt", "ring_B"):
+        torch.testing.assert_close(p_var[name], p[name], **exact)
+    return fresh, y_var, count_var
+
+
 def case_replay_weights(k, device):
     """``_weights`` (a per-(row, head) launch computes the records' coefficients once; the replay programs read them):
     the outputs and rings of the launch without it, bit for bit on the CPU (within 2e-6 on CUDA), bf16 with D / z /
@@ -552,46 +587,20 @@ def case_replay_weights(k, device):
     L, R, batch = 6, 5, 3
     for options in (True, False):
         for count in range(L - 1):
-            origin = (3 * count + 2) % R
-            runs = []
-            for use in (False, True):
-                p = _make(device, torch.bfloat16, batch, 4, 2, 24, 20, R, seed=count, options=options)
-                args, kw = _replay_args(p, origin, count)
-                out = torch.empty(p["x"].shape, dtype=torch.float32, device=device)
-                runs.append((k._replay_step(*args, **kw, buffer_len=L, out=out, _config=_cfg(16), _weights=use), p))
             print(f" weights: options={options} count={count}")
-            (y, p), (y_w, p_w) = runs
-            exact = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=2e-6, atol=2e-6)
-            assert torch.isfinite(y_w).all()
-            torch.testing.assert_close(y_w, y, **exact)
-            for name in ("state", "ring_x", "ring_dt", "ring_B"):
-                torch.testing.assert_close(p_w[name], p[name], **exact)
+            _assert_launch_unchanged(k, device, dict(_weights=True), L, R, (3 * count + 2) % R, count, seed=count,
+                                     options=options)
     assert "weights" in k.LAST_COMPILED
     origins, counts = [4, 3, 0, 2, 4, 1], [5, 1, 5, 3, 0, 4]
     for count_launch in (False, True):
-        runs = []
-        for use in (False, True):
-            p = _make(device, torch.bfloat16, len(counts), 4, 2, 24, 20, R, seed=5, options=True)
-            _poison(p, origins, counts, R)
-            ref = _clone(p)
-            count = torch.tensor(counts, dtype=torch.int32, device=device)
-            origin = torch.tensor(origins, dtype=torch.int32, device=device)
-            args, kw = _replay_args(p, origin, count)
-            out = torch.empty(p["x"].shape, dtype=torch.float32, device=device)
-            runs.append((k._replay_step(*args, **kw, buffer_len=L, out=out, _config=_cfg(16), _split=True,
-                                        _ring_physical=False, _count_launch=count_launch, _weights=use), p, count))
+        print(f" weights, device positions: counts={counts} count launch {count_launch}")
+        ref, y_w, count = _assert_launch_unchanged(k, device, dict(_weights=True), L, R, origins, counts, seed=5,
+                                                   _split=True, _ring_physical=False, _count_launch=count_launch)
+        assert count.tolist() == [0 if c + 1 >= L else c + 1 for c in counts]
         args_ref, kw_ref = _replay_args(ref, torch.tensor(origins, dtype=torch.int32, device=device),
                                         torch.tensor(counts, dtype=torch.int32, device=device))
-        y_ref = k.mamba2_replay_step_ref(*args_ref, **kw_ref, buffer_len=L, out=torch.empty_like(out))
-        print(f" weights, device positions: counts={counts} count launch {count_launch}")
-        (y, p, count), (y_w, p_w, count_w) = runs
-        exact = dict(rtol=0, atol=0, equal_nan=True) if device == "cpu" else dict(rtol=2e-6, atol=2e-6, equal_nan=True)
-        assert torch.isfinite(y_w).all() and torch.equal(count_w, count)
-        assert count.tolist() == [0 if c + 1 >= L else c + 1 for c in counts]
-        torch.testing.assert_close(y_w, y, **exact)
+        y_ref = k.mamba2_replay_step_ref(*args_ref, **kw_ref, buffer_len=L, out=torch.empty_like(y_w))
         _close("y", y_w, y_ref, 2e-6)
-        for name in ("state", "ring_x", "ring_dt", "ring_B"):
-            torch.testing.assert_close(p_w[name], p[name], **exact)
     p = _make(device, torch.float32, batch, 4, 2, 24, 20, R, options=False)
     positions = [torch.zeros(batch, dtype=torch.int32, device=device), torch.ones(batch, dtype=torch.int32,
                                                                                   device=device)]
@@ -620,41 +629,17 @@ def case_replay_walk(k, device):
     import torch
 
     L, R, batch = 6, 5, 3
+    walks = (dict(programs_per_sm=2, num_stages=2), dict(programs_per_sm=3, num_stages=3))
     for count in range(L - 1):
-        origin = (3 * count + 2) % R
-        for walk in (dict(programs_per_sm=2, num_stages=2), dict(programs_per_sm=3, num_stages=3)):
-            runs = []
-            for use in (None, walk):
-                p = _make(device, torch.bfloat16, batch, 4, 2, 24, 20, R, seed=count, options=True)
-                args, kw = _replay_args(p, origin, count)
-                out = torch.empty(p["x"].shape, dtype=torch.float32, device=device)
-                runs.append((k._replay_step(*args, **kw, buffer_len=L, out=out, _config=_cfg(16), _walk=use), p))
+        for walk in walks:
             print(f" walk: count={count} {walk}")
-            (y, p), (y_walk, p_walk) = runs
-            exact = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=2e-6, atol=2e-6)
-            assert torch.isfinite(y_walk).all()
-            torch.testing.assert_close(y_walk, y, **exact)
-            for name in ("state", "ring_x", "ring_dt", "ring_B"):
-                torch.testing.assert_close(p_walk[name], p[name], **exact)
+            _assert_launch_unchanged(k, device, dict(_walk=walk), L, R, (3 * count + 2) % R, count, seed=count)
     assert "replay_phase1" in k.LAST_COMPILED
     origins, counts = [4, 3, 0, 2, 4, 1], [5, 1, 5, 3, 0, 4]
-    for walk in (dict(programs_per_sm=2, num_stages=2), dict(programs_per_sm=3, num_stages=3)):
-        runs = []
-        for use in (None, walk):
-            p = _make(device, torch.bfloat16, len(counts), 4, 2, 24, 20, R, seed=5, options=True)
-            _poison(p, origins, counts, R)
-            count = torch.tensor(counts, dtype=torch.int32, device=device)
-            args, kw = _replay_args(p, torch.tensor(origins, dtype=torch.int32, device=device), count)
-            out = torch.empty(p["x"].shape, dtype=torch.float32, device=device)
-            runs.append((k._replay_step(*args, **kw, buffer_len=L, out=out, _config=_cfg(16), _split=True,
-                                        _count_launch=True, _walk=use), p, count))
+    for walk in walks:
         print(f" walk, device positions: counts={counts} {walk}")
-        (y, p, count), (y_walk, p_walk, count_walk) = runs
-        exact = dict(rtol=0, atol=0, equal_nan=True) if device == "cpu" else dict(rtol=2e-6, atol=2e-6, equal_nan=True)
-        assert torch.isfinite(y_walk).all() and torch.equal(count_walk, count)
-        torch.testing.assert_close(y_walk, y, **exact)
-        for name in ("state", "ring_x", "ring_dt", "ring_B"):
-            torch.testing.assert_close(p_walk[name], p[name], **exact)
+        _assert_launch_unchanged(k, device, dict(_walk=walk), L, R, origins, counts, seed=5, _split=True,
+                                 _count_launch=True)
     p = _make(device, torch.float32, batch, 4, 2, 24, 20, R, options=False)
     for count, walk in ((L - 1, {}), (1, dict(stages=2))):
         args, kw = _replay_args(p, 0, count)

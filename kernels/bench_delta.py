@@ -520,6 +520,12 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
             # the same step as two launches, flush-only then replay-only
             row["replay_mixed_split_us"] = per_step_us(timer(inputs.fn(k._replay_step, _block_v=bv, _num_warps=nw,
                                                                       _split=True)))
+            # the device-phase launch as callers get it (no override): fused, or GDN's split walk from
+            # DEVICE_WALK_MIN_BATCH rows (device_walk_launch_config)
+            device_walk = k.device_walk_launch_config(batch, K, per_key)
+            row["replay_device_default_launch"] = "fused" if device_walk is None else (
+                f"split_walk_x{device_walk['programs_per_sm']}_s{device_walk['num_stages']}")
+            row["replay_mixed_device_default_us"] = per_step_us(timer(inputs.fn(k._replay_step)))
             for variant, (launch, _) in VARIANTS.items():
                 row[f"replay_mixed_{variant}_us"] = per_step_us(timer(inputs.fn(
                     k._replay_step, **{"_block_v": bv, "_num_warps": nw, **launch})))  # a variant's tile wins
@@ -552,6 +558,7 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
             row["replay_in_phase_us"] = per_step_us(timer(inputs.fn(k._replay_step, _block_v=bv, _num_warps=nw)))
             row["replay_in_phase_split_us"] = per_step_us(timer(inputs.fn(k._replay_step, _block_v=bv, _num_warps=nw,
                                                                          _split=True)))
+            row["replay_in_phase_device_default_us"] = per_step_us(timer(inputs.fn(k._replay_step)))
             for variant, (launch, _) in VARIANTS.items():
                 row[f"replay_in_phase_{variant}_us"] = per_step_us(timer(inputs.fn(
                     k._replay_step, **{"_block_v": bv, "_num_warps": nw, **launch})))  # a variant's tile wins
@@ -714,6 +721,10 @@ def _print_row(r, header):
           f"{100 * r['replay_host_frac_of_copy_bw']:>4.0f}% of copy BW, "
           f"x std {r['speedup_replay_host_vs_standard']:.2f}, x fla {_fmt(r['speedup_replay_host_vs_fla'], 5)} "
           f"[{r['replay_host_best_config']}, flush {r['host_flush_default_config']}]", flush=True)
+    if r.get("replay_mixed_device_default_us"):
+        m, i = r["replay_mixed_device_default_us"], r["replay_in_phase_device_default_us"]
+        print(f"{'':<14}{'':>6} | device-phase default launch ({r['replay_device_default_launch']}): mixed {m:>9.2f} "
+              f"us, in phase {i:>9.2f} us, x std {r['standard_us'] / m:.2f} / {r['standard_us'] / i:.2f}", flush=True)
     if r.get("diag_host_walk_us"):
         walks = ", ".join(f"{key} {us:.2f}" for key, us in r["diag_host_walk_us"].items())
         print(f"{'':<14}{'':>6} | host-phase cycle, replay launches walking the tiles (_walk): {walks} us", flush=True)

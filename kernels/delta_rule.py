@@ -57,8 +57,9 @@ Design notes:
   bandwidth). A [128, 64] tile on two warps holds 238 registers, so an SM keeps 8 warps with one tile each in flight;
   the walk keeps 8 warps with two.
 * Device phases: one fused launch (``PHASE`` 0, the default for tensor positions; H200, batch 256, rows in phase:
-  229 us per step, as fast as the phase-specialised host launches' 227 us) or, on request, split (``PHASE`` 3 then
-  4: 257 us). The fused kernel was first the slower (348 us vs 289 us split) while device-read records were read by
+  229 us per step, as fast as the phase-specialised host launches' 227 us) or split (``PHASE`` 3 then 4: 257 us
+  per tile). From :data:`DEVICE_WALK_MIN_BATCH` rows GDN runs split by default, its replay launch walking the tiles
+  (:func:`device_walk_launch_config`; H200, Qwen3-Next batch 256, rows in phase: 219.7 us against the fused 232.3). The fused kernel was first the slower (348 us vs 289 us split) while device-read records were read by
   physical slot (``RING_PHYSICAL``: decays as direct sums over an [R, R] mask, so that no address waited for the
   positions); read in logical order, as the host launches do, both got faster and fused won. Split, the flush launch's
   programs of replaying rows
@@ -956,6 +957,9 @@ def host_flush_launch_config(batch: int, value_heads: int, key_dim: int, value_d
 
 
 HOST_WALK_MIN_BATCH = 64  # the walk measured faster at batch 64 and 256 (run 122); per-tile launches below
+# GDN's split device-phase step with a walking replay launch: faster than the fused launch at batch 256 (both shapes,
+# rows in phase and mixed, run 124), slower for Qwen3-Next at batch 64; the fused launch below
+DEVICE_WALK_MIN_BATCH = 256
 
 
 def host_walk_launch_config(batch: int, key_dim: int, value_dim: int) -> tuple[int, int, dict] | None:
@@ -971,6 +975,20 @@ def host_walk_launch_config(batch: int, key_dim: int, value_dim: int) -> tuple[i
     if batch < HOST_WALK_MIN_BATCH or key_dim > 128:
         return None
     return min(32, max(16, triton.next_power_of_2(value_dim))), 1, dict(programs_per_sm=8, num_stages=2)
+
+
+def device_walk_launch_config(batch: int, key_dim: int, per_key_gate: bool) -> dict | None:
+    """The walk (``_walk``) of the replay launch when a device-phase step runs split (a flush-only launch for the
+    rows due, then a replay-only launch on a device-sized grid whose programs walk the device phase's
+    :func:`replay_launch_config` tiles, 4 per SM, the next tile's load a stage ahead), or None (one fused launch).
+    Scalar gates (GDN) only, from :data:`DEVICE_WALK_MIN_BATCH` rows, up to 128 key channels. H200, per step (run
+    124, ``bench_delta --diag``, variant ``split_walk_s2_x4``): Qwen3-Next batch 256 219.7 us with rows in phase
+    against the fused launch's 232.3, 229.6 against 228.4 in mixed phases; Qwen3.5-large 420.5 vs 460.1 and 434.2 vs
+    443.3; at batch 64 Qwen3-Next 68.0 vs 65.9 (slower), so the fused launch stays below. KDA's split step is slower
+    than its fused one (run 123: 312 vs 226 us)."""
+    if per_key_gate or batch < DEVICE_WALK_MIN_BATCH or key_dim > 128:
+        return None
+    return dict(programs_per_sm=4, num_stages=2)
 
 
 def state_update_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: int,
@@ -1019,7 +1037,7 @@ def _ring_gate_strides(ring_g: torch.Tensor) -> tuple[int, ...]:
 def _replay_step(
     state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len=16, use_qk_l2norm=True, scale=None,
     out=None, read_copy=None, read_format=None, ring_v=None, ring_beta=None, _block_v=None, _num_warps=None,
-    _flush_dot=None, _ticket=True, _ring_physical=False, _split=False, _prefetch=True,
+    _flush_dot=None, _ticket=True, _ring_physical=False, _split="auto", _prefetch=True,
     _count_launch=True, flush_reads_copy=False,
     _nvfp4_pairs=True, _kda_weights=True, _gdn_weights=False, _weights_warps=None, _chunk_k=0, _flush_grid="batch",
     _flush_config=None, _walk="auto",
@@ -1027,7 +1045,10 @@ def _replay_step(
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot``; ``_split`` (device positions only): the step as a flush-only launch for the rows due (the others
     exit after reading their count) and then a replay-only one, instead of one fused program that carries both codes
-    (H200, batch 256: 263 vs 241 us per step with rows in mixed phases). ``_count_launch`` (device
+    (H200, batch 256: 263 vs 241 us per step with rows in mixed phases, both per tile); ``"auto"`` (the default):
+    split with the replay launch walking the tiles where :func:`device_walk_launch_config` says so (GDN from
+    :data:`DEVICE_WALK_MIN_BATCH` rows, fp32 checkpoint, count launch, records in logical order, no exact fold,
+    ``_walk="auto"`` and no forced tile or ``_chunk_k``), fused otherwise. ``_count_launch`` (device
     positions; default on): the step's kernels read the counts plainly and a third, one-program-per-1024-rows launch
     advances them; off, the replay program of each row that draws the last count ticket writes its new count (H200,
     batch 256, the step 10 us slower). ``_ring_physical`` (scalar gates): records read by physical slot, the
@@ -1104,15 +1125,23 @@ def _replay_step(
     else:
         block_v, num_warps = replay_launch_config(batch, value_heads, key_dim, value_dim, per_key, read_format,
                                                   device_phase=phase == 0, kda_weights=bool(_kda_weights))
+    if isinstance(_split, str) and _split != "auto":
+        raise ValueError(f"_split must be a bool or 'auto', got {_split!r}")
     if isinstance(_walk, str):
         if _walk != "auto":
             raise ValueError(f"_walk must be a dict, None or 'auto', got {_walk!r}")
-        auto = (phase == 1 and read_format == "fp32" and not exact_fold and not _chunk_k and _block_v is None
+        auto = (read_format == "fp32" and not exact_fold and not _chunk_k and _block_v is None
                 and _num_warps is None)
-        walk_cfg = host_walk_launch_config(batch, key_dim, value_dim) if auto else None
+        walk_cfg = host_walk_launch_config(batch, key_dim, value_dim) if auto and phase == 1 else None
         _walk = None
         if walk_cfg is not None:
             block_v, num_warps, _walk = walk_cfg
+        if (auto and phase == 0 and _split == "auto" and bool(_count_launch) and bool(_ticket)
+                and not _ring_physical):
+            _walk = device_walk_launch_config(batch, key_dim, per_key)
+            _split = _walk is not None
+    if _split == "auto":
+        _split = False
     block_v, num_warps = _block_v or block_v, _num_warps or num_warps
     grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
     assert grid[0] * value_heads < (1 << (31 - _TICKET_SHIFT)), "too many programs per row for the count ticket"

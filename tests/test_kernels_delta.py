@@ -17,7 +17,8 @@ from kernel_harness import assert_close as _close
 
 CASES = ["replay_mixed_gdn_bf16", "replay_launch_variants", "replay_mixed_kda", "replay_options", "state_update",
          "sequence_gdn", "sequence_kda", "buffer_len_one", "host_phase", "kda_weights", "gdn_weights",
-         "chunked_checkpoint", "flush_device_grid", "replay_walk", "host_walk_default"]
+         "chunked_checkpoint", "flush_device_grid", "replay_walk", "host_walk_default",
+         "device_walk_default"]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -35,7 +36,8 @@ def test_bench_smoke(tmp_path, family):
     data, stdout = run_bench_smoke("bench_delta", ["--family", family, *extra], tmp_path / "bench.json")
     assert data["results"], data
     row = data["results"][0]
-    keys = ["replay_mixed_us", "replay_in_phase_us", "standard_us", "torch_us", "speedup_replay_vs_standard"]
+    keys = ["replay_mixed_us", "replay_in_phase_us", "standard_us", "torch_us", "speedup_replay_vs_standard",
+            "replay_mixed_device_default_us", "replay_in_phase_device_default_us"]
     if read:
         keys += [f"replay_{arm}_read_copy_us" for arm in ("host", "mixed", "in_phase")]
         keys += ["replay_in_phase_read_copy_no_reencode_us", "speedup_replay_mixed_read_copy_vs_standard",
@@ -74,6 +76,8 @@ def test_bench_smoke(tmp_path, family):
     assert all(check["ok"] for check in data["checks"].values()), data["checks"]
     if read:
         assert data["checks"]["smoke"]["read_copy_nvfp4_nibbles_rel_err"] < 1e-6, data["checks"]
+    assert row["replay_device_default_launch"] == "fused", row  # the smoke's few rows: below DEVICE_WALK_MIN_BATCH
+    assert "device-phase default launch (fused)" in stdout
     assert "replay step" in stdout  # the printed table
     assert ("device, in phase replay reading a nvfp4 copy" in stdout) == bool(read)
 
@@ -575,6 +579,83 @@ def case_host_walk_default(k, device):
     assert k.host_walk_launch_config(k.HOST_WALK_MIN_BATCH - 1, 128, 128) is None
     assert k.host_walk_launch_config(k.HOST_WALK_MIN_BATCH, 128, 128)[:2] == (32, 1)
     assert k.host_walk_launch_config(k.HOST_WALK_MIN_BATCH, 256, 128) is None  # wider keys: per tile
+
+
+def case_device_walk_default(k, device):
+    """From ``DEVICE_WALK_MIN_BATCH`` rows (lowered here to reach it on tiny shapes) a GDN step with device positions
+    runs split by default, its replay launch walking the tiles at ``device_walk_launch_config``: bit for bit the
+    explicit split walk, the fused launch's outputs, rings and counts within float32 rounding (GVA, rows in mixed
+    phases with some due to flush, NaN in uncommitted slots, and rows in phase at every count); KDA, a forced tile,
+    tickets, records by physical slot and host positions keep their launches; a bad ``_split`` is refused."""
+    import torch
+
+    class Counted:  # which kernel a launch ran (the interpreter's launches return nothing to ask)
+        def __init__(self, kernel):
+            self.kernel, self.calls = kernel, 0
+
+        def __getitem__(self, grid):
+            self.calls += 1
+            return self.kernel[grid]
+
+    L, R = 5, 4
+    walk = dict(programs_per_sm=4, num_stages=2)
+    saved = k.DEVICE_WALK_MIN_BATCH, k._delta_replay_walk_kernel
+    walk_kernel = k._delta_replay_walk_kernel = Counted(saved[1])
+
+    def run(p, origins, counts, **kw):
+        origin = torch.tensor(origins, dtype=torch.int32, device=device)
+        count = torch.tensor(counts, dtype=torch.int32, device=device)
+        out = torch.empty(p["v"].shape, dtype=torch.float32, device=device)
+        before = walk_kernel.calls
+        _run_replay(k._replay_step, p, origin, count, buffer_len=L, out=out, **kw)
+        return out, count, walk_kernel.calls > before
+
+    try:
+        k.DEVICE_WALK_MIN_BATCH = 1
+        assert k.device_walk_launch_config(4, 24, False) == walk
+        layouts = [([3, 0, 2, 1, 3, 2], [4, 1, 4, 3, 0, 2])]  # mixed phases, rows 0 and 2 due
+        layouts += [([(3 * c + 1) % R] * 3, [c] * 3) for c in range(L)]  # in phase, every count (L - 1: all flush)
+        for origins, counts in layouts:
+            runs = []
+            for use in ({}, dict(_split=True, _walk=walk), dict(_split=False)):
+                p = _make(device, torch.bfloat16, len(counts), 2, 4, 24, 20, R, per_key=False, seed=sum(counts))
+                for b in range(len(counts)):  # slots outside the committed window must never reach the output
+                    for slot in set(range(R)) - {(origins[b] + j) % R for j in range(counts[b])}:
+                        for name in ("ring_k", "ring_d", "ring_g"):
+                            p[name][b, slot] = float("nan")
+                runs.append((*run(p, origins, counts, **use), p))
+            print(f" device walk default: origins={origins} counts={counts}")
+            (o, count, walked, p), (o_walk, count_walk, _, p_walk), (o_fused, count_fused, fused_walked, p_fused) = runs
+            assert walked and not fused_walked
+            assert torch.isfinite(o).all()
+            assert torch.equal(count, count_walk) and torch.equal(count, count_fused)
+            exact = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=2e-6, atol=2e-6)
+            torch.testing.assert_close(o, o_walk, **exact)
+            torch.testing.assert_close(o, o_fused, rtol=2e-6, atol=2e-6)
+            for name in RING:
+                torch.testing.assert_close(p[name], p_walk[name], **exact, equal_nan=True)
+                torch.testing.assert_close(p[name], p_fused[name], rtol=2e-6, atol=2e-6, equal_nan=True)
+        origins, counts = [3, 0, 2], [4, 1, 2]
+        for per_key, kw in ((True, {}), (False, dict(_block_v=16)), (False, dict(_count_launch=False)),
+                            (False, dict(_ring_physical=True)), (False, dict(_walk=None)), (False, dict(_chunk_k=8))):
+            p = _make(device, torch.float32, len(counts), 2, 4, 24, 20, R, per_key=per_key)
+            if "_chunk_k" in kw:  # the streamed checkpoint needs a split step: refused, as before, not walked
+                with pytest.raises(ValueError, match="_chunk_k"):
+                    run(p, origins, counts, **kw)
+                continue
+            assert not run(p, origins, counts, **kw)[2], (per_key, kw)
+        p = _make(device, torch.float32, 3, 2, 4, 24, 20, R, per_key=False)
+        before = walk_kernel.calls  # host positions, 3 rows: below the host walk's own threshold, per tile
+        _run_replay(k._replay_step, p, 0, 1, buffer_len=L)
+        assert walk_kernel.calls == before
+        with pytest.raises(ValueError, match="_split must be"):
+            run(p, origins, counts, _split="always")
+    finally:
+        k.DEVICE_WALK_MIN_BATCH, k._delta_replay_walk_kernel = saved
+    assert k.device_walk_launch_config(k.DEVICE_WALK_MIN_BATCH - 1, 128, False) is None
+    assert k.device_walk_launch_config(k.DEVICE_WALK_MIN_BATCH, 128, False) == walk
+    assert k.device_walk_launch_config(k.DEVICE_WALK_MIN_BATCH, 128, True) is None  # KDA: fused
+    assert k.device_walk_launch_config(k.DEVICE_WALK_MIN_BATCH, 256, False) is None  # wider keys: fused
 
 
 def case_chunked_checkpoint(k, device):

@@ -40,6 +40,13 @@ elif [ "$STAGE" = 2 ]; then
       --prompt 512 --new 128 --repeats 2 --out "$RES/generate_eager_$model.json"; pack
   done
 elif [ "$STAGE" = 3 ]; then
+  # the new device-phase default (GDN from DEVICE_WALK_MIN_BATCH rows: split, replay launch walking): its CUDA test,
+  # then the default launch against the fused one at 128 / 256 / 512 rows (the threshold's neighbours)
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 120 test_kernels_cuda_device_walk tests/test_kernels_delta.py \
+    -k "device_walk_default"
+  timeout 120 python3 -m hf_replayssm.kernels.bench_delta --family gdn --shapes qwen3-next --batches 128,256,512 \
+    --no-sweep --no-torch --no-fla --out "$RES/delta_gdn_device_default.json" > "$RES/delta_gdn_device_default.txt" 2>&1
+  echo "device default rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   bench_job 280 generate_compiled_qwen3_5 generate --models qwen3_5 --batches 1,256 \
     --arms stock-static-compiled,replay-compiled --prompt 512 --new 128 --repeats 3 \
     --out "$RES/generate_compiled_qwen3_5.json"; pack

@@ -801,12 +801,15 @@ def _replay_step(
     as ``_mamba2_replay_walk_kernel``, a device-sized grid whose programs walk the tiles with their loads pipelined
     ``num_stages`` deep (H200, batch 256, host cycle: 377-745 us over ten walks against the per-tile 345-349, runs
     116-120; the delta rule's walk won, see ``kernels/delta_rule.py``). ``_weights`` (the per-tile replay-only
-    launches reading the fp32 checkpoint: host positions, or a split step's replay launch; off by default, not timed
-    yet): a small launch first
+    launches reading the fp32 checkpoint: host positions, or a split step's replay launch; off by default): a small
+    launch first
     computes each (row, head)'s record coefficients ``w_j (B_j . C_m)``, ``exp(lam)`` and the token's
     ``dt_m (B_m . C_m)`` once (``_mamba2_weights_kernel``), which the replay programs of its P tiles read instead of
     each loading the records' B [R, N] (shared by the group's heads) and reducing it against C; those programs then
-    read the records in logical order."""
+    read the records in logical order. It stays off: H200, Nemotron-H-8B shape (run 124, ``bench kernels``), host
+    cycle 341.0 vs 345.0 us at batch 256 (1 %) but 93.1 vs 90.6 at batch 64; as the device-phase split step 452.0 /
+    440.6 us (mixed / in phase) against the fused default's 434.9 / 417.0 (the registers it saves, sm_90 split
+    replay 196 -> 112, do not pay for the extra launch and its round trip)."""
     batch, heads, head_dim, d_state, groups = _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias)
     ring_size = ring_x.shape[1]
     assert ring_x.shape == (batch, ring_size, heads, head_dim), f"ring_x must be [B, R, H, P], got {ring_x.shape}"

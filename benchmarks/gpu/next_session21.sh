@@ -50,6 +50,18 @@ elif [ "$STAGE" = 3 ]; then
   bench_job 280 generate_compiled_qwen3_5 generate --models qwen3_5 --batches 1,256 \
     --arms stock-static-compiled,replay-compiled --prompt 512 --new 128 --repeats 3 \
     --out "$RES/generate_compiled_qwen3_5.json"; pack
+elif [ "$STAGE" = 4 ]; then
+  # eager Qwen3.5-like at batch 256 was 0.88x stock + fla in STAGE 2 (README: 1.03-1.06x since the tenth session):
+  # the model step timed GPU-bound (one sync per run) with operator tables, then with the host-phase walk off
+  # (HOST_WALK_MIN_BATCH past the batch: the per-tile replay launch of the nineteenth session), then generate again
+  bench_job 200 step_qwen3_5 step --models qwen3_5 --batches 256 --arms stock,replay-triton --repeats 3 \
+    --profile "$RES/profile" --out "$RES/step_qwen3_5.json"; pack
+  timeout 150 python3 -c "import sys; import hf_replayssm.kernels.delta_rule as d; d.HOST_WALK_MIN_BATCH = 1 << 30
+from hf_replayssm.bench.step import main; main(sys.argv[1:])" --models qwen3_5 --batches 256 --arms replay-triton \
+    --repeats 3 --out "$RES/step_qwen3_5_no_walk.json" > "$RES/step_qwen3_5_no_walk.txt" 2>&1
+  echo "no walk rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  bench_job 150 generate_eager_qwen3_5_again generate --models qwen3_5 --batches 256 --arms replay,stock \
+    --prompt 512 --new 128 --repeats 2 --out "$RES/generate_eager_qwen3_5_again.json"; pack
 fi
 tail -n 12 "$RES"/*.txt
 save_triton_cache

@@ -319,9 +319,10 @@ class StepInputs:
         return run
 
 
-def _phase_times(k, inputs: ReplayInputs, timer: Timer, L: int, cfg) -> dict:
-    """Single-launch replay time with every row at one count (0, L/2, L-2: replay; L-1: flush), in us. Each timed
-    graph resets ``count`` first (a tiny copy, timed alone and subtracted)."""
+def _phase_times(k, inputs: ReplayInputs, timer: Timer, L: int, cfg, **launch) -> dict:
+    """Single-step replay time with every row at one count (0, L/2, L-2: replay; L-1: flush), in us, at the tile
+    ``cfg`` (None: the step's default launch) with ``launch``'s overrides. Each timed graph resets ``count`` first (a
+    tiny copy, timed alone and subtracted)."""
     c = inputs.copies[0]
     saved = c["count"].clone()
     target = torch.empty_like(c["count"])
@@ -332,8 +333,9 @@ def _phase_times(k, inputs: ReplayInputs, timer: Timer, L: int, cfg) -> dict:
 
         def run():
             c["count"].copy_(target)
-            k._replay_step(*[c[n] for n in RING], *[c[n] for n in TOKEN], buffer_len=L, out=c["out"],
-                           _block_v=cfg[0], _num_warps=cfg[1])
+            tile = {} if cfg is None else dict(_block_v=cfg[0], _num_warps=cfg[1])
+            k._replay_step(*[c[n] for n in RING], *[c[n] for n in TOKEN], buffer_len=L, out=c["out"], **tile,
+                           **launch)
 
         out[f"count{count}{'_flush' if count == L - 1 else ''}"] = (timer(run)["ms"] - reset_only) * 1e3
     c["count"].copy_(saved)
@@ -362,6 +364,10 @@ VARIANTS = {
     # the same at the host walk's default ([K, 32] x 1 warp, 8 per SM; host cycle GDN 212 -> 177 us, run 122)
     "split_walk_32x1_x8": (dict(_split=True, _block_v=32, _num_warps=1,
                                 _walk=dict(num_stages=2, programs_per_sm=8)), False),
+    # the first with the flush on a device-sized grid that walks only the due rows' tiles (with rows in phase 15
+    # steps in 16 have none; the batch grid launches a program per tile that reads its row's count and exits)
+    "split_walk_s2_x4_flush_device": (dict(_split=True, _walk=dict(num_stages=2, programs_per_sm=4),
+                                           _flush_grid="device"), False),
 }
 
 
@@ -544,6 +550,10 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                 row["diag_replay_mixed_no_ticket_us"] = per_step_us(timer(inputs.fn(
                     k._replay_step, _block_v=bv, _num_warps=nw, _ticket=False)))
                 row["diag_replay_phase_us"] = _phase_times(k, inputs, timer, L, (bv, nw))
+                if row["replay_device_default_launch"] != "fused":  # the step callers get, one count at a time
+                    row["diag_replay_phase_device_default_us"] = _phase_times(k, inputs, timer, L, None)
+                    row["diag_replay_phase_device_default_flush_device_us"] = _phase_times(
+                        k, inputs, timer, L, None, _flush_grid="device")
                 other = not k.flush_uses_dot(per_key)
                 row[f"diag_replay_mixed_flush_{'dot' if other else 'loop'}_us"] = per_step_us(timer(inputs.fn(
                     k._replay_step, _block_v=bv, _num_warps=nw, _flush_dot=other)))

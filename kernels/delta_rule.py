@@ -59,7 +59,8 @@ Design notes:
 * Device phases: one fused launch (``PHASE`` 0, the default for tensor positions; H200, batch 256, rows in phase:
   229 us per step, as fast as the phase-specialised host launches' 227 us) or split (``PHASE`` 3 then 4: 257 us
   per tile). From :data:`DEVICE_WALK_MIN_BATCH` rows GDN runs split by default, its replay launch walking the tiles
-  (:func:`device_walk_launch_config`; H200, Qwen3-Next batch 256, rows in phase: 219.7 us against the fused 232.3). The fused kernel was first the slower (348 us vs 289 us split) while device-read records were read by
+  (:func:`device_walk_launch_config`; H200, Qwen3-Next batch 256, rows in phase: 219.7 us against the fused 232.3).
+  The fused kernel was first the slower (348 us vs 289 us split) while device-read records were read by
   physical slot (``RING_PHYSICAL``: decays as direct sums over an [R, R] mask, so that no address waited for the
   positions); read in logical order, as the host launches do, both got faster and fused won. Split, the flush launch's
   programs of replaying rows

@@ -62,6 +62,15 @@ from hf_replayssm.bench.step import main; main(sys.argv[1:])" --models qwen3_5 -
   echo "no walk rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   bench_job 150 generate_eager_qwen3_5_again generate --models qwen3_5 --batches 256 --arms replay,stock \
     --prompt 512 --new 128 --repeats 2 --out "$RES/generate_eager_qwen3_5_again.json"; pack
+elif [ "$STAGE" = 5 ]; then
+  # where the device-phase split walk loses to the host phase (220 vs 177 us, Qwen3-Next batch 256, rows in phase):
+  # the step one count at a time, and the flush launch on the device-sized grid of due rows (variant
+  # split_walk_s2_x4_flush_device; with rows in phase 15 steps in 16 have none due)
+  for shape in qwen3-next qwen3.5-large; do
+    timeout 150 python3 -m hf_replayssm.kernels.bench_delta --family gdn --shapes $shape --batches 256,512 \
+      --no-sweep --diag --no-torch --no-fla --out "$RES/delta_gdn_${shape}.json" > "$RES/delta_gdn_${shape}.txt" 2>&1
+    echo "$shape rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  done
 fi
 tail -n 12 "$RES"/*.txt
 save_triton_cache

@@ -368,6 +368,10 @@ VARIANTS = {
     # steps in 16 have none; the batch grid launches a program per tile that reads its row's count and exits)
     "split_walk_s2_x4_flush_device": (dict(_split=True, _walk=dict(num_stages=2, programs_per_sm=4),
                                            _flush_grid="device"), False),
+    # the first with the replay launch walking only the replaying rows' items (run 128: with every row due, the
+    # split step's replay launch over masked items cost about 170 us of the flush step's 685 at batch 256)
+    "split_walk_s2_x4_compact": (dict(_split=True, _walk=dict(num_stages=2, programs_per_sm=4, compact=True)),
+                                 False),
 }
 
 

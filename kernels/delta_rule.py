@@ -117,10 +117,12 @@ import triton
 import triton.language as tl
 
 from hf_replayssm.kernels.counts import advance_counts
+from hf_replayssm.kernels.flush_grid import MAX_BATCH as FLUSH_GRID_MAX_BATCH
 from hf_replayssm.kernels.flush_grid import (
     due_item,
     due_rows,
     flush_grid_programs,
+    replaying_rows,
     use_device_grid,
     walk_item,
     walk_positions,
@@ -697,7 +699,7 @@ def _delta_replay_step_kernel(
 def _delta_replay_walk_kernel(
     state_ptr, ring_k_ptr, ring_d_ptr, ring_g_ptr, origin_ptr, count_ptr,
     q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, o_ptr, weights_ptr,
-    n_items, heads, K: tl.constexpr, V: tl.constexpr, ring_size, kv_ratio, scale, origin_host, count_host,
+    n_items, batch, heads, K: tl.constexpr, V: tl.constexpr, ring_size, kv_ratio, scale, origin_host, count_host,
     stride_origin, stride_count,
     stride_s_b, stride_s_h: tl.constexpr, stride_s_k: tl.constexpr, stride_s_v: tl.constexpr,
     stride_rk_b, stride_rk_r: tl.constexpr, stride_rk_h: tl.constexpr, stride_rk_k: tl.constexpr,
@@ -718,6 +720,8 @@ def _delta_replay_walk_kernel(
     NUM_STAGES: tl.constexpr,
     BUFFER_LEN: tl.constexpr,
     DEVICE_POSITIONS: tl.constexpr,
+    COMPACT: tl.constexpr,
+    BLOCK_B: tl.constexpr,
 ):
     """A replay-only launch reading the fp32 checkpoint on a device-sized grid: each program walks the (row, value
     head, V tile) items with a stride of the grid, and ``tl.range(num_stages=NUM_STAGES)`` lets Triton's pipeliner
@@ -725,13 +729,24 @@ def _delta_replay_walk_kernel(
     sm_90). Host positions (``PHASE`` 1: every row at ``origin_host`` / ``count_host``), or ``DEVICE_POSITIONS`` (a
     split step's replay launch, ``PHASE`` 4, the counts advanced by a launch of their own): each row's origin / count
     read on the device, the items of rows due to flush (served by the step's flush launch) masked off, loads and
-    stores alike. Each item is the ``_delta_replay_step_kernel`` program of that tile, the same expressions."""
+    stores alike; with ``COMPACT`` (device positions, up to ``BLOCK_B`` rows) the programs walk only the replaying
+    rows' items (every program ranks the rows from their counts, as the device-grid flush ranks the due ones), so a
+    step where every row flushes costs the launch nothing. Each item is the ``_delta_replay_step_kernel`` program of
+    that tile, the same expressions."""
     v_tiles = tl.cdiv(V, BLOCK_V)
     offs_k = tl.arange(0, BLOCK_K)
     mask_k = offs_k < K
     offs_r = tl.arange(0, BLOCK_R)
-    for item in tl.range(tl.program_id(0), n_items, tl.num_programs(0), num_stages=NUM_STAGES):
-        pid_v, pid_h, pid_b = walk_item(item, heads, v_tiles)
+    if COMPACT:
+        replaying, rank, n_rows = replaying_rows(count_ptr, stride_count, batch, BUFFER_LEN, BLOCK_B)
+        n_walk = n_rows * heads * v_tiles
+    else:
+        n_walk = n_items
+    for item in tl.range(tl.program_id(0), n_walk, tl.num_programs(0), num_stages=NUM_STAGES):
+        if COMPACT:
+            pid_b, pid_h, pid_v = due_item(replaying, rank, item, heads, v_tiles, BLOCK_B)
+        else:
+            pid_v, pid_h, pid_b = walk_item(item, heads, v_tiles)
         hk = pid_h // kv_ratio
         origin, count, run, v_limit = walk_positions(origin_ptr, count_ptr, pid_b, stride_origin, stride_count,
                                                      origin_host, count_host, V, BUFFER_LEN, DEVICE_POSITIONS)
@@ -1083,10 +1098,13 @@ def _replay_step(
     261.3 us, KDA 355.3 (four-warp weights), against the fused default's 236.4 / 281.2, so the default stays "batch"
     (and fused). ``_walk`` (replay-only launches reading the fp32 checkpoint: host positions, or a split step's
     replay launch): ``dict(programs_per_sm=..., num_stages=...)`` runs them as ``_delta_replay_walk_kernel``, a
-    device-sized grid whose programs walk the tiles with their loads pipelined ``num_stages`` deep; ``None``: the
-    per-tile launch; ``"auto"`` (the default): the host-phase replay-only launch of the fp32 checkpoint walks at
-    :func:`host_walk_launch_config` when no tile is forced (``_block_v`` / ``_num_warps``), everything else runs
-    per tile (a split step's replay launch walking at 2 programs per SM: run 116, GDN 306 us against 227)."""
+    device-sized grid whose programs walk the tiles with their loads pipelined ``num_stages`` deep, and with
+    ``compact=True`` a split step's replay launch (up to ``kernels.flush_grid.MAX_BATCH`` rows; past it the key is
+    ignored) walks only the replaying rows' items; ``None``: the per-tile launch; ``"auto"`` (the default): the
+    host-phase replay-only launch of the fp32 checkpoint walks at :func:`host_walk_launch_config` when no tile is
+    forced (``_block_v`` / ``_num_warps``), and with device positions GDN's step runs split with a walking replay
+    launch where :func:`device_walk_launch_config` says so (see ``_split``); everything else runs per tile (a
+    split step's replay launch walking at 2 programs per SM: run 116, GDN 306 us against 227)."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -1188,21 +1206,23 @@ def _replay_step(
     flush_on_device_grid = (use_device_grid(_flush_grid, batch) and split and not exact_fold and not flush_reads_copy
                             and not _ring_physical and uses_dot(3))
     if _walk is not None:
-        unknown = set(_walk) - {"programs_per_sm", "num_stages"}
+        unknown = set(_walk) - {"programs_per_sm", "num_stages", "compact"}
         serves = phase == 1 or (split and count_launch and not flush_reads_copy and not _ring_physical)
         if unknown or not serves or read_format != "fp32" or exact_fold or _chunk_k:
-            raise ValueError("_walk (keys programs_per_sm, num_stages) serves the replay-only launches reading the "
-                             "fp32 checkpoint without an exact fold or _chunk_k: host positions, or a split step "
-                             f"(_split=True) with the count launch; got {dict(_walk)} at host phase {phase} (0: device "
-                             f"positions), split {split}, count launch {count_launch}, read format {read_format}")
+            raise ValueError("_walk (keys programs_per_sm, num_stages, compact) serves the replay-only launches "
+                             "reading the fp32 checkpoint without an exact fold or _chunk_k: host positions, or a "
+                             f"split step (_split=True) with the count launch; got {dict(_walk)} at host phase "
+                             f"{phase} (0: device positions), split {split}, count launch {count_launch}, read format "
+                             f"{read_format}")
 
     def launch_walk(kernel_phase):
+        compact = kernel_phase == 4 and bool(_walk.get("compact", False)) and batch <= FLUSH_GRID_MAX_BATCH
         programs = flush_grid_programs(v.device, grid[0] * batch * value_heads, _walk.get("programs_per_sm", 2))
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = _delta_replay_walk_kernel[
             (programs,)](
             state, ring_k, ring_d, ring_g, *positions, q, k, v, beta, g, o, weights,
-            grid[0] * batch * value_heads, value_heads, key_dim, value_dim, ring_size, value_heads // key_heads, scale,
-            *host, *strides,
+            grid[0] * batch * value_heads, batch, value_heads, key_dim, value_dim, ring_size, value_heads // key_heads,
+            scale, *host, *strides,
             *state.stride(), *ring_k.stride(), *ring_d.stride(), *_ring_gate_strides(ring_g),
             *q.stride(), *k.stride(), *v.stride(), *beta.stride(), *_gate_strides(g), *o.stride(),
             GATE_PER_KEY=per_key,
@@ -1214,6 +1234,8 @@ def _replay_step(
             NUM_STAGES=int(_walk.get("num_stages", 2)),
             BUFFER_LEN=buffer_len,
             DEVICE_POSITIONS=kernel_phase == 4,
+            COMPACT=compact,
+            BLOCK_B=triton.next_power_of_2(batch) if compact else 1,
             num_warps=num_warps,
         )
 

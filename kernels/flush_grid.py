@@ -62,6 +62,15 @@ def due_rows(count_ptr, stride_count, batch, BUFFER_LEN: tl.constexpr, BLOCK_B: 
 
 
 @triton.jit
+def replaying_rows(count_ptr, stride_count, batch, BUFFER_LEN: tl.constexpr, BLOCK_B: tl.constexpr):
+    """:func:`due_rows`' complement: every row's replay flag (int32 [BLOCK_B]: in the batch and not due), its rank
+    among the replaying rows and how many replay, for a replay launch that walks only their items."""
+    due, _, _ = due_rows(count_ptr, stride_count, batch, BUFFER_LEN, BLOCK_B)
+    replaying = ((tl.arange(0, BLOCK_B) < batch) & (due == 0)).to(tl.int32)
+    return replaying, tl.cumsum(replaying, axis=0), tl.sum(replaying, axis=0)
+
+
+@triton.jit
 def walk_item(item, heads, tiles):
     """Item ``item`` of every row's (row, head, tile) items, tiles fastest: (tile, head, batch row as int64); the
     order of a batch-sized grid's programs, for launches whose programs walk the items with a stride of the grid."""

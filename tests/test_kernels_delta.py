@@ -9,6 +9,7 @@ each program in numpy): batch <= 6, 4 value heads, dims 16-32.
 
 from __future__ import annotations
 
+import itertools
 import sys
 
 import pytest
@@ -490,24 +491,30 @@ def case_replay_walk(k, device):
                 for name in RING:
                     torch.testing.assert_close(p_walk[name], p[name], **exact)
     assert "replay_phase1" in k.LAST_COMPILED
-    # a split step's replay launch walking (device positions, rows in mixed phases, some due to flush)
-    origins, counts = [3, 0, 2, 1, 3, 2], [4, 1, 4, 3, 0, 2]
-    for per_key, launch in ((False, {}), (True, {}), (True, dict(_kda_weights=False))):
+    # a split step's replay launch walking (device positions, rows in mixed phases, some due to flush; every row due;
+    # none due), over every item or only the replaying rows' (compact)
+    layouts = [([3, 0, 2, 1, 3, 2], [4, 1, 4, 3, 0, 2]), ([1, 2, 0], [4, 4, 4]), ([1, 2, 0], [2, 0, 3])]
+    for (origins, counts), (per_key, launch) in itertools.product(
+            layouts, ((False, {}), (True, {}), (True, dict(_kda_weights=False)))):
+        if len(counts) == 3 and per_key and launch:
+            continue
         runs = []
-        for use in (None, dict(programs_per_sm=2, num_stages=2)):
+        for use in (None, dict(programs_per_sm=2, num_stages=2), dict(programs_per_sm=2, num_stages=2, compact=True)):
             p = _make(device, torch.bfloat16, len(counts), 2, 4, 24, 20, R, per_key=per_key, seed=3)
             count = torch.tensor(counts, dtype=torch.int32, device=device)
             origin = torch.tensor(origins, dtype=torch.int32, device=device)
-            out = torch.empty(p["v"].shape, dtype=torch.float32, device=device)
+            out = torch.full(p["v"].shape, float("nan"), dtype=torch.float32, device=device)
             runs.append((_run_replay(k._replay_step, p, origin, count, buffer_len=L, out=out, _block_v=16,
                                      _split=True, _walk=use, **launch), p, count))
         print(f" walk, device positions: per_key={per_key} {launch} counts={counts}")
-        (o, p, count), (o_walk, p_walk, count_walk) = runs
+        (o, p, count), *walks = runs
         exact = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=2e-6, atol=2e-6)
-        assert torch.isfinite(o_walk).all() and torch.equal(count_walk, count)
-        torch.testing.assert_close(o_walk, o, **exact)
-        for name in RING:
-            torch.testing.assert_close(p_walk[name], p[name], **exact)
+        assert torch.isfinite(o).all()  # every row's output written, by the flush launch or the replay launch
+        for o_walk, p_walk, count_walk in walks:
+            assert torch.equal(count_walk, count)
+            torch.testing.assert_close(o_walk, o, **exact)
+            for name in RING:
+                torch.testing.assert_close(p_walk[name], p[name], **exact)
     p = _make(device, torch.float32, batch, 2, 4, 24, 20, R, per_key=False)
     for count, extra in ((L - 1, {}), (1, dict(_walk=dict(stages=2))), (1, dict(_chunk_k=8))):
         with pytest.raises(ValueError, match="_walk"):

@@ -71,6 +71,14 @@ elif [ "$STAGE" = 5 ]; then
       --no-sweep --diag --no-torch --no-fla --out "$RES/delta_gdn_${shape}.json" > "$RES/delta_gdn_${shape}.txt" 2>&1
     echo "$shape rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   done
+elif [ "$STAGE" = 6 ]; then
+  # the split step's replay launch walking only the replaying rows' items (_walk compact=True; run 128: with every
+  # row due the walk over masked items cost about 170 us of the flush step's 685): CUDA test, then timed
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 40 test_kernels_cuda_walk tests/test_kernels_delta.py -k "replay_walk"
+  pack
+  timeout 140 python3 -m hf_replayssm.kernels.bench_delta --family gdn --shapes qwen3-next --batches 256 \
+    --no-sweep --no-torch --no-fla --out "$RES/delta_gdn_compact.json" > "$RES/delta_gdn_compact.txt" 2>&1
+  echo "compact rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
 fi
 tail -n 12 "$RES"/*.txt
 save_triton_cache

@@ -534,7 +534,8 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
             # DEVICE_WALK_MIN_BATCH rows (device_walk_launch_config)
             device_walk = k.device_walk_launch_config(batch, K, per_key)
             row["replay_device_default_launch"] = "fused" if device_walk is None else (
-                f"split_walk_x{device_walk['programs_per_sm']}_s{device_walk['num_stages']}")
+                f"split_walk_x{device_walk['programs_per_sm']}_s{device_walk['num_stages']}"
+                f"{'_compact' if device_walk.get('compact') else ''}")
             row["replay_mixed_device_default_us"] = per_step_us(timer(inputs.fn(k._replay_step)))
             for variant, (launch, _) in VARIANTS.items():
                 row[f"replay_mixed_{variant}_us"] = per_step_us(timer(inputs.fn(

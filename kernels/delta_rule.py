@@ -59,7 +59,8 @@ Design notes:
 * Device phases: one fused launch (``PHASE`` 0, the default for tensor positions; H200, batch 256, rows in phase:
   229 us per step, as fast as the phase-specialised host launches' 227 us) or split (``PHASE`` 3 then 4: 257 us
   per tile). From :data:`DEVICE_WALK_MIN_BATCH` rows GDN runs split by default, its replay launch walking the tiles
-  (:func:`device_walk_launch_config`; H200, Qwen3-Next batch 256, rows in phase: 219.7 us against the fused 232.3).
+  (:func:`device_walk_launch_config`; over the replaying rows' items only; H200, Qwen3-Next batch 256, rows in phase:
+  210.7 us against the fused 233.9).
   The fused kernel was first the slower (348 us vs 289 us split) while device-read records were read by
   physical slot (``RING_PHYSICAL``: decays as direct sums over an [R, R] mask, so that no address waited for the
   positions); read in logical order, as the host launches do, both got faster and fused won. Split, the flush launch's
@@ -995,16 +996,20 @@ def host_walk_launch_config(batch: int, key_dim: int, value_dim: int) -> tuple[i
 
 def device_walk_launch_config(batch: int, key_dim: int, per_key_gate: bool) -> dict | None:
     """The walk (``_walk``) of the replay launch when a device-phase step runs split (a flush-only launch for the
-    rows due, then a replay-only launch on a device-sized grid whose programs walk the device phase's
-    :func:`replay_launch_config` tiles, 4 per SM, the next tile's load a stage ahead), or None (one fused launch).
-    Scalar gates (GDN) only, from :data:`DEVICE_WALK_MIN_BATCH` rows, up to 128 key channels. H200, per step (run
-    124, ``bench_delta --diag``, variant ``split_walk_s2_x4``): Qwen3-Next batch 256 219.7 us with rows in phase
-    against the fused launch's 232.3, 229.6 against 228.4 in mixed phases; Qwen3.5-large 420.5 vs 460.1 and 434.2 vs
-    443.3; at batch 64 Qwen3-Next 68.0 vs 65.9 (slower), so the fused launch stays below. KDA's split step is slower
-    than its fused one (run 123: 312 vs 226 us)."""
+    rows due, then a replay-only launch on a device-sized grid whose programs walk the replaying rows' items at the
+    device phase's :func:`replay_launch_config` tiles, 4 per SM, the next tile's load a stage ahead), or None (one
+    fused launch). Scalar gates (GDN) only, from :data:`DEVICE_WALK_MIN_BATCH` rows, up to 128 key channels. H200,
+    per step (``bench_delta``): the walk over every item (variant ``split_walk_s2_x4``, runs 124 and 128) Qwen3-Next
+    batch 256 219.2-219.7 us with rows in phase against the fused launch's 232.3-234.0, 229.2-229.6 against
+    228.2-228.4 in mixed phases, batch 512 421.4 vs 476.3 and 434.6 vs 454.3; Qwen3.5-large batch 256 420.5 vs 459.2
+    and 434.3 vs 443.1; at batch 64 Qwen3-Next 68.0 vs 65.9 (slower), so the fused launch stays below 256 rows.
+    Walking only the replaying rows' items (``compact``, variant ``split_walk_s2_x4_compact``, run 129, Qwen3-Next
+    batch 256): 210.7 us in phase, 222.6 mixed (the flush step's replay launch, every row due, had cost about 170 us
+    over masked items: run 128, 685 us for that step against the fused launch's 477); not yet timed at other shapes
+    and batches. KDA's split step is slower than its fused one (run 123: 312 vs 226 us)."""
     if per_key_gate or batch < DEVICE_WALK_MIN_BATCH or key_dim > 128:
         return None
-    return dict(programs_per_sm=4, num_stages=2)
+    return dict(programs_per_sm=4, num_stages=2, compact=True)
 
 
 def state_update_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: int,

@@ -605,7 +605,7 @@ def case_device_walk_default(k, device):
             return self.kernel[grid]
 
     L, R = 5, 4
-    walk = dict(programs_per_sm=4, num_stages=2)
+    walk = dict(programs_per_sm=4, num_stages=2, compact=True)
     saved = k.DEVICE_WALK_MIN_BATCH, k._delta_replay_walk_kernel
     walk_kernel = k._delta_replay_walk_kernel = Counted(saved[1])
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Planned GPU calls for the next session (not run yet). Every job packs what it wrote into $OUT right after it ends.
+# The twenty-first session's GPU calls (runs 124-129, BENCHMARKS.md); STAGE 4-6 were added during the session.
+# Every job packs what it wrote into $OUT right after it ends.
 # STAGE=1 (about 7 minutes): GDN's device-phase step as a split step whose replay launch walks the tiles, the
 #   compiled path's candidate (run 123: 219.6 us with rows in phase against the fused default's 234.7, 229.3 against
 #   227.6 with rows in mixed phases, Qwen3-Next batch 256). `bench_delta` at batch 64 / 256 for both GDN shapes with

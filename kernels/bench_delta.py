@@ -372,6 +372,10 @@ VARIANTS = {
     # split step's replay launch over masked items cost about 170 us of the flush step's 685 at batch 256)
     "split_walk_s2_x4_compact": (dict(_split=True, _walk=dict(num_stages=2, programs_per_sm=4, compact=True)),
                                  False),
+    # compacting, on the host walk's [K, 32] x 1 x 8 per SM (sm_90 compile-only: GDN 168 registers, no spills, where
+    # the [128, 64] x 2 walk sits at 255), the flush launch on the step's tile
+    "split_walk_32x1_x8_compact": (dict(_split=True, _walk=dict(num_stages=2, programs_per_sm=8, compact=True,
+                                                                 block_v=32, num_warps=1)), False),
 }
 
 

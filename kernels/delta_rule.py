@@ -1105,7 +1105,8 @@ def _replay_step(
     replay launch): ``dict(programs_per_sm=..., num_stages=...)`` runs them as ``_delta_replay_walk_kernel``, a
     device-sized grid whose programs walk the tiles with their loads pipelined ``num_stages`` deep, and with
     ``compact=True`` a split step's replay launch (up to ``kernels.flush_grid.MAX_BATCH`` rows; past it the key is
-    ignored) walks only the replaying rows' items; ``None``: the per-tile launch; ``"auto"`` (the default): the
+    ignored) walks only the replaying rows' items; ``block_v`` / ``num_warps``: the walk's own tile (a split step's
+    flush launch keeps the step's); ``None``: the per-tile launch; ``"auto"`` (the default): the
     host-phase replay-only launch of the fp32 checkpoint walks at :func:`host_walk_launch_config` when no tile is
     forced (``_block_v`` / ``_num_warps``), and with device positions GDN's step runs split with a walking replay
     launch where :func:`device_walk_launch_config` says so (see ``_split``); everything else runs per tile (a
@@ -1211,10 +1212,11 @@ def _replay_step(
     flush_on_device_grid = (use_device_grid(_flush_grid, batch) and split and not exact_fold and not flush_reads_copy
                             and not _ring_physical and uses_dot(3))
     if _walk is not None:
-        unknown = set(_walk) - {"programs_per_sm", "num_stages", "compact"}
+        unknown = set(_walk) - {"programs_per_sm", "num_stages", "compact", "block_v", "num_warps"}
         serves = phase == 1 or (split and count_launch and not flush_reads_copy and not _ring_physical)
         if unknown or not serves or read_format != "fp32" or exact_fold or _chunk_k:
-            raise ValueError("_walk (keys programs_per_sm, num_stages, compact) serves the replay-only launches "
+            raise ValueError("_walk (keys programs_per_sm, num_stages, compact, block_v, num_warps) serves the "
+                             "replay-only launches "
                              "reading the fp32 checkpoint without an exact fold or _chunk_k: host positions, or a "
                              f"split step (_split=True) with the count launch; got {dict(_walk)} at host phase "
                              f"{phase} (0: device positions), split {split}, count launch {count_launch}, read format "
@@ -1222,11 +1224,14 @@ def _replay_step(
 
     def launch_walk(kernel_phase):
         compact = kernel_phase == 4 and bool(_walk.get("compact", False)) and batch <= FLUSH_GRID_MAX_BATCH
-        programs = flush_grid_programs(v.device, grid[0] * batch * value_heads, _walk.get("programs_per_sm", 2))
+        # the walk's own tile where given (a split step's flush launch keeps the step's)
+        walk_v, walk_warps = int(_walk.get("block_v", block_v)), int(_walk.get("num_warps", num_warps))
+        items = triton.cdiv(value_dim, walk_v) * batch * value_heads
+        programs = flush_grid_programs(v.device, items, _walk.get("programs_per_sm", 2))
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = _delta_replay_walk_kernel[
             (programs,)](
             state, ring_k, ring_d, ring_g, *positions, q, k, v, beta, g, o, weights,
-            grid[0] * batch * value_heads, batch, value_heads, key_dim, value_dim, ring_size, value_heads // key_heads,
+            items, batch, value_heads, key_dim, value_dim, ring_size, value_heads // key_heads,
             scale, *host, *strides,
             *state.stride(), *ring_k.stride(), *ring_d.stride(), *_ring_gate_strides(ring_g),
             *q.stride(), *k.stride(), *v.stride(), *beta.stride(), *_gate_strides(g), *o.stride(),
@@ -1234,14 +1239,14 @@ def _replay_step(
             USE_QK_L2NORM=bool(use_qk_l2norm),
             WEIGHTS_GIVEN=weighted[kernel_phase],
             BLOCK_K=block_k,
-            BLOCK_V=block_v,
+            BLOCK_V=walk_v,
             BLOCK_R=block_r,
             NUM_STAGES=int(_walk.get("num_stages", 2)),
             BUFFER_LEN=buffer_len,
             DEVICE_POSITIONS=kernel_phase == 4,
             COMPACT=compact,
             BLOCK_B=triton.next_power_of_2(batch) if compact else 1,
-            num_warps=num_warps,
+            num_warps=walk_warps,
         )
 
     def launch_flush_due():

@@ -492,14 +492,16 @@ def case_replay_walk(k, device):
                     torch.testing.assert_close(p_walk[name], p[name], **exact)
     assert "replay_phase1" in k.LAST_COMPILED
     # a split step's replay launch walking (device positions, rows in mixed phases, some due to flush; every row due;
-    # none due), over every item or only the replaying rows' (compact)
+    # none due), over every item or only the replaying rows' (compact), also on a tile of its own (one V tile of 32
+    # where the step's flush launch keeps two of 16)
     layouts = [([3, 0, 2, 1, 3, 2], [4, 1, 4, 3, 0, 2]), ([1, 2, 0], [4, 4, 4]), ([1, 2, 0], [2, 0, 3])]
     for (origins, counts), (per_key, launch) in itertools.product(
             layouts, ((False, {}), (True, {}), (True, dict(_kda_weights=False)))):
         if len(counts) == 3 and per_key and launch:
             continue
         runs = []
-        for use in (None, dict(programs_per_sm=2, num_stages=2), dict(programs_per_sm=2, num_stages=2, compact=True)):
+        for use in (None, dict(programs_per_sm=2, num_stages=2), dict(programs_per_sm=2, num_stages=2, compact=True),
+                    dict(programs_per_sm=3, num_stages=2, compact=True, block_v=32, num_warps=1)):  # its own tile
             p = _make(device, torch.bfloat16, len(counts), 2, 4, 24, 20, R, per_key=per_key, seed=3)
             count = torch.tensor(counts, dtype=torch.int32, device=device)
             origin = torch.tensor(origins, dtype=torch.int32, device=device)

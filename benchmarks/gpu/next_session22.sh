@@ -4,9 +4,12 @@
 #   whose replay launch walks only the replaying rows' items, `_walk` compact; timed at Qwen3-Next batch 256 only, run
 #   129: 210.7 us in phase, 222.6 mixed, against the fused 233.9 / 228.4): its CUDA tests (run 129's ran out of its
 #   40 s compiling), then `bench_delta` at 64 / 128 / 256 / 512 rows on both GDN shapes and KDA, the variant
-#   split_walk_s2_x4_compact timed at every batch. Decisions: faster than fused at 128 (and 64) in phase and not slower
-#   mixed -> lower DEVICE_WALK_MIN_BATCH; slower at 512 or on Qwen3.5-large -> the walk over every item there; KDA's
-#   compacting split step faster than its fused default -> its device-phase default.
+#   split_walk_s2_x4_compact and split_walk_32x1_x8_compact (the walk on the host walk's [K, 32] x 1 tile at 8 per
+#   SM, its own tile since this session: sm_90 compile-only GDN 168 registers, no spills, against 255 for [128, 64]
+#   x 2; KDA 96) timed at every batch. Decisions: the faster compacting walk in phase and mixed -> the default walk;
+#   faster than fused at 128 (and 64) in phase and not slower mixed -> lower DEVICE_WALK_MIN_BATCH; slower at 512 or on
+#   Qwen3.5-large -> the walk over every item there; KDA's compacting split step faster than its fused default -> its
+#   device-phase default (device_walk_launch_config serves scalar gates only today).
 # STAGE=2 (about 6 minutes, carry .whl too): compiled end to end, Qwen3.5-like at batch 64 and 256, three repeats.
 # Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session22.sh", carry=[".triton_cache"], timeout_s=600), then
 #   STAGE=2 with carry=[".whl", ".triton_cache"] (the two must fit in 64 MiB beside the tracked files; prune with

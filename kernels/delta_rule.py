@@ -1216,9 +1216,9 @@ def _replay_step(
         serves = phase == 1 or (split and count_launch and not flush_reads_copy and not _ring_physical)
         if unknown or not serves or read_format != "fp32" or exact_fold or _chunk_k:
             raise ValueError("_walk (keys programs_per_sm, num_stages, compact, block_v, num_warps) serves the "
-                             "replay-only launches "
-                             "reading the fp32 checkpoint without an exact fold or _chunk_k: host positions, or a "
-                             f"split step (_split=True) with the count launch; got {dict(_walk)} at host phase "
+                             "replay-only launches reading the fp32 checkpoint without an exact fold or _chunk_k: "
+                             "host positions, or a split step (_split=True) with the count launch; got "
+                             f"{dict(_walk)} at host phase "
                              f"{phase} (0: device positions), split {split}, count launch {count_launch}, read format "
                              f"{read_format}")
 

@@ -744,6 +744,11 @@ def _print_row(r, header):
         m, i = r["replay_mixed_device_default_us"], r["replay_in_phase_device_default_us"]
         print(f"{'':<14}{'':>6} | device-phase default launch ({r['replay_device_default_launch']}): mixed {m:>9.2f} "
               f"us, in phase {i:>9.2f} us, x std {r['standard_us'] / m:.2f} / {r['standard_us'] / i:.2f}", flush=True)
+    variants = [name for name in VARIANTS if r.get(f"replay_mixed_{name}_us")]
+    if variants:  # the device-phase launch variants, rows in mixed phases / in phase
+        cells = ", ".join(f"{name} {r[f'replay_mixed_{name}_us']:.2f} / {r[f'replay_in_phase_{name}_us']:.2f}"
+                          for name in variants)
+        print(f"{'':<14}{'':>6} | device-phase variants, mixed / in phase (us): {cells}", flush=True)
     if r.get("diag_host_walk_us"):
         walks = ", ".join(f"{key} {us:.2f}" for key, us in r["diag_host_walk_us"].items())
         print(f"{'':<14}{'':>6} | host-phase cycle, replay launches walking the tiles (_walk): {walks} us", flush=True)

@@ -79,6 +79,8 @@ def test_bench_smoke(tmp_path, family):
         assert data["checks"]["smoke"]["read_copy_nvfp4_nibbles_rel_err"] < 1e-6, data["checks"]
     assert row["replay_device_default_launch"] == "fused", row  # the smoke's few rows: below DEVICE_WALK_MIN_BATCH
     assert "device-phase default launch (fused)" in stdout
+    assert "device-phase variants, mixed / in phase (us): tickets " in stdout
+    assert all(row[f"replay_{arm}_split_walk_32x1_x8_compact_us"] > 0 for arm in ("mixed", "in_phase")), row
     assert "replay step" in stdout  # the printed table
     assert ("device, in phase replay reading a nvfp4 copy" in stdout) == bool(read)
 

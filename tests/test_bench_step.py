@@ -31,3 +31,32 @@ def test_profile_arm_writes_an_operator_table(tmp_path):
     table = profile_arm(model, ids, "replay-torch", prompt=10, steps=4, piece=5, buffer_len=4,
                         out_path=tmp_path / "prof.txt")
     assert "Self CPU" in table and (tmp_path / "prof.txt").read_text() == table
+
+
+def test_host_profile_arm_writes_a_python_profile(tmp_path):
+    import torch
+
+    from hf_replayssm.bench.step import host_profile_arm
+
+    model = get_model("qwen3_5_text")
+    ids = torch.randint(3, 120, (1, 14))
+    table = host_profile_arm(model, ids, "replay-torch", prompt=10, steps=4, piece=5, buffer_len=4,
+                             out_path=tmp_path / "host.txt")
+    assert table.startswith("replay-torch: 4 decode steps, ") and "ms per step under cProfile" in table
+    assert "by cumulative time:" in table and "by tottime time:" in table
+    assert "adapters/base.py" in table  # the cache's own layer code shows up by name
+    assert (tmp_path / "host.txt").read_text() == table
+
+
+def test_bench_step_cli_writes_both_profiles(tmp_path, monkeypatch):
+    from hf_replayssm.bench import shapes
+    from hf_replayssm.bench.step import main
+
+    # the tiny model in place of the real-shaped one (gigabytes on a CPU)
+    monkeypatch.setattr(shapes, "shaped_model", lambda name, device, dtype: get_model("qwen3_5_text"))
+    assert main(["--models", "qwen3_5", "--batches", "1", "--prompt", "6", "--steps", "3", "--arms",
+                 "stock,replay-torch", "--repeats", "1", "--device", "cpu", "--dtype", "float32",
+                 "--profile", str(tmp_path / "ops"), "--host-profile", str(tmp_path / "host")]) == 0
+    for arm in ("stock", "replay-torch"):
+        assert "Self CPU" in (tmp_path / "ops" / f"qwen3_5_b1_{arm}.txt").read_text()
+        assert "cProfile" in (tmp_path / "host" / f"qwen3_5_b1_{arm}.txt").read_text()

@@ -11,6 +11,9 @@
 #   Qwen3.5-large -> the walk over every item there; KDA's compacting split step faster than its fused default -> its
 #   device-phase default (device_walk_launch_config serves scalar gates only today).
 # STAGE=2 (about 6 minutes, carry .whl too): compiled end to end, Qwen3.5-like at batch 64 and 256, three repeats.
+# STAGE=3 (about 4 minutes, carry .whl too): where eager Qwen3.5-like's host time goes at batch 256 (run 127: 1.52x
+#   less GPU work per step than stock + fla, yet 0.74-0.88x its speed, host-bound): `bench step --host-profile`
+#   (cProfile of 16 decode forwards per arm, new) beside the operator tables.
 # Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session22.sh", carry=[".triton_cache"], timeout_s=600), then
 #   STAGE=2 with carry=[".whl", ".triton_cache"] (the two must fit in 64 MiB beside the tracked files; prune with
 #   benchmarks/gpu/prune_triton_cache.py, `--list` shows what is in the cache).
@@ -27,6 +30,9 @@ if [ "$STAGE" = 1 ]; then
       --no-sweep --no-torch --no-fla --out "$RES/delta_$2.json" > "$RES/delta_$2.txt" 2>&1
     echo "$2 rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   done
+elif [ "$STAGE" = 3 ]; then
+  bench_job 240 step_host_profile step --models qwen3_5 --batches 256 --arms stock,replay-triton --repeats 2 \
+    --profile "$RES/ops" --host-profile "$RES/host" --out "$RES/step_host_profile.json"; pack
 elif [ "$STAGE" = 2 ]; then
   bench_job 400 generate_compiled_qwen3_5 generate --models qwen3_5 --batches 64,256 \
     --arms stock-static-compiled,replay-compiled --prompt 512 --new 128 --repeats 3 \

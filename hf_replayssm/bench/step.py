@@ -91,6 +91,44 @@ def profile_arm(model, ids, arm: str, prompt: int, steps: int, piece: int, buffe
     return table
 
 
+def host_profile_arm(model, ids, arm: str, prompt: int, steps: int, piece: int, buffer_len: int, out_path=None,
+                     rows: int = 40) -> str:
+    """One run of ``arm`` with Python's cProfile around its decode forwards: where an eager step's host time goes by
+    Python function (the model's modules, the cache adapters, the kernel wrappers and Triton's launcher), which
+    torch.profiler's operator table leaves out. Two tables, by cumulative and by own time, headed by the wall time
+    per step under the profiler; written to ``out_path``."""
+    import cProfile
+    import io
+    import pstats
+
+    from ..cache import cache_argument
+
+    key = cache_argument(model)
+    cache = _make_cache(arm, model, buffer_len)
+    with torch.no_grad():
+        for start in range(0, prompt, piece):
+            model(ids[:, start : min(prompt, start + piece)], **{key: cache}, use_cache=True, logits_to_keep=1)
+        _sync(ids.device)
+        profiler = cProfile.Profile()
+        start_time = time.perf_counter()
+        profiler.enable()
+        for pos in range(prompt, prompt + steps):
+            model(ids[:, pos : pos + 1], **{key: cache}, use_cache=True, logits_to_keep=1)
+        _sync(ids.device)
+        profiler.disable()
+        elapsed = time.perf_counter() - start_time
+    text = io.StringIO()
+    text.write(f"{arm}: {steps} decode steps, {elapsed * 1e3 / steps:.3f} ms per step under cProfile\n")
+    for order in ("cumulative", "tottime"):
+        text.write(f"\nby {order} time:\n")
+        pstats.Stats(profiler, stream=text).sort_stats(order).print_stats(rows)
+    table = text.getvalue()
+    if out_path is not None:
+        with open(out_path, "w") as f:
+            f.write(table)
+    return table
+
+
 def measure_steps(model, batch: int, prompt: int = 512, steps: int = 48, piece: int = 128,
                   arms: Sequence[str] = ARMS, buffer_len: int = 16, repeats: int = 2, seed: int = 0) -> dict:
     """Decode ``steps`` tokens after a ``prompt``-token prefill for each arm (interleaved, ``repeats`` times after
@@ -147,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--profile", help="also write a torch.profiler operator table per model, batch and arm "
                         "(16 decode steps, after the timed runs) into this folder")
+    parser.add_argument("--host-profile", help="also write a cProfile table of the decode forwards' Python "
+                        "functions per model, batch and arm (16 decode steps, after the timed runs) into this folder")
     args = parser.parse_args(argv)
     try:
         import fla  # noqa: F401
@@ -169,15 +209,17 @@ def main(argv: list[str] | None = None) -> int:
         for batch in (int(b) for b in args.batches.split(",")):
             rows.append(measure_steps(model, batch, args.prompt, args.steps, min(piece, args.prompt),
                                       args.arms.split(","), args.buffer_len, args.repeats))
-            if args.profile:
+            for folder, profiler in ((args.profile, profile_arm), (args.host_profile, host_profile_arm)):
+                if not folder:
+                    continue
                 import os
 
-                os.makedirs(args.profile, exist_ok=True)
+                os.makedirs(folder, exist_ok=True)
                 vocab = model.config.get_text_config(decoder=True).vocab_size
                 ids = torch.randint(3, vocab, (batch, args.prompt + 16), device=args.device)
                 for arm in args.arms.split(","):
-                    profile_arm(model, ids, arm, args.prompt, 16, min(piece, args.prompt), args.buffer_len,
-                                os.path.join(args.profile, f"{name}_b{batch}_{arm}.txt"))
+                    profiler(model, ids, arm, args.prompt, 16, min(piece, args.prompt), args.buffer_len,
+                             os.path.join(folder, f"{name}_b{batch}_{arm}.txt"))
             print(table(rows[-1:], "" if len(rows) > 1 else f"== {name}-like ({type(model).__name__}) on "
                         f"{device_name}, fla {'installed' if with_fla else 'absent'}: ms per decode step"),
                   flush=True)

@@ -359,7 +359,7 @@ def case_triton_impls(module, device):
     if device == "cpu":
         for op, impl in module.TRITON_IMPLS.items():
             op.register_kernel("cpu")(impl)
-    for case in TRITON_CASES:
+    def check_case(case) -> dict:  # the op on a case's inputs against its reference; the launches it made
         name, make = CASES[case]
         p = make(device=device)
         got_args, want_args = _clone(p), _clone(p)
@@ -379,12 +379,30 @@ def case_triton_impls(module, device):
                 assert torch.equal(got_args[key], t), key
             else:
                 _close(key, got_args[key], t, 2e-5)
+        return dict(launched)
+
+    for case in TRITON_CASES:
+        check_case(case)
     replay_layers = {name: p for name, p in _sequence_inputs(device).items() if name in ("mamba2", "delta")}
     mamba2.LAST_COMPILED.clear()
     delta_rule.LAST_COMPILED.clear()
     _check_compiled("eager", replay_layers, steps=2)
     assert "replay" in mamba2.LAST_COMPILED and "replay" in delta_rule.LAST_COMPILED
     print("compiled replay steps (eager backend) equal eager op calls")
+    # GDN's device-phase default from DEVICE_WALK_MIN_BATCH rows (lowered here to reach it): a flush-only launch,
+    # then a replay launch walking the replaying rows; through the op against the reference, and compiled
+    saved = delta_rule.DEVICE_WALK_MIN_BATCH
+    try:
+        delta_rule.DEVICE_WALK_MIN_BATCH = 1
+        launched = check_case("delta_replay_gdn_bf16")
+        assert "replay_phase3" in launched and "replay_phase4" in launched and "replay_phase0" not in launched
+        delta_rule.LAST_COMPILED.clear()
+        gdn = dict(delta=delta_inputs("delta_replay_step", per_key=False, steps=STEPS, seed=1, device=device))
+        _check_compiled("eager", gdn, steps=2)
+        assert "replay_phase4" in delta_rule.LAST_COMPILED and "replay_phase0" not in delta_rule.LAST_COMPILED
+    finally:
+        delta_rule.DEVICE_WALK_MIN_BATCH = saved
+    print("GDN's split walking step through the op, eager and compiled")
 
 
 if __name__ == "__main__":

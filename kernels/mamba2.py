@@ -808,8 +808,9 @@ def _replay_step(
     each loading the records' B [R, N] (shared by the group's heads) and reducing it against C; those programs then
     read the records in logical order. It stays off: H200, Nemotron-H-8B shape (run 124, ``bench kernels``), host
     cycle 341.0 vs 345.0 us at batch 256 (1 %) but 93.1 vs 90.6 at batch 64; as the device-phase split step 452.0 /
-    440.6 us (mixed / in phase) against the fused default's 434.9 / 417.0 (the registers it saves, sm_90 split
-    replay 196 -> 112, do not pay for the extra launch and its round trip)."""
+    440.6 us (mixed / in phase) against the fused default's 434.9 / 417.0 (the registers it saves, sm_90
+    compile-only on the bench's inputs: split replay 128 -> 96, do not pay for the extra launch and its round
+    trip)."""
     batch, heads, head_dim, d_state, groups = _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias)
     ring_size = ring_x.shape[1]
     assert ring_x.shape == (batch, ring_size, heads, head_dim), f"ring_x must be [B, R, H, P], got {ring_x.shape}"

@@ -36,26 +36,38 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _run(model, ids, arm: str, prompt: int, steps: int, piece: int, buffer_len: int) -> dict:
+def _prefilled(model, ids, arm: str, prompt: int, piece: int, buffer_len: int):
+    """A fresh cache of ``arm`` holding the first ``prompt`` tokens of ``ids`` (forwards of ``piece`` tokens,
+    synchronised), and ``decode(steps)``: the next ``steps`` one-token forwards, synchronised at the end."""
     from ..cache import cache_argument
 
-    device = ids.device
     key = cache_argument(model)
     cache = _make_cache(arm, model, buffer_len)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+
+    @torch.no_grad()
+    def decode(steps: int) -> None:
+        for pos in range(prompt, prompt + steps):
+            model(ids[:, pos : pos + 1], **{key: cache}, use_cache=True, logits_to_keep=1)
+        _sync(ids.device)
+
     with torch.no_grad():
         for start in range(0, prompt, piece):
             model(ids[:, start : min(prompt, start + piece)], **{key: cache}, use_cache=True, logits_to_keep=1)
-        _sync(device)
-        start_time = time.perf_counter()
-        for pos in range(prompt, prompt + steps):
-            model(ids[:, pos : pos + 1], **{key: cache}, use_cache=True, logits_to_keep=1)
-        _sync(device)
-        elapsed = time.perf_counter() - start_time
+    _sync(ids.device)
+    return cache, decode
+
+
+def _run(model, ids, arm: str, prompt: int, steps: int, piece: int, buffer_len: int) -> dict:
+    device = ids.device
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    cache, decode = _prefilled(model, ids, arm, prompt, piece, buffer_len)
+    start_time = time.perf_counter()
+    decode(steps)
+    elapsed = time.perf_counter() - start_time
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
     backend = getattr(cache, "resolved_backend", None)
-    del cache
+    del cache, decode
     return dict(ms_per_step=elapsed * 1e3 / steps, peak_bytes=peak, backend=backend)
 
 
@@ -68,18 +80,9 @@ def profile_arm(model, ids, arm: str, prompt: int, steps: int, piece: int, buffe
     from torch.profiler import ProfilerActivity, profile
 
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if ids.device.type == "cuda" else [])
-    from ..cache import cache_argument
-
-    key = cache_argument(model)
-    cache = _make_cache(arm, model, buffer_len)
-    with torch.no_grad():
-        for start in range(0, prompt, piece):
-            model(ids[:, start : min(prompt, start + piece)], **{key: cache}, use_cache=True, logits_to_keep=1)
-        _sync(ids.device)
-        with profile(activities=activities) as prof:
-            for pos in range(prompt, prompt + steps):
-                model(ids[:, pos : pos + 1], **{key: cache}, use_cache=True, logits_to_keep=1)
-            _sync(ids.device)
+    _, decode = _prefilled(model, ids, arm, prompt, piece, buffer_len)
+    with profile(activities=activities) as prof:
+        decode(steps)
     averages = prof.key_averages()
     table = averages.table(sort_by="self_cpu_time_total", row_limit=rows)
     if ids.device.type == "cuda":
@@ -101,22 +104,13 @@ def host_profile_arm(model, ids, arm: str, prompt: int, steps: int, piece: int, 
     import io
     import pstats
 
-    from ..cache import cache_argument
-
-    key = cache_argument(model)
-    cache = _make_cache(arm, model, buffer_len)
-    with torch.no_grad():
-        for start in range(0, prompt, piece):
-            model(ids[:, start : min(prompt, start + piece)], **{key: cache}, use_cache=True, logits_to_keep=1)
-        _sync(ids.device)
-        profiler = cProfile.Profile()
-        start_time = time.perf_counter()
-        profiler.enable()
-        for pos in range(prompt, prompt + steps):
-            model(ids[:, pos : pos + 1], **{key: cache}, use_cache=True, logits_to_keep=1)
-        _sync(ids.device)
-        profiler.disable()
-        elapsed = time.perf_counter() - start_time
+    _, decode = _prefilled(model, ids, arm, prompt, piece, buffer_len)
+    profiler = cProfile.Profile()
+    start_time = time.perf_counter()
+    profiler.enable()
+    decode(steps)
+    profiler.disable()
+    elapsed = time.perf_counter() - start_time
     text = io.StringIO()
     text.write(f"{arm}: {steps} decode steps, {elapsed * 1e3 / steps:.3f} ms per step under cProfile\n")
     for order in ("cumulative", "tottime"):

@@ -347,16 +347,19 @@ def _decayed_with_token(s, decay, k_t, d_t, GATE_PER_KEY: tl.constexpr):
 
 
 @triton.jit
-def _chunked_checkpoint_products(s_base, q_base, k_base, decay_base, offs_v, mask_v, decay, scale, K,
-                                 stride_s_k, stride_s_v, stride_q_k, stride_k_k,
+def _chunked_checkpoint_products(s_base, q_base, k_base, decay_base, row_scale_base, offs_v, mask_v, decay, scale,
+                                 K, stride_s_k, stride_s_v, stride_q_k, stride_k_k, stride_row_scale,
                                  GATE_PER_KEY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, BLOCK_K: tl.constexpr,
-                                 BLOCK_V: tl.constexpr, CHUNK_K: tl.constexpr):
+                                 BLOCK_V: tl.constexpr, CHUNK_K: tl.constexpr, READ_FORMAT: tl.constexpr):
     """S0^T (exp(c) q) and S0^T (exp(c) k) [BLOCK_V] with the checkpoint tile streamed CHUNK_K rows at a time
     instead of held whole in registers: a replaying program never writes the checkpoint, so these two products are
     all it needs of it. Two [CHUNK_K, BLOCK_V] accumulators, reduced over K once at the end; each chunk's load is
     issued one chunk ahead. The chunks of q and k are read again (raw) and scaled by the factors the whole vectors
     are normalised with; per-key decays come from the weights pre-launch (``decay_base``, [BLOCK_K]), a scalar
-    gate's ``decay`` scales the sums."""
+    gate's ``decay`` scales the sums. READ_FORMAT "fp8": ``s_base`` / its strides are the read copy's E4M3 codes
+    and ``row_scale_base`` its per-row (per K) float32 scales, folded into the chunk's q and k (S0 = codes x row
+    scale, so S0^T q = codes^T (scale * q)): the decode is the hardware conversion alone, and a chunk costs a
+    quarter of the fp32 checkpoint's bytes."""
     offs_k = tl.arange(0, BLOCK_K)
     mask_k = offs_k < K
     q_factor = scale
@@ -385,6 +388,10 @@ def _chunked_checkpoint_products(s_base, q_base, k_base, decay_base, offs_v, mas
             decay_c = tl.load(decay_base + offs_c, mask=mask_c, other=0.0)
             q_c = q_c * decay_c
             k_c = k_c * decay_c
+        if READ_FORMAT == "fp8":
+            row_scale = tl.load(row_scale_base + offs_c * stride_row_scale, mask=mask_c, other=0.0)
+            q_c = q_c * row_scale
+            k_c = k_c * row_scale
         acc_q += s_c * q_c[:, None]
         acc_k += s_c * k_c[:, None]
     pq = tl.sum(acc_q, axis=0)
@@ -499,7 +506,8 @@ def _delta_replay_step_kernel(
     PREFETCH_STATE: tl.constexpr,  # PHASE 4 with READ_FORMAT "fp32" only: load the tile before the phase test
     FLUSH_READS_COPY: tl.constexpr,  # PHASE 0 / 3 with a read copy: a flushing row's o from the copy, as replays
     WEIGHTS_GIVEN: tl.constexpr,  # per-key gates, no flush dot: decay and record weights from _kda_weights_kernel
-    CHUNK_K: tl.constexpr = 0,  # PHASE 1 / 4, fp32 reads: the checkpoint streamed CHUNK_K rows at a time (0: whole)
+    CHUNK_K: tl.constexpr = 0,  # PHASE 1 / 4, fp32 or fp8 reads: the checkpoint (or the copy) streamed CHUNK_K rows
+    # of K at a time (0: the whole tile)
 ):
     pid_v = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -613,13 +621,21 @@ def _delta_replay_step_kernel(
         else:  # w_r: the decayed record keys [R, K] for a per-key gate, the weights [R] for a scalar one
             decay, w_r, wq, wk = _record_weights(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, valid, q_t,
                                                  k_t, g_t, stride_rg_r, stride_rg_k, K, GATE_PER_KEY)
-        if CHUNK_K > 0:
+        if CHUNK_K > 0 and READ_FORMAT == "fp8":  # the copy's codes, its row scales folded into q and k
+            pq, pk = _chunked_checkpoint_products(
+                rc_values_ptr + pid_b * stride_rcv_b + pid_h * stride_rcv_h,
+                q_ptr + pid_b * stride_q_b + hk * stride_q_h, k_ptr + pid_b * stride_k_b + hk * stride_k_h,
+                weights_ptr + (pid_b * tl.num_programs(2) + pid_h) * (BLOCK_K + 2 * BLOCK_R),
+                rc_scales_ptr + pid_b * stride_rcs_b + pid_h * stride_rcs_h, offs_v, mask_v, decay,
+                scale, K, stride_rcv_k, stride_rcv_v, stride_q_k, stride_k_k, stride_rcs_k, GATE_PER_KEY,
+                USE_QK_L2NORM, BLOCK_K, BLOCK_V, CHUNK_K, READ_FORMAT)
+        elif CHUNK_K > 0:
             pq, pk = _chunked_checkpoint_products(
                 state_ptr + pid_b * stride_s_b + pid_h * stride_s_h, q_ptr + pid_b * stride_q_b + hk * stride_q_h,
                 k_ptr + pid_b * stride_k_b + hk * stride_k_h,
-                weights_ptr + (pid_b * tl.num_programs(2) + pid_h) * (BLOCK_K + 2 * BLOCK_R), offs_v, mask_v, decay,
-                scale, K, stride_s_k, stride_s_v, stride_q_k, stride_k_k, GATE_PER_KEY, USE_QK_L2NORM, BLOCK_K,
-                BLOCK_V, CHUNK_K)
+                weights_ptr + (pid_b * tl.num_programs(2) + pid_h) * (BLOCK_K + 2 * BLOCK_R), state_ptr, offs_v,
+                mask_v, decay, scale, K, stride_s_k, stride_s_v, stride_q_k, stride_k_k, 0, GATE_PER_KEY,
+                USE_QK_L2NORM, BLOCK_K, BLOCK_V, CHUNK_K, "fp32")
         else:
             pq, pk = _checkpoint_products(s0, q_t, k_t, decay, GATE_PER_KEY)
         d_t, o = _token_output(pq, pk, wq, wk, d_r, q_t, k_t, v_t, beta_t)
@@ -1202,9 +1218,9 @@ def _replay_step(
     if _chunk_k:  # the replay-only launches (host phase 1, a split step's 4) stream the fp32 checkpoint
         if _chunk_k & (_chunk_k - 1) or not 1 <= _chunk_k <= block_k:
             raise ValueError(f"_chunk_k must be a power of two up to {block_k}, got {_chunk_k}")
-        if read_format != "fp32" or (per_key and not _kda_weights):
-            raise ValueError("_chunk_k streams the fp32 checkpoint of replay-only launches: it needs no read copy, "
-                             "and the weights pre-launch for per-key gates")
+        if read_format not in ("fp32", "fp8") or (per_key and not _kda_weights):
+            raise ValueError("_chunk_k streams the fp32 checkpoint (or an fp8 read copy) of replay-only launches: it "
+                             f"reads no {read_format} copy, and needs the weights pre-launch for per-key gates")
         if phase == 0 and not split:
             raise ValueError("_chunk_k needs the replay-only launches: host positions or a split step (_split=True)")
 

@@ -31,9 +31,9 @@ def test_kernel_matches_reference(case):
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 @pytest.mark.parametrize("family", ["gdn", "kda"])
 def test_bench_smoke(tmp_path, family):
-    # the separated-precision arms on one family, the --diag arms on the other
-    extra = ["--read-format", "nvfp4"] if family == "gdn" else ["--diag"]
-    read = extra if family == "gdn" else []
+    # the separated-precision arms: nvfp4 on one family, fp8 (its streamed replay too) with the --diag arms on the other
+    extra = ["--read-format", "nvfp4"] if family == "gdn" else ["--diag", "--read-format", "fp8"]
+    read = extra[-1]
     data, stdout = run_bench_smoke("bench_delta", ["--family", family, *extra], tmp_path / "bench.json")
     assert data["results"], data
     row = data["results"][0]
@@ -42,9 +42,17 @@ def test_bench_smoke(tmp_path, family):
     if read:
         keys += [f"replay_{arm}_read_copy_us" for arm in ("host", "mixed", "in_phase")]
         keys += ["replay_in_phase_read_copy_no_reencode_us", "speedup_replay_mixed_read_copy_vs_standard",
-                 "replay_host_read_copy_nvfp4_nibbles_us", "replay_in_phase_read_copy_nvfp4_nibbles_us",
                  "replay_mixed_read_copy_per_tile_reencode_us", "replay_in_phase_read_copy_per_tile_reencode_us",
                  "replay_in_phase_read_copy_split_us"]
+    if read == "nvfp4":
+        keys += ["replay_host_read_copy_nvfp4_nibbles_us", "replay_in_phase_read_copy_nvfp4_nibbles_us"]
+    if read == "fp8":  # the replay-only launches streaming the copy (_chunk_k): the host cycle, single launches, split
+        keys += ["replay_host_read_copy_chunked_us", "replay_in_phase_read_copy_split_chunked_us",
+                 "replay_in_phase_read_copy_no_reencode_split_chunked_us"]
+        assert row["replay_host_read_copy_chunked"] and all(
+            v["us"] > 0 for v in row["replay_host_read_copy_chunked"].values()), row
+        assert len(row["diag_host_read_copy_us"]) == 3 and all(us > 0 for us in row["diag_host_read_copy_us"].values())
+        assert "replay launches streaming the fp8 copy (_chunk_k" in stdout
     if family == "gdn":  # the per-head weights pre-launch (off by default for scalar gates), timed
         keys += ["replay_host_gdn_weights_us", "replay_mixed_gdn_weights_us"]
         assert "weights pre-launch (_gdn_weights)" in stdout
@@ -75,14 +83,14 @@ def test_bench_smoke(tmp_path, family):
     assert row["host_flush_default_config"] == f"{flush_v}x{flush_warps} {'dot' if flush_dot else 'loop'}", row
     assert f"flush {row['host_flush_default_config']}" in stdout
     assert all(check["ok"] for check in data["checks"].values()), data["checks"]
-    if read:
+    if read == "nvfp4":
         assert data["checks"]["smoke"]["read_copy_nvfp4_nibbles_rel_err"] < 1e-6, data["checks"]
     assert row["replay_device_default_launch"] == "fused", row  # the smoke's few rows: below DEVICE_WALK_MIN_BATCH
     assert "device-phase default launch (fused)" in stdout
     assert "device-phase variants, mixed / in phase (us): tickets " in stdout
     assert all(row[f"replay_{arm}_split_walk_32x1_x8_compact_us"] > 0 for arm in ("mixed", "in_phase")), row
     assert "replay step" in stdout  # the printed table
-    assert ("device, in phase replay reading a nvfp4 copy" in stdout) == bool(read)
+    assert f"device, in phase replay reading a {read} copy" in stdout
 
 
 # ---------------------------------------------------------------------------------------------------------------

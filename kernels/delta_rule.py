@@ -60,7 +60,7 @@ Design notes:
   229 us per step, as fast as the phase-specialised host launches' 227 us) or split (``PHASE`` 3 then 4: 257 us
   per tile). From :data:`DEVICE_WALK_MIN_BATCH` rows GDN runs split by default, its replay launch walking the tiles
   (:func:`device_walk_launch_config`; over the replaying rows' items only; H200, Qwen3-Next batch 256, rows in phase:
-  210.7 us against the fused 233.9).
+  210.5 us against the fused 233.0; batch 128 113.1 against 122.9).
   The fused kernel was first the slower (348 us vs 289 us split) while device-read records were read by
   physical slot (``RING_PHYSICAL``: decays as direct sums over an [R, R] mask, so that no address waited for the
   positions); read in logical order, as the host launches do, both got faster and fused won. Split, the flush launch's
@@ -990,9 +990,10 @@ def host_flush_launch_config(batch: int, value_heads: int, key_dim: int, value_d
 
 
 HOST_WALK_MIN_BATCH = 64  # the walk measured faster at batch 64 and 256 (run 122); per-tile launches below
-# GDN's split device-phase step with a walking replay launch: faster than the fused launch at batch 256 (both shapes,
-# rows in phase and mixed, run 124), slower for Qwen3-Next at batch 64; the fused launch below
-DEVICE_WALK_MIN_BATCH = 256
+# GDN's split device-phase step with a replay launch walking the replaying rows' items: faster than the fused launch
+# at batch 128, 256 and 512 (Qwen3-Next, rows in phase and mixed, runs 129 / 130), slower mixed at batch 64 (run 130);
+# the fused launch below
+DEVICE_WALK_MIN_BATCH = 128
 
 
 def host_walk_launch_config(batch: int, key_dim: int, value_dim: int) -> tuple[int, int, dict] | None:
@@ -1010,6 +1011,25 @@ def host_walk_launch_config(batch: int, key_dim: int, value_dim: int) -> tuple[i
     return min(32, max(16, triton.next_power_of_2(value_dim))), 1, dict(programs_per_sm=8, num_stages=2)
 
 
+READ_COPY_STREAM_MIN_BATCH = 64
+
+
+def read_copy_stream_config(batch: int, key_dim: int, per_key_gate: bool, read_format: str
+                            ) -> tuple[int, int, int] | None:
+    """(BLOCK_V, num_warps, CHUNK_K) of the replay-only launches reading a read copy when they stream its codes K
+    rows at a time (``_chunk_k``, the row scales folded into q and k), or None (the whole-tile launch): GDN's fp8 copy
+    from :data:`READ_COPY_STREAM_MIN_BATCH` rows, up to 128 key channels, host positions and, with device positions,
+    as the replay launch of a split step (its flush launch on the same tile). H200, Qwen3-Next batch 256 (run 130,
+    ``bench_delta --read-format fp8``): host-phase cycle 225.0 us at [128, 32] x 1 in chunks of 16 against the whole
+    [128, 64] x 2 tile's 252.7 (a replay-only launch 174.3 against 203.3 us; the cycle's exact-fold flush launch costs
+    1004.8); the separated policy's device step (re-encode included) 267.2 us split against the fused launch's 348.5;
+    larger tiles and chunks were slower (64 x 2 in 16s 271.8, 128 x 4 in 16s 304.4, 64 x 4 in 32s 322.4). KDA and
+    nvfp4 keep the whole tile (not timed)."""
+    if read_format != "fp8" or per_key_gate or batch < READ_COPY_STREAM_MIN_BATCH or key_dim > 128:
+        return None
+    return 32, 1, 16
+
+
 def device_walk_launch_config(batch: int, key_dim: int, per_key_gate: bool) -> dict | None:
     """The walk (``_walk``) of the replay launch when a device-phase step runs split (a flush-only launch for the
     rows due, then a replay-only launch on a device-sized grid whose programs walk the replaying rows' items at the
@@ -1018,11 +1038,15 @@ def device_walk_launch_config(batch: int, key_dim: int, per_key_gate: bool) -> d
     per step (``bench_delta``): the walk over every item (variant ``split_walk_s2_x4``, runs 124 and 128) Qwen3-Next
     batch 256 219.2-219.7 us with rows in phase against the fused launch's 232.3-234.0, 229.2-229.6 against
     228.2-228.4 in mixed phases, batch 512 421.4 vs 476.3 and 434.6 vs 454.3; Qwen3.5-large batch 256 420.5 vs 459.2
-    and 434.3 vs 443.1; at batch 64 Qwen3-Next 68.0 vs 65.9 (slower), so the fused launch stays below 256 rows.
+    and 434.3 vs 443.1; at batch 64 Qwen3-Next 68.0 vs 65.9 (slower).
     Walking only the replaying rows' items (``compact``, variant ``split_walk_s2_x4_compact``, run 129, Qwen3-Next
     batch 256): 210.7 us in phase, 222.6 mixed (the flush step's replay launch, every row due, had cost about 170 us
-    over masked items: run 128, 685 us for that step against the fused launch's 477); not yet timed at other shapes
-    and batches. KDA's split step is slower than its fused one (run 123: 312 vs 226 us)."""
+    over masked items: run 128, 685 us for that step against the fused launch's 477). Run 130 (Qwen3-Next, the
+    compacting walk against the fused launch, mixed / in phase): batch 128 121.9 / 113.1 vs 124.3 / 122.9 (so the
+    split from 128 rows), 256 223.3 / 210.5 vs 228.2 / 233.0, 512 427.3 / 411.2 vs 453.4 / 478.9; batch 64 72.6 / 65.4
+    vs 66.9 / 65.9 (slower in mixed phases: fused below 128). The walk on [128, 32] x 1 at 8 per SM (variant
+    ``split_walk_32x1_x8_compact``) is 1-2 % faster at 64 and 128 rows, 6-8 % slower at 256 and 512. KDA's split
+    step is slower than its fused one (run 123: 312 vs 226 us)."""
     if per_key_gate or batch < DEVICE_WALK_MIN_BATCH or key_dim > 128:
         return None
     return dict(programs_per_sm=4, num_stages=2, compact=True)
@@ -1182,6 +1206,15 @@ def _replay_step(
                 and not _ring_physical):
             _walk = device_walk_launch_config(batch, key_dim, per_key)
             _split = _walk is not None
+    stream = None  # an fp8 copy's replay-only launches streaming its codes (read_copy_stream_config)
+    if read_format == "fp8" and not _chunk_k and _block_v is None and _num_warps is None and _walk is None:
+        stream = read_copy_stream_config(batch, key_dim, per_key, read_format)
+    if stream is not None and phase == 1:
+        block_v, num_warps, _chunk_k = stream
+    elif (stream is not None and phase == 0 and _split in ("auto", True) and bool(_count_launch) and bool(_ticket)
+          and not _ring_physical):
+        block_v, num_warps, _chunk_k = stream
+        _split = True
     if _split == "auto":
         _split = False
     block_v, num_warps = _block_v or block_v, _num_warps or num_warps

@@ -24,7 +24,8 @@ from kernel_harness import HAS_TRITON, load_kernel_module, run_case, worker_main
 from kernel_harness import assert_close as _close
 
 CASES = ["mamba2_device", "mamba2_host_phase", "gdn_device", "kda_device", "delta_host_phase", "delta_exact_fold",
-         "delta_chunked_fp8", "flush_reads_copy", "nvfp4_pairs", "nvfp4_every_code", "bad_read_copy"]
+         "delta_chunked_fp8", "delta_stream_default", "flush_reads_copy", "nvfp4_pairs", "nvfp4_every_code",
+         "bad_read_copy"]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -268,6 +269,77 @@ def case_delta_chunked_fp8(_, device):
     copy, _ = _store_copy(p["state"], "nvfp4")
     with pytest.raises(ValueError, match="reads no nvfp4 copy"):
         _Family("gdn").kernel(p, 0, 1, 6, read_copy=copy, read_format="nvfp4", _chunk_k=8)
+
+
+class _Recorded:
+    """A Triton kernel that records each launch's (PHASE, CHUNK_K, BLOCK_V) (the interpreter's launches return
+    nothing to ask)."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, []
+
+    def __getitem__(self, grid):
+        launcher = self.kernel[grid]
+
+        def launch(*args, **kwargs):
+            self.launches.append((kwargs["PHASE"], kwargs["CHUNK_K"], kwargs["BLOCK_V"]))
+            return launcher(*args, **kwargs)
+
+        return launch
+
+
+def case_delta_stream_default(_, device):
+    """From ``READ_COPY_STREAM_MIN_BATCH`` rows (lowered here) GDN's replay-only launches stream an fp8 copy by
+    default (``read_copy_stream_config``): host positions a streamed replay-only launch, device positions a split step
+    whose replay launch streams, each bit for bit the explicit call and against the reference (``_check``, mixed
+    phases and both host phases); KDA, nvfp4, a forced tile and ``_split=False`` keep the whole tile."""
+    import torch
+
+    family = _Family("gdn")
+    k = family.module
+    saved = k.READ_COPY_STREAM_MIN_BATCH, k._delta_replay_step_kernel
+    recorded = k._delta_replay_step_kernel = _Recorded(saved[1])
+    stream = dict(_block_v=32, _num_warps=1, _chunk_k=16)
+    try:
+        k.READ_COPY_STREAM_MIN_BATCH = 1
+        assert k.read_copy_stream_config(3, 20, False, "fp8") == (32, 1, 16)
+        assert k.read_copy_stream_config(3, 20, True, "fp8") is None and k.read_copy_stream_config(3, 20, False,
+                                                                                                    "nvfp4") is None
+        default = dict(_split="auto")  # the default launch (a launch argument: compared within float32 rounding)
+        for count in (2, 5):
+            _check(family, device, "fp8", origins=(3 * count + 2) % 5, counts=count, buffer_len=6, seed=40 + count,
+                   launch=default)
+        _check(family, device, "fp8", origins=[4, 0, 2], counts=[3, 5, 1], buffer_len=6, seed=45, launch=default)
+
+        def launched(origin, count, fmt="fp8", **kw):
+            p = family.inputs(device, 3, 7)
+            copy, _ = _store_copy(p["state"], fmt)
+            recorded.launches.clear()
+            pos = _positions(origin, count, device)
+            y = family.kernel(p, *pos, 6, read_copy=copy, read_format=fmt, **kw)
+            return y, p, pos, list(recorded.launches)
+
+        for origin, count, want in ((1, 2, [(1, 16, 32)]), ([4, 0, 2], [3, 5, 1], [(3, 0, 32), (4, 16, 32)])):
+            y, p, pos, launches = launched(origin, count)
+            assert launches == want, launches
+            y_explicit, p_explicit, pos_explicit, _ = launched(origin, count, _split=True, **stream)
+            assert torch.equal(y, y_explicit)
+            for name in family.rings:
+                assert torch.equal(p[name], p_explicit[name]), name
+            if not isinstance(count, int):
+                assert torch.equal(pos[1], pos_explicit[1])
+        assert launched(1, 2, _block_v=16)[3] == [(1, 0, 16)]  # a forced tile: the whole tile
+        assert launched([4, 0, 2], [3, 5, 1], _split=False)[3][0][:2] == (0, 0)  # one fused launch
+        assert launched(1, 2, fmt="nvfp4")[3][0][1] == 0
+    finally:
+        k.READ_COPY_STREAM_MIN_BATCH, k._delta_replay_step_kernel = saved
+    kda = _Family("kda")
+    kda.module.READ_COPY_STREAM_MIN_BATCH = 1  # (a process of its own: nothing to restore)
+    recorded = kda.module._delta_replay_step_kernel = _Recorded(saved[1])
+    p = kda.inputs(device, 3, 7)
+    copy, _ = _store_copy(p["state"], "fp8")
+    kda.kernel(p, 1, 2, 6, read_copy=copy, read_format="fp8")
+    assert [chunk for _, chunk, _ in recorded.launches] == [0], recorded.launches
 
 
 def case_flush_reads_copy(_, device):

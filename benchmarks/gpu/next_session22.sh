@@ -10,9 +10,10 @@
 #   rows. Decisions: the faster compacting walk in phase and mixed -> the default walk; faster than fused at 128
 #   (and 64) -> lower DEVICE_WALK_MIN_BATCH; slower at 512 -> the walk over every item there; the streamed fp8 cycle
 #   faster than the whole tile -> the fp8 read copy's host-phase default.
-# STAGE=5 (about 5 minutes): the same device-phase timing on Qwen3.5-large (256, 512 rows) and KDA (64, 256): KDA's
-#   compacting split step faster than its fused default -> its device-phase default (device_walk_launch_config
-#   serves scalar gates only today).
+# STAGE=5 (about 8 minutes): the streamed fp8 replay (the default since run 130 from 64 rows) at Qwen3-Next 64 and
+#   512 rows and on KDA (Kimi-Linear, 256; not streamed by default), the device default on Qwen3.5-large (256, 512):
+#   KDA's compacting split step or streamed fp8 faster than its defaults -> its defaults (device_walk_launch_config
+#   and read_copy_stream_config serve scalar gates only today).
 # STAGE=2 (about 6 minutes, carry .whl too): compiled end to end, Qwen3.5-like at batch 64 and 256, three repeats.
 # STAGE=3 (about 4 minutes, carry .whl too): where eager Qwen3.5-like's host time goes at batch 256 (run 127: 1.52x
 #   less GPU work per step than stock + fla, yet 0.74-0.88x its speed, host-bound): `bench step --host-profile`
@@ -38,11 +39,12 @@ if [ "$STAGE" = 1 ]; then
     --no-sweep --no-torch --no-fla --out "$RES/delta_qwen3-next.json" > "$RES/delta_qwen3-next.txt" 2>&1
   echo "qwen3-next rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
 elif [ "$STAGE" = 5 ]; then
-  for spec in "gdn qwen3.5-large 256,512" "kda kimi-linear 64,256"; do
+  for spec in "gdn qwen3-next 64,512 fp8" "gdn qwen3.5-large 256,512 -" "kda kimi-linear 256 fp8"; do
     set -- $spec
-    timeout 150 python3 -m hf_replayssm.kernels.bench_delta --family $1 --shapes $2 --batches $3 \
-      --no-sweep --no-torch --no-fla --out "$RES/delta_$2.json" > "$RES/delta_$2.txt" 2>&1
-    echo "$2 rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+    read=(); [ "$4" != - ] && read=(--read-format "$4")
+    timeout 170 python3 -m hf_replayssm.kernels.bench_delta --family $1 --shapes $2 --batches $3 "${read[@]}" \
+      --no-sweep --no-torch --no-fla --out "$RES/delta_$2_$4.json" > "$RES/delta_$2_$4.txt" 2>&1
+    echo "$2 $4 rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   done
 elif [ "$STAGE" = 3 ]; then
   bench_job 240 step_host_profile step --models qwen3_5 --batches 256 --arms stock,replay-triton --repeats 2 \

@@ -14,7 +14,8 @@
 #   512 rows and on KDA (Kimi-Linear, 256; not streamed by default), the device default on Qwen3.5-large (256, 512):
 #   KDA's compacting split step or streamed fp8 faster than its defaults -> its defaults (device_walk_launch_config
 #   and read_copy_stream_config serve scalar gates only today).
-# STAGE=2 (about 6 minutes, carry .whl too): compiled end to end, Qwen3.5-like at batch 64 and 256, three repeats.
+# STAGE=2 (about 8 minutes, carry .whl too): compiled end to end, Qwen3.5-like at batch 64 and 256, two repeats,
+#   with the separated fp8 arm (its replay launches streaming the copy since run 130).
 # STAGE=3 (about 4 minutes, carry .whl too): where eager Qwen3.5-like's host time goes at batch 256 (run 127: 1.52x
 #   less GPU work per step than stock + fla, yet 0.74-0.88x its speed, host-bound): `bench step --host-profile`
 #   (cProfile of 16 decode forwards per arm, new) beside the operator tables.
@@ -55,8 +56,8 @@ elif [ "$STAGE" = 4 ]; then
     > "$RES/profile_compiled.txt" 2>&1
   echo "profile_compiled rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
 elif [ "$STAGE" = 2 ]; then
-  bench_job 400 generate_compiled_qwen3_5 generate --models qwen3_5 --batches 64,256 \
-    --arms stock-static-compiled,replay-compiled --prompt 512 --new 128 --repeats 3 \
+  bench_job 450 generate_compiled_qwen3_5 generate --models qwen3_5 --batches 64,256 \
+    --arms stock-static-compiled,replay-compiled,replay-fp8-compiled --prompt 512 --new 128 --repeats 2 \
     --out "$RES/generate_compiled_qwen3_5.json"; pack
 fi
 tail -n 12 "$RES"/*.txt

@@ -673,13 +673,24 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                             k._replay_step, only=L // 2, read_format="fp8", _block_v=cbv, _num_warps=cnw,
                             _chunk_k=chunk))),
                         f"count{L - 1}_flush_exact_fold": per_step_us(timer(inputs.host_fn(
-                            k._replay_step, only=L - 1, read_format="fp8")))}
+                            k._replay_step, only=L - 1, read_format="fp8"))),
+                        f"count{L - 1}_flush_exact_solve": per_step_us(timer(inputs.host_fn(
+                            k._replay_step, only=L - 1, read_format="fp8", _exact_solve=not per_key)))}
+                    # the cycle with the streamed replays and the solved exact fold (scalar gates)
+                    row["replay_host_read_copy_chunked_solve_us"] = per_step_us(timer(inputs.host_fn(
+                        k._replay_step, read_format="fp8", _block_v=cbv, _num_warps=cnw, _chunk_k=chunk,
+                        flush_launch=dict(_exact_solve=not per_key))))
                     # the compiled path's step (device positions, re-encode after flushes) split, its replay launch
                     # streaming the copy at that tile (which the split step's flush launch then takes too)
                     split = device_read_copy_times(k, inputs, timer, "fp8", "in_phase", per_step_us, compact=False,
                                                    _block_v=cbv, _num_warps=cnw, _split=True, _chunk_k=chunk)
                     row.update({key.replace("_us", "_split_chunked_us") if key.endswith("_us") else
                                 f"{key}_split_chunked": value for key, value in split.items()})
+                    split = device_read_copy_times(k, inputs, timer, "fp8", "in_phase", per_step_us, compact=False,
+                                                   _block_v=cbv, _num_warps=cnw, _split=True, _chunk_k=chunk,
+                                                   _exact_solve=not per_key)
+                    row.update({key.replace("_us", "_split_chunked_solve_us") if key.endswith("_us") else
+                                f"{key}_split_chunked_solve": value for key, value in split.items()})
                 row.update(device_read_copy_times(k, inputs, timer, args.read_format, "in_phase", per_step_us,
                                                    _block_v=dbv, _num_warps=dnw))
                 # two launches (flushing rows, then replaying rows) at the host-phase read-copy tile: the replay
@@ -806,6 +817,11 @@ def _print_row(r, header):
         print(f"{'':<14}{'':>6} | device, in phase, two launches, the replay one streaming the copy "
               f"[{r['replay_host_read_copy_chunked_best']}]: {r['replay_in_phase_read_copy_split_chunked_us']:.2f} us "
               f"({r['replay_in_phase_read_copy_no_reencode_split_chunked_us']:.2f} us without the re-encode)",
+              flush=True)
+        print(f"{'':<14}{'':>6} | the same with the exact fold solved at once (_exact_solve; scalar gates): host cycle "
+              f"{r['replay_host_read_copy_chunked_solve_us']:.2f} us, device in phase "
+              f"{r['replay_in_phase_read_copy_split_chunked_solve_us']:.2f} us "
+              f"({r['replay_in_phase_read_copy_no_reencode_split_chunked_solve_us']:.2f} us without the re-encode)",
               flush=True)
 
 

@@ -234,6 +234,49 @@ def _exact_fold(s, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size,
 
 
 @triton.jit
+def _exact_fold_solved(s, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k, mask_k, offs_v,
+                       mask_v, q_t, k_t, v_t, beta_t, g_t, stride_rk_r, stride_rk_k, stride_rg_r, stride_rv_r,
+                       stride_rv_v, stride_rb_r, USE_QK_L2NORM: tl.constexpr, BLOCK_R: tl.constexpr,
+                       FLUSH_PRECISION: tl.constexpr):
+    """:func:`_exact_fold` for a scalar gate, solved instead of stepped: the ``count`` records and the token (row
+    ``count``) as one [R, K] key block, cumulative log decays G_j, and the corrected values of all at once from
+    (I + A) D = diag(beta) (V - diag(exp G) K S0), A_ji = beta_j exp(G_j - G_i) (k_i . k_j) for i < j (the standard
+    step's d_j = beta_j (v_j - S_{j-1}^T k_j) written out), then S = exp(G_n) S0 + sum_j exp(G_n - G_j) k_j d_j^T.
+    The chain over the records runs on [R, R] (the unit lower-triangular inverse by forward substitution); the
+    state tile meets three products (K S0, T x rhs and the fold), where the stepped fold makes 2 x count passes over
+    it, each waiting on a reduction over K. Needs count + 1 <= BLOCK_R. Same values within float32 rounding."""
+    offs_r = tl.arange(0, BLOCK_R)
+    rows = offs_r[:, None]
+    is_token = offs_r == count
+    valid = offs_r < count
+    slots = (origin + offs_r) % ring_size
+    k_r = _load_record_keys(rk_base, slots, valid, offs_k, mask_k, stride_rk_r, stride_rk_k, USE_QK_L2NORM)
+    k_all = tl.where(is_token[:, None], k_t[None, :], k_r)  # [R, K]; rows past count 0
+    v_all = tl.load(rv_base + slots[:, None] * stride_rv_r + offs_v[None, :] * stride_rv_v,
+                    mask=valid[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    v_all = tl.where(is_token[:, None], v_t[None, :], v_all)  # [R, BLOCK_V]
+    beta = tl.where(is_token, beta_t, tl.load(rb_base + slots * stride_rb_r, mask=valid, other=0.0).to(tl.float32))
+    g = tl.where(is_token, g_t, tl.load(rg_base + slots * stride_rg_r, mask=valid, other=0.0).to(tl.float32))
+    cum = tl.cumsum(g, axis=0)  # G_j, inclusive (rows past count add 0)
+    total = tl.sum(tl.where(offs_r <= count, g, 0.0), axis=0)  # G_n
+    ks = tl.dot(k_all, s, input_precision=FLUSH_PRECISION)  # [R, BLOCK_V]: k_j . S0
+    rhs = beta[:, None] * (v_all - tl.exp(cum)[:, None] * ks)
+    gram = tl.dot(k_all, tl.trans(k_all), input_precision=FLUSH_PRECISION)  # [R, R]: k_j . k_i
+    lower = (offs_r[None, :] < rows) & (rows <= count)
+    a = tl.where(lower, beta[:, None] * tl.exp(tl.minimum(cum[:, None] - cum[None, :], 0.0)) * gram, 0.0)
+    # T = (I + A)^-1, row by row: T_j = e_j - sum_{i<j} A_ji T_i
+    inv = tl.zeros([BLOCK_R, BLOCK_R], dtype=tl.float32)
+    for j in range(0, count + 1):
+        a_j = tl.sum(tl.where(rows == j, a, 0.0), axis=0)  # [R]: A_j., zero from column j on
+        t_j = tl.where(offs_r == j, 1.0, 0.0) - tl.sum(a_j[:, None] * inv, axis=0)
+        inv = tl.where(rows == j, t_j[None, :], inv)
+    d = tl.dot(inv, rhs, input_precision=FLUSH_PRECISION)  # [R, BLOCK_V]; rows past count 0
+    weights = tl.where(offs_r <= count, tl.exp(total - cum), 0.0)
+    s = s * tl.exp(total) + tl.dot(tl.trans(k_all * weights[:, None]), d, input_precision=FLUSH_PRECISION)
+    return s, tl.sum(s * q_t[:, None], axis=0)
+
+
+@triton.jit
 def _load_record_keys(rk_base, slots, valid, offs_k, mask_k, stride_rk_r, stride_rk_k, USE_QK_L2NORM: tl.constexpr):
     """The record keys [R, K] at ring ``slots`` (rows not ``valid``: 0), float32, l2-normalised when asked."""
     k_r = tl.load(rk_base + slots[:, None] * stride_rk_r + offs_k[None, :] * stride_rk_k,
@@ -506,6 +549,7 @@ def _delta_replay_step_kernel(
     PREFETCH_STATE: tl.constexpr,  # PHASE 4 with READ_FORMAT "fp32" only: load the tile before the phase test
     FLUSH_READS_COPY: tl.constexpr,  # PHASE 0 / 3 with a read copy: a flushing row's o from the copy, as replays
     WEIGHTS_GIVEN: tl.constexpr,  # per-key gates, no flush dot: decay and record weights from _kda_weights_kernel
+    EXACT_SOLVE: tl.constexpr = False,  # EXACT_FOLD, scalar gates: the records' d solved at once (_exact_fold_solved)
     CHUNK_K: tl.constexpr = 0,  # PHASE 1 / 4, fp32 or fp8 reads: the checkpoint (or the copy) streamed CHUNK_K rows
     # of K at a time (0: the whole tile)
 ):
@@ -648,11 +692,17 @@ def _delta_replay_step_kernel(
             s_fold = s0
             if FLUSH_READS_COPY:  # o (stored above) came from the copy; the fold starts from the checkpoint
                 s_fold = tl.load(state_ptrs, mask=mask_kv, other=0.0).to(tl.float32)
-            if EXACT_FOLD:
+            if EXACT_FOLD and EXACT_SOLVE:  # scalar gates (see _exact_fold_solved)
+                s, o_new = _exact_fold_solved(s_fold, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size,
+                                              offs_k, mask_k, offs_v, mask_v, q_t, k_t, v_t, beta_t, g_t, stride_rk_r,
+                                              stride_rk_k, stride_rg_r, stride_rv_r, stride_rv_v, stride_rb_r,
+                                              USE_QK_L2NORM, BLOCK_R, FLUSH_PRECISION)
+            elif EXACT_FOLD:
                 s, o_new = _exact_fold(s_fold, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k,
                                        mask_k, offs_v, mask_v, q_t, k_t, v_t, beta_t, g_t, stride_rk_r, stride_rk_k,
                                        stride_rg_r, stride_rg_k, stride_rv_r, stride_rv_v, stride_rb_r, GATE_PER_KEY,
                                        USE_QK_L2NORM)
+            if EXACT_FOLD:
                 tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask_kv)
                 if not FLUSH_READS_COPY:
                     tl.store(o_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_v * stride_o_v,
@@ -1101,7 +1151,7 @@ def _replay_step(
     _flush_dot=None, _ticket=True, _ring_physical=False, _split="auto", _prefetch=True,
     _count_launch=True, flush_reads_copy=False,
     _nvfp4_pairs=True, _kda_weights=True, _gdn_weights=False, _weights_warps=None, _chunk_k=0, _flush_grid="batch",
-    _flush_config=None, _walk="auto",
+    _flush_config=None, _walk="auto", _exact_solve=False,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot``; ``_split`` (device positions only): the step as a flush-only launch for the rows due (the others
@@ -1151,7 +1201,10 @@ def _replay_step(
     host-phase replay-only launch of the fp32 checkpoint walks at :func:`host_walk_launch_config` when no tile is
     forced (``_block_v`` / ``_num_warps``), and with device positions GDN's step runs split with a walking replay
     launch where :func:`device_walk_launch_config` says so (see ``_split``); everything else runs per tile (a
-    split step's replay launch walking at 2 programs per SM: run 116, GDN 306 us against 227)."""
+    split step's replay launch walking at 2 programs per SM: run 116, GDN 306 us against 227). ``_exact_solve``
+    (an exact fold with a scalar gate, ``buffer_len`` up to the ring's tile; off by default): a flushing program
+    solves the records' corrected values at once (:func:`_exact_fold_solved`) instead of stepping them one record at
+    a time over its state tile (H200, Qwen3-Next batch 256: the stepped flush-only launch 1004.8 us, run 130)."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -1249,6 +1302,11 @@ def _replay_step(
     if any(weighted.values()):
         weights = torch.empty((batch, value_heads, block_k + 2 * block_r), dtype=torch.float32, device=v.device)
 
+    exact_solve = bool(_exact_solve)
+    if exact_solve and (not exact_fold or per_key or buffer_len > block_r):
+        raise ValueError("_exact_solve solves the exact fold's records at once: it needs the raw records (ring_v, "
+                         f"ring_beta), a scalar gate and buffer_len <= {block_r} (the ring's tile); got exact fold "
+                         f"{exact_fold}, per-key gate {per_key}, buffer_len {buffer_len}")
     if _chunk_k:  # the replay-only launches (host phase 1, a split step's 4) stream the fp32 checkpoint
         if _chunk_k & (_chunk_k - 1) or not 1 <= _chunk_k <= block_k:
             raise ValueError(f"_chunk_k must be a power of two up to {block_k}, got {_chunk_k}")
@@ -1351,6 +1409,7 @@ def _replay_step(
             EXACT_FOLD=exact_fold,
             PREFETCH_STATE=kernel_phase == 4 and read_format == "fp32" and bool(_prefetch) and not _chunk_k,
             FLUSH_READS_COPY=flush_reads_copy and kernel_phase in (0, 3),
+            EXACT_SOLVE=exact_solve,
             WEIGHTS_GIVEN=weighted[kernel_phase],
             CHUNK_K=_chunk_k if kernel_phase in (1, 4) else 0,
             num_warps=num_warps,

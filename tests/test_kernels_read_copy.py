@@ -24,8 +24,8 @@ from kernel_harness import HAS_TRITON, load_kernel_module, run_case, worker_main
 from kernel_harness import assert_close as _close
 
 CASES = ["mamba2_device", "mamba2_host_phase", "gdn_device", "kda_device", "delta_host_phase", "delta_exact_fold",
-         "delta_chunked_fp8", "delta_stream_default", "flush_reads_copy", "nvfp4_pairs", "nvfp4_every_code",
-         "bad_read_copy"]
+         "delta_chunked_fp8", "delta_stream_default", "delta_exact_solve", "flush_reads_copy", "nvfp4_pairs",
+         "nvfp4_every_code", "bad_read_copy"]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -524,6 +524,78 @@ def case_delta_exact_fold(_, device):
             print(f"  exact={exact}: checkpoint rel err {worst_state:.2e}, flush output err {worst_flush_o:.2e}")
         assert errors[True][0] < 1e-5 and errors[True][1] < 1e-5, errors
         assert errors[False][0] > 100 * max(errors[True][0], 1e-7), errors  # the copy leaks in without them
+
+
+def case_delta_exact_solve(_, device):
+    """``_exact_solve`` (GDN's exact fold solving the records' corrected values at once, _exact_fold_solved): against
+    the reference on a fused mixed-phase launch, a split one and host-position flushes at every ring fill (0 records
+    to a full ring, origins wrapping), NaN-poisoned copies on flushing rows; over two buffer cycles of the separated
+    policy the checkpoint and flush outputs equal the float32 standard recurrence; refused for KDA, without the raw
+    records and past the ring tile."""
+    import torch
+
+    from hf_replayssm.precision.formats import get_format
+
+    family = _Family("gdn")
+    solve = dict(_exact_solve=True)
+    for origins, counts, launch in (([1, 4, 0], [5, 2, 4], {}), ([3, 0, 2], [5, 5, 1], dict(_split=True)),
+                                    (2, 5, {}), (4, 5, {})):
+        p = family.inputs(device, 3, seed=23)
+        p["ring_v"], p["ring_beta"] = _raw_rings(p)
+        copy, _ = _store_copy(p["state"], "fp8")
+        row_counts = counts if isinstance(counts, list) else [counts] * 3
+        copy = _poison_copy(copy, torch.tensor([c + 1 >= 6 for c in row_counts], device=device))
+        got, want = _clone(p), _clone(p)
+        pos, pos_ref = _positions(origins, counts, device), _positions(
+            origins if isinstance(origins, list) else [origins] * 3, row_counts, device)
+        raw_got = dict(ring_v=got.pop("ring_v"), ring_beta=got.pop("ring_beta"))
+        raw_want = dict(ring_v=want.pop("ring_v"), ring_beta=want.pop("ring_beta"))
+        y = family.kernel(got, *pos, 6, read_copy=copy, read_format="fp8", **raw_got, **solve, **launch)
+        y_ref = family.ref(want, *pos_ref, 6, read_copy=copy, read_format="fp8", **raw_want)
+        print(f" gdn exact solve: origins={origins} counts={counts} {launch}")
+        _close("o vs reference", y, y_ref, REL)
+        _close("state vs reference", got["state"], want["state"], REL)
+        assert torch.isfinite(got["state"]).all() and torch.isfinite(y).all()
+    for ring_fill in range(1, 6):  # a flush after 0 .. 4 buffered records (host positions, every count)
+        p = family.inputs(device, 2, seed=30 + ring_fill)
+        p["ring_v"], p["ring_beta"] = _raw_rings(p)
+        got, want = _clone(p), _clone(p)
+        y = family.kernel(got, 3, ring_fill - 1, ring_fill, **solve)
+        y_ref = family.ref(want, torch.full((2,), 3, dtype=torch.int32, device=device),
+                           torch.full((2,), ring_fill - 1, dtype=torch.int32, device=device), ring_fill)
+        _close(f"o, flush after {ring_fill - 1} records", y, y_ref, REL)
+        _close(f"state, flush after {ring_fill - 1} records", got["state"], want["state"], REL)
+
+    L = 3
+    p = family.inputs(device, 2, seed=21)
+    raw = dict(zip(("ring_v", "ring_beta"), _raw_rings(p), strict=True))
+    std = p["state"].clone()
+    worst = 0.0
+    for step in range(2 * L):
+        tok = _delta_inputs(device, 2, seed=100 + step, per_key=False)
+        tok = {n: tok[n] for n in ("q", "k", "v", "beta", "g")}
+        copy = get_format("fp8").encode(p["state"]) if step % L == 0 else copy  # refreshed at flushes
+        p.update(tok)
+        y = family.kernel(p, 0, step % L, L, read_copy=copy, read_format="fp8", **raw, **solve)
+        o_std = family.module.delta_state_update_ref(std, *[tok[n] for n in ("q", "k", "v", "beta", "g")],
+                                                     out=torch.empty_like(y))
+        if step % L == L - 1:  # a flush: the fp32 recurrence
+            worst = max(worst, (p["state"] - std).abs().max().item() / std.abs().max().item(),
+                        (y - o_std).abs().max().item())
+    assert worst < 1e-5, worst
+
+    kda = _Family("kda").inputs(device, 2, seed=1)
+    kda["ring_v"], kda["ring_beta"] = _raw_rings(kda)
+    p = family.inputs(device, 2, seed=1)
+    for fam, inputs, length, match in ((_Family("kda"), kda, 6, "scalar gate"), (family, p, 6, "raw records"),
+                                       (family, dict(p, ring_v=_raw_rings(p)[0], ring_beta=_raw_rings(p)[1]), 17,
+                                        "buffer_len")):
+        if match == "buffer_len":  # 16 records and the token: one row more than the ring's tile of 16
+            inputs = dict(inputs)
+            for name in ("ring_k", "ring_d", "ring_g", "ring_v", "ring_beta"):
+                inputs[name] = inputs[name][:, :1].expand(-1, 16, *inputs[name].shape[2:]).contiguous()
+        with pytest.raises(ValueError, match=match):
+            fam.kernel(inputs, 0, 1, length, **solve)
 
 
 def case_bad_read_copy(_, device):

@@ -10,7 +10,9 @@
 #   rows. Decisions: the faster compacting walk in phase and mixed -> the default walk; faster than fused at 128
 #   (and 64) -> lower DEVICE_WALK_MIN_BATCH; slower at 512 -> the walk over every item there; the streamed fp8 cycle
 #   faster than the whole tile -> the fp8 read copy's host-phase default.
-# STAGE=5 (about 8 minutes): the streamed fp8 replay (the default since run 130 from 64 rows) at Qwen3-Next 64 and
+# STAGE=5 (about 9 minutes): CUDA tests of the fp8 stream default and the solved exact fold (_exact_solve, new: the
+#   records' corrected values at once, (I + A) D = rhs, instead of stepping them over the state tile; the stepped
+#   flush launch costs 1004.8 us at Qwen3-Next 256, run 130), then the streamed fp8 replay (the default since run 130 from 64 rows) at Qwen3-Next 64 and
 #   512 rows and on KDA (Kimi-Linear, 256; not streamed by default), the device default on Qwen3.5-large (256, 512):
 #   KDA's compacting split step or streamed fp8 faster than its defaults -> its defaults (device_walk_launch_config
 #   and read_copy_stream_config serve scalar gates only today).
@@ -40,6 +42,9 @@ if [ "$STAGE" = 1 ]; then
     --no-sweep --no-torch --no-fla --out "$RES/delta_qwen3-next.json" > "$RES/delta_qwen3-next.txt" 2>&1
   echo "qwen3-next rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
 elif [ "$STAGE" = 5 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_read_copy_cuda tests/test_kernels_read_copy.py \
+    -k "delta_stream_default or delta_exact_solve or delta_exact_fold"
+  pack
   for spec in "gdn qwen3-next 64,512 fp8" "gdn qwen3.5-large 256,512 -" "kda kimi-linear 256 fp8"; do
     set -- $spec
     read=(); [ "$4" != - ] && read=(--read-format "$4")

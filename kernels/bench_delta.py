@@ -676,6 +676,11 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                             k._replay_step, only=L - 1, read_format="fp8"))),
                         f"count{L - 1}_flush_exact_solve": per_step_us(timer(inputs.host_fn(
                             k._replay_step, only=L - 1, read_format="fp8", _exact_solve=not per_key)))}
+                    for sbv, snw in ((64, 8), (64, 4), (16, 4), (32, 2)):  # the solved fold on other tiles
+                        sbv = min(sbv, max(16, 1 << (V - 1).bit_length()))
+                        row["diag_host_read_copy_us"][f"count{L - 1}_flush_exact_solve_{sbv}x{snw}"] = per_step_us(
+                            timer(inputs.host_fn(k._replay_step, only=L - 1, read_format="fp8",
+                                                 _exact_solve=not per_key, _block_v=sbv, _num_warps=snw)))
                     # the cycle with the streamed replays and the solved exact fold (scalar gates)
                     row["replay_host_read_copy_chunked_solve_us"] = per_step_us(timer(inputs.host_fn(
                         k._replay_step, read_format="fp8", _block_v=cbv, _num_warps=cnw, _chunk_k=chunk,

@@ -1022,7 +1022,8 @@ def flush_uses_dot(per_key_gate: bool) -> bool:
 
 
 def host_flush_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: int, per_key_gate: bool = False,
-                             kda_weights: bool = True, exact_fold: bool = False) -> tuple[int, int, bool]:
+                             kda_weights: bool = True, exact_fold: bool = False, exact_solve: bool = False
+                             ) -> tuple[int, int, bool]:
     """(BLOCK_V, num_warps, flush_dot) of the host-phase flush-only launch (every row at its last buffered position).
     Scalar gates: the replay tile with the record sum as one tl.dot. Per-key gates with the per-head weights
     pre-launch: the loop over the records, reading the pre-launch's decays, on a [K, 32] tile and one warp. H200,
@@ -1031,7 +1032,12 @@ def host_flush_launch_config(batch: int, value_heads: int, key_dim: int, value_d
     (``benchmarks/gpu/host_flush_sweep.py``) [128, 32] x 1 614.2 against [128, 16] x 1 694.3, [128, 32] x 2 897.4,
     [128, 16] x 2 1000.0, batch 64 170.4 against 189.1. GDN keeps the dot at its replay tile ([128, 64] x 2: 512.1,
     the loop 587.2, [128, 64] x 4 549.2). The exact fold of the separated policies (``ring_v`` / ``ring_beta``: a
-    serial loop of its own whatever the flag) keeps the replay tile, where it was measured."""
+    serial loop of its own whatever the flag) keeps the replay tile, where it was measured; solved at once
+    (``exact_solve``) it takes [K, 32] x 4, the tile with the fewest spills in sm_90 compile-only counts (Triton 3.6,
+    Qwen3-Next shape: 255 registers and 40 bytes spilled, against 5216 bytes at [128, 64] x 2, 476 at x 4, 136 at
+    [128, 64] x 8; not yet timed)."""
+    if exact_solve:
+        return min(32, max(16, triton.next_power_of_2(value_dim))), 4, True
     if per_key_gate and kda_weights and not exact_fold:
         return min(32, max(16, triton.next_power_of_2(value_dim))), 1, False
     block_v, num_warps = replay_launch_config(batch, value_heads, key_dim, value_dim, per_key_gate,
@@ -1190,7 +1196,8 @@ def _replay_step(
     ``_flush_dot=True``), up to ``kernels.flush_grid.MAX_BATCH`` rows): ``"batch"`` (a program per
     tile of every row; those of rows not due exit after reading their count) or ``"device"``
     (``_delta_flush_due_kernel`` on a device-sized grid walks the due rows' tiles at :func:`flush_due_launch_config`
-    or ``_flush_config``; the same expressions). Run 104, batch 256, rows in mixed phases: the split step with it GDN
+    or ``_flush_config`` ``(BLOCK_V, num_warps)``, which with ``"batch"`` is the split step's flush launch tile; the
+    same expressions). Run 104, batch 256, rows in mixed phases: the split step with it GDN
     261.3 us, KDA 355.3 (four-warp weights), against the fused default's 236.4 / 281.2, so the default stays "batch"
     (and fused). ``_walk`` (replay-only launches reading the fp32 checkpoint: host positions, or a split step's
     replay launch): ``dict(programs_per_sm=..., num_stages=...)`` runs them as ``_delta_replay_walk_kernel``, a
@@ -1204,7 +1211,8 @@ def _replay_step(
     split step's replay launch walking at 2 programs per SM: run 116, GDN 306 us against 227). ``_exact_solve``
     (an exact fold with a scalar gate, ``buffer_len`` up to the ring's tile; off by default): a flushing program
     solves the records' corrected values at once (:func:`_exact_fold_solved`) instead of stepping them one record at
-    a time over its state tile (H200, Qwen3-Next batch 256: the stepped flush-only launch 1004.8 us, run 130)."""
+    a time over its state tile (H200, Qwen3-Next batch 256: the stepped flush-only launch 1004.8 us, run 130), its
+    flush launches (host positions, or a split step's) on :func:`host_flush_launch_config`'s tile for it."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -1238,7 +1246,8 @@ def _replay_step(
     # the flush-only launches' fold (host phase 2, a split step's 3): the product, or for per-key gates with the
     # weights pre-launch the loop (the product's per-key tiles spill: sm_90, KDA [128, 16] x 1, 6124 B)
     host_flush_v, host_flush_warps, flush_only_dot = host_flush_launch_config(
-        batch, value_heads, key_dim, value_dim, per_key, kda_weights=bool(_kda_weights), exact_fold=exact_fold)
+        batch, value_heads, key_dim, value_dim, per_key, kda_weights=bool(_kda_weights), exact_fold=exact_fold,
+        exact_solve=bool(_exact_solve))
     if phase == 2:  # the host-phase flush reads the fp32 checkpoint alone, at its own tile
         block_v, num_warps = host_flush_v, host_flush_warps
     else:
@@ -1316,6 +1325,9 @@ def _replay_step(
         if phase == 0 and not split:
             raise ValueError("_chunk_k needs the replay-only launches: host positions or a split step (_split=True)")
 
+    # a split step's flush launch (per-row grid): _flush_config, or a solved exact fold's own tile; else the step's
+    split_flush_tile = tuple(_flush_config) if _flush_config is not None else (
+        (host_flush_v, host_flush_warps) if exact_solve else None)
     # (the device-grid flush kernel folds with the product alone)
     flush_on_device_grid = (use_device_grid(_flush_grid, batch) and split and not exact_fold and not flush_reads_copy
                             and not _ring_physical and uses_dot(3))
@@ -1385,7 +1397,11 @@ def _replay_step(
         flush_only = kernel_phase in (2, 3)
         flush_dot = uses_dot(kernel_phase)
         ring_physical = bool(_ring_physical) and not per_key
-        kernel = _delta_replay_step_kernel[grid](
+        launch_v, launch_warps, launch_grid = block_v, num_warps, grid
+        if kernel_phase == 3 and split_flush_tile is not None:  # a split step's flush launch on a tile of its own
+            launch_v, launch_warps = split_flush_tile
+            launch_grid = (triton.cdiv(value_dim, launch_v), batch, value_heads)
+        kernel = _delta_replay_step_kernel[launch_grid](
             state, ring_k, ring_d, ring_g, *positions, q, k, v, beta, g, o, *read_operands[:3], *raw_records[:2],
             weights,
             key_dim, value_dim, ring_size, value_heads // key_heads, scale, *host,
@@ -1400,7 +1416,7 @@ def _replay_step(
             TICKET=bool(_ticket) and not count_launch,
             RING_PHYSICAL=bool(ring_physical),
             BLOCK_K=block_k,
-            BLOCK_V=block_v,
+            BLOCK_V=launch_v,
             BLOCK_R=block_r,  # >= 16: the flush's tl.dot needs it on the GPU
             FLUSH_DOT=flush_dot,
             FLUSH_PRECISION=FLUSH_PRECISION,
@@ -1412,7 +1428,7 @@ def _replay_step(
             EXACT_SOLVE=exact_solve,
             WEIGHTS_GIVEN=weighted[kernel_phase],
             CHUNK_K=_chunk_k if kernel_phase in (1, 4) else 0,
-            num_warps=num_warps,
+            num_warps=launch_warps,
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel
 

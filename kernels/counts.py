@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from hf_replayssm.kernels.host_math import cdiv
+
 BLOCK_ROWS = 1024
 
 
@@ -27,5 +29,5 @@ def _advance_counts_kernel(count_ptr, stride_count, batch, BUFFER_LEN: tl.conste
 def advance_counts(count: torch.Tensor, buffer_len: int) -> None:
     """count [B] int32, in place: ``count[b] + 1``, or 0 where the step flushed (``count[b] + 1 >= buffer_len``)."""
     batch = count.shape[0]
-    _advance_counts_kernel[(triton.cdiv(batch, BLOCK_ROWS),)](count, count.stride(0), batch, BUFFER_LEN=buffer_len,
+    _advance_counts_kernel[(cdiv(batch, BLOCK_ROWS),)](count, count.stride(0), batch, BUFFER_LEN=buffer_len,
                                                               BLOCK_B=BLOCK_ROWS)

@@ -128,6 +128,7 @@ from hf_replayssm.kernels.flush_grid import (
     walk_item,
     walk_positions,
 )
+from hf_replayssm.kernels.host_math import cdiv, next_power_of_2
 from hf_replayssm.kernels.read_copy import load_read_tile, read_copy_operands
 from hf_replayssm.ops.delta_step import delta_replay_step_ref, delta_state_update_ref
 from hf_replayssm.ops.positions import host_phase
@@ -990,9 +991,9 @@ def replay_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: 
     Fewer warps where the reads are the fp32 checkpoint (run 86, batch 256, per step): scalar gates 64 x 2 (GDN rows
     in mixed phases 227 us against 241 at 64 x 4, host positions 211 against 227); per-key gates with device
     positions 16 x 1 (275 against 292 at 32 x 2; host positions keep 64 x 4: 295 against 473 at 32 x 1)."""
-    block_k = triton.next_power_of_2(key_dim)
-    block_v = min(triton.next_power_of_2(value_dim), max(16, 8192 // block_k))
-    while block_v > 16 and batch * value_heads * triton.cdiv(value_dim, block_v) < 1024:
+    block_k = next_power_of_2(key_dim)
+    block_v = min(next_power_of_2(value_dim), max(16, 8192 // block_k))
+    while block_v > 16 and batch * value_heads * cdiv(value_dim, block_v) < 1024:
         block_v //= 2
     reads_copy = read_format not in (None, "fp32")
     block_v, num_warps = max(block_v, 16), (2 if not per_key_gate and not reads_copy else 4)
@@ -1011,8 +1012,8 @@ def flush_due_launch_config(key_dim: int, value_dim: int) -> tuple[int, int]:
     registers, KDA 251; [128, 64] x 4 and the split step's [128, 64] x 2 / KDA's [128, 16] x 1 sit at 255, some
     spilling). H200, batch 256 (run 104): the launch 59.7 us for GDN with one row in 16 due, but the split step it
     serves is slower than the fused default (``_replay_step``'s ``_flush_grid``)."""
-    block_k = triton.next_power_of_2(key_dim)
-    return min(triton.next_power_of_2(value_dim), max(16, 4096 // block_k)), 4
+    block_k = next_power_of_2(key_dim)
+    return min(next_power_of_2(value_dim), max(16, 4096 // block_k)), 4
 
 
 def flush_uses_dot(per_key_gate: bool) -> bool:
@@ -1037,9 +1038,9 @@ def host_flush_launch_config(batch: int, value_heads: int, key_dim: int, value_d
     Qwen3-Next shape: 255 registers and 40 bytes spilled, against 5216 bytes at [128, 64] x 2, 476 at x 4, 136 at
     [128, 64] x 8; not yet timed)."""
     if exact_solve:
-        return min(32, max(16, triton.next_power_of_2(value_dim))), 4, True
+        return min(32, max(16, next_power_of_2(value_dim))), 4, True
     if per_key_gate and kda_weights and not exact_fold:
-        return min(32, max(16, triton.next_power_of_2(value_dim))), 1, False
+        return min(32, max(16, next_power_of_2(value_dim))), 1, False
     block_v, num_warps = replay_launch_config(batch, value_heads, key_dim, value_dim, per_key_gate,
                                               kda_weights=kda_weights)
     return block_v, num_warps, True
@@ -1064,7 +1065,7 @@ def host_walk_launch_config(batch: int, key_dim: int, value_dim: int) -> tuple[i
     were slower. Mamba-2 keeps its per-tile launch (every walk slower, see ``BENCHMARKS.md``)."""
     if batch < HOST_WALK_MIN_BATCH or key_dim > 128:
         return None
-    return min(32, max(16, triton.next_power_of_2(value_dim))), 1, dict(programs_per_sm=8, num_stages=2)
+    return min(32, max(16, next_power_of_2(value_dim))), 1, dict(programs_per_sm=8, num_stages=2)
 
 
 READ_COPY_STREAM_MIN_BATCH = 64
@@ -1113,9 +1114,9 @@ def state_update_launch_config(batch: int, value_heads: int, key_dim: int, value
     """(BLOCK_V, num_warps) for the standard step: a [K, 64] tile with 4 warps measured best on an H200 for
     K = V = 128 (93 % of copy bandwidth at batch 256); halved while the grid would have fewer than ~8 programs per
     SM."""
-    block_k = triton.next_power_of_2(key_dim)
-    block_v = min(triton.next_power_of_2(value_dim), max(8, 8192 // block_k))
-    while block_v > 8 and batch * value_heads * triton.cdiv(value_dim, block_v) < 1024:
+    block_k = next_power_of_2(key_dim)
+    block_v = min(next_power_of_2(value_dim), max(8, 8192 // block_k))
+    while block_v > 8 and batch * value_heads * cdiv(value_dim, block_v) < 1024:
         block_v //= 2
     return block_v, 4
 
@@ -1280,7 +1281,7 @@ def _replay_step(
     if _split == "auto":
         _split = False
     block_v, num_warps = _block_v or block_v, _num_warps or num_warps
-    grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
+    grid = (cdiv(value_dim, block_v), batch, value_heads)
     assert grid[0] * value_heads < (1 << (31 - _TICKET_SHIFT)), "too many programs per row for the count ticket"
     positions, strides, host = ((origin, count), (origin.stride(0), count.stride(0)), (0, 0)) if phase == 0 else (
         (state, state), (0, 0), (origin, count))  # host phase: the pointers are unused
@@ -1291,7 +1292,7 @@ def _replay_step(
     split = phase == 0 and bool(_split)
     launches = (3, 4) if split else (phase,)
     count_launch = phase == 0 and bool(_count_launch) and bool(_ticket)
-    block_k, block_r = max(16, triton.next_power_of_2(key_dim)), max(16, triton.next_power_of_2(ring_size))
+    block_k, block_r = max(16, next_power_of_2(key_dim)), max(16, next_power_of_2(ring_size))
 
     def uses_dot(kernel_phase):
         # Flush-only programs (their registers do not throttle replay programs) as host_flush_launch_config says
@@ -1346,7 +1347,7 @@ def _replay_step(
         compact = kernel_phase == 4 and bool(_walk.get("compact", False)) and batch <= FLUSH_GRID_MAX_BATCH
         # the walk's own tile where given (a split step's flush launch keeps the step's)
         walk_v, walk_warps = int(_walk.get("block_v", block_v)), int(_walk.get("num_warps", num_warps))
-        items = triton.cdiv(value_dim, walk_v) * batch * value_heads
+        items = cdiv(value_dim, walk_v) * batch * value_heads
         programs = flush_grid_programs(v.device, items, _walk.get("programs_per_sm", 2))
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = _delta_replay_walk_kernel[
             (programs,)](
@@ -1365,14 +1366,14 @@ def _replay_step(
             BUFFER_LEN=buffer_len,
             DEVICE_POSITIONS=kernel_phase == 4,
             COMPACT=compact,
-            BLOCK_B=triton.next_power_of_2(batch) if compact else 1,
+            BLOCK_B=next_power_of_2(batch) if compact else 1,
             num_warps=walk_warps,
         )
 
     def launch_flush_due():
         flush_v, flush_warps = _flush_config or flush_due_launch_config(key_dim, value_dim)
         LAST_COMPILED["replay_phase3"] = LAST_COMPILED["flush_due"] = _delta_flush_due_kernel[
-            (flush_grid_programs(v.device, batch * triton.cdiv(value_dim, flush_v) * value_heads),)](
+            (flush_grid_programs(v.device, batch * cdiv(value_dim, flush_v) * value_heads),)](
             state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, o,
             batch, value_heads, key_dim, value_dim, ring_size, value_heads // key_heads, scale,
             *state.stride(), *ring_k.stride(), *ring_d.stride(), *_ring_gate_strides(ring_g),
@@ -1384,7 +1385,7 @@ def _replay_step(
             BLOCK_K=block_k,
             BLOCK_V=flush_v,
             BLOCK_R=block_r,
-            BLOCK_B=triton.next_power_of_2(batch),
+            BLOCK_B=next_power_of_2(batch),
             FLUSH_PRECISION=FLUSH_PRECISION,
             num_warps=flush_warps,
         )
@@ -1400,7 +1401,7 @@ def _replay_step(
         launch_v, launch_warps, launch_grid = block_v, num_warps, grid
         if kernel_phase == 3 and split_flush_tile is not None:  # a split step's flush launch on a tile of its own
             launch_v, launch_warps = split_flush_tile
-            launch_grid = (triton.cdiv(value_dim, launch_v), batch, value_heads)
+            launch_grid = (cdiv(value_dim, launch_v), batch, value_heads)
         kernel = _delta_replay_step_kernel[launch_grid](
             state, ring_k, ring_d, ring_g, *positions, q, k, v, beta, g, o, *read_operands[:3], *raw_records[:2],
             weights,
@@ -1461,7 +1462,7 @@ def _state_update(state, q, k, v, beta, g, use_qk_l2norm=True, scale=None, out=N
     scale = key_dim ** -0.5 if scale is None else float(scale)
     block_v, num_warps = state_update_launch_config(batch, value_heads, key_dim, value_dim, per_key)
     block_v, num_warps = _block_v or block_v, _num_warps or num_warps
-    grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
+    grid = (cdiv(value_dim, block_v), batch, value_heads)
     with _device_guard(v):
         LAST_COMPILED["state_update"] = _delta_state_update_kernel[grid](
             state, q, k, v, beta, g, o,
@@ -1469,7 +1470,7 @@ def _state_update(state, q, k, v, beta, g, use_qk_l2norm=True, scale=None, out=N
             *state.stride(), *q.stride(), *k.stride(), *v.stride(), *beta.stride(), *_gate_strides(g), *o.stride(),
             GATE_PER_KEY=per_key,
             USE_QK_L2NORM=bool(use_qk_l2norm),
-            BLOCK_K=triton.next_power_of_2(key_dim),
+            BLOCK_K=next_power_of_2(key_dim),
             BLOCK_V=block_v,
             num_warps=num_warps,
         )

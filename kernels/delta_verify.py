@@ -89,6 +89,7 @@ import triton
 import triton.language as tl
 
 from hf_replayssm.kernels.delta_rule import KDA_WEIGHTS_WARPS
+from hf_replayssm.kernels.host_math import cdiv, next_power_of_2
 from hf_replayssm.kernels.verify_products import dot_precision
 from hf_replayssm.ops.delta_verify import delta_commit_ref, delta_fold_ring_ref, delta_verify_ref
 
@@ -668,7 +669,7 @@ def verify_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: 
 
     ``kernels/bench_verify.py`` and ``benchmarks/gpu/verify_config_sweep.py`` sweep it through ``_block_v`` /
     ``_num_warps``."""
-    block_k = triton.next_power_of_2(key_dim)
+    block_k = next_power_of_2(key_dim)
     if products:
         elements, num_warps = 4096, 8
     elif steps:
@@ -678,8 +679,8 @@ def verify_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: 
     else:
         short = window < STEPS_FROM_WINDOW
         elements, num_warps = (8192 if short or not per_key_gate else 16384), (2 if short else 4)
-    block_v = min(triton.next_power_of_2(value_dim), max(16, elements // block_k))
-    while block_v > 16 and batch * value_heads * triton.cdiv(value_dim, block_v) < 1024:
+    block_v = min(next_power_of_2(value_dim), max(16, elements // block_k))
+    while block_v > 16 and batch * value_heads * cdiv(value_dim, block_v) < 1024:
         block_v //= 2
     if products and per_key_gate:
         block_v = 16
@@ -740,9 +741,9 @@ def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_
     block_v, num_warps = _block_v or block_v, _num_warps or num_warps
     assert block_v >= 16 or not (_products or _steps), f"block_v {block_v} < 16: tl.dot needs 16"
     floor = 16 if _products or _steps else 2  # tl.dot operands are at least 16 on every side
-    grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
-    block_k = max(floor, triton.next_power_of_2(key_dim))
-    block_r = max(floor, triton.next_power_of_2(max(ring_size - window, 1)))  # count <= R - T if rows fit
+    grid = (cdiv(value_dim, block_v), batch, value_heads)
+    block_k = max(floor, next_power_of_2(key_dim))
+    block_r = max(floor, next_power_of_2(max(ring_size - window, 1)))  # count <= R - T if rows fit
     _weights = default_verify_weights(per_key, window) if _weights is None else _weights
     if _weights and not per_key:
         raise ValueError("_weights needs per-key gates (KDA): a scalar gate's records have no [R, K] decays")
@@ -774,7 +775,7 @@ def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_
             BLOCK_K=block_k,
             BLOCK_V=block_v,
             BLOCK_R=block_r,
-            BLOCK_T=MAX_WINDOW if _products else max(2, triton.next_power_of_2(window)),  # products: every width
+            BLOCK_T=MAX_WINDOW if _products else max(2, next_power_of_2(window)),  # products: every width
             CHUNK_K=min(32, block_k),
             num_warps=num_warps,
         )
@@ -808,8 +809,8 @@ def _fold_launch(key_dim: int, ring_size: int, fold_dot: bool | str) -> dict:
     """The fold's constexprs (commit and ring fold): ``fold_dot`` False (record by record), True (one tf32x3
     product) or a ``tl.dot`` precision name; the product's operands are at least 16 on every side."""
     return dict(FOLD_DOT=bool(fold_dot), PRECISION=dot_precision("tf32x3" if fold_dot is True else fold_dot),
-                BLOCK_K=max(16 if fold_dot else 1, triton.next_power_of_2(key_dim)),
-                BLOCK_R=max(16, triton.next_power_of_2(ring_size)))
+                BLOCK_K=max(16 if fold_dot else 1, next_power_of_2(key_dim)),
+                BLOCK_R=max(16, next_power_of_2(ring_size)))
 
 
 def _commit(state, ring_k, ring_d, ring_g, origin, count, accepted, buffer_len, use_qk_l2norm=True, _block_v=None,
@@ -822,7 +823,7 @@ def _commit(state, ring_k, ring_d, ring_g, origin, count, accepted, buffer_len, 
     block_v, num_warps = fold_launch_config(batch, value_heads, key_dim, value_dim, per_key, _fold_dot)
     block_v, num_warps = _block_v or block_v, _num_warps or num_warps
     assert block_v >= 16 or not _fold_dot, f"block_v {block_v} < 16: tl.dot needs 16"
-    grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
+    grid = (cdiv(value_dim, block_v), batch, value_heads)
     assert grid[0] * value_heads < (1 << (31 - _TICKET_SHIFT)), "too many programs per row for the count ticket"
     with _device_guard(state):
         LAST_COMPILED["commit"] = _delta_commit_kernel[grid](
@@ -846,7 +847,7 @@ def _fold(state, ring_k, ring_d, ring_g, origin, count, use_qk_l2norm=True, out=
     out = torch.empty_like(state) if out is None else out
     assert out.shape == state.shape, f"out must be {tuple(state.shape)}, got {tuple(out.shape)}"
     block_v, num_warps = fold_launch_config(batch, value_heads, key_dim, value_dim, per_key, _fold_dot)
-    grid = (triton.cdiv(value_dim, block_v), batch, value_heads)
+    grid = (cdiv(value_dim, block_v), batch, value_heads)
     with _device_guard(state):
         LAST_COMPILED["fold"] = _delta_fold_kernel[grid](
             state, out, ring_k, ring_d, ring_g, int(origin), int(count),

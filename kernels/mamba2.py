@@ -88,6 +88,7 @@ from hf_replayssm.kernels.flush_grid import (
     walk_item,
     walk_positions,
 )
+from hf_replayssm.kernels.host_math import cdiv, next_power_of_2
 from hf_replayssm.kernels.read_copy import load_read_tile, read_copy_operands
 from hf_replayssm.ops.mamba2_step import mamba2_replay_step_ref, mamba2_state_update_ref
 from hf_replayssm.ops.positions import host_phase
@@ -711,9 +712,9 @@ def replay_launch_config(batch: int, heads: int, head_dim: int, d_state: int) ->
     [16, 128] on 2 warps below. ``fold_unroll`` only matters to the fused device-phase kernel (the flush-only kernel
     folds with a tl.dot): 4 compiles the fused kernel to 168 registers instead of 252 and was 1.26x faster at
     batch 256 (484 vs 613 us per step)."""
-    block_n = triton.next_power_of_2(d_state)
+    block_n = next_power_of_2(d_state)
     elements = 4096 if batch * heads >= 2048 else 2048
-    block_p = min(triton.next_power_of_2(head_dim), max(1, elements // block_n))
+    block_p = min(next_power_of_2(head_dim), max(1, elements // block_n))
     return dict(block_p=block_p, num_warps=2, fold_unroll=4)
 
 
@@ -725,7 +726,7 @@ def host_flush_launch_config(batch: int, heads: int, head_dim: int, d_state: int
     [16, 128] x 4 924.2, the loop fold 1080.4); batch 64 183.6 against 222.6. At least 16 rows of P where the head
     has them (the tl.dot's smallest tile; d_state 256 would otherwise fall back to the loop)."""
     cfg = dict(fold_tile_config(head_dim, d_state))
-    cfg["block_p"] = max(cfg["block_p"], min(16, triton.next_power_of_2(head_dim)))
+    cfg["block_p"] = max(cfg["block_p"], min(16, next_power_of_2(head_dim)))
     return cfg
 
 
@@ -733,8 +734,8 @@ def state_update_launch_config(batch: int, heads: int, head_dim: int, d_state: i
     """``block_p`` and ``num_warps`` of the standard step: a 4096-element tile on 8 warps (for d_state 128:
     [32, 128]), the fastest of the benchmark's sweep on an H200 at batch 32 and 256 (92 % of the copy bandwidth;
     mamba_ssm's table, [4, 128] on 4 warps, was up to 19 % slower)."""
-    block_n = triton.next_power_of_2(d_state)
-    block_p = min(triton.next_power_of_2(head_dim), max(1, 4096 // block_n))
+    block_n = next_power_of_2(d_state)
+    block_p = min(next_power_of_2(head_dim), max(1, 4096 // block_n))
     return dict(block_p=block_p, num_warps=8 if block_p * block_n >= 2048 else 4)
 
 
@@ -828,7 +829,7 @@ def _replay_step(
     y = torch.empty_like(x) if out is None else out
     assert y.shape == x.shape
     cfg = dict(replay_launch_config(batch, heads, head_dim, d_state), **(_config or {}))
-    assert triton.cdiv(head_dim, cfg["block_p"]) * heads < (1 << (31 - _TICKET_SHIFT)), (
+    assert cdiv(head_dim, cfg["block_p"]) * heads < (1 << (31 - _TICKET_SHIFT)), (
         "too many programs per row for the count ticket")
 
     def launch_config(kernel_phase):
@@ -840,10 +841,10 @@ def _replay_step(
         return {**cfg, **(_flush_config or {})} if kernel_phase == 3 else cfg
     # The device-phase kernel reads every physical ring slot (addresses that need not wait for origin/count) when
     # the ring is no larger than the record tile anyway.
-    block_r = triton.next_power_of_2(max(buffer_len - 1, 1))
-    ring_physical = triton.next_power_of_2(ring_size) == block_r if _ring_physical is None else _ring_physical
+    block_r = next_power_of_2(max(buffer_len - 1, 1))
+    ring_physical = next_power_of_2(ring_size) == block_r if _ring_physical is None else _ring_physical
     if ring_physical:
-        block_r = triton.next_power_of_2(ring_size)
+        block_r = next_power_of_2(ring_size)
     positions = (origin, count) if phase == 0 else (A, A)  # unused pointers in the host-phase kernels
     position_strides = (origin.stride(0), count.stride(0)) if phase == 0 else (0, 0)
     host = (0, 0) if phase == 0 else (origin, count)
@@ -886,13 +887,13 @@ def _replay_step(
             DEVICE_POSITIONS=phase == 0,
             HAS_DT_BIAS=dt_bias is not None,
             DT_SOFTPLUS=bool(dt_softplus),
-            BLOCK_N=triton.next_power_of_2(d_state),
+            BLOCK_N=next_power_of_2(d_state),
             BLOCK_R=block_r,
             num_warps=1,
         )
 
     def launch_walk(kernel_phase):
-        items = triton.cdiv(head_dim, cfg["block_p"]) * batch * heads
+        items = cdiv(head_dim, cfg["block_p"]) * batch * heads
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = _mamba2_replay_walk_kernel[
             (flush_grid_programs(x.device, items, _walk.get("programs_per_sm", 2)),)](
             state, ring_x, ring_dt, ring_B, *positions,
@@ -908,7 +909,7 @@ def _replay_step(
             HAS_DT_BIAS=dt_bias is not None,
             DT_SOFTPLUS=bool(dt_softplus),
             BLOCK_P=cfg["block_p"],
-            BLOCK_N=triton.next_power_of_2(d_state),
+            BLOCK_N=next_power_of_2(d_state),
             BLOCK_R=block_r,
             NUM_STAGES=int(_walk.get("num_stages", 2)),
             BUFFER_LEN=buffer_len,
@@ -919,7 +920,7 @@ def _replay_step(
 
     def launch_flush_due():
         flush_cfg = {**fold_tile_config(head_dim, d_state), "fold_unroll": cfg["fold_unroll"], **(_flush_config or {})}
-        items = batch * triton.cdiv(head_dim, flush_cfg["block_p"]) * heads
+        items = batch * cdiv(head_dim, flush_cfg["block_p"]) * heads
         LAST_COMPILED["replay_phase3"] = LAST_COMPILED["flush_due"] = _mamba2_flush_due_kernel[
             (flush_grid_programs(x.device, items, flush_cfg.get("programs_per_sm")),)](
             state, ring_x, ring_dt, ring_B, origin, count,
@@ -938,9 +939,9 @@ def _replay_step(
             FOLD_UNROLL=flush_cfg["fold_unroll"],
             FLUSH_PRECISION=FLUSH_PRECISION,
             BLOCK_P=flush_cfg["block_p"],
-            BLOCK_N=triton.next_power_of_2(d_state),
+            BLOCK_N=next_power_of_2(d_state),
             BLOCK_R=block_r,
-            BLOCK_B=triton.next_power_of_2(batch),
+            BLOCK_B=next_power_of_2(batch),
             num_warps=flush_cfg["num_warps"],
         )
 
@@ -955,7 +956,7 @@ def _replay_step(
         launch_cfg = launch_config(kernel_phase)
         flush_dot = (kernel_phase == 2 and launch_cfg["block_p"] >= 16
                      and not (_config or {}).get("flush_loop", False))
-        grid = (triton.cdiv(head_dim, launch_cfg["block_p"]), batch, heads)
+        grid = (cdiv(head_dim, launch_cfg["block_p"]), batch, heads)
         kernel = _mamba2_replay_step_kernel[grid](
             state, ring_x, ring_dt, ring_B, *positions,
             x, dt, B, C, A, _optional(D, A), _optional(z, x), _optional(dt_bias, A), y, *read_operands[:3], weights,
@@ -977,8 +978,8 @@ def _replay_step(
             FLUSH_DOT=flush_dot,
             FLUSH_PRECISION=FLUSH_PRECISION,
             BLOCK_P=launch_cfg["block_p"],
-            BLOCK_N=triton.next_power_of_2(d_state),
-            BLOCK_R=max(16, triton.next_power_of_2(ring_size)) if flush_dot else block_r,
+            BLOCK_N=next_power_of_2(d_state),
+            BLOCK_R=max(16, next_power_of_2(ring_size)) if flush_dot else block_r,
             # a split step's flush launch reads the copy only for a flushing row's output (flush_reads_copy)
             READ_FORMAT=kernel_read_format if kernel_phase in (0, 1, 4) or (kernel_phase == 3 and flush_reads_copy)
             else "fp32",
@@ -1019,8 +1020,8 @@ def fold_tile_config(head_dim: int, d_state: int) -> dict:
     ``bench_verify --parts``): [16, 128] x 2 1043 us, x 1 1103, [32, 128] x 4 1134, the standard step's [32, 128] x 8
     1229, [64, 128] x 8 1743. Compile-only, sm_90 (Triton 3.6), the device-grid flush: 128 registers at 16 rows,
     143 at 256; at [32, 128] its loop over items needs 228."""
-    block_n = triton.next_power_of_2(d_state)
-    return dict(block_p=min(triton.next_power_of_2(head_dim), max(1, 2048 // block_n)), num_warps=2)
+    block_n = next_power_of_2(d_state)
+    return dict(block_p=min(next_power_of_2(head_dim), max(1, 2048 // block_n)), num_warps=2)
 
 
 def _state_update(state, x, dt, B, C, A, D=None, z=None, dt_bias=None, dt_softplus=False, out=None, _config=None):
@@ -1029,7 +1030,7 @@ def _state_update(state, x, dt, B, C, A, D=None, z=None, dt_bias=None, dt_softpl
     y = torch.empty_like(x) if out is None else out
     assert y.shape == x.shape
     cfg = dict(state_update_launch_config(batch, heads, head_dim, d_state), **(_config or {}))
-    grid = (triton.cdiv(head_dim, cfg["block_p"]), batch, heads)
+    grid = (cdiv(head_dim, cfg["block_p"]), batch, heads)
     with _device_guard(x):
         LAST_COMPILED["state_update"] = _mamba2_state_update_kernel[grid](
             state, x, dt, B, C, A, _optional(D, A), _optional(z, x), _optional(dt_bias, A), y,
@@ -1042,7 +1043,7 @@ def _state_update(state, x, dt, B, C, A, D=None, z=None, dt_bias=None, dt_softpl
             HAS_DT_BIAS=dt_bias is not None,
             DT_SOFTPLUS=bool(dt_softplus),
             BLOCK_P=cfg["block_p"],
-            BLOCK_N=triton.next_power_of_2(d_state),
+            BLOCK_N=next_power_of_2(d_state),
             num_warps=cfg["num_warps"],
         )
     return y

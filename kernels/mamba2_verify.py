@@ -68,6 +68,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hf_replayssm.kernels.host_math import cdiv, next_power_of_2
 from hf_replayssm.kernels.verify_products import dot_precision
 from hf_replayssm.ops.mamba2_verify import mamba2_commit_ref, mamba2_fold_ring_ref, mamba2_verify_ref
 
@@ -370,9 +371,9 @@ def verify_launch_config(batch: int, heads: int, head_dim: int, d_state: int, wi
     ``benchmarks/gpu/verify_config_sweep.py``): token form [64, 128] x 2 warps 1218 us, x 4 1915 us, [32, 128] x 8
     (the earlier default) 3578 us; product form (tf32x3) [64, 128] x 4 1314 us, x 8 1835 us.
     ``kernels/bench_verify.py`` can sweep it through ``_config``."""
-    block_n = triton.next_power_of_2(d_state)
-    block_p = min(triton.next_power_of_2(head_dim), max(1, 8192 // block_n))
-    while block_p > 16 and batch * heads * triton.cdiv(head_dim, block_p) < 2048:
+    block_n = next_power_of_2(d_state)
+    block_p = min(next_power_of_2(head_dim), max(1, 8192 // block_n))
+    while block_p > 16 and batch * heads * cdiv(head_dim, block_p) < 2048:
         block_p //= 2
     return dict(block_p=max(16, block_p), num_warps=4) if products else dict(block_p=block_p, num_warps=2)
 
@@ -414,7 +415,7 @@ def _verify(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=Non
     cfg = dict(verify_launch_config(batch, heads, head_dim, d_state, window, _products), **(_config or {}))
     assert cfg["block_p"] >= 16 or not _products, f"block_p {cfg['block_p']} < 16: the matrix products need 16"
     floor = 16 if _products else 2  # tl.dot operands are at least 16 on every side
-    grid = (triton.cdiv(head_dim, cfg["block_p"]), batch, heads)
+    grid = (cdiv(head_dim, cfg["block_p"]), batch, heads)
     with _device_guard(x):
         LAST_COMPILED["verify"] = _mamba2_verify_kernel[grid](
             state, ring_x, ring_dt, ring_B, origin, count,
@@ -433,11 +434,11 @@ def _verify(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=Non
             WINDOW_AS_PRODUCTS=bool(_products),
             PRECISION=dot_precision(_products),
             BLOCK_P=cfg["block_p"],
-            BLOCK_N=max(floor, triton.next_power_of_2(d_state)),
-            BLOCK_R=max(floor, triton.next_power_of_2(max(ring_size - window, 1))),  # count <= R - T if rows fit
+            BLOCK_N=max(floor, next_power_of_2(d_state)),
+            BLOCK_R=max(floor, next_power_of_2(max(ring_size - window, 1))),  # count <= R - T if rows fit
             # products: one tile for every width; tokens: 8 or 16 (ptxas, sm_90, [32, 128] x 8 warps: a tile of 4 took
             # 172 registers against 128 for 2 or 8, one program per SM fewer: run 74's T = 4 ran 3x slower than T = 2)
-            BLOCK_T=MAX_WINDOW if _products else max(8, triton.next_power_of_2(window)),
+            BLOCK_T=MAX_WINDOW if _products else max(8, next_power_of_2(window)),
             num_warps=cfg["num_warps"],
         )
     return y
@@ -455,7 +456,7 @@ def _commit(state, ring_x, ring_dt, ring_B, origin, count, accepted, buffer_len,
     assert A.shape == (heads,), f"A must be [H], got {tuple(A.shape)}"
     assert 1 <= buffer_len < (1 << _TICKET_SHIFT), "buffer_len out of range"
     cfg = dict(fold_launch_config(batch, heads, head_dim, d_state), **(_config or {}))
-    grid = (triton.cdiv(head_dim, cfg["block_p"]), batch, heads)
+    grid = (cdiv(head_dim, cfg["block_p"]), batch, heads)
     assert grid[0] * heads < (1 << (31 - _TICKET_SHIFT)), "too many programs per row for the count ticket"
     with _device_guard(state):
         LAST_COMPILED["commit"] = _mamba2_commit_kernel[grid](
@@ -465,7 +466,7 @@ def _commit(state, ring_x, ring_dt, ring_B, origin, count, accepted, buffer_len,
             origin.stride(0), count.stride(0), accepted.stride(0), A.stride(0),
             BUFFER_LEN=buffer_len,
             BLOCK_P=cfg["block_p"],
-            BLOCK_N=triton.next_power_of_2(d_state),
+            BLOCK_N=next_power_of_2(d_state),
             num_warps=cfg["num_warps"],
         )
 
@@ -477,14 +478,14 @@ def _fold(state, ring_x, ring_dt, ring_B, A, origin, count, out=None, _config=No
     out = torch.empty_like(state) if out is None else out
     assert out.shape == state.shape, f"out must be {tuple(state.shape)}, got {tuple(out.shape)}"
     cfg = dict(fold_launch_config(batch, heads, head_dim, d_state), **(_config or {}))
-    grid = (triton.cdiv(head_dim, cfg["block_p"]), batch, heads)
+    grid = (cdiv(head_dim, cfg["block_p"]), batch, heads)
     with _device_guard(state):
         LAST_COMPILED["fold"] = _mamba2_fold_kernel[grid](
             state, out, ring_x, ring_dt, ring_B, A, int(origin), int(count),
             head_dim, d_state, ring_size, heads // groups,
             *state.stride(), *out.stride(), *ring_x.stride(), *ring_dt.stride(), *ring_B.stride(), A.stride(0),
             BLOCK_P=cfg["block_p"],
-            BLOCK_N=triton.next_power_of_2(d_state),
+            BLOCK_N=next_power_of_2(d_state),
             num_warps=cfg["num_warps"],
         )
     return out

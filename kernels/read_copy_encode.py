@@ -60,6 +60,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hf_replayssm.kernels.host_math import cdiv, next_power_of_2
 from hf_replayssm.ops.read_copy import check_reencode, reencode_read_copy_ref
 
 __all__ = ["COMPACT_PROGRAMS_PER_ROW", "reencode_launch_config", "reencode_read_copy", "reencode_read_copy_ref"]
@@ -407,7 +408,7 @@ def _nvfp4_encode_compact_kernel(
 def reencode_launch_config(rows: int, row_width: int) -> int:
     """Rows per program for ``rows`` rows whose tile is ``row_width`` (a power of two) wide: a tile of about
     ``TILE_ELEMENTS`` elements, at least one row."""
-    return max(1, min(triton.next_power_of_2(max(rows, 1)), TILE_ELEMENTS // row_width))
+    return max(1, min(next_power_of_2(max(rows, 1)), TILE_ELEMENTS // row_width))
 
 
 def _device_guard(t: torch.Tensor):
@@ -450,16 +451,16 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
     def compact(row_width: int) -> tuple[tuple[int, int], int]:
         """(grid, BLOCK_R) of a compact launch over tiles of flattened rows ``row_width`` wide."""
         block_r = _block_a or reencode_launch_config(rows, row_width)
-        return (min(programs, triton.cdiv(rows, block_r)), batch), block_r  # no program without a tile
+        return (min(programs, cdiv(rows, block_r)), batch), block_r  # no program without a tile
 
     with _device_guard(state):
-        block_c = triton.next_power_of_2(row)
+        block_c = next_power_of_2(row)
         if fmt == "fp8":
             codes, scale = _as_bits(read_copy["codes"]), read_copy["scale"]
             strides = (*state.stride(), *codes.stride(), *scale.stride()[:3], select.stride(0))
             if programs is None:
                 block_a = _block_a or reencode_launch_config(rows_a, block_c)
-                _fp8_encode_kernel[(triton.cdiv(rows_a, block_a), heads, batch)](
+                _fp8_encode_kernel[(cdiv(rows_a, block_a), heads, batch)](
                     state, select, codes, scale, rows_a, *strides, C=row, BLOCK_A=block_a, BLOCK_C=block_c,
                     SCALAR_RECIPROCAL=recip, FP8_CONVERT=convert, num_warps=NUM_WARPS)
             else:
@@ -471,7 +472,7 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
         packed, block_scale = read_copy["packed"], _as_bits(read_copy["block_scale"])
         tensor_scale = read_copy["tensor_scale"]
         blocks = block_scale.shape[-1]
-        block_nb = triton.next_power_of_2(blocks)
+        block_nb = next_power_of_2(blocks)
         amax = torch.zeros(batch, dtype=torch.int32, device=state.device)
         amax_args = (state, select, amax, rows_a, rows, *state.stride(), select.stride(0))
         encode_args = (state, select, amax, packed, block_scale, tensor_scale, rows_a)
@@ -480,10 +481,10 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
                       num_warps=NUM_WARPS)
         if programs is None:
             block_r = reencode_launch_config(rows, block_c)
-            _row_amax_kernel[(triton.cdiv(rows, block_r), batch)](
+            _row_amax_kernel[(cdiv(rows, block_r), batch)](
                 *amax_args, C=row, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=NUM_WARPS)
             block_a = _block_a or reencode_launch_config(rows_a, block_nb * 16)
-            _nvfp4_encode_kernel[(triton.cdiv(rows_a, block_a), heads, batch)](
+            _nvfp4_encode_kernel[(cdiv(rows_a, block_a), heads, batch)](
                 *encode_args, *strides, BLOCK_A=block_a, **consts)
         else:
             grid, block_r = compact(block_c)

@@ -10,10 +10,12 @@
 #   rows. Decisions: the faster compacting walk in phase and mixed -> the default walk; faster than fused at 128
 #   (and 64) -> lower DEVICE_WALK_MIN_BATCH; slower at 512 -> the walk over every item there; the streamed fp8 cycle
 #   faster than the whole tile -> the fp8 read copy's host-phase default.
-# STAGE=5 (about 9 minutes): CUDA tests of the fp8 stream default and the solved exact fold (_exact_solve, new: the
+# STAGE=6 (about 9 minutes, carry .whl too): STAGE 3, then compiled Qwen3.5-like at batch 256 with the separated fp8
+#   arm (STAGE 2's batch-256 half).
+# STAGE=5 (about 8 minutes): CUDA tests of the fp8 stream default and the solved exact fold (_exact_solve, new: the
 #   records' corrected values at once, (I + A) D = rhs, instead of stepping them over the state tile; the stepped
-#   flush launch costs 1004.8 us at Qwen3-Next 256, run 130), then the streamed fp8 replay (the default since run 130 from 64 rows) at Qwen3-Next 64 and
-#   512 rows and on KDA (Kimi-Linear, 256; not streamed by default), the device default on Qwen3.5-large (256, 512):
+#   flush launch costs 1004.8 us at Qwen3-Next 256, run 130), then `bench_delta --read-format fp8` at Qwen3-Next 256 rows (the solved exact fold timed) and 64
+#   (the streamed fp8 replay, the default since run 130 from 64 rows) and on KDA (Kimi-Linear, 256; not streamed):
 #   KDA's compacting split step or streamed fp8 faster than its defaults -> its defaults (device_walk_launch_config
 #   and read_copy_stream_config serve scalar gates only today).
 # STAGE=2 (about 8 minutes, carry .whl too): compiled end to end, Qwen3.5-like at batch 64 and 256, two repeats,
@@ -42,16 +44,22 @@ if [ "$STAGE" = 1 ]; then
     --no-sweep --no-torch --no-fla --out "$RES/delta_qwen3-next.json" > "$RES/delta_qwen3-next.txt" 2>&1
   echo "qwen3-next rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
 elif [ "$STAGE" = 5 ]; then
-  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_read_copy_cuda tests/test_kernels_read_copy.py \
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 120 test_read_copy_cuda tests/test_kernels_read_copy.py \
     -k "delta_stream_default or delta_exact_solve or delta_exact_fold"
   pack
-  for spec in "gdn qwen3-next 64,512 fp8" "gdn qwen3.5-large 256,512 -" "kda kimi-linear 256 fp8"; do
+  for spec in "gdn qwen3-next 256,64 fp8" "kda kimi-linear 256 fp8"; do
     set -- $spec
     read=(); [ "$4" != - ] && read=(--read-format "$4")
     timeout 170 python3 -m hf_replayssm.kernels.bench_delta --family $1 --shapes $2 --batches $3 "${read[@]}" \
       --no-sweep --no-torch --no-fla --out "$RES/delta_$2_$4.json" > "$RES/delta_$2_$4.txt" 2>&1
     echo "$2 $4 rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   done
+elif [ "$STAGE" = 6 ]; then  # STAGE 3's host profile, then compiled Qwen3.5-like at batch 256 with the fp8 arm
+  bench_job 230 step_host_profile step --models qwen3_5 --batches 256 --arms stock,replay-triton --repeats 2 \
+    --profile "$RES/ops" --host-profile "$RES/host" --out "$RES/step_host_profile.json"; pack
+  bench_job 300 generate_compiled_qwen3_5 generate --models qwen3_5 --batches 256 \
+    --arms stock-static-compiled,replay-compiled,replay-fp8-compiled --prompt 512 --new 128 --repeats 2 \
+    --out "$RES/generate_compiled_qwen3_5.json"; pack
 elif [ "$STAGE" = 3 ]; then
   bench_job 240 step_host_profile step --models qwen3_5 --batches 256 --arms stock,replay-triton --repeats 2 \
     --profile "$RES/ops" --host-profile "$RES/host" --out "$RES/step_host_profile.json"; pack

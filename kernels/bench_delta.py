@@ -665,6 +665,10 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                     row.update(replay_host_read_copy_chunked=chunked, replay_host_read_copy_chunked_best=best_chunked,
                                replay_host_read_copy_chunked_us=chunked[best_chunked]["us"])
                     cbv, cnw, chunk = (int(x) for x in best_chunked.replace("_c", "x").split("x"))
+                    if not per_key:  # the best with the per-head weights pre-launch: one record-key pass per head
+                        row["replay_host_read_copy_chunked_gdn_weights_us"] = per_step_us(timer(inputs.host_fn(
+                            k._replay_step, read_format="fp8", _block_v=cbv, _num_warps=cnw, _chunk_k=chunk,
+                            _gdn_weights=True, flush_launch={})))
                     # one launch at a time: replay-only at count L/2 (whole tile, best chunked), the flush alone
                     row["diag_host_read_copy_us"] = {
                         f"count{L // 2}_{best_read}": per_step_us(timer(inputs.host_fn(
@@ -819,6 +823,9 @@ def _print_row(r, header):
               f"_c chunk): {cells} us; best x std {r['standard_us'] / best:.2f}", flush=True)
         cells = ", ".join(f"{key} {us:.2f}" for key, us in r["diag_host_read_copy_us"].items())
         print(f"{'':<14}{'':>6} | one launch at a time, fp8 copy: {cells} us", flush=True)
+        if r.get("replay_host_read_copy_chunked_gdn_weights_us"):
+            print(f"{'':<14}{'':>6} | the best streamed cycle with the per-head weights pre-launch (_gdn_weights): "
+                  f"{r['replay_host_read_copy_chunked_gdn_weights_us']:.2f} us", flush=True)
         print(f"{'':<14}{'':>6} | device, in phase, two launches, the replay one streaming the copy "
               f"[{r['replay_host_read_copy_chunked_best']}]: {r['replay_in_phase_read_copy_split_chunked_us']:.2f} us "
               f"({r['replay_in_phase_read_copy_no_reencode_split_chunked_us']:.2f} us without the re-encode)",

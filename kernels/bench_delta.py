@@ -98,10 +98,11 @@ STANDARD_SWEEP = [(8, 1), (8, 2), (16, 1), (16, 2), (16, 4), (32, 1), (32, 2), (
 # came closest, so these go further (32 x 1 at two stages is 32 KB of shared memory per program); runs
 # 119-121 found 8 per SM at 32 x 1, 2 stages best, the host-phase default since (host_walk_launch_config)
 WALKS = [(32, 1, 2, 6), (32, 1, 3, 4), (16, 1, 2, 8), (16, 1, 2, 12)]
-# --read-format fp8: the host cycle with its replay-only launches streaming the copy's codes CHUNK_K rows of K at a
-# time, the row scales folded into q and k (_chunk_k): (BLOCK_V, num_warps, CHUNK_K). The whole-tile fp8 replay holds
-# a [128, 64] tile and a per-element scale load (run 93: 254.6 us, 1.08x the standard step, 23 % of copy bandwidth)
-READ_COPY_CHUNKS = [(64, 2, 16), (64, 4, 32), (64, 4, 16), (128, 4, 16), (128, 8, 32), (32, 2, 32), (32, 1, 16)]
+# --read-format: the host cycle with its replay-only launches streaming the copy CHUNK_K rows of K at a time (fp8:
+# the row scales folded into q and k; nvfp4 decoded per chunk) (_chunk_k): (BLOCK_V, num_warps, CHUNK_K). The
+# whole-tile fp8 replay holds a [128, 64] tile and a per-element scale load (run 93: 254.6 us, 1.08x the standard
+# step, 23 % of copy bandwidth); streamed, [128, 32] x 1 in chunks of 16 was the fastest (run 130: 225.0 us)
+READ_COPY_CHUNKS = [(32, 1, 16), (32, 1, 8), (32, 1, 32), (16, 1, 16), (64, 1, 16), (64, 2, 16), (32, 2, 32)]
 
 
 def _fla_step_fn(family: str):
@@ -652,54 +653,54 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                            replay_host_read_copy_default_config=read_default,
                            replay_host_read_copy_default_us=read_sweep[read_default]["us"])
                 rbv, rnw = (int(x) for x in best_read.split("x"))
-                if args.read_format == "fp8":  # the replay-only launches streaming the copy (_chunk_k)
-                    chunked = {}
-                    tile_v, tile_k = max(16, 1 << (V - 1).bit_length()), max(16, 1 << (K - 1).bit_length())
-                    for cbv, cnw, chunk in dict.fromkeys((min(cbv, tile_v), cnw, min(chunk, tile_k))
-                                                         for cbv, cnw, chunk in READ_COPY_CHUNKS):
-                        t = timer(inputs.host_fn(k._replay_step, read_format="fp8", _block_v=cbv, _num_warps=cnw,
-                                                 _chunk_k=chunk, flush_launch={}))
-                        chunked[f"{cbv}x{cnw}_c{chunk}"] = dict(us=per_step_us(t), **t,
-                                                                **_compiled_info(k, "replay_phase1"))
-                    best_chunked = min(chunked, key=lambda c: chunked[c]["us"])
-                    row.update(replay_host_read_copy_chunked=chunked, replay_host_read_copy_chunked_best=best_chunked,
-                               replay_host_read_copy_chunked_us=chunked[best_chunked]["us"])
-                    cbv, cnw, chunk = (int(x) for x in best_chunked.replace("_c", "x").split("x"))
-                    if not per_key:  # the best with the per-head weights pre-launch: one record-key pass per head
-                        row["replay_host_read_copy_chunked_gdn_weights_us"] = per_step_us(timer(inputs.host_fn(
-                            k._replay_step, read_format="fp8", _block_v=cbv, _num_warps=cnw, _chunk_k=chunk,
-                            _gdn_weights=True, flush_launch={})))
-                    # one launch at a time: replay-only at count L/2 (whole tile, best chunked), the flush alone
-                    row["diag_host_read_copy_us"] = {
-                        f"count{L // 2}_{best_read}": per_step_us(timer(inputs.host_fn(
-                            k._replay_step, only=L // 2, read_format="fp8", _block_v=rbv, _num_warps=rnw))),
-                        f"count{L // 2}_{best_chunked}": per_step_us(timer(inputs.host_fn(
-                            k._replay_step, only=L // 2, read_format="fp8", _block_v=cbv, _num_warps=cnw,
-                            _chunk_k=chunk))),
-                        f"count{L - 1}_flush_exact_fold": per_step_us(timer(inputs.host_fn(
-                            k._replay_step, only=L - 1, read_format="fp8"))),
-                        f"count{L - 1}_flush_exact_solve": per_step_us(timer(inputs.host_fn(
-                            k._replay_step, only=L - 1, read_format="fp8", _exact_solve=not per_key)))}
-                    for sbv, snw in ((64, 8), (64, 4), (16, 4), (32, 2)):  # the solved fold on other tiles
-                        sbv = min(sbv, max(16, 1 << (V - 1).bit_length()))
-                        row["diag_host_read_copy_us"][f"count{L - 1}_flush_exact_solve_{sbv}x{snw}"] = per_step_us(
-                            timer(inputs.host_fn(k._replay_step, only=L - 1, read_format="fp8",
-                                                 _exact_solve=not per_key, _block_v=sbv, _num_warps=snw)))
-                    # the cycle with the streamed replays and the solved exact fold (scalar gates)
-                    row["replay_host_read_copy_chunked_solve_us"] = per_step_us(timer(inputs.host_fn(
-                        k._replay_step, read_format="fp8", _block_v=cbv, _num_warps=cnw, _chunk_k=chunk,
-                        flush_launch=dict(_exact_solve=not per_key))))
-                    # the compiled path's step (device positions, re-encode after flushes) split, its replay launch
-                    # streaming the copy at that tile (which the split step's flush launch then takes too)
-                    split = device_read_copy_times(k, inputs, timer, "fp8", "in_phase", per_step_us, compact=False,
-                                                   _block_v=cbv, _num_warps=cnw, _split=True, _chunk_k=chunk)
-                    row.update({key.replace("_us", "_split_chunked_us") if key.endswith("_us") else
-                                f"{key}_split_chunked": value for key, value in split.items()})
-                    split = device_read_copy_times(k, inputs, timer, "fp8", "in_phase", per_step_us, compact=False,
-                                                   _block_v=cbv, _num_warps=cnw, _split=True, _chunk_k=chunk,
-                                                   _exact_solve=not per_key)
-                    row.update({key.replace("_us", "_split_chunked_solve_us") if key.endswith("_us") else
-                                f"{key}_split_chunked_solve": value for key, value in split.items()})
+                fmt = args.read_format  # the replay-only launches streaming the copy (_chunk_k)
+                chunked = {}
+                tile_v, tile_k = max(16, 1 << (V - 1).bit_length()), max(16, 1 << (K - 1).bit_length())
+                for cbv, cnw, chunk in dict.fromkeys((min(cbv, tile_v), cnw, min(chunk, tile_k))
+                                                     for cbv, cnw, chunk in READ_COPY_CHUNKS):
+                    t = timer(inputs.host_fn(k._replay_step, read_format=fmt, _block_v=cbv, _num_warps=cnw,
+                                             _chunk_k=chunk, flush_launch={}))
+                    chunked[f"{cbv}x{cnw}_c{chunk}"] = dict(us=per_step_us(t), **t,
+                                                            **_compiled_info(k, "replay_phase1"))
+                best_chunked = min(chunked, key=lambda c: chunked[c]["us"])
+                row.update(replay_host_read_copy_chunked=chunked, replay_host_read_copy_chunked_best=best_chunked,
+                           replay_host_read_copy_chunked_us=chunked[best_chunked]["us"])
+                cbv, cnw, chunk = (int(x) for x in best_chunked.replace("_c", "x").split("x"))
+                if not per_key:  # the best with the per-head weights pre-launch: one record-key pass per head
+                    row["replay_host_read_copy_chunked_gdn_weights_us"] = per_step_us(timer(inputs.host_fn(
+                        k._replay_step, read_format=fmt, _block_v=cbv, _num_warps=cnw, _chunk_k=chunk,
+                        _gdn_weights=True, flush_launch={})))
+                # one launch at a time: replay-only at count L/2 (whole tile, best chunked), the flush alone
+                row["diag_host_read_copy_us"] = {
+                    f"count{L // 2}_{best_read}": per_step_us(timer(inputs.host_fn(
+                        k._replay_step, only=L // 2, read_format=fmt, _block_v=rbv, _num_warps=rnw))),
+                    f"count{L // 2}_{best_chunked}": per_step_us(timer(inputs.host_fn(
+                        k._replay_step, only=L // 2, read_format=fmt, _block_v=cbv, _num_warps=cnw,
+                        _chunk_k=chunk))),
+                    f"count{L - 1}_flush_exact_fold": per_step_us(timer(inputs.host_fn(
+                        k._replay_step, only=L - 1, read_format=fmt))),
+                    f"count{L - 1}_flush_exact_solve": per_step_us(timer(inputs.host_fn(
+                        k._replay_step, only=L - 1, read_format=fmt, _exact_solve=not per_key)))}
+                for sbv, snw in ((64, 8), (64, 4), (16, 4), (32, 2)):  # the solved fold on other tiles
+                    sbv = min(sbv, max(16, 1 << (V - 1).bit_length()))
+                    row["diag_host_read_copy_us"][f"count{L - 1}_flush_exact_solve_{sbv}x{snw}"] = per_step_us(
+                        timer(inputs.host_fn(k._replay_step, only=L - 1, read_format=fmt,
+                                             _exact_solve=not per_key, _block_v=sbv, _num_warps=snw)))
+                # the cycle with the streamed replays and the solved exact fold (scalar gates)
+                row["replay_host_read_copy_chunked_solve_us"] = per_step_us(timer(inputs.host_fn(
+                    k._replay_step, read_format=fmt, _block_v=cbv, _num_warps=cnw, _chunk_k=chunk,
+                    flush_launch=dict(_exact_solve=not per_key))))
+                # the compiled path's step (device positions, re-encode after flushes) split, its replay launch
+                # streaming the copy at that tile (which the split step's flush launch then takes too)
+                split = device_read_copy_times(k, inputs, timer, fmt, "in_phase", per_step_us, compact=False,
+                                               _block_v=cbv, _num_warps=cnw, _split=True, _chunk_k=chunk)
+                row.update({key.replace("_us", "_split_chunked_us") if key.endswith("_us") else
+                            f"{key}_split_chunked": value for key, value in split.items()})
+                split = device_read_copy_times(k, inputs, timer, fmt, "in_phase", per_step_us, compact=False,
+                                               _block_v=cbv, _num_warps=cnw, _split=True, _chunk_k=chunk,
+                                               _exact_solve=not per_key)
+                row.update({key.replace("_us", "_split_chunked_solve_us") if key.endswith("_us") else
+                            f"{key}_split_chunked_solve": value for key, value in split.items()})
                 row.update(device_read_copy_times(k, inputs, timer, args.read_format, "in_phase", per_step_us,
                                                    _block_v=dbv, _num_warps=dnw))
                 # two launches (flushing rows, then replaying rows) at the host-phase read-copy tile: the replay
@@ -819,10 +820,11 @@ def _print_row(r, header):
     if r.get("replay_host_read_copy_chunked"):
         cells = ", ".join(f"{key} {v['us']:.2f}" for key, v in r["replay_host_read_copy_chunked"].items())
         best = r["replay_host_read_copy_chunked_us"]
-        print(f"{'':<14}{'':>6} | host-phase cycle, replay launches streaming the fp8 copy (_chunk_k: tile x warps "
+        print(f"{'':<14}{'':>6} | host-phase cycle, replay launches streaming the {r['read_format']} copy (_chunk_k: "
+              f"tile x warps "
               f"_c chunk): {cells} us; best x std {r['standard_us'] / best:.2f}", flush=True)
         cells = ", ".join(f"{key} {us:.2f}" for key, us in r["diag_host_read_copy_us"].items())
-        print(f"{'':<14}{'':>6} | one launch at a time, fp8 copy: {cells} us", flush=True)
+        print(f"{'':<14}{'':>6} | one launch at a time, {r['read_format']} copy: {cells} us", flush=True)
         if r.get("replay_host_read_copy_chunked_gdn_weights_us"):
             print(f"{'':<14}{'':>6} | the best streamed cycle with the per-head weights pre-launch (_gdn_weights): "
                   f"{r['replay_host_read_copy_chunked_gdn_weights_us']:.2f} us", flush=True)

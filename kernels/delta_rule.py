@@ -391,8 +391,24 @@ def _decayed_with_token(s, decay, k_t, d_t, GATE_PER_KEY: tl.constexpr):
 
 
 @triton.jit
-def _chunked_checkpoint_products(s_base, q_base, k_base, decay_base, row_scale_base, offs_v, mask_v, decay, scale,
-                                 K, stride_s_k, stride_s_v, stride_q_k, stride_k_k, stride_row_scale,
+def _load_chunk(s_base, scale_base, tensor_scale_base, offs_c, offs_v, mask_v, v_start, K, V, stride_s_k, stride_s_v,
+                stride_scale_k, stride_scale_v, READ_FORMAT: tl.constexpr, BLOCK_V: tl.constexpr):
+    """Rows ``offs_c`` of a state tile [len(offs_c), BLOCK_V] (0 past K / V): raw for the fp32 checkpoint and an fp8
+    copy's codes (their scales are folded elsewhere), decoded for an nvfp4 copy (:func:`load_read_tile` on bases
+    already offset to the row and head)."""
+    mask = (offs_c < K)[:, None] & mask_v[None, :]
+    if READ_FORMAT == "fp32" or READ_FORMAT == "fp8":
+        return tl.load(s_base + offs_c[:, None] * stride_s_k + offs_v[None, :] * stride_s_v, mask=mask, other=0.0)
+    else:
+        return load_read_tile(s_base, scale_base, tensor_scale_base, 0, 0, offs_c, offs_v, mask, offs_c < K, v_start,
+                              V, 0, 0, stride_s_k, stride_s_v, 0, 0, stride_scale_k, stride_scale_v, 0, READ_FORMAT,
+                              BLOCK_V, False)
+
+
+@triton.jit
+def _chunked_checkpoint_products(s_base, q_base, k_base, decay_base, row_scale_base, tensor_scale_base, offs_v, mask_v,
+                                 v_start, decay, scale, K, V, stride_s_k, stride_s_v, stride_q_k, stride_k_k,
+                                 stride_row_scale, stride_scale_v,
                                  GATE_PER_KEY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, BLOCK_K: tl.constexpr,
                                  BLOCK_V: tl.constexpr, CHUNK_K: tl.constexpr, READ_FORMAT: tl.constexpr):
     """S0^T (exp(c) q) and S0^T (exp(c) k) [BLOCK_V] with the checkpoint tile streamed CHUNK_K rows at a time
@@ -403,7 +419,9 @@ def _chunked_checkpoint_products(s_base, q_base, k_base, decay_base, row_scale_b
     gate's ``decay`` scales the sums. READ_FORMAT "fp8": ``s_base`` / its strides are the read copy's E4M3 codes
     and ``row_scale_base`` its per-row (per K) float32 scales, folded into the chunk's q and k (S0 = codes x row
     scale, so S0^T q = codes^T (scale * q)): the decode is the hardware conversion alone, and a chunk costs a
-    quarter of the fp32 checkpoint's bytes."""
+    quarter of the fp32 checkpoint's bytes. "nvfp4" / "nvfp4_pairs": an nvfp4 copy's packed codes (``s_base``),
+    block scales (``row_scale_base``, strides over K and V) and the batch row's tensor scale, each chunk decoded as
+    it is loaded (the block scales vary along V, so nothing folds into q)."""
     offs_k = tl.arange(0, BLOCK_K)
     mask_k = offs_k < K
     q_factor = scale
@@ -415,15 +433,14 @@ def _chunked_checkpoint_products(s_base, q_base, k_base, decay_base, row_scale_b
         k_factor = tl.rsqrt(tl.sum(k_all * k_all, axis=0) + 1e-6)
     acc_q = tl.zeros([CHUNK_K, BLOCK_V], dtype=tl.float32)
     acc_k = tl.zeros([CHUNK_K, BLOCK_V], dtype=tl.float32)
-    offs_c = tl.arange(0, CHUNK_K)
-    s_next = tl.load(s_base + offs_c[:, None] * stride_s_k + offs_v[None, :] * stride_s_v,
-                     mask=(offs_c < K)[:, None] & mask_v[None, :], other=0.0)
+    s_next = _load_chunk(s_base, row_scale_base, tensor_scale_base, tl.arange(0, CHUNK_K), offs_v, mask_v, v_start, K,
+                         V, stride_s_k, stride_s_v, stride_row_scale, stride_scale_v, READ_FORMAT, BLOCK_V)
     for k0 in range(0, BLOCK_K, CHUNK_K):
         # the next chunk's load is issued before this chunk's arithmetic (two chunks live: a double buffer)
         s_c = s_next.to(tl.float32)
-        offs_n = k0 + CHUNK_K + tl.arange(0, CHUNK_K)
-        s_next = tl.load(s_base + offs_n[:, None] * stride_s_k + offs_v[None, :] * stride_s_v,
-                         mask=(offs_n < K)[:, None] & mask_v[None, :], other=0.0)
+        s_next = _load_chunk(s_base, row_scale_base, tensor_scale_base, k0 + CHUNK_K + tl.arange(0, CHUNK_K), offs_v,
+                             mask_v, v_start, K, V, stride_s_k, stride_s_v, stride_row_scale, stride_scale_v,
+                             READ_FORMAT, BLOCK_V)
         offs_c = k0 + tl.arange(0, CHUNK_K)
         mask_c = offs_c < K
         q_c = tl.load(q_base + offs_c * stride_q_k, mask=mask_c, other=0.0).to(tl.float32) * q_factor
@@ -666,21 +683,22 @@ def _delta_replay_step_kernel(
         else:  # w_r: the decayed record keys [R, K] for a per-key gate, the weights [R] for a scalar one
             decay, w_r, wq, wk = _record_weights(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, valid, q_t,
                                                  k_t, g_t, stride_rg_r, stride_rg_k, K, GATE_PER_KEY)
-        if CHUNK_K > 0 and READ_FORMAT == "fp8":  # the copy's codes, its row scales folded into q and k
+        if CHUNK_K > 0 and READ_FORMAT != "fp32":  # the copy's codes (fp8: its row scales folded into q and k)
             pq, pk = _chunked_checkpoint_products(
                 rc_values_ptr + pid_b * stride_rcv_b + pid_h * stride_rcv_h,
                 q_ptr + pid_b * stride_q_b + hk * stride_q_h, k_ptr + pid_b * stride_k_b + hk * stride_k_h,
                 weights_ptr + (pid_b * tl.num_programs(2) + pid_h) * (BLOCK_K + 2 * BLOCK_R),
-                rc_scales_ptr + pid_b * stride_rcs_b + pid_h * stride_rcs_h, offs_v, mask_v, decay,
-                scale, K, stride_rcv_k, stride_rcv_v, stride_q_k, stride_k_k, stride_rcs_k, GATE_PER_KEY,
-                USE_QK_L2NORM, BLOCK_K, BLOCK_V, CHUNK_K, READ_FORMAT)
+                rc_scales_ptr + pid_b * stride_rcs_b + pid_h * stride_rcs_h, rc_tensor_scale_ptr + pid_b * stride_rct_b,
+                offs_v, mask_v, pid_v * BLOCK_V, decay, scale, K, V, stride_rcv_k, stride_rcv_v, stride_q_k,
+                stride_k_k, stride_rcs_k, stride_rcs_v, GATE_PER_KEY, USE_QK_L2NORM, BLOCK_K, BLOCK_V, CHUNK_K,
+                READ_FORMAT)
         elif CHUNK_K > 0:
             pq, pk = _chunked_checkpoint_products(
                 state_ptr + pid_b * stride_s_b + pid_h * stride_s_h, q_ptr + pid_b * stride_q_b + hk * stride_q_h,
                 k_ptr + pid_b * stride_k_b + hk * stride_k_h,
-                weights_ptr + (pid_b * tl.num_programs(2) + pid_h) * (BLOCK_K + 2 * BLOCK_R), state_ptr, offs_v,
-                mask_v, decay, scale, K, stride_s_k, stride_s_v, stride_q_k, stride_k_k, 0, GATE_PER_KEY,
-                USE_QK_L2NORM, BLOCK_K, BLOCK_V, CHUNK_K, "fp32")
+                weights_ptr + (pid_b * tl.num_programs(2) + pid_h) * (BLOCK_K + 2 * BLOCK_R), state_ptr, state_ptr,
+                offs_v, mask_v, pid_v * BLOCK_V, decay, scale, K, V, stride_s_k, stride_s_v, stride_q_k, stride_k_k,
+                0, 0, GATE_PER_KEY, USE_QK_L2NORM, BLOCK_K, BLOCK_V, CHUNK_K, "fp32")
         else:
             pq, pk = _checkpoint_products(s0, q_t, k_t, decay, GATE_PER_KEY)
         d_t, o = _token_output(pq, pk, wq, wk, d_r, q_t, k_t, v_t, beta_t)
@@ -1320,9 +1338,9 @@ def _replay_step(
     if _chunk_k:  # the replay-only launches (host phase 1, a split step's 4) stream the fp32 checkpoint
         if _chunk_k & (_chunk_k - 1) or not 1 <= _chunk_k <= block_k:
             raise ValueError(f"_chunk_k must be a power of two up to {block_k}, got {_chunk_k}")
-        if read_format not in ("fp32", "fp8") or (per_key and not _kda_weights):
-            raise ValueError("_chunk_k streams the fp32 checkpoint (or an fp8 read copy) of replay-only launches: it "
-                             f"reads no {read_format} copy, and needs the weights pre-launch for per-key gates")
+        if per_key and not _kda_weights:
+            raise ValueError("_chunk_k streams the checkpoint (or the read copy) of replay-only launches: it needs "
+                             "the weights pre-launch for per-key gates")
         if phase == 0 and not split:
             raise ValueError("_chunk_k needs the replay-only launches: host positions or a split step (_split=True)")
 

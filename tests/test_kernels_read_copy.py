@@ -24,7 +24,7 @@ from kernel_harness import HAS_TRITON, load_kernel_module, run_case, worker_main
 from kernel_harness import assert_close as _close
 
 CASES = ["mamba2_device", "mamba2_host_phase", "gdn_device", "kda_device", "delta_host_phase", "delta_exact_fold",
-         "delta_chunked_fp8", "delta_stream_default", "delta_exact_solve", "flush_reads_copy", "nvfp4_pairs",
+         "delta_chunked", "delta_stream_default", "delta_exact_solve", "flush_reads_copy", "nvfp4_pairs",
          "nvfp4_every_code", "bad_read_copy"]
 
 
@@ -254,21 +254,18 @@ def case_delta_host_phase(_, device):
                    seed=10 + count)
 
 
-def case_delta_chunked_fp8(_, device):
-    """``_chunk_k`` with an fp8 copy (the replay-only launches stream the copy's codes K rows at a time, its row scales
-    folded into q and k): GDN and KDA, host positions replaying and flushing, a split step with rows in both phases
-    (K = 20: the last chunk is masked); the other formats are refused."""
-    for name in ("gdn", "kda"):
+def case_delta_chunked(_, device):
+    """``_chunk_k`` with a read copy (the replay-only launches stream the copy K rows at a time: fp8 codes with the row
+    scales folded into q and k, nvfp4 decoded per chunk, both nibble loads): GDN and KDA, host positions replaying
+    and flushing, a split step with rows in both phases (K = 20: the last chunk is masked)."""
+    for name, read_format, extra in (("gdn", "fp8", {}), ("kda", "fp8", {}), ("gdn", "nvfp4", {}),
+                                     ("kda", "nvfp4", dict(_nvfp4_pairs=False))):
         family = _Family(name)
         for count in (2, 5):
-            _check(family, device, "fp8", origins=(3 * count + 2) % 5, counts=count, buffer_len=6, seed=20 + count,
-                   launch=dict(_chunk_k=8))
-        _check(family, device, "fp8", origins=[4, 0, 2], counts=[3, 5, 1], buffer_len=6, seed=30,
-               launch=dict(_chunk_k=16, _split=True))
-    p = _Family("gdn").inputs(device, 2, 0)
-    copy, _ = _store_copy(p["state"], "nvfp4")
-    with pytest.raises(ValueError, match="reads no nvfp4 copy"):
-        _Family("gdn").kernel(p, 0, 1, 6, read_copy=copy, read_format="nvfp4", _chunk_k=8)
+            _check(family, device, read_format, origins=(3 * count + 2) % 5, counts=count, buffer_len=6,
+                   seed=20 + count, launch=dict(_chunk_k=8, **extra))
+        _check(family, device, read_format, origins=[4, 0, 2], counts=[3, 5, 1], buffer_len=6, seed=30,
+               launch=dict(_chunk_k=16, _split=True, **extra))
 
 
 class _Recorded:

@@ -15,9 +15,8 @@
 # STAGE=5 (about 8 minutes): CUDA tests of the fp8 stream default and the solved exact fold (_exact_solve, new: the
 #   records' corrected values at once, (I + A) D = rhs, instead of stepping them over the state tile; the stepped
 #   flush launch costs 1004.8 us at Qwen3-Next 256, run 130), then `bench_delta --read-format fp8` at Qwen3-Next 256 rows (the solved exact fold timed) and 64
-#   (the streamed fp8 replay, the default since run 130 from 64 rows) and on KDA (Kimi-Linear, 256; not streamed):
-#   KDA's compacting split step or streamed fp8 faster than its defaults -> its defaults (device_walk_launch_config
-#   and read_copy_stream_config serve scalar gates only today).
+#   (the streamed fp8 replay, the default since run 130 from 64 rows), and nvfp4 at 256 (streamed too since this
+#   session: each chunk decoded as loaded).
 # STAGE=2 (about 8 minutes, carry .whl too): compiled end to end, Qwen3.5-like at batch 64 and 256, two repeats,
 #   with the separated fp8 arm (its replay launches streaming the copy since run 130).
 # STAGE=3 (about 4 minutes, carry .whl too): where eager Qwen3.5-like's host time goes at batch 256 (run 127: 1.52x
@@ -44,13 +43,13 @@ if [ "$STAGE" = 1 ]; then
     --no-sweep --no-torch --no-fla --out "$RES/delta_qwen3-next.json" > "$RES/delta_qwen3-next.txt" 2>&1
   echo "qwen3-next rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
 elif [ "$STAGE" = 5 ]; then
-  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 120 test_read_copy_cuda tests/test_kernels_read_copy.py \
-    -k "delta_stream_default or delta_exact_solve or delta_exact_fold"
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 100 test_read_copy_cuda tests/test_kernels_read_copy.py \
+    -k "delta_stream_default or delta_exact_solve or delta_chunked"
   pack
-  for spec in "gdn qwen3-next 256,64 fp8" "kda kimi-linear 256 fp8"; do
+  for spec in "gdn qwen3-next 256,64 fp8 200" "gdn qwen3-next 256 nvfp4 150"; do
     set -- $spec
     read=(); [ "$4" != - ] && read=(--read-format "$4")
-    timeout 170 python3 -m hf_replayssm.kernels.bench_delta --family $1 --shapes $2 --batches $3 "${read[@]}" \
+    timeout $5 python3 -m hf_replayssm.kernels.bench_delta --family $1 --shapes $2 --batches $3 "${read[@]}" \
       --no-sweep --no-torch --no-fla --out "$RES/delta_$2_$4.json" > "$RES/delta_$2_$4.txt" 2>&1
     echo "$2 $4 rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   done

@@ -11,7 +11,7 @@
 #   (and 64) -> lower DEVICE_WALK_MIN_BATCH; slower at 512 -> the walk over every item there; the streamed fp8 cycle
 #   faster than the whole tile -> the fp8 read copy's host-phase default.
 # STAGE=6 (about 9 minutes, carry .whl too): STAGE 3, then compiled Qwen3.5-like at batch 256 with the separated fp8
-#   arm (STAGE 2's batch-256 half).
+#   arm (STAGE 2's batch-256 half). STAGE=7 (about 6 minutes, carry .whl too): that compiled run alone.
 # STAGE=5 (about 8 minutes): CUDA tests of the fp8 stream default and the solved exact fold (_exact_solve, new: the
 #   records' corrected values at once, (I + A) D = rhs, instead of stepping them over the state tile; the stepped
 #   flush launch costs 1004.8 us at Qwen3-Next 256, run 130), then `bench_delta --read-format fp8` at Qwen3-Next 256 rows (the solved exact fold timed) and 64
@@ -57,6 +57,10 @@ elif [ "$STAGE" = 6 ]; then  # STAGE 3's host profile, then compiled Qwen3.5-lik
   bench_job 230 step_host_profile step --models qwen3_5 --batches 256 --arms stock,replay-triton --repeats 2 \
     --profile "$RES/ops" --host-profile "$RES/host" --out "$RES/step_host_profile.json"; pack
   bench_job 300 generate_compiled_qwen3_5 generate --models qwen3_5 --batches 256 \
+    --arms stock-static-compiled,replay-compiled,replay-fp8-compiled --prompt 512 --new 128 --repeats 2 \
+    --out "$RES/generate_compiled_qwen3_5.json"; pack
+elif [ "$STAGE" = 7 ]; then  # STAGE 6's second half alone
+  bench_job 330 generate_compiled_qwen3_5 generate --models qwen3_5 --batches 256 \
     --arms stock-static-compiled,replay-compiled,replay-fp8-compiled --prompt 512 --new 128 --repeats 2 \
     --out "$RES/generate_compiled_qwen3_5.json"; pack
 elif [ "$STAGE" = 3 ]; then

@@ -1052,11 +1052,11 @@ def host_flush_launch_config(batch: int, value_heads: int, key_dim: int, value_d
     [128, 16] x 2 1000.0, batch 64 170.4 against 189.1. GDN keeps the dot at its replay tile ([128, 64] x 2: 512.1,
     the loop 587.2, [128, 64] x 4 549.2). The exact fold of the separated policies (``ring_v`` / ``ring_beta``: a
     serial loop of its own whatever the flag) keeps the replay tile, where it was measured; solved at once
-    (``exact_solve``) it takes [K, 32] x 4, the tile with the fewest spills in sm_90 compile-only counts (Triton 3.6,
-    Qwen3-Next shape: 255 registers and 40 bytes spilled, against 5216 bytes at [128, 64] x 2, 476 at x 4, 136 at
-    [128, 64] x 8; not yet timed)."""
+    (``exact_solve``) it takes [K, 64] x 4, its fastest tile (H200, Qwen3-Next batch 256, run 131: 1403.6 us per
+    flush launch, [K, 32] x 4 1949.4, [K, 64] x 8 2223.1, [K, 32] x 2 2559.8, [K, 16] x 4 4192.2; all slower than the
+    stepped fold's 1015.1)."""
     if exact_solve:
-        return min(32, max(16, next_power_of_2(value_dim))), 4, True
+        return min(64, max(16, next_power_of_2(value_dim))), 4, True
     if per_key_gate and kda_weights and not exact_fold:
         return min(32, max(16, next_power_of_2(value_dim))), 1, False
     block_v, num_warps = replay_launch_config(batch, value_heads, key_dim, value_dim, per_key_gate,
@@ -1089,20 +1089,25 @@ def host_walk_launch_config(batch: int, key_dim: int, value_dim: int) -> tuple[i
 READ_COPY_STREAM_MIN_BATCH = 64
 
 
-def read_copy_stream_config(batch: int, key_dim: int, per_key_gate: bool, read_format: str
-                            ) -> tuple[int, int, int] | None:
-    """(BLOCK_V, num_warps, CHUNK_K) of the replay-only launches reading a read copy when they stream its codes K
-    rows at a time (``_chunk_k``, the row scales folded into q and k), or None (the whole-tile launch): GDN's fp8 copy
-    from :data:`READ_COPY_STREAM_MIN_BATCH` rows, up to 128 key channels, host positions and, with device positions,
-    as the replay launch of a split step (its flush launch on the same tile). H200, Qwen3-Next batch 256 (run 130,
-    ``bench_delta --read-format fp8``): host-phase cycle 225.0 us at [128, 32] x 1 in chunks of 16 against the whole
-    [128, 64] x 2 tile's 252.7 (a replay-only launch 174.3 against 203.3 us; the cycle's exact-fold flush launch costs
-    1004.8); the separated policy's device step (re-encode included) 267.2 us split against the fused launch's 348.5;
-    larger tiles and chunks were slower (64 x 2 in 16s 271.8, 128 x 4 in 16s 304.4, 64 x 4 in 32s 322.4). KDA and
-    nvfp4 keep the whole tile (not timed)."""
-    if read_format != "fp8" or per_key_gate or batch < READ_COPY_STREAM_MIN_BATCH or key_dim > 128:
+def read_copy_stream_config(batch: int, key_dim: int, per_key_gate: bool, read_format: str,
+                            device_phase: bool = False) -> tuple[int, int, int] | None:
+    """(BLOCK_V, num_warps, CHUNK_K) of the replay-only launches reading a read copy when they stream it K rows at a
+    time (``_chunk_k``: an fp8 copy's row scales folded into q and k, an nvfp4 copy decoded chunk by chunk), or None
+    (the whole-tile launch). GDN from :data:`READ_COPY_STREAM_MIN_BATCH` rows, up to 128 key channels: with host
+    positions fp8 and nvfp4 on [K, 64] x 1 in chunks of 16; with device positions (``device_phase``) fp8 alone, as the
+    replay launch of a split step on [K, 32] x 1 (its flush launch on the same tile). H200, Qwen3-Next, host cycle
+    per step (``bench_delta --read-format``, runs 130 / 131): fp8 batch 256 196.9 us at [128, 64] x 1 in 16s, 228.1 /
+    225.0 at [128, 32] x 1, against the whole tile's 254.5 / 252.7 (a replay-only launch 143.1 against 204.6),
+    batch 64 51.9 against 68.3; nvfp4 batch 256 285.3 against 467.9 (a replay-only launch 238.0 against 432.7).
+    The separated policy's device step (re-encode included, rows in phase), fp8 batch 256: split with the streaming
+    replay launch 267.2 us at [128, 32] x 1, 292.8 at [128, 64] x 1 (its flush launch then on one warp too), against
+    the fused launch's 348.5-351.1; nvfp4 split at [128, 64] x 1 901.8 against the fused 534.3, so nvfp4 keeps the
+    fused launch with device positions. KDA keeps the whole tile (not timed)."""
+    if per_key_gate or batch < READ_COPY_STREAM_MIN_BATCH or key_dim > 128 or read_format not in ("fp8", "nvfp4"):
         return None
-    return 32, 1, 16
+    if device_phase:
+        return (32, 1, 16) if read_format == "fp8" else None
+    return 64, 1, 16
 
 
 def device_walk_launch_config(batch: int, key_dim: int, per_key_gate: bool) -> dict | None:
@@ -1230,8 +1235,10 @@ def _replay_step(
     split step's replay launch walking at 2 programs per SM: run 116, GDN 306 us against 227). ``_exact_solve``
     (an exact fold with a scalar gate, ``buffer_len`` up to the ring's tile; off by default): a flushing program
     solves the records' corrected values at once (:func:`_exact_fold_solved`) instead of stepping them one record at
-    a time over its state tile (H200, Qwen3-Next batch 256: the stepped flush-only launch 1004.8 us, run 130), its
-    flush launches (host positions, or a split step's) on :func:`host_flush_launch_config`'s tile for it."""
+    a time over its state tile, its flush launches (host positions, or a split step's) on
+    :func:`host_flush_launch_config`'s tile for it. It stays off: slower (H200, Qwen3-Next batch 256, run 131, fp8
+    copy: the flush-only launch 1403.6 us at its best tile against the stepped fold's 1015.1; batch 64 360.1 against
+    267.3): the three small products and the [R, R] inverse cost more than the 2 x 15 passes they replace."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -1287,9 +1294,9 @@ def _replay_step(
                 and not _ring_physical):
             _walk = device_walk_launch_config(batch, key_dim, per_key)
             _split = _walk is not None
-    stream = None  # an fp8 copy's replay-only launches streaming its codes (read_copy_stream_config)
-    if read_format == "fp8" and not _chunk_k and _block_v is None and _num_warps is None and _walk is None:
-        stream = read_copy_stream_config(batch, key_dim, per_key, read_format)
+    stream = None  # a read copy's replay-only launches streaming it (read_copy_stream_config)
+    if read_format != "fp32" and not _chunk_k and _block_v is None and _num_warps is None and _walk is None:
+        stream = read_copy_stream_config(batch, key_dim, per_key, read_format, device_phase=phase == 0)
     if stream is not None and phase == 1:
         block_v, num_warps, _chunk_k = stream
     elif (stream is not None and phase == 0 and _split in ("auto", True) and bool(_count_launch) and bool(_ticket)

@@ -286,26 +286,29 @@ class _Recorded:
 
 
 def case_delta_stream_default(_, device):
-    """From ``READ_COPY_STREAM_MIN_BATCH`` rows (lowered here) GDN's replay-only launches stream an fp8 copy by
-    default (``read_copy_stream_config``): host positions a streamed replay-only launch, device positions a split step
-    whose replay launch streams, each bit for bit the explicit call and against the reference (``_check``, mixed
-    phases and both host phases); KDA, nvfp4, a forced tile and ``_split=False`` keep the whole tile."""
+    """From ``READ_COPY_STREAM_MIN_BATCH`` rows (lowered here) GDN's replay-only launches stream a read copy by
+    default (``read_copy_stream_config``): host positions a streamed replay-only launch (fp8 and nvfp4), device
+    positions with fp8 a split step whose replay launch streams, each bit for bit the explicit call and against the
+    reference (``_check``: both host phases, mixed phases); nvfp4 with device positions, KDA, a forced tile and
+    ``_split=False`` keep the whole tile."""
     import torch
 
     family = _Family("gdn")
     k = family.module
     saved = k.READ_COPY_STREAM_MIN_BATCH, k._delta_replay_step_kernel
     recorded = k._delta_replay_step_kernel = _Recorded(saved[1])
-    stream = dict(_block_v=32, _num_warps=1, _chunk_k=16)
     try:
         k.READ_COPY_STREAM_MIN_BATCH = 1
-        assert k.read_copy_stream_config(3, 20, False, "fp8") == (32, 1, 16)
-        assert k.read_copy_stream_config(3, 20, True, "fp8") is None and k.read_copy_stream_config(3, 20, False,
-                                                                                                    "nvfp4") is None
+        for fmt in ("fp8", "nvfp4"):
+            assert k.read_copy_stream_config(3, 20, False, fmt) == (64, 1, 16)
+            assert k.read_copy_stream_config(3, 20, True, fmt) is None
+        assert k.read_copy_stream_config(3, 20, False, "fp8", device_phase=True) == (32, 1, 16)
+        assert k.read_copy_stream_config(3, 20, False, "nvfp4", device_phase=True) is None
         default = dict(_split="auto")  # the default launch (a launch argument: compared within float32 rounding)
-        for count in (2, 5):
-            _check(family, device, "fp8", origins=(3 * count + 2) % 5, counts=count, buffer_len=6, seed=40 + count,
-                   launch=default)
+        for fmt in ("fp8", "nvfp4"):
+            for count in (2, 5):
+                _check(family, device, fmt, origins=(3 * count + 2) % 5, counts=count, buffer_len=6,
+                       seed=40 + count, launch=default)
         _check(family, device, "fp8", origins=[4, 0, 2], counts=[3, 5, 1], buffer_len=6, seed=45, launch=default)
 
         def launched(origin, count, fmt="fp8", **kw):
@@ -316,18 +319,22 @@ def case_delta_stream_default(_, device):
             y = family.kernel(p, *pos, 6, read_copy=copy, read_format=fmt, **kw)
             return y, p, pos, list(recorded.launches)
 
-        for origin, count, want in ((1, 2, [(1, 16, 32)]), ([4, 0, 2], [3, 5, 1], [(3, 0, 32), (4, 16, 32)])):
-            y, p, pos, launches = launched(origin, count)
-            assert launches == want, launches
-            y_explicit, p_explicit, pos_explicit, _ = launched(origin, count, _split=True, **stream)
-            assert torch.equal(y, y_explicit)
+        host, mixed = (1, 2), ([4, 0, 2], [3, 5, 1])
+        for fmt, (origin, count), want, explicit in (
+                ("fp8", host, [(1, 16, 64)], dict(_block_v=64, _num_warps=1, _chunk_k=16)),
+                ("nvfp4", host, [(1, 16, 64)], dict(_block_v=64, _num_warps=1, _chunk_k=16)),
+                ("fp8", mixed, [(3, 0, 32), (4, 16, 32)], dict(_block_v=32, _num_warps=1, _chunk_k=16, _split=True))):
+            y, p, pos, launches = launched(origin, count, fmt)
+            assert launches == want, (fmt, launches)
+            y_explicit, p_explicit, pos_explicit, _ = launched(origin, count, fmt, **explicit)
+            assert torch.equal(y, y_explicit), fmt
             for name in family.rings:
                 assert torch.equal(p[name], p_explicit[name]), name
             if not isinstance(count, int):
                 assert torch.equal(pos[1], pos_explicit[1])
-        assert launched(1, 2, _block_v=16)[3] == [(1, 0, 16)]  # a forced tile: the whole tile
-        assert launched([4, 0, 2], [3, 5, 1], _split=False)[3][0][:2] == (0, 0)  # one fused launch
-        assert launched(1, 2, fmt="nvfp4")[3][0][1] == 0
+        assert launched(*host, _block_v=16)[3] == [(1, 0, 16)]  # a forced tile: the whole tile
+        assert launched(*mixed, _split=False)[3][0][:2] == (0, 0)  # one fused launch
+        assert [chunk for _, chunk, _ in launched(*mixed, fmt="nvfp4")[3]] == [0]  # nvfp4, device: fused
     finally:
         k.READ_COPY_STREAM_MIN_BATCH, k._delta_replay_step_kernel = saved
     kda = _Family("kda")

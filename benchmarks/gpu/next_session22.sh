@@ -59,6 +59,10 @@ elif [ "$STAGE" = 6 ]; then  # STAGE 3's host profile, then compiled Qwen3.5-lik
   bench_job 300 generate_compiled_qwen3_5 generate --models qwen3_5 --batches 256 \
     --arms stock-static-compiled,replay-compiled,replay-fp8-compiled --prompt 512 --new 128 --repeats 2 \
     --out "$RES/generate_compiled_qwen3_5.json"; pack
+elif [ "$STAGE" = 8 ]; then  # the run-131 stream defaults' CUDA test
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 110 test_read_copy_defaults_cuda tests/test_kernels_read_copy.py \
+    -k "delta_stream_default"
+  pack
 elif [ "$STAGE" = 7 ]; then  # STAGE 6's second half alone
   bench_job 330 generate_compiled_qwen3_5 generate --models qwen3_5 --batches 256 \
     --arms stock-static-compiled,replay-compiled,replay-fp8-compiled --prompt 512 --new 128 --repeats 2 \

@@ -696,6 +696,14 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                                                _block_v=cbv, _num_warps=cnw, _split=True, _chunk_k=chunk)
                 row.update({key.replace("_us", "_split_chunked_us") if key.endswith("_us") else
                             f"{key}_split_chunked": value for key, value in split.items()})
+                # ... with the split step's flush launch on a tile of its own (_flush_config): the fused launch's
+                # two-warp tile, or the streamed replay's [K, 32] x 1
+                dv = min(64, max(16, 1 << (V - 1).bit_length()))
+                row["replay_in_phase_read_copy_split_chunked_flush_tiles_us"] = {
+                    f"{fbv}x{fnw}": per_step_us(timer(inputs.device_read_copy_fn(
+                        k._replay_step, load_kernels("read_copy_encode").reencode_read_copy, fmt, _block_v=cbv,
+                        _num_warps=cnw, _split=True, _chunk_k=chunk, _flush_config=(fbv, fnw))))
+                    for fbv, fnw in dict.fromkeys(((dv, 2), (min(32, dv), 1)))}
                 split = device_read_copy_times(k, inputs, timer, fmt, "in_phase", per_step_us, compact=False,
                                                _block_v=cbv, _num_warps=cnw, _split=True, _chunk_k=chunk,
                                                _exact_solve=not per_key)
@@ -831,6 +839,10 @@ def _print_row(r, header):
         print(f"{'':<14}{'':>6} | device, in phase, two launches, the replay one streaming the copy "
               f"[{r['replay_host_read_copy_chunked_best']}]: {r['replay_in_phase_read_copy_split_chunked_us']:.2f} us "
               f"({r['replay_in_phase_read_copy_no_reencode_split_chunked_us']:.2f} us without the re-encode)",
+              flush=True)
+        cells = ", ".join(f"{key} {us:.2f}" for key, us in r["replay_in_phase_read_copy_split_chunked_flush_tiles_us"]
+                          .items())
+        print(f"{'':<14}{'':>6} | the same, its flush launch on a tile of its own (_flush_config): {cells} us",
               flush=True)
         print(f"{'':<14}{'':>6} | the same with the exact fold solved at once (_exact_solve; scalar gates): host cycle "
               f"{r['replay_host_read_copy_chunked_solve_us']:.2f} us, device in phase "

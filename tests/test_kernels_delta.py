@@ -54,6 +54,9 @@ def test_bench_smoke(tmp_path, family):
             v["us"] > 0 for v in row["replay_host_read_copy_chunked"].values()), row
         assert len(row["diag_host_read_copy_us"]) >= 5 and all(us > 0 for us in row["diag_host_read_copy_us"].values())
         assert "replay launches streaming the fp8 copy (_chunk_k" in stdout
+        tiles = row["replay_in_phase_read_copy_split_chunked_flush_tiles_us"]
+        assert tiles and all(us > 0 for us in tiles.values()), tiles
+        assert "its flush launch on a tile of its own (_flush_config)" in stdout
     if family == "gdn":  # the per-head weights pre-launch (off by default for scalar gates), timed
         keys += ["replay_host_gdn_weights_us", "replay_mixed_gdn_weights_us"]
         assert "weights pre-launch (_gdn_weights)" in stdout

@@ -681,11 +681,8 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                         k._replay_step, only=L - 1, read_format=fmt))),
                     f"count{L - 1}_flush_exact_solve": per_step_us(timer(inputs.host_fn(
                         k._replay_step, only=L - 1, read_format=fmt, _exact_solve=not per_key)))}
-                for sbv, snw in ((64, 8), (64, 4), (16, 4), (32, 2)):  # the solved fold on other tiles
-                    sbv = min(sbv, max(16, 1 << (V - 1).bit_length()))
-                    row["diag_host_read_copy_us"][f"count{L - 1}_flush_exact_solve_{sbv}x{snw}"] = per_step_us(
-                        timer(inputs.host_fn(k._replay_step, only=L - 1, read_format=fmt,
-                                             _exact_solve=not per_key, _block_v=sbv, _num_warps=snw)))
+                # (the solved fold on other tiles, run 131: [K, 64] x 8, [K, 32] x 4 / x 2, [K, 16] x 4 all slower
+                # than its default [K, 64] x 4, itself slower than the stepped fold)
                 # the cycle with the streamed replays and the solved exact fold (scalar gates)
                 row["replay_host_read_copy_chunked_solve_us"] = per_step_us(timer(inputs.host_fn(
                     k._replay_step, read_format=fmt, _block_v=cbv, _num_warps=cnw, _chunk_k=chunk,

@@ -568,7 +568,7 @@ def _delta_replay_step_kernel(
     FLUSH_READS_COPY: tl.constexpr,  # PHASE 0 / 3 with a read copy: a flushing row's o from the copy, as replays
     WEIGHTS_GIVEN: tl.constexpr,  # per-key gates, no flush dot: decay and record weights from _kda_weights_kernel
     EXACT_SOLVE: tl.constexpr = False,  # EXACT_FOLD, scalar gates: the records' d solved at once (_exact_fold_solved)
-    CHUNK_K: tl.constexpr = 0,  # PHASE 1 / 4, fp32 or fp8 reads: the checkpoint (or the copy) streamed CHUNK_K rows
+    CHUNK_K: tl.constexpr = 0,  # PHASE 1 / 4, any READ_FORMAT: the checkpoint (or the copy) streamed CHUNK_K rows
     # of K at a time (0: the whole tile)
 ):
     pid_v = tl.program_id(0)

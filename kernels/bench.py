@@ -64,6 +64,7 @@ if __package__:
         load_kernels,
         parse_walks,
         print_read_copy_rows,
+        suffixed,
     )
     from .bench_common import compiled_info as _compiled_info
     from .bench_common import json_default as _json_default
@@ -76,6 +77,7 @@ else:  # run as a script from a checkout: python kernels/bench.py
         load_kernels,
         parse_walks,
         print_read_copy_rows,
+        suffixed,
     )
     from bench_common import compiled_info as _compiled_info
     from bench_common import json_default as _json_default
@@ -528,8 +530,7 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                 # the former default: one fused launch carrying both the replay and the flush code
                 fused = device_read_copy_times(k, inputs, timer, args.read_format, "in_phase", per_step_us,
                                                compact=False, _config=read_cfg, _split=False)
-                row.update({key.replace("_us", "_fused_us") if key.endswith("_us") else f"{key}_fused": value
-                            for key, value in fused.items()})
+                row.update(suffixed(fused, "fused"))
                 if args.read_format == "nvfp4":  # the former load: a byte load per nibble
                     row["replay_host_read_copy_nvfp4_nibbles_us"] = per_step_us(timer(inputs.host_fn(
                         k._replay_step, read_format="nvfp4", _config=read_cfg, _nvfp4_pairs=False,
@@ -537,8 +538,7 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                     row["replay_host_read_copy_nvfp4_nibbles_kernel"] = _compiled_info(k, "replay_phase1")
                     nibbles = device_read_copy_times(k, inputs, timer, "nvfp4", "in_phase", per_step_us,
                                                       compact=False, _config=read_cfg, _nvfp4_pairs=False)
-                    row.update({key.replace("_us", "_nvfp4_nibbles_us") if key.endswith("_us") else
-                                f"{key}_nvfp4_nibbles": value for key, value in nibbles.items()})
+                    row.update(suffixed(nibbles, "nvfp4_nibbles"))
             del inputs
             # standard kernel
             inputs = StepInputs(batch, heads, head_dim, d_state, groups, L, device, gen, cuda)

@@ -143,6 +143,13 @@ def json_default(obj):
     return str(obj)
 
 
+def suffixed(times: dict, tag: str) -> dict:
+    """``times`` (a bench row's entries) with ``tag`` in every key: before the ``_us`` of a time, after anything
+    else (an arm measured again under another launch, beside the default's keys)."""
+    return {key.replace("_us", f"_{tag}_us") if key.endswith("_us") else f"{key}_{tag}": value
+            for key, value in times.items()}
+
+
 def device_read_copy_times(k, inputs, timer: Timer, read_format: str, phase: str, per_step_us, compact: bool = True,
                            **launch) -> dict:
     """The separated policy's compiled decode step (device positions, the read copy re-encoded on the device for the

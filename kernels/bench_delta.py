@@ -65,6 +65,7 @@ if __package__:
         load_kernels,
         parse_walks,
         print_read_copy_rows,
+        suffixed,
     )
     from .bench_common import compiled_info as _compiled_info
     from .bench_common import json_default as _json_default
@@ -77,6 +78,7 @@ else:  # run as a script from a checkout: python kernels/bench.py
         load_kernels,
         parse_walks,
         print_read_copy_rows,
+        suffixed,
     )
     from bench_common import compiled_info as _compiled_info
     from bench_common import json_default as _json_default
@@ -691,11 +693,10 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                 # streaming the copy at that tile (which the split step's flush launch then takes too)
                 split = device_read_copy_times(k, inputs, timer, fmt, "in_phase", per_step_us, compact=False,
                                                _block_v=cbv, _num_warps=cnw, _split=True, _chunk_k=chunk)
-                row.update({key.replace("_us", "_split_chunked_us") if key.endswith("_us") else
-                            f"{key}_split_chunked": value for key, value in split.items()})
+                row.update(suffixed(split, "split_chunked"))
                 # ... with the split step's flush launch on a tile of its own (_flush_config): the fused launch's
                 # two-warp tile, or the streamed replay's [K, 32] x 1
-                dv = min(64, max(16, 1 << (V - 1).bit_length()))
+                dv = min(64, tile_v)
                 row["replay_in_phase_read_copy_split_chunked_flush_tiles_us"] = {
                     f"{fbv}x{fnw}": per_step_us(timer(inputs.device_read_copy_fn(
                         k._replay_step, load_kernels("read_copy_encode").reencode_read_copy, fmt, _block_v=cbv,
@@ -704,8 +705,7 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                 split = device_read_copy_times(k, inputs, timer, fmt, "in_phase", per_step_us, compact=False,
                                                _block_v=cbv, _num_warps=cnw, _split=True, _chunk_k=chunk,
                                                _exact_solve=not per_key)
-                row.update({key.replace("_us", "_split_chunked_solve_us") if key.endswith("_us") else
-                            f"{key}_split_chunked_solve": value for key, value in split.items()})
+                row.update(suffixed(split, "split_chunked_solve"))
                 row.update(device_read_copy_times(k, inputs, timer, args.read_format, "in_phase", per_step_us,
                                                    _block_v=dbv, _num_warps=dnw))
                 # two launches (flushing rows, then replaying rows) at the host-phase read-copy tile: the replay
@@ -714,8 +714,7 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                 hbv, hnw = (int(x) for x in read_default.split("x"))
                 split = device_read_copy_times(k, inputs, timer, args.read_format, "in_phase", per_step_us,
                                                compact=False, _block_v=hbv, _num_warps=hnw, _split=True)
-                row.update({key.replace("_us", "_split_us") if key.endswith("_us") else f"{key}_split": value
-                            for key, value in split.items()})
+                row.update(suffixed(split, "split"))
                 if args.read_format == "nvfp4":  # the former load: a byte load per nibble
                     row["replay_host_read_copy_nvfp4_nibbles_us"] = per_step_us(timer(inputs.host_fn(
                         k._replay_step, read_format="nvfp4", _block_v=rbv, _num_warps=rnw, _nvfp4_pairs=False,
@@ -724,8 +723,7 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                     nibbles = device_read_copy_times(k, inputs, timer, "nvfp4", "in_phase", per_step_us,
                                                       compact=False, _block_v=rbv, _num_warps=rnw,
                                                       _nvfp4_pairs=False)
-                    row.update({key.replace("_us", "_nvfp4_nibbles_us") if key.endswith("_us") else
-                                f"{key}_nvfp4_nibbles": value for key, value in nibbles.items()})
+                    row.update(suffixed(nibbles, "nvfp4_nibbles"))
             del inputs
             # standard kernel, fla, torch
             inputs = StepInputs(batch, shape, per_key, L, device, gen, cuda)

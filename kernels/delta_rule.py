@@ -1209,9 +1209,9 @@ def _replay_step(
     Qwen3-Next at [64, 2] (runs 89 / 95): host positions 208-211 vs 211-212 us at batch 256 (0.3-1 %), device
     positions with rows in mixed phases 241.6 vs 227.9 (6 % slower; batch 64 70.9 vs 66.9), so it stays off.
     ``_weights_warps``: the warps of that pre-launch (:data:`KDA_WEIGHTS_WARPS` when not given). ``_chunk_k`` (0:
-    off; the fp32 checkpoint or an fp8 read copy, the replay-only launches: host positions, or a split step's replay
-    launch): stream the checkpoint (the copy's codes, its row scales folded into q and k) ``_chunk_k`` rows of K at a
-    time (:func:`_chunked_checkpoint_products`) instead of holding the whole
+    off; the fp32 checkpoint or a read copy, the replay-only launches: host positions, or a split step's replay
+    launch): stream the checkpoint (an fp8 copy's codes with its row scales folded into q and k, an nvfp4 copy decoded
+    chunk by chunk) ``_chunk_k`` rows of K at a time (:func:`_chunked_checkpoint_products`) instead of holding the whole
     tile in registers (GDN's [128, 64] x 2 replay needs 238 registers, 12.5 % occupancy); sm_90: chunks of 16 at
     [128, 64] x 2 155 registers, of 32 at [128, 64] x 4 94. It stays off: H200, batch 256, host positions (run 104)
     GDN 206.5 us unchunked against 209.5-306.7 over five chunk / tile pairs, KDA 261.0 against 264.0-343.8 (the

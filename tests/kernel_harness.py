@@ -67,6 +67,27 @@ def load_kernel_module(name: str):
         return module
 
 
+class RecordedKernel:
+    """A Triton kernel that records the keyword arguments (constexprs) of each launch: which kernel and form a step
+    ran, since the interpreter's launches return nothing to ask. ``calls``: launches so far."""
+
+    def __init__(self, kernel):
+        self.kernel, self.launches = kernel, []
+
+    @property
+    def calls(self) -> int:
+        return len(self.launches)
+
+    def __getitem__(self, grid):
+        launcher = self.kernel[grid]
+
+        def launch(*args, **kwargs):
+            self.launches.append(kwargs)
+            return launcher(*args, **kwargs)
+
+        return launch
+
+
 def assert_close(name, got, want, rel):
     """Max abs error within ``rel`` x max(|want|, 1), and finite."""
     import torch

@@ -13,7 +13,7 @@ import itertools
 import sys
 
 import pytest
-from kernel_harness import HAS_TRITON, run_bench_smoke, run_case, worker_main
+from kernel_harness import HAS_TRITON, RecordedKernel, run_bench_smoke, run_case, worker_main
 from kernel_harness import assert_close as _close
 
 CASES = ["replay_mixed_gdn_bf16", "replay_launch_variants", "replay_mixed_kda", "replay_options", "state_update",
@@ -541,18 +541,6 @@ def case_replay_walk(k, device):
             _run_replay(k._replay_step, p, *positions, buffer_len=L, _walk={}, **extra)
 
 
-class _Counted:
-    """A Triton kernel that counts its launches (which kernel a step ran: the interpreter's launches return nothing
-    to ask)."""
-
-    def __init__(self, kernel):
-        self.kernel, self.calls = kernel, 0
-
-    def __getitem__(self, grid):
-        self.calls += 1
-        return self.kernel[grid]
-
-
 def case_host_walk_default(k, device):
     """From ``HOST_WALK_MIN_BATCH`` rows (lowered here to reach it on tiny shapes) the host-phase replay-only launch
     walks the tiles by default at ``host_walk_launch_config``: bit for bit the explicit walk, the per-tile launch's
@@ -568,7 +556,7 @@ def case_host_walk_default(k, device):
 
     L, R, batch = 5, 4, 3
     saved = k.HOST_WALK_MIN_BATCH, k._delta_replay_walk_kernel
-    walk_kernel = k._delta_replay_walk_kernel = _Counted(saved[1])
+    walk_kernel = k._delta_replay_walk_kernel = RecordedKernel(saved[1])
     try:
         k.HOST_WALK_MIN_BATCH = 1
         block_v, warps, walk = k.host_walk_launch_config(batch, 24, 20)
@@ -619,7 +607,7 @@ def case_device_walk_default(k, device):
     L, R = 5, 4
     walk = dict(programs_per_sm=4, num_stages=2, compact=True)
     saved = k.DEVICE_WALK_MIN_BATCH, k._delta_replay_walk_kernel
-    walk_kernel = k._delta_replay_walk_kernel = _Counted(saved[1])
+    walk_kernel = k._delta_replay_walk_kernel = RecordedKernel(saved[1])
 
     def run(p, origins, counts, **kw):
         origin = torch.tensor(origins, dtype=torch.int32, device=device)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import sys
 
 import pytest
-from kernel_harness import HAS_TRITON, load_kernel_module, run_case, worker_main
+from kernel_harness import HAS_TRITON, RecordedKernel, load_kernel_module, run_case, worker_main
 from kernel_harness import assert_close as _close
 
 CASES = ["mamba2_device", "mamba2_host_phase", "gdn_device", "kda_device", "delta_host_phase", "delta_exact_fold",
@@ -268,23 +268,6 @@ def case_delta_chunked(_, device):
                launch=dict(_chunk_k=16, _split=True, **extra))
 
 
-class _Recorded:
-    """A Triton kernel that records each launch's (PHASE, CHUNK_K, BLOCK_V) (the interpreter's launches return
-    nothing to ask)."""
-
-    def __init__(self, kernel):
-        self.kernel, self.launches = kernel, []
-
-    def __getitem__(self, grid):
-        launcher = self.kernel[grid]
-
-        def launch(*args, **kwargs):
-            self.launches.append((kwargs["PHASE"], kwargs["CHUNK_K"], kwargs["BLOCK_V"]))
-            return launcher(*args, **kwargs)
-
-        return launch
-
-
 def case_delta_stream_default(_, device):
     """From ``READ_COPY_STREAM_MIN_BATCH`` rows (lowered here) GDN's replay-only launches stream a read copy by
     default (``read_copy_stream_config``): host positions a streamed replay-only launch (fp8 and nvfp4), device
@@ -296,7 +279,7 @@ def case_delta_stream_default(_, device):
     family = _Family("gdn")
     k = family.module
     saved = k.READ_COPY_STREAM_MIN_BATCH, k._delta_replay_step_kernel
-    recorded = k._delta_replay_step_kernel = _Recorded(saved[1])
+    recorded = k._delta_replay_step_kernel = RecordedKernel(saved[1])
     try:
         k.READ_COPY_STREAM_MIN_BATCH = 1
         for fmt in ("fp8", "nvfp4"):
@@ -317,7 +300,7 @@ def case_delta_stream_default(_, device):
             recorded.launches.clear()
             pos = _positions(origin, count, device)
             y = family.kernel(p, *pos, 6, read_copy=copy, read_format=fmt, **kw)
-            return y, p, pos, list(recorded.launches)
+            return y, p, pos, [(kw["PHASE"], kw["CHUNK_K"], kw["BLOCK_V"]) for kw in recorded.launches]
 
         host, mixed = (1, 2), ([4, 0, 2], [3, 5, 1])
         for fmt, (origin, count), want, explicit in (
@@ -339,11 +322,11 @@ def case_delta_stream_default(_, device):
         k.READ_COPY_STREAM_MIN_BATCH, k._delta_replay_step_kernel = saved
     kda = _Family("kda")
     kda.module.READ_COPY_STREAM_MIN_BATCH = 1  # (a process of its own: nothing to restore)
-    recorded = kda.module._delta_replay_step_kernel = _Recorded(saved[1])
+    recorded = kda.module._delta_replay_step_kernel = RecordedKernel(saved[1])
     p = kda.inputs(device, 3, 7)
     copy, _ = _store_copy(p["state"], "fp8")
     kda.kernel(p, 1, 2, 6, read_copy=copy, read_format="fp8")
-    assert [chunk for _, chunk, _ in recorded.launches] == [0], recorded.launches
+    assert [kw["CHUNK_K"] for kw in recorded.launches] == [0], recorded.launches
 
 
 def case_flush_reads_copy(_, device):

@@ -1093,21 +1093,33 @@ def read_copy_stream_config(batch: int, key_dim: int, per_key_gate: bool, read_f
                             device_phase: bool = False) -> tuple[int, int, int] | None:
     """(BLOCK_V, num_warps, CHUNK_K) of the replay-only launches reading a read copy when they stream it K rows at a
     time (``_chunk_k``: an fp8 copy's row scales folded into q and k, an nvfp4 copy decoded chunk by chunk), or None
-    (the whole-tile launch). GDN from :data:`READ_COPY_STREAM_MIN_BATCH` rows, up to 128 key channels: with host
-    positions fp8 and nvfp4 on [K, 64] x 1 in chunks of 16; with device positions (``device_phase``) fp8 alone, as the
-    replay launch of a split step on [K, 32] x 1 (its flush launch on the same tile). H200, Qwen3-Next, host cycle
-    per step (``bench_delta --read-format``, runs 130 / 131): fp8 batch 256 196.9 us at [128, 64] x 1 in 16s, 228.1 /
-    225.0 at [128, 32] x 1, against the whole tile's 254.5 / 252.7 (a replay-only launch 143.1 against 204.6),
-    batch 64 51.9 against 68.3; nvfp4 batch 256 285.3 against 467.9 (a replay-only launch 238.0 against 432.7).
-    The separated policy's device step (re-encode included, rows in phase), fp8 batch 256: split with the streaming
-    replay launch 267.2 us at [128, 32] x 1, 292.8 at [128, 64] x 1 (its flush launch then on one warp too), against
-    the fused launch's 348.5-351.1; nvfp4 split at [128, 64] x 1 901.8 against the fused 534.3, so nvfp4 keeps the
-    fused launch with device positions. KDA keeps the whole tile (not timed)."""
-    if per_key_gate or batch < READ_COPY_STREAM_MIN_BATCH or key_dim > 128 or read_format not in ("fp8", "nvfp4"):
+    (the whole-tile launch). From :data:`READ_COPY_STREAM_MIN_BATCH` rows, up to 128 key channels, in chunks of 16:
+    GDN fp8 and nvfp4 on [K, 64] x 1, KDA fp8 on [K, 32] x 1, with host positions and with device positions
+    (``device_phase``: the replay launch of a split step, whose flush launch takes
+    :func:`read_copy_split_flush_config`'s tile). KDA with an nvfp4 copy keeps the whole tile (not measured).
+    H200, batch 256, per step (``bench_delta --read-format``; the device step is the separated policy's, re-encode
+    included, rows in phase):
+
+    * Qwen3-Next fp8 (runs 130 / 131 / 133): host cycle 194.1-196.9 us against the whole tile's 254.5 (batch 64 51.9
+      against 68.3); device split 236.1 against the fused launch's 348.5 (run 131's split on [K, 32] x 1 for both
+      launches: 267.2);
+    * Qwen3-Next nvfp4: host cycle 282.8-285.3 against 467.9; device split 369.6 against the fused 532.4 (its flush
+      launch on the replay launch's one-warp [K, 64] tile: 896.5);
+    * Kimi-Linear fp8 (run 133): host cycle 250.3 against the whole tile's 296.9 ([K, 64] x 1 254.1); device split
+      291.1 against the fused 338.3 (the flush on [K, 64] x 2: 289.0)."""
+    if batch < READ_COPY_STREAM_MIN_BATCH or key_dim > 128 or read_format not in ("fp8", "nvfp4"):
         return None
-    if device_phase:
+    if per_key_gate:
         return (32, 1, 16) if read_format == "fp8" else None
     return 64, 1, 16
+
+
+def read_copy_split_flush_config(value_dim: int) -> tuple[int, int]:
+    """(BLOCK_V, num_warps) of a split step's flush launch when its replay launch streams a read copy
+    (:func:`read_copy_stream_config`): [K, 32] x 1. H200, batch 256, the separated policy's step, rows in phase
+    (run 133): Qwen3-Next fp8 236.1 us against 241.6 at [K, 64] x 2 and 288.1 on the replay launch's [K, 64] x 1;
+    nvfp4 369.6 against 374.5 and 896.5; Kimi-Linear fp8 291.1 against 289.0 at [K, 64] x 2."""
+    return min(32, max(16, next_power_of_2(value_dim))), 1
 
 
 def device_walk_launch_config(batch: int, key_dim: int, per_key_gate: bool) -> dict | None:
@@ -1295,6 +1307,7 @@ def _replay_step(
             _walk = device_walk_launch_config(batch, key_dim, per_key)
             _split = _walk is not None
     stream = None  # a read copy's replay-only launches streaming it (read_copy_stream_config)
+    stream_flush_tile = None  # ... and a split step's flush launch then (read_copy_split_flush_config)
     if read_format != "fp32" and not _chunk_k and _block_v is None and _num_warps is None and _walk is None:
         stream = read_copy_stream_config(batch, key_dim, per_key, read_format, device_phase=phase == 0)
     if stream is not None and phase == 1:
@@ -1302,6 +1315,7 @@ def _replay_step(
     elif (stream is not None and phase == 0 and _split in ("auto", True) and bool(_count_launch) and bool(_ticket)
           and not _ring_physical):
         block_v, num_warps, _chunk_k = stream
+        stream_flush_tile = read_copy_split_flush_config(value_dim)
         _split = True
     if _split == "auto":
         _split = False
@@ -1351,9 +1365,10 @@ def _replay_step(
         if phase == 0 and not split:
             raise ValueError("_chunk_k needs the replay-only launches: host positions or a split step (_split=True)")
 
-    # a split step's flush launch (per-row grid): _flush_config, or a solved exact fold's own tile; else the step's
+    # a split step's flush launch (per-row grid): _flush_config, a solved exact fold's own tile, a streamed read
+    # copy's; else the step's
     split_flush_tile = tuple(_flush_config) if _flush_config is not None else (
-        (host_flush_v, host_flush_warps) if exact_solve else None)
+        (host_flush_v, host_flush_warps) if exact_solve else stream_flush_tile)
     # (the device-grid flush kernel folds with the product alone)
     flush_on_device_grid = (use_device_grid(_flush_grid, batch) and split and not exact_fold and not flush_reads_copy
                             and not _ring_physical and uses_dot(3))

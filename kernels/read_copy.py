@@ -16,7 +16,9 @@ Measured on an H200 (batch 256, ``hf-replayssm bench kernels --read-format``; ``
 not byte-bound but instruction- and register-bound (up to 255 registers per thread), so reading 1 or 0.56 bytes per
 element instead of 4 does not yet make them faster than the fp32 replay, except Mamba-2 with fp8. The delta rule's
 replay-only launches stream a copy K rows at a time instead of loading a whole tile here (``_chunk_k``,
-``kernels.delta_rule.read_copy_stream_config``; GDN fp8 host cycle 254.5 -> 196.9 us, nvfp4 467.9 -> 285.3).
+``kernels.delta_rule.read_copy_stream_config``; GDN fp8 host cycle 254.5 -> 196.9 us, nvfp4 467.9 -> 285.3, KDA fp8
+296.9 -> 250.3; with device positions a split step whose flush launch has a tile of its own: GDN fp8 348.5 -> 236.1,
+nvfp4 532.4 -> 369.6, KDA fp8 338.3 -> 291.1).
 """
 
 from __future__ import annotations

@@ -269,64 +269,74 @@ def case_delta_chunked(_, device):
 
 
 def case_delta_stream_default(_, device):
-    """From ``READ_COPY_STREAM_MIN_BATCH`` rows (lowered here) GDN's replay-only launches stream a read copy by
-    default (``read_copy_stream_config``): host positions a streamed replay-only launch (fp8 and nvfp4), device
-    positions with fp8 a split step whose replay launch streams, each bit for bit the explicit call and against the
-    reference (``_check``: both host phases, mixed phases); nvfp4 with device positions, KDA, a forced tile and
-    ``_split=False`` keep the whole tile."""
+    """From ``READ_COPY_STREAM_MIN_BATCH`` rows (lowered here) the replay-only launches stream a read copy by default
+    (``read_copy_stream_config``): GDN fp8 and nvfp4, KDA fp8, with host positions a streamed replay-only launch,
+    with device positions a split step whose replay launch streams and whose flush launch takes its own tile
+    (``read_copy_split_flush_config``); each bit for bit the explicit call and against the reference (``_check``:
+    both host phases, mixed phases). KDA with nvfp4, a forced tile and ``_split=False`` keep the whole tile."""
     import torch
 
-    family = _Family("gdn")
-    k = family.module
-    saved = k.READ_COPY_STREAM_MIN_BATCH, k._delta_replay_step_kernel
-    recorded = k._delta_replay_step_kernel = RecordedKernel(saved[1])
+    families = {name: _Family(name) for name in ("gdn", "kda")}
+    module = families["gdn"].module  # (one module: both families)
+    saved = module.READ_COPY_STREAM_MIN_BATCH, module._delta_replay_step_kernel
+    recorded = module._delta_replay_step_kernel = RecordedKernel(saved[1])
     try:
-        k.READ_COPY_STREAM_MIN_BATCH = 1
+        module.READ_COPY_STREAM_MIN_BATCH = 1
         for fmt in ("fp8", "nvfp4"):
-            assert k.read_copy_stream_config(3, 20, False, fmt) == (64, 1, 16)
-            assert k.read_copy_stream_config(3, 20, True, fmt) is None
-        assert k.read_copy_stream_config(3, 20, False, "fp8", device_phase=True) == (32, 1, 16)
-        assert k.read_copy_stream_config(3, 20, False, "nvfp4", device_phase=True) is None
+            for device_phase in (False, True):
+                assert module.read_copy_stream_config(3, 20, False, fmt, device_phase) == (64, 1, 16)
+                assert module.read_copy_stream_config(3, 20, True, fmt, device_phase) == (
+                    (32, 1, 16) if fmt == "fp8" else None)
+            assert module.read_copy_stream_config(3, 256, False, fmt) is None  # past 128 key channels
+        assert module.read_copy_split_flush_config(24) == (32, 1)
+        assert module.read_copy_split_flush_config(8) == (16, 1)
         default = dict(_split="auto")  # the default launch (a launch argument: compared within float32 rounding)
-        for fmt in ("fp8", "nvfp4"):
+        for name, fmt in (("gdn", "fp8"), ("gdn", "nvfp4"), ("kda", "fp8")):
             for count in (2, 5):
-                _check(family, device, fmt, origins=(3 * count + 2) % 5, counts=count, buffer_len=6,
+                _check(families[name], device, fmt, origins=(3 * count + 2) % 5, counts=count, buffer_len=6,
                        seed=40 + count, launch=default)
-        _check(family, device, "fp8", origins=[4, 0, 2], counts=[3, 5, 1], buffer_len=6, seed=45, launch=default)
+            _check(families[name], device, fmt, origins=[4, 0, 2], counts=[3, 5, 1], buffer_len=6, seed=45,
+                   launch=default)
 
-        def launched(origin, count, fmt="fp8", **kw):
+        def launched(origin, count, fmt="fp8", family="gdn", **kw):
+            family = families[family]
             p = family.inputs(device, 3, 7)
             copy, _ = _store_copy(p["state"], fmt)
             recorded.launches.clear()
             pos = _positions(origin, count, device)
             y = family.kernel(p, *pos, 6, read_copy=copy, read_format=fmt, **kw)
-            return y, p, pos, [(kw["PHASE"], kw["CHUNK_K"], kw["BLOCK_V"]) for kw in recorded.launches]
+            return y, p, pos, [(kw["PHASE"], kw["CHUNK_K"], kw["BLOCK_V"], kw["num_warps"])
+                               for kw in recorded.launches]
 
         host, mixed = (1, 2), ([4, 0, 2], [3, 5, 1])
-        for fmt, (origin, count), want, explicit in (
-                ("fp8", host, [(1, 16, 64)], dict(_block_v=64, _num_warps=1, _chunk_k=16)),
-                ("nvfp4", host, [(1, 16, 64)], dict(_block_v=64, _num_warps=1, _chunk_k=16)),
-                ("fp8", mixed, [(3, 0, 32), (4, 16, 32)], dict(_block_v=32, _num_warps=1, _chunk_k=16, _split=True))):
-            y, p, pos, launches = launched(origin, count, fmt)
-            assert launches == want, (fmt, launches)
-            y_explicit, p_explicit, pos_explicit, _ = launched(origin, count, fmt, **explicit)
-            assert torch.equal(y, y_explicit), fmt
-            for name in family.rings:
-                assert torch.equal(p[name], p_explicit[name]), name
+        split = dict(_split=True, _flush_config=(32, 1))
+        for name, fmt, (origin, count), want, explicit in (
+                ("gdn", "fp8", host, [(1, 16, 64, 1)], dict(_block_v=64, _num_warps=1, _chunk_k=16)),
+                ("gdn", "nvfp4", host, [(1, 16, 64, 1)], dict(_block_v=64, _num_warps=1, _chunk_k=16)),
+                ("kda", "fp8", host, [(1, 16, 32, 1)], dict(_block_v=32, _num_warps=1, _chunk_k=16)),
+                ("gdn", "fp8", mixed, [(3, 0, 32, 1), (4, 16, 64, 1)],
+                 dict(_block_v=64, _num_warps=1, _chunk_k=16, **split)),
+                ("gdn", "nvfp4", mixed, [(3, 0, 32, 1), (4, 16, 64, 1)],
+                 dict(_block_v=64, _num_warps=1, _chunk_k=16, **split)),
+                ("kda", "fp8", mixed, [(3, 0, 32, 1), (4, 16, 32, 1)],
+                 dict(_block_v=32, _num_warps=1, _chunk_k=16, **split))):
+            y, p, pos, launches = launched(origin, count, fmt, name)
+            assert launches == want, (name, fmt, launches)
+            y_explicit, p_explicit, pos_explicit, _ = launched(origin, count, fmt, name, **explicit)
+            assert torch.equal(y, y_explicit), (name, fmt)
+            for ring in families[name].rings:
+                assert torch.equal(p[ring], p_explicit[ring]), ring
+            assert torch.equal(p["state"], p_explicit["state"])
             if not isinstance(count, int):
                 assert torch.equal(pos[1], pos_explicit[1])
-        assert launched(*host, _block_v=16)[3] == [(1, 0, 16)]  # a forced tile: the whole tile
+        assert launched(*host, _block_v=16)[3][0][:3] == (1, 0, 16)  # a forced tile: the whole tile
         assert launched(*mixed, _split=False)[3][0][:2] == (0, 0)  # one fused launch
-        assert [chunk for _, chunk, _ in launched(*mixed, fmt="nvfp4")[3]] == [0]  # nvfp4, device: fused
+        # an explicit flush tile wins over the streamed copy's
+        assert launched(*mixed, _flush_config=(16, 2))[3] == [(3, 0, 16, 2), (4, 16, 64, 1)]
+        assert [chunk for _, chunk, *_ in launched(*host, fmt="nvfp4", family="kda")[3]] == [0]  # KDA nvfp4: whole
+        assert [chunk for _, chunk, *_ in launched(*mixed, fmt="nvfp4", family="kda")[3]] == [0]
     finally:
-        k.READ_COPY_STREAM_MIN_BATCH, k._delta_replay_step_kernel = saved
-    kda = _Family("kda")
-    kda.module.READ_COPY_STREAM_MIN_BATCH = 1  # (a process of its own: nothing to restore)
-    recorded = kda.module._delta_replay_step_kernel = RecordedKernel(saved[1])
-    p = kda.inputs(device, 3, 7)
-    copy, _ = _store_copy(p["state"], "fp8")
-    kda.kernel(p, 1, 2, 6, read_copy=copy, read_format="fp8")
-    assert [kw["CHUNK_K"] for kw in recorded.launches] == [0], recorded.launches
+        module.READ_COPY_STREAM_MIN_BATCH, module._delta_replay_step_kernel = saved
 
 
 def case_flush_reads_copy(_, device):

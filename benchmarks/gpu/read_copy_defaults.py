@@ -1,0 +1,95 @@
+"""The delta rule's read-copy launches as callers get them (no launch argument) against the former defaults, side by
+side in one run: the host-position cycle (streamed replay-only launches against the whole tile) and the separated
+policy's compiled-path step (device positions, the copy re-encoded after flushes; a split step with a streaming
+replay launch and its flush on a tile of its own, against one fused launch), rows in mixed phases and in phase, with
+our standard step for the ratio. GDN (Qwen3-Next) and KDA (Kimi-Linear), fp8 and nvfp4.
+
+Each timed call is L steps over the bench's rotated state copies (``ReplayInputs``, CUDA graph, cold L2), reported
+per step. ``--smoke`` runs tiny shapes on the CPU (Triton's interpreter, one rep each, the streaming threshold lowered
+to the smoke's batch). Run on the GPU machine after ``source benchmarks/gpu/install.sh``:
+
+    python3 $R/benchmarks/gpu/read_copy_defaults.py --batches 64,256 --out RESULT.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from hf_replayssm.kernels import bench_delta, delta_rule, read_copy_encode
+from hf_replayssm.kernels.bench_common import Timer
+
+L = 16
+SHAPE_NAMES = {"gdn": "qwen3-next", "kda": "kimi-linear"}
+
+
+def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: torch.device, smoke: bool) -> dict:
+    per_key = family == "kda"
+    shape = bench_delta.SMOKE_SHAPES[family]["smoke"] if smoke else bench_delta.SHAPES[family][SHAPE_NAMES[family]]
+    Hv, _, K, V = shape
+    cuda = device.type == "cuda"
+    row = {"family": family, "shape": "smoke" if smoke else SHAPE_NAMES[family], "read_format": read_format,
+           "batch": batch,
+           "stream_config": delta_rule.read_copy_stream_config(batch, K, per_key, read_format),
+           "device_stream_config": delta_rule.read_copy_stream_config(batch, K, per_key, read_format, True),
+           "whole_tile_config": delta_rule.replay_launch_config(batch, Hv, K, V, per_key, read_format)}
+
+    def us(fn):
+        return timer(fn)["ms"] * 1e3 / L
+
+    step = delta_rule._replay_step
+    bv, nw = row["whole_tile_config"]
+    for phase in ("mixed", "in_phase"):
+        gen = torch.Generator(device=device).manual_seed(batch)
+        inputs = bench_delta.ReplayInputs(batch, shape, per_key, L, device, gen, phase, cuda)
+        inputs.add_read_copies(read_format)
+        if phase == "in_phase":  # every row at one host-known position: L - 1 replay-only launches, one flush
+            row["host_default_us"] = us(inputs.host_fn(step, read_format=read_format))
+            row["host_whole_tile_us"] = us(inputs.host_fn(step, read_format=read_format, _block_v=bv, _num_warps=nw,
+                                                          flush_launch={}))
+        encode = read_copy_encode.reencode_read_copy
+        row[f"device_{phase}_default_us"] = us(inputs.device_read_copy_fn(step, encode, read_format))
+        row[f"device_{phase}_fused_us"] = us(inputs.device_read_copy_fn(step, encode, read_format, _split=False))
+        del inputs
+    gen = torch.Generator(device=device).manual_seed(batch)
+    inputs = bench_delta.StepInputs(batch, shape, per_key, L, device, gen, cuda)
+    row["standard_us"] = us(inputs.kernel_fn(delta_rule._state_update))
+    for key in ("host_default", "host_whole_tile", "device_mixed_default", "device_mixed_fused",
+                "device_in_phase_default", "device_in_phase_fused"):
+        row[f"x_std_{key}"] = row["standard_us"] / row[f"{key}_us"]
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batches", default="64,256")
+    parser.add_argument("--specs", default="gdn:fp8,gdn:nvfp4,kda:fp8,kda:nvfp4",
+                        help="family:read_format items, comma-separated")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")
+    args = parser.parse_args()
+    device = torch.device("cpu" if args.smoke else "cuda")
+    if args.smoke:  # the smoke's batch takes the streamed launches too
+        delta_rule.READ_COPY_STREAM_MIN_BATCH = 1
+    timer = Timer(device, reps=1 if args.smoke else None, budget_ms=150.0)
+    rows = []
+    for batch in [int(b) for b in args.batches.split(",")]:
+        for spec in args.specs.split(","):
+            family, read_format = spec.split(":")
+            row = rows_for(family, read_format, batch, timer, device, args.smoke)
+            rows.append(row)
+            print(f"{family} {read_format} batch {batch} (stream {row['stream_config']}, device "
+                  f"{row['device_stream_config']}): "
+                  + ", ".join(f"{key[:-3]} {value:.1f}" for key, value in row.items() if key.endswith("_us"))
+                  + " us; x std: host {:.2f} (whole tile {:.2f}), device mixed {:.2f} (fused {:.2f}), in phase {:.2f} "
+                    "(fused {:.2f})".format(*(row[f"x_std_{key}"] for key in (
+                        "host_default", "host_whole_tile", "device_mixed_default", "device_mixed_fused",
+                        "device_in_phase_default", "device_in_phase_fused"))), flush=True)
+            with open(args.out, "w") as f:  # after every row: a timeout keeps what was measured
+                json.dump(rows, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

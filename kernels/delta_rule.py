@@ -1094,11 +1094,11 @@ def read_copy_stream_config(batch: int, key_dim: int, per_key_gate: bool, read_f
     """(BLOCK_V, num_warps, CHUNK_K) of the replay-only launches reading a read copy when they stream it K rows at a
     time (``_chunk_k``: an fp8 copy's row scales folded into q and k, an nvfp4 copy decoded chunk by chunk), or None
     (the whole-tile launch). From :data:`READ_COPY_STREAM_MIN_BATCH` rows, up to 128 key channels, in chunks of 16:
-    GDN fp8 and nvfp4 on [K, 64] x 1, KDA fp8 on [K, 32] x 1, with host positions and with device positions
+    GDN on [K, 64] x 1, KDA on [K, 32] x 1, fp8 and nvfp4, with host positions and with device positions
     (``device_phase``: the replay launch of a split step, whose flush launch takes
-    :func:`read_copy_split_flush_config`'s tile). KDA with an nvfp4 copy keeps the whole tile (not measured).
-    H200, batch 256, per step (``bench_delta --read-format``; the device step is the separated policy's, re-encode
-    included, rows in phase):
+    :func:`read_copy_split_flush_config`'s tile). H200, batch 256, per step (``bench_delta --read-format``; the
+    device step is the separated policy's, re-encode included, rows in phase; runs 134 / 135 from
+    ``benchmarks/gpu/read_copy_defaults.py``):
 
     * Qwen3-Next fp8 (runs 130 / 131 / 133): host cycle 194.1-196.9 us against the whole tile's 254.5 (batch 64 51.9
       against 68.3); device split 236.1 against the fused launch's 348.5 (run 131's split on [K, 32] x 1 for both
@@ -1106,12 +1106,16 @@ def read_copy_stream_config(batch: int, key_dim: int, per_key_gate: bool, read_f
     * Qwen3-Next nvfp4: host cycle 282.8-285.3 against 467.9; device split 369.6 against the fused 532.4 (its flush
       launch on the replay launch's one-warp [K, 64] tile: 896.5);
     * Kimi-Linear fp8 (run 133): host cycle 250.3 against the whole tile's 296.9 ([K, 64] x 1 254.1); device split
-      291.1 against the fused 338.3 (the flush on [K, 64] x 2: 289.0)."""
+      291.1 against the fused 338.3 (the flush on [K, 64] x 2: 289.0);
+    * Kimi-Linear nvfp4 (run 135): host cycle 351.5 against 490.2 ([K, 64] x 1 353.5); device split 412.3 against
+      538.5 in phase, 570.6 against 627.6 in mixed phases.
+
+    At batch 64 (runs 134 / 135) every streamed host cycle and in-phase device step is faster too (GDN fp8 51.7 / 66.8 us
+    against 74.0 / 95.1); in mixed phases KDA's split loses a little (fp8 151.3 against the fused 133.3, nvfp4 230.8
+    against 219.2) where GDN's wins (fp8 116.7 against 125.4): plain batched decoding keeps its rows in phase."""
     if batch < READ_COPY_STREAM_MIN_BATCH or key_dim > 128 or read_format not in ("fp8", "nvfp4"):
         return None
-    if per_key_gate:
-        return (32, 1, 16) if read_format == "fp8" else None
-    return 64, 1, 16
+    return (32, 1, 16) if per_key_gate else (64, 1, 16)
 
 
 def read_copy_split_flush_config(value_dim: int) -> tuple[int, int]:

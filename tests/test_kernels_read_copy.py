@@ -270,10 +270,10 @@ def case_delta_chunked(_, device):
 
 def case_delta_stream_default(_, device):
     """From ``READ_COPY_STREAM_MIN_BATCH`` rows (lowered here) the replay-only launches stream a read copy by default
-    (``read_copy_stream_config``): GDN fp8 and nvfp4, KDA fp8, with host positions a streamed replay-only launch,
+    (``read_copy_stream_config``): GDN and KDA, fp8 and nvfp4, with host positions a streamed replay-only launch,
     with device positions a split step whose replay launch streams and whose flush launch takes its own tile
     (``read_copy_split_flush_config``); each bit for bit the explicit call and against the reference (``_check``:
-    both host phases, mixed phases). KDA with nvfp4, a forced tile and ``_split=False`` keep the whole tile."""
+    both host phases, mixed phases). A forced tile and ``_split=False`` keep the whole tile."""
     import torch
 
     families = {name: _Family(name) for name in ("gdn", "kda")}
@@ -285,13 +285,12 @@ def case_delta_stream_default(_, device):
         for fmt in ("fp8", "nvfp4"):
             for device_phase in (False, True):
                 assert module.read_copy_stream_config(3, 20, False, fmt, device_phase) == (64, 1, 16)
-                assert module.read_copy_stream_config(3, 20, True, fmt, device_phase) == (
-                    (32, 1, 16) if fmt == "fp8" else None)
+                assert module.read_copy_stream_config(3, 20, True, fmt, device_phase) == (32, 1, 16)
             assert module.read_copy_stream_config(3, 256, False, fmt) is None  # past 128 key channels
         assert module.read_copy_split_flush_config(24) == (32, 1)
         assert module.read_copy_split_flush_config(8) == (16, 1)
         default = dict(_split="auto")  # the default launch (a launch argument: compared within float32 rounding)
-        for name, fmt in (("gdn", "fp8"), ("gdn", "nvfp4"), ("kda", "fp8")):
+        for name, fmt in (("gdn", "fp8"), ("gdn", "nvfp4"), ("kda", "fp8"), ("kda", "nvfp4")):
             for count in (2, 5):
                 _check(families[name], device, fmt, origins=(3 * count + 2) % 5, counts=count, buffer_len=6,
                        seed=40 + count, launch=default)
@@ -318,7 +317,10 @@ def case_delta_stream_default(_, device):
                  dict(_block_v=64, _num_warps=1, _chunk_k=16, **split)),
                 ("gdn", "nvfp4", mixed, [(3, 0, 32, 1), (4, 16, 64, 1)],
                  dict(_block_v=64, _num_warps=1, _chunk_k=16, **split)),
+                ("kda", "nvfp4", host, [(1, 16, 32, 1)], dict(_block_v=32, _num_warps=1, _chunk_k=16)),
                 ("kda", "fp8", mixed, [(3, 0, 32, 1), (4, 16, 32, 1)],
+                 dict(_block_v=32, _num_warps=1, _chunk_k=16, **split)),
+                ("kda", "nvfp4", mixed, [(3, 0, 32, 1), (4, 16, 32, 1)],
                  dict(_block_v=32, _num_warps=1, _chunk_k=16, **split))):
             y, p, pos, launches = launched(origin, count, fmt, name)
             assert launches == want, (name, fmt, launches)
@@ -333,8 +335,6 @@ def case_delta_stream_default(_, device):
         assert launched(*mixed, _split=False)[3][0][:2] == (0, 0)  # one fused launch
         # an explicit flush tile wins over the streamed copy's
         assert launched(*mixed, _flush_config=(16, 2))[3] == [(3, 0, 16, 2), (4, 16, 64, 1)]
-        assert [chunk for _, chunk, *_ in launched(*host, fmt="nvfp4", family="kda")[3]] == [0]  # KDA nvfp4: whole
-        assert [chunk for _, chunk, *_ in launched(*mixed, fmt="nvfp4", family="kda")[3]] == [0]
     finally:
         module.READ_COPY_STREAM_MIN_BATCH, module._delta_replay_step_kernel = saved
 

@@ -5,6 +5,10 @@
 #   their CUDA test, then as callers get them against the former defaults side by side
 #   (benchmarks/gpu/read_copy_defaults.py: host cycle streamed vs whole tile, device step split vs fused, rows mixed
 #   and in phase; KDA nvfp4 too, not streamed yet), batch 256 then 64.
+# STAGE=4 (about 2 minutes): KDA nvfp4 streamed when asked ([K, 32] / [K, 64] x 1 in chunks of 16), host and device.
+# STAGE=5 (about 9 minutes, carry .whl too): compiled `generate`, Qwen3.5-like batch 1 (three repeats: profile_compiled
+#   had replay 2.40 / 2.49 ms against stock 3.28 in one pass each) and Kimi-Linear-like batch 256 with the fp8 arm.
+# STAGE=6 (about 2 minutes): KDA nvfp4 streamed by default (after STAGE=4): the CUDA test and the defaults again.
 # STAGE=2 (about 9 minutes, carry .whl too): eager Qwen3.5-like at batch 256 by Python function (`bench step
 #   --host-profile`), then compiled Qwen3.5-like at batch 64 with the separated fp8 arm.
 # STAGE=3 (about 5 minutes, carry .whl too): where a compiled batch-1 Qwen3.5-like step goes (profile_compiled.py).
@@ -22,6 +26,26 @@ if [ "$STAGE" = 1 ]; then
       --out "$RES/read_copy_defaults_b$batches.json" > "$RES/read_copy_defaults_b$batches.txt" 2>&1
     echo "read_copy_defaults b$batches rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   done
+elif [ "$STAGE" = 4 ]; then  # KDA nvfp4, streamed when asked (not by default): host and device, batch 256 and 64
+  for batches in 256 64; do
+    timeout 200 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches $batches --specs kda:nvfp4 \
+      --out "$RES/read_copy_kda_nvfp4_b$batches.json" > "$RES/read_copy_kda_nvfp4_b$batches.txt" 2>&1
+    echo "read_copy_kda_nvfp4 b$batches rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  done
+elif [ "$STAGE" = 5 ]; then  # compiled batch 1 Qwen3.5-like, three repeats; compiled Kimi-Linear-like at 256
+  bench_job 200 generate_compiled_qwen3_5_b1 generate --models qwen3_5 --batches 1 \
+    --arms stock-static-compiled,replay-compiled --prompt 512 --new 128 --repeats 3 \
+    --out "$RES/generate_compiled_qwen3_5_b1.json"; pack
+  bench_job 320 generate_compiled_kimi_linear generate --models kimi_linear --batches 256 \
+    --arms stock-static-compiled,replay-compiled,replay-fp8-compiled --prompt 512 --new 128 --repeats 2 \
+    --out "$RES/generate_compiled_kimi_linear.json"; pack
+elif [ "$STAGE" = 6 ]; then  # KDA nvfp4 streamed by default now: the CUDA test, then the defaults side by side
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_read_copy_defaults_cuda tests/test_kernels_read_copy.py \
+    -k "delta_stream_default"
+  pack
+  timeout 200 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256,64 --specs kda:nvfp4,kda:fp8 \
+    --out "$RES/read_copy_defaults_kda.json" > "$RES/read_copy_defaults_kda.txt" 2>&1
+  echo "read_copy_defaults kda rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
 elif [ "$STAGE" = 2 ]; then
   bench_job 230 step_host_profile step --models qwen3_5 --batches 256 --arms stock,replay-triton --repeats 2 \
     --profile "$RES/ops" --host-profile "$RES/host" --out "$RES/step_host_profile.json"; pack

@@ -23,6 +23,8 @@ from hf_replayssm.kernels.bench_common import Timer
 
 L = 16
 SHAPE_NAMES = {"gdn": "qwen3-next", "kda": "kimi-linear"}
+# streamed replay tiles (BLOCK_V, num_warps, CHUNK_K) timed where the default does not stream
+STREAM_CANDIDATES = [(32, 1, 16), (64, 1, 16)]
 
 
 def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: torch.device, smoke: bool) -> dict:
@@ -52,6 +54,15 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
         encode = read_copy_encode.reencode_read_copy
         row[f"device_{phase}_default_us"] = us(inputs.device_read_copy_fn(step, encode, read_format))
         row[f"device_{phase}_fused_us"] = us(inputs.device_read_copy_fn(step, encode, read_format, _split=False))
+        if row["stream_config"] is None:  # not streamed by default (KDA nvfp4): the candidates, asked for
+            for cbv, cnw, chunk in STREAM_CANDIDATES:
+                tag = f"stream_{cbv}x{cnw}_c{chunk}"
+                tile = dict(_block_v=cbv, _num_warps=cnw, _chunk_k=chunk)
+                if phase == "in_phase":
+                    row[f"host_{tag}_us"] = us(inputs.host_fn(step, read_format=read_format, flush_launch={}, **tile))
+                row[f"device_{phase}_{tag}_us"] = us(inputs.device_read_copy_fn(
+                    step, encode, read_format, _split=True, _flush_config=delta_rule.read_copy_split_flush_config(V),
+                    **tile))
         del inputs
     gen = torch.Generator(device=device).manual_seed(batch)
     inputs = bench_delta.StepInputs(batch, shape, per_key, L, device, gen, cuda)

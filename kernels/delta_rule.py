@@ -1110,9 +1110,10 @@ def read_copy_stream_config(batch: int, key_dim: int, per_key_gate: bool, read_f
     * Kimi-Linear nvfp4 (run 135): host cycle 351.5 against 490.2 ([K, 64] x 1 353.5); device split 412.3 against
       538.5 in phase, 570.6 against 627.6 in mixed phases.
 
-    At batch 64 (runs 134 / 135) every streamed host cycle and in-phase device step is faster too (GDN fp8 51.7 / 66.8 us
-    against 74.0 / 95.1); in mixed phases KDA's split loses a little (fp8 151.3 against the fused 133.3, nvfp4 230.8
-    against 219.2) where GDN's wins (fp8 116.7 against 125.4): plain batched decoding keeps its rows in phase."""
+    At batch 64 (runs 134 / 135) every streamed host cycle and in-phase device step is faster too (GDN fp8 51.7 /
+    66.8 us against 74.0 / 95.1); in mixed phases KDA's split loses a little (fp8 151.3 against the fused 133.3,
+    nvfp4 230.8 against 219.2) where GDN's wins (fp8 116.7 against 125.4): plain batched decoding keeps its rows in
+    phase."""
     if batch < READ_COPY_STREAM_MIN_BATCH or key_dim > 128 or read_format not in ("fp8", "nvfp4"):
         return None
     return (32, 1, 16) if per_key_gate else (64, 1, 16)

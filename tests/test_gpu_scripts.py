@@ -48,6 +48,26 @@ def test_read_probe_smoke(tmp_path):
     assert all(entry["us"] > 0 and entry["GBps"] > 0 for entry in forms.values()), forms
 
 
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_read_copy_defaults_smoke(tmp_path):
+    """The read-copy defaults script times every arm (GDN fp8 on the smoke's shape, streaming lowered to its batch)
+    and reports the streamed launches it timed."""
+    _interpreter_usable()
+    result = tmp_path / "defaults.json"
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "read_copy_defaults.py"), "--smoke",
+                          "--batches", "2", "--specs", "gdn:fp8", "--out", str(result)], cwd=ROOT,
+                         env=subprocess_env(), capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
+    (row,) = json.loads(result.read_text())
+    assert row["stream_config"] == [64, 1, 16] and row["device_stream_config"] == [64, 1, 16], row
+    timed = {key: value for key, value in row.items() if key.endswith("_us")}
+    assert sorted(timed) == sorted(["host_default_us", "host_whole_tile_us", "device_mixed_default_us",
+                                    "device_mixed_fused_us", "device_in_phase_default_us",
+                                    "device_in_phase_fused_us", "standard_us"]), sorted(timed)
+    assert all(value > 0 for value in timed.values()), timed
+    assert "gdn fp8 batch 2 (stream (64, 1, 16)" in out.stdout
+
+
 def test_prune_triton_cache(tmp_path):
     """The cache pruner drops the named kernels' entry folders (found by their metadata file, not the group lists)
     and keeps every byte of the others."""

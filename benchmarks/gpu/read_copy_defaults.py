@@ -25,9 +25,12 @@ L = 16
 SHAPE_NAMES = {"gdn": "qwen3-next", "kda": "kimi-linear"}
 # streamed replay tiles (BLOCK_V, num_warps, CHUNK_K) timed where the default does not stream
 STREAM_CANDIDATES = [(32, 1, 16), (64, 1, 16)]
+# --flush-tiles: the host-phase flush-only launch with the exact fold (BLOCK_V, num_warps)
+FLUSH_TILES = [(64, 4), (64, 2), (64, 1), (32, 2), (32, 1), (16, 1)]
 
 
-def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: torch.device, smoke: bool) -> dict:
+def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: torch.device, smoke: bool,
+             flush_tiles: bool = False) -> dict:
     per_key = family == "kda"
     shape = bench_delta.SMOKE_SHAPES[family]["smoke"] if smoke else bench_delta.SHAPES[family][SHAPE_NAMES[family]]
     Hv, _, K, V = shape
@@ -51,6 +54,20 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
             row["host_default_us"] = us(inputs.host_fn(step, read_format=read_format))
             row["host_whole_tile_us"] = us(inputs.host_fn(step, read_format=read_format, _block_v=bv, _num_warps=nw,
                                                           flush_launch={}))
+            if flush_tiles:  # the flush-only launch (exact fold, fp32 checkpoint) at its default and other tiles
+                row["flush_default_config"] = delta_rule.host_flush_launch_config(batch, Hv, K, V, per_key,
+                                                                                  exact_fold=True)
+                row["flush_default_us"] = us(inputs.host_fn(step, only=L - 1, read_format=read_format))
+                for fbv, fnw in FLUSH_TILES:
+                    if fbv <= max(16, V):
+                        row[f"flush_{fbv}x{fnw}_us"] = us(inputs.host_fn(step, only=L - 1, read_format=read_format,
+                                                                         _block_v=fbv, _num_warps=fnw))
+                best = min((key for key in row if key.startswith("flush_") and key.endswith("_us")), key=row.get)
+                row["flush_best"] = best
+                if best != "flush_default_us":  # the cycle with the flush launch there
+                    fbv, fnw = (int(x) for x in best[len("flush_"):-len("_us")].split("x"))
+                    row["host_best_flush_us"] = us(inputs.host_fn(step, read_format=read_format,
+                                                                  flush_launch=dict(_block_v=fbv, _num_warps=fnw)))
         encode = read_copy_encode.reencode_read_copy
         row[f"device_{phase}_default_us"] = us(inputs.device_read_copy_fn(step, encode, read_format))
         row[f"device_{phase}_fused_us"] = us(inputs.device_read_copy_fn(step, encode, read_format, _split=False))
@@ -80,6 +97,8 @@ def main() -> None:
                         help="family:read_format items, comma-separated")
     parser.add_argument("--out", required=True)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")
+    parser.add_argument("--flush-tiles", action="store_true",
+                        help="also time the host-phase flush-only launch (exact fold) at several tiles")
     args = parser.parse_args()
     device = torch.device("cpu" if args.smoke else "cuda")
     if args.smoke:  # the smoke's batch takes the streamed launches too
@@ -89,7 +108,7 @@ def main() -> None:
     for batch in [int(b) for b in args.batches.split(",")]:
         for spec in args.specs.split(","):
             family, read_format = spec.split(":")
-            row = rows_for(family, read_format, batch, timer, device, args.smoke)
+            row = rows_for(family, read_format, batch, timer, device, args.smoke, args.flush_tiles)
             rows.append(row)
             print(f"{family} {read_format} batch {batch} (stream {row['stream_config']}, device "
                   f"{row['device_stream_config']}): "

@@ -1051,12 +1051,18 @@ def host_flush_launch_config(batch: int, value_heads: int, key_dim: int, value_d
     (``benchmarks/gpu/host_flush_sweep.py``) [128, 32] x 1 614.2 against [128, 16] x 1 694.3, [128, 32] x 2 897.4,
     [128, 16] x 2 1000.0, batch 64 170.4 against 189.1. GDN keeps the dot at its replay tile ([128, 64] x 2: 512.1,
     the loop 587.2, [128, 64] x 4 549.2). The exact fold of the separated policies (``ring_v`` / ``ring_beta``: a
-    serial loop of its own whatever the flag) keeps the replay tile, where it was measured; solved at once
-    (``exact_solve``) it takes [K, 64] x 4, its fastest tile (H200, Qwen3-Next batch 256, run 131: 1403.6 us per
-    flush launch, [K, 32] x 4 1949.4, [K, 64] x 8 2223.1, [K, 32] x 2 2559.8, [K, 16] x 4 4192.2; all slower than the
-    stepped fold's 1015.1)."""
+    serial loop of its own whatever the flag) runs on one warp, [K, 16] for scalar gates, [K, 32] for per-key ones
+    (H200, batch 256, per flush launch, run 140 ``benchmarks/gpu/read_copy_defaults.py --flush-tiles``): Qwen3-Next
+    809.9 us against 1003.5 at the former replay tile [K, 64] x 2, 993.2 at [K, 32] x 2, 1089.5 at [K, 32] x 1,
+    1144.1 at [K, 64] x 4 (batch 64 218.7 against 266.0); Kimi-Linear 1167.3 against 1520.8 at [K, 64] x 4, 1159.6 at
+    [K, 64] x 2, 1383.0 at [K, 32] x 2, 1399.1 at [K, 16] x 1 (batch 64 308.2 against 395.4); [K, 64] x 1 spills
+    (14.8 / 2.5 ms). Solved at once (``exact_solve``) it takes [K, 64] x 4, its fastest tile (Qwen3-Next batch 256,
+    run 131: 1403.6 us per flush launch, [K, 32] x 4 1949.4, [K, 64] x 8 2223.1, [K, 32] x 2 2559.8, [K, 16] x 4
+    4192.2; all slower than the stepped fold)."""
     if exact_solve:
         return min(64, max(16, next_power_of_2(value_dim))), 4, True
+    if exact_fold:
+        return min(32 if per_key_gate else 16, max(16, next_power_of_2(value_dim))), 1, True
     if per_key_gate and kda_weights and not exact_fold:
         return min(32, max(16, next_power_of_2(value_dim))), 1, False
     block_v, num_warps = replay_launch_config(batch, value_heads, key_dim, value_dim, per_key_gate,

@@ -55,6 +55,10 @@ def test_delta_read_copy_launch_config():
     assert k.replay_launch_config(*shape, per_key_gate=True, read_format="fp8", kda_weights=False) == (64, 4)
     assert k.replay_launch_config(*shape, per_key_gate=True, kda_weights=False) == (64, 4)
     assert k.replay_launch_config(2, 4, 128, 128, read_format="fp8") == (16, 4)  # small grid: halved to 16 first
+    # the exact fold's host-phase flush-only launch: one warp, [K, 16] for scalar gates, [K, 32] for per-key (run 140)
+    assert k.host_flush_launch_config(*shape, exact_fold=True) == (16, 1, True)
+    assert k.host_flush_launch_config(*shape, per_key_gate=True, exact_fold=True) == (32, 1, True)
+    assert k.host_flush_launch_config(*shape, exact_fold=True, exact_solve=True) == (64, 4, True)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -331,6 +335,13 @@ def case_delta_stream_default(_, device):
             assert torch.equal(p["state"], p_explicit["state"])
             if not isinstance(count, int):
                 assert torch.equal(pos[1], pos_explicit[1])
+        for name, tile in (("gdn", 16), ("kda", 32)):  # the host flush with the exact fold: its own one-warp tile
+            p = families[name].inputs(device, 3, 8)
+            p["ring_v"], p["ring_beta"] = _raw_rings(p)
+            recorded.launches.clear()
+            families[name].kernel(p, 2, 5, 6)
+            assert [(kw["PHASE"], kw["BLOCK_V"], kw["num_warps"]) for kw in recorded.launches] == [(2, tile, 1)], (
+                name, recorded.launches)
         assert launched(*host, _block_v=16)[3][0][:3] == (1, 0, 16)  # a forced tile: the whole tile
         assert launched(*mixed, _split=False)[3][0][:2] == (0, 0)  # one fused launch
         # an explicit flush tile wins over the streamed copy's

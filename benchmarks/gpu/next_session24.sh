@@ -11,6 +11,8 @@
 # STAGE=6 (about 2 minutes): KDA nvfp4 streamed by default (after STAGE=4): the CUDA test and the defaults again.
 # STAGE=7 (about 3 minutes): the separated policies' host-phase flush-only launch (the exact fold, a third of GDN's
 #   fp8 cycle) at [K, 64] x 4 / 2 / 1, [K, 32] x 2 / 1, [K, 16] x 1 against its default (the replay tile), GDN and KDA.
+# STAGE=8 (about 1 minute): the host cycle with the exact fold's new flush tiles (run 140), and the split device
+#   step's flush launch on [K, 16] x 1 and [K, 64] x 2 against [K, 32] x 1.
 # STAGE=2 (about 9 minutes, carry .whl too): eager Qwen3.5-like at batch 256 by Python function (`bench step
 #   --host-profile`), then compiled Qwen3.5-like at batch 64 with the separated fp8 arm.
 # STAGE=3 (about 5 minutes, carry .whl too): where a compiled batch-1 Qwen3.5-like step goes (profile_compiled.py).
@@ -52,6 +54,10 @@ elif [ "$STAGE" = 7 ]; then  # the exact fold's flush-only launch at other tiles
   timeout 300 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256,64 --specs gdn:fp8,kda:fp8 --flush-tiles \
     --out "$RES/read_copy_flush_tiles.json" > "$RES/read_copy_flush_tiles.txt" 2>&1
   echo "read_copy_flush_tiles rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+elif [ "$STAGE" = 8 ]; then  # the exact fold's new host flush tiles in the cycle; the split step's flush on [K, 16]
+  timeout 150 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256 --specs gdn:fp8,kda:fp8 \
+    --device-flush-tiles --out "$RES/read_copy_device_flush.json" > "$RES/read_copy_device_flush.txt" 2>&1
+  echo "read_copy_device_flush rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
 elif [ "$STAGE" = 2 ]; then
   bench_job 230 step_host_profile step --models qwen3_5 --batches 256 --arms stock,replay-triton --repeats 2 \
     --profile "$RES/ops" --host-profile "$RES/host" --out "$RES/step_host_profile.json"; pack

@@ -27,10 +27,12 @@ SHAPE_NAMES = {"gdn": "qwen3-next", "kda": "kimi-linear"}
 STREAM_CANDIDATES = [(32, 1, 16), (64, 1, 16)]
 # --flush-tiles: the host-phase flush-only launch with the exact fold (BLOCK_V, num_warps)
 FLUSH_TILES = [(64, 4), (64, 2), (64, 1), (32, 2), (32, 1), (16, 1)]
+# --device-flush-tiles: a split step's flush launch (exact fold, flushing rows' outputs from the copy) on other tiles
+DEVICE_FLUSH_TILES = [(16, 1), (64, 2)]
 
 
 def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: torch.device, smoke: bool,
-             flush_tiles: bool = False) -> dict:
+             flush_tiles: bool = False, device_flush_tiles: bool = False) -> dict:
     per_key = family == "kda"
     shape = bench_delta.SMOKE_SHAPES[family]["smoke"] if smoke else bench_delta.SHAPES[family][SHAPE_NAMES[family]]
     Hv, _, K, V = shape
@@ -71,6 +73,12 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
         encode = read_copy_encode.reencode_read_copy
         row[f"device_{phase}_default_us"] = us(inputs.device_read_copy_fn(step, encode, read_format))
         row[f"device_{phase}_fused_us"] = us(inputs.device_read_copy_fn(step, encode, read_format, _split=False))
+        if device_flush_tiles and row["device_stream_config"] is not None:
+            cbv, cnw, chunk = row["device_stream_config"]
+            for fbv, fnw in DEVICE_FLUSH_TILES:
+                row[f"device_{phase}_flush_{fbv}x{fnw}_us"] = us(inputs.device_read_copy_fn(
+                    step, encode, read_format, _split=True, _block_v=cbv, _num_warps=cnw, _chunk_k=chunk,
+                    _flush_config=(fbv, fnw)))
         if row["stream_config"] is None:  # not streamed by default (KDA nvfp4): the candidates, asked for
             for cbv, cnw, chunk in STREAM_CANDIDATES:
                 tag = f"stream_{cbv}x{cnw}_c{chunk}"
@@ -99,6 +107,8 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")
     parser.add_argument("--flush-tiles", action="store_true",
                         help="also time the host-phase flush-only launch (exact fold) at several tiles")
+    parser.add_argument("--device-flush-tiles", action="store_true",
+                        help="also time the split device step with its flush launch on other tiles")
     args = parser.parse_args()
     device = torch.device("cpu" if args.smoke else "cuda")
     if args.smoke:  # the smoke's batch takes the streamed launches too
@@ -108,7 +118,8 @@ def main() -> None:
     for batch in [int(b) for b in args.batches.split(",")]:
         for spec in args.specs.split(","):
             family, read_format = spec.split(":")
-            row = rows_for(family, read_format, batch, timer, device, args.smoke, args.flush_tiles)
+            row = rows_for(family, read_format, batch, timer, device, args.smoke, args.flush_tiles,
+                           args.device_flush_tiles)
             rows.append(row)
             print(f"{family} {read_format} batch {batch} (stream {row['stream_config']}, device "
                   f"{row['device_stream_config']}): "

@@ -61,7 +61,9 @@ class Mamba2Recurrence:
     def kernel_step(state, ring: Records, origin, count, tokens: Records, params: Records, buffer_len: int,
                     out_dtype: torch.dtype = torch.float32, read_copy=None, read_format=None):
         """One decode token through the Triton replay-or-flush kernel (``hf_replayssm.kernels.mamba2``), written
-        straight in ``out_dtype`` (no cast launch); replays read ``read_copy`` (fp8 / nvfp4) when given."""
+        straight in ``out_dtype`` (no cast launch); with ``read_copy`` (fp8 / nvfp4) every output reads it, a flush
+        step's too (the separated policy), while the flush folds into the float32 checkpoint; the caller refreshes
+        the copy after a flush."""
         from .kernels.mamba2 import mamba2_replay_step
 
         x = tokens["x"][:, 0]
@@ -71,6 +73,7 @@ class Mamba2Recurrence:
             tokens["B"][:, 0], tokens["C"][:, 0], params["A"], params.get("D"), z=params.get("z"),
             dt_bias=params.get("dt_bias"), dt_softplus=bool(params.get("dt_softplus", False)), buffer_len=buffer_len,
             out=torch.empty(x.shape, dtype=out_dtype, device=x.device), read_copy=read_copy, read_format=read_format,
+            flush_reads_copy=read_copy is not None,
         )
         return y[:, None]
 
@@ -181,8 +184,9 @@ class DeltaRuleRecurrence:
     def kernel_step(state, ring: Records, origin, count, tokens: Records, params: Records, buffer_len: int,
                     out_dtype: torch.dtype = torch.float32, read_copy=None, read_format=None):
         """One decode token through the Triton replay-or-flush kernel (``hf_replayssm.kernels.delta_rule``), written
-        straight in ``out_dtype`` (no cast launch). With a read copy (separated precision) replays read it, and the
-        ring's raw v / beta records let the flush recompute the corrected values against the float32 checkpoint."""
+        straight in ``out_dtype`` (no cast launch). With a read copy (separated precision) every output reads it, a
+        flush step's too, and the ring's raw v / beta records let the flush recompute the corrected values against
+        the float32 checkpoint; the caller refreshes the copy after a flush."""
         from .kernels.delta_rule import delta_replay_step
 
         v = tokens["v"][:, 0]
@@ -191,7 +195,7 @@ class DeltaRuleRecurrence:
             v, tokens["beta"][:, 0], tokens["g"][:, 0], buffer_len=buffer_len,
             use_qk_l2norm=params.get("normalize") is not None,
             out=torch.empty(v.shape, dtype=out_dtype, device=v.device), read_copy=read_copy, read_format=read_format,
-            ring_v=ring.get("v"), ring_beta=ring.get("beta"),
+            ring_v=ring.get("v"), ring_beta=ring.get("beta"), flush_reads_copy=read_copy is not None,
         )
         return o[:, None]
 

@@ -84,6 +84,7 @@ class ReplaySchedule:
         self.backend = "torch"  # "triton": plain decode steps run the family's fused kernel where it applies
         self.kernel_windows = 0  # speculative window pieces that ran the Triton verify kernel (not in stats())
         self.kernel_folds = 0  # staged or left-over checkpoints folded by the Triton fold kernel (not in stats())
+        self.kernel_flushes = 0  # plain decode flush steps that ran the Triton step kernel (not in stats())
         self._position_memo: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # verify launches' positions
         self.device: torch.device | None = None
         self.batch_size: int | None = None
@@ -266,13 +267,10 @@ class ReplaySchedule:
         return operands is not None and operands[1] is None
 
     def _kernel_applies(self) -> bool:
-        operands = self._kernel_operands("kernel_step")
-        if operands is None:
-            return False
-        # Separated precision: replay steps read the fp8 / nvfp4 copy in the kernel. A flush step's output reads
-        # the copy too (the reference's semantics, also inside speculative windows), which the flush-only kernel
-        # does not do (it reads the fp32 state it writes): flush steps take the torch path, 1 step in L.
-        return operands[1] is None or self.ring.size + 1 < self.buffer_len
+        # Separated precision: every step's output reads the fp8 / nvfp4 copy in the kernel, a flush step's too (the
+        # reference's semantics; the flush-only launch then reads the copy for the outputs and folds into the fp32
+        # checkpoint), and the copy is refreshed after the flush (_kernel_step).
+        return self._kernel_operands("kernel_step") is not None
 
     def _kernel_step(self, tokens, out_dtype: torch.dtype) -> torch.Tensor:
         """One plain decode token through the family's replay-or-flush kernel. Every row is at the host's position
@@ -284,6 +282,9 @@ class ReplaySchedule:
         if ring.num_committed + 1 < self.buffer_len:
             ring.num_committed += 1
         else:  # the kernel flushed: records and token folded into the checkpoint in place
+            if read_copy is not None:
+                self.store.refresh_read_copy(_kernel_reencode if state.is_cuda else None)
+            self.kernel_flushes += 1
             ring.restart()
             self.checkpoint_position += self.buffer_len
             self.counters["flushes"] += 1
@@ -687,3 +688,11 @@ def _staged_tensors(staged) -> Iterator[torch.Tensor]:
         for encoding in encodings:
             if encoding:
                 yield from encoding.values()
+
+
+def _kernel_reencode(state: torch.Tensor, read_copy: dict, read_format: str) -> None:
+    """Every batch row's read copy re-encoded from ``state`` by the Triton re-encode (one launch on CUDA)."""
+    from .kernels.read_copy_encode import reencode_read_copy
+
+    reencode_read_copy(state, read_copy, read_format, torch.ones(state.shape[0], dtype=torch.bool,
+                                                                 device=state.device))

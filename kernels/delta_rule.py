@@ -565,7 +565,7 @@ def _delta_replay_step_kernel(
     READ_FORMAT: tl.constexpr,  # what replay reads: "fp32" the checkpoint, "fp8" / "nvfp4" the read copy
     EXACT_FOLD: tl.constexpr,  # flushes recompute d from the raw v / beta records; replays append them
     PREFETCH_STATE: tl.constexpr,  # PHASE 4 with READ_FORMAT "fp32" only: load the tile before the phase test
-    FLUSH_READS_COPY: tl.constexpr,  # PHASE 0 / 3 with a read copy: a flushing row's o from the copy, as replays
+    FLUSH_READS_COPY: tl.constexpr,  # PHASE 0 / 2 / 3 with a read copy: a flushing row's o from the copy, as replays
     WEIGHTS_GIVEN: tl.constexpr,  # per-key gates, no flush dot: decay and record weights from _kda_weights_kernel
     EXACT_SOLVE: tl.constexpr = False,  # EXACT_FOLD, scalar gates: the records' d solved at once (_exact_fold_solved)
     CHUNK_K: tl.constexpr = 0,  # PHASE 1 / 4, any READ_FORMAT: the checkpoint (or the copy) streamed CHUNK_K rows
@@ -627,7 +627,7 @@ def _delta_replay_step_kernel(
             s0 = tl.zeros([BLOCK_K, BLOCK_V], dtype=tl.float32)
         elif PREFETCH_STATE:
             s0 = s_pre.to(tl.float32)
-        elif READ_FORMAT == "fp32" or PHASE == 2 or (PHASE == 3 and not FLUSH_READS_COPY):
+        elif READ_FORMAT == "fp32" or ((PHASE == 2 or PHASE == 3) and not FLUSH_READS_COPY):
             s0 = tl.load(state_ptrs, mask=mask_kv, other=0.0).to(tl.float32)
         else:
             # Replaying rows read the decoded read copy (S0^T q and S0^T k come from it), flushing rows the
@@ -1337,8 +1337,6 @@ def _replay_step(
         (state, state), (0, 0), (origin, count))  # host phase: the pointers are unused
     # Kernel phases: the host's phase, or on the device one fused launch (0) or two (3: flushes, then 4: replays).
     flush_reads_copy = bool(flush_reads_copy) and read_format != "fp32"
-    if flush_reads_copy and phase != 0:
-        raise ValueError("flush_reads_copy needs positions on the device")
     split = phase == 0 and bool(_split)
     launches = (3, 4) if split else (phase,)
     count_launch = phase == 0 and bool(_count_launch) and bool(_ticket)
@@ -1473,10 +1471,10 @@ def _replay_step(
             FLUSH_DOT=flush_dot,
             FLUSH_PRECISION=FLUSH_PRECISION,
             # a split step's flush launch reads the copy only for a flushing row's output (flush_reads_copy)
-            READ_FORMAT="fp32" if flush_only and not (kernel_phase == 3 and flush_reads_copy) else kernel_read_format,
+            READ_FORMAT="fp32" if flush_only and not flush_reads_copy else kernel_read_format,
             EXACT_FOLD=exact_fold,
             PREFETCH_STATE=kernel_phase == 4 and read_format == "fp32" and bool(_prefetch) and not _chunk_k,
-            FLUSH_READS_COPY=flush_reads_copy and kernel_phase in (0, 3),
+            FLUSH_READS_COPY=flush_reads_copy and kernel_phase in (0, 2, 3),
             EXACT_SOLVE=exact_solve,
             WEIGHTS_GIVEN=weighted[kernel_phase],
             CHUNK_K=_chunk_k if kernel_phase in (1, 4) else 0,
@@ -1579,8 +1577,9 @@ def delta_replay_step(
     [B, R, Hv, V] (v's dtype) and ``ring_beta`` [B, R, Hv] float32, replaying rows also append the token's raw v
     and beta, and flushing rows recompute every record's corrected value from (k, v, beta, g) against the fp32
     checkpoint, oldest first (the standard step's arithmetic), so no rounding of the copy enters the recurrence;
-    ``o`` of a flushing row is then ``S^T q`` of that state, or with ``flush_reads_copy`` (device positions) the
-    replay output from the copy and the records (the separated policy's flush step output), the fold unchanged.
+    ``o`` of a flushing row is then ``S^T q`` of that state, or with ``flush_reads_copy`` (device or host
+    positions) the replay output from the copy and the records (the separated policy's flush step output), the fold
+    unchanged.
     """
     return _replay_step(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len, use_qk_l2norm,
                         scale, out, read_copy, read_format, ring_v, ring_beta, flush_reads_copy=flush_reads_copy)

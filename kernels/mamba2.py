@@ -393,7 +393,7 @@ def _mamba2_replay_step_kernel(
     BLOCK_R: tl.constexpr,
     READ_FORMAT: tl.constexpr,  # what replay reads: "fp32" the checkpoint, "fp8" / "nvfp4" the read copy
     PREFETCH_STATE: tl.constexpr,  # PHASE 4 with READ_FORMAT "fp32" only: load the tile before the phase test
-    FLUSH_READS_COPY: tl.constexpr,  # PHASE 0 / 3 with a read copy: a flushing row's y from the copy, as replays
+    FLUSH_READS_COPY: tl.constexpr,  # PHASE 0 / 2 / 3 with a read copy: a flushing row's y from the copy, as replays
     WEIGHTS_GIVEN: tl.constexpr = False,  # PHASE 1 / 4: record weights from _mamba2_weights_kernel
 ):
     pid_p = tl.program_id(0)
@@ -435,7 +435,7 @@ def _mamba2_replay_step_kernel(
         # the whole program for a round trip if it were issued here.
         if PREFETCH_STATE:
             s0 = s_pre.to(tl.float32)
-        elif READ_FORMAT == "fp32" or PHASE == 2 or (PHASE == 3 and not FLUSH_READS_COPY):
+        elif READ_FORMAT == "fp32" or ((PHASE == 2 or PHASE == 3) and not FLUSH_READS_COPY):
             s0 = tl.load(state_ptrs, mask=mask_pn, other=0.0).to(tl.float32)
         elif PHASE == 1 or PHASE == 4 or FLUSH_READS_COPY:  # the decoded read copy (FLUSH_READS_COPY: every row's)
             s0 = load_read_tile(rc_values_ptr, rc_scales_ptr, rc_tensor_scale_ptr, pid_b, h, offs_p, offs_n, mask_pn,
@@ -469,7 +469,7 @@ def _mamba2_replay_step_kernel(
                                     stride_rB_n, BLOCK_R, PHASE == 4 and RING_PHYSICAL,
                                     w_base=weights_ptr + (pid_b * tl.num_programs(2) + h) * (BLOCK_R + 2),
                                     WEIGHTS_GIVEN=WEIGHTS_GIVEN)
-        elif PHASE == 2 or (PHASE == 3 and not FLUSH_READS_COPY):
+        elif (PHASE == 2 or PHASE == 3) and not FLUSH_READS_COPY:
             y = _mamba2_flush_math(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group,
                                    origin, count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m, la_m,
                                    A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b,
@@ -478,7 +478,7 @@ def _mamba2_replay_step_kernel(
         elif FLUSH_READS_COPY:
             # Every row's y from the copy by the replay arithmetic (the separated policy's flush step output); a
             # flushing row appends nothing and folds into the checkpoint, read now, instead. (PHASE 3, the split
-            # step's flush launch: only flushing rows run.)
+            # step's flush launch: only flushing rows run; PHASE 2, the host positions' flush-only launch: every row.)
             y = _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count,
                                     ring_size, heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m, x_f, B_f, C_f,
                                     dt_m, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
@@ -489,7 +489,8 @@ def _mamba2_replay_step_kernel(
                 _mamba2_flush_math(s_ck, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group,
                                    origin, count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m, la_m,
                                    A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b, stride_rdt_r,
-                                   stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n, FOLD_UNROLL, False,
+                                   stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n, FOLD_UNROLL,
+                                   FLUSH_DOT if PHASE == 2 else False,  # PHASE 2: the host flush's own fold
                                    FLUSH_PRECISION, BLOCK_R)
         else:
             is_flush = count + 1 >= BUFFER_LEN
@@ -850,8 +851,6 @@ def _replay_step(
     host = (0, 0) if phase == 0 else (origin, count)
     # Kernel phases: the host's phase, or on the device one fused launch (0) or two (3: flushes, then 4: replays).
     flush_reads_copy = bool(flush_reads_copy) and read_format != "fp32"
-    if flush_reads_copy and phase != 0:
-        raise ValueError("flush_reads_copy needs positions on the device")
     # With flush_reads_copy the split's flush launch also gives a flushing row's output from the copy; its replay
     # launch is then the host-phase replay reading the copy (80 registers for fp8 at 32 x 2 on sm_90, the fused
     # launch 200; nvfp4 237 vs 255 with 200 B spilled): split by default as for fp32 (not yet timed on a GPU)
@@ -981,10 +980,10 @@ def _replay_step(
             BLOCK_N=next_power_of_2(d_state),
             BLOCK_R=max(16, next_power_of_2(ring_size)) if flush_dot else block_r,
             # a split step's flush launch reads the copy only for a flushing row's output (flush_reads_copy)
-            READ_FORMAT=kernel_read_format if kernel_phase in (0, 1, 4) or (kernel_phase == 3 and flush_reads_copy)
+            READ_FORMAT=kernel_read_format if kernel_phase in (0, 1, 4) or (kernel_phase in (2, 3) and flush_reads_copy)
             else "fp32",
             PREFETCH_STATE=kernel_phase == 4 and read_format == "fp32" and bool(_prefetch),
-            FLUSH_READS_COPY=flush_reads_copy and kernel_phase in (0, 3),
+            FLUSH_READS_COPY=flush_reads_copy and kernel_phase in (0, 2, 3),
             WEIGHTS_GIVEN=bool(_weights) and kernel_phase in (1, 4),
             num_warps=launch_cfg["num_warps"],
         )
@@ -1093,10 +1092,10 @@ def mamba2_replay_step(
     rows then take the state term ``S0 C`` from the copy, decoded in registers, and never read ``state``; flushing
     rows read and write ``state`` as without a copy and do **not** re-encode the copy: after a flush the caller must
     refresh the copy from the new checkpoint (e.g. ``CheckpointStore.write``) before the next replay step.
-    ``flush_reads_copy`` (device positions, with a copy): a flushing row's ``y`` comes from the copy and the
-    records by the replay arithmetic (the separated policy's flush step output) rather than from the new state; its
-    checkpoint is folded as without it (by the split step's flush launch; ``_replay_step(..., _split=False)``: one
-    fused launch).
+    ``flush_reads_copy`` (with a copy): a flushing row's ``y`` comes from the copy and the records by the replay
+    arithmetic (the separated policy's flush step output) rather than from the new state; its checkpoint is folded
+    as without it (device positions: by the split step's flush launch, ``_replay_step(..., _split=False)``: one
+    fused launch; host positions: by the flush-only launch, which then reads the copy too).
     """
     return _replay_step(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, dt_softplus,
                         buffer_len, out, read_copy, read_format, flush_reads_copy=flush_reads_copy)

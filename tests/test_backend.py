@@ -170,9 +170,10 @@ SCRIPT = textwrap.dedent('''
         assert kernel_windows(cache) == kernel_folds(cache) == 0, (backend, policy)
         assert cache.stats()["rolled_back_tokens"] > 0, (backend, policy)
 
-    # separated precision: replays read the fp8 / nvfp4 copy in the kernel (flush steps take the torch path); equal
-    # to the torch backend with the same policy up to summation order -- which, once a later layer's checkpoint
-    # lands next to an 8-bit rounding boundary, can flip one code of its read copy (2^-4 relative), hence 2e-3
+    # separated precision: every step reads the fp8 / nvfp4 copy in the kernel, flush steps too (the flush-only
+    # launch folds into the fp32 checkpoint, the copy is re-encoded after it); equal to the torch backend with the
+    # same policy up to summation order -- which, once a later layer's checkpoint lands next to an 8-bit rounding
+    # boundary, can flip one code of its read copy (2^-4 relative), hence 2e-3
     for model_type, policy in (("nemotron_h", "separated-fp8"), ("qwen3_5_text", "separated-nvfp4"),
                                ("kimi_linear", "separated-fp8")):
         other = tiny_model(model_type)
@@ -182,9 +183,16 @@ SCRIPT = textwrap.dedent('''
         got, want = decode(other, sample, 6, fused), decode(other, sample, 6, reference)
         assert max_logit_diff(got, want) < 2e-3, (model_type, policy, max_logit_diff(got, want))
         assert fused.stats() == reference.stats(), (model_type, fused.stats(), reference.stats())
+        assert fused.stats()["flushes"] > 0
         for idx, layer in fused.replay_layers.items():
+            assert layer.schedule.kernel_flushes > 0, (model_type, idx)  # the flush steps ran the kernel
             torch.testing.assert_close(layer.current_state(), reference.replay_layers[idx].current_state(),
                                        atol=1e-4, rtol=1e-4)
+            # the read copy was refreshed from the new checkpoint: the store's own encoding of it
+            store = layer.schedule.store
+            want = store.slots[0].read_codec.encode(store.recurrence())
+            for name, value in store.slots[0].read_copy.items():
+                assert torch.equal(value, want[name]), (model_type, idx, name)
     print("ok")
 ''')
 

@@ -77,7 +77,10 @@ def test_cuda_policies_and_exact_separated_recurrence(precision):
     decode(model, tokens, 6, fp32)
     first = min(cache.replay_layers)
     if PRESETS[precision].mode == "separated" and PRESETS[precision].checkpoint_format == "fp32":
-        assert torch.equal(cache.replay_layers[first].checkpoint, fp32.replay_layers[first].checkpoint)
+        # the copy's rounding never enters the recurrence: the checkpoint is the fp32 policy's, up to the FMA
+        # contraction of the flush kernel's read-copy variant (the copy's own rounding is ~1e-2 relative)
+        torch.testing.assert_close(cache.replay_layers[first].checkpoint, fp32.replay_layers[first].checkpoint,
+                                   rtol=1e-5, atol=1e-6)
     assert cache.memory()["checkpoint"] > 0
 
 

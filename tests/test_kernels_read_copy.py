@@ -351,10 +351,11 @@ def case_delta_stream_default(_, device):
 
 
 def case_flush_reads_copy(_, device):
-    """flush_reads_copy (the separated policy's flush step on device positions): a flushing row's output is the replay
-    output from the copy, its checkpoint folded as without the option; kernel == reference, mixed phases, every
-    family (the delta rule with the exact fold's raw records); flush rows' outputs differ from the default's (from the
-    new state), replay rows', checkpoints, rings and counts do not."""
+    """flush_reads_copy (the separated policy's flush step): a flushing row's output is the replay output from the
+    copy, its checkpoint folded as without the option; kernel == reference, mixed phases on device positions and
+    every row flushing on host positions, every family (the delta rule with the exact fold's raw records); flush
+    rows' outputs differ from the default's (from the new state), replay rows', checkpoints, rings and counts do
+    not."""
     import torch
 
     for name, read_format in (("mamba2", "fp8"), ("mamba2", "nvfp4"), ("gdn", "fp8"), ("kda", "nvfp4")):
@@ -397,6 +398,25 @@ def case_flush_reads_copy(_, device):
             torch.testing.assert_close(got[n], default[n], **same)
         torch.testing.assert_close(y[~flush], y_def[~flush], **same)
         assert (y[flush] - y_def[flush]).abs().max() > 1e-4  # the copy's rounding shows in the flush outputs
+
+        # host positions (every row at its last buffered position: the flush-only launch, which then reads the copy
+        # for the outputs and the checkpoint for the fold; eager decoding's flush step): against the reference with
+        # the same positions per row, and against the launch without the option
+        runs = {}
+        for label, fn, option in (("kernel", family.kernel, True), ("ref", family.ref, True),
+                                  ("default", family.kernel, False)):
+            q = _clone(p)
+            raw = {n: q.pop(n) for n in ("ring_v", "ring_beta") if n in q}
+            positions = (3, 5) if label != "ref" else _positions([3] * 4, [5] * 4, device)
+            runs[label] = (fn(q, *positions, 6, read_copy={n: t.clone() for n, t in copy.items()},
+                              read_format=read_format, flush_reads_copy=option, **raw), q)
+        print(f" {name} {read_format} flush_reads_copy, host positions")
+        (y, got), (y_ref, want), (y_def, default) = runs["kernel"], runs["ref"], runs["default"]
+        _close("y vs reference (host)", y, y_ref, REL)
+        for n in ("state", *family.rings):
+            torch.testing.assert_close(got[n], want[n], rtol=2e-6, atol=2e-6)
+            torch.testing.assert_close(got[n], default[n], **same)
+        assert (y - y_def).abs().max() > 1e-4
 
 
 def case_nvfp4_pairs(_, device):

@@ -173,6 +173,18 @@ class CheckpointStore:
             return None
         return slot.checkpoint["values"], slot.read_copy, read_format
 
+    def refresh_read_copy(self, reencode=None) -> None:
+        """Re-encode the read copy from the checkpoint, after a kernel folded into the float32 checkpoint in place
+        (:meth:`kernel_operands`): the encoding :meth:`write` gives. ``reencode(state, read_copy, read_format)``:
+        an in-place encoder bit-identical to the codec (the Triton re-encode on CUDA); None: the codec."""
+        if len(self.slots) != 1 or self.slots[0].read_copy is None:
+            raise RuntimeError("refresh_read_copy serves one policy with a read copy (the kernel operands)")
+        slot = self.slots[0]
+        if reencode is not None:
+            reencode(slot.checkpoint["values"], slot.read_copy, slot.policy.read_format)
+        else:
+            _copy_into(slot.read_copy, slot.read_codec.encode(slot.decode_checkpoint()))
+
     def write(self, state: torch.Tensor, position: int) -> None:
         """Store ``state`` as the checkpoint at token ``position``."""
         self.load(self.stage(state, position))

@@ -303,3 +303,33 @@ def test_zero_and_index_batch_keep_the_layout():
     assert not store.recurrence().any() and not store.read().any()
     assert sum(store.nbytes().values()) == sum(_reachable_storages(store).values())
     assert PrecisionPolicy("fp16", stochastic_rounding=True, read_format="nvfp4") == PRESETS["fp16-sr+nvfp4"]
+
+
+@pytest.mark.parametrize("precision", ["separated-fp8", "separated-nvfp4"])
+def test_refresh_read_copy_after_an_in_place_fold(precision):
+    """A kernel folds into the float32 checkpoint in place; ``refresh_read_copy`` then gives the read copy that
+    ``write`` of the new state gives (the codec, or an in-place encoder handed in), into the same storage."""
+    store = CheckpointStore(PRESETS[precision])
+    shape = (3, 2, 8, 20)
+    store.allocate(shape, torch.device("cpu"))
+    store.write(torch.randn(shape), position=4)
+    slot = store.slots[0]
+    addresses = {name: t.data_ptr() for name, t in slot.read_copy.items()}
+    new = torch.randn(shape) * 3
+    slot.checkpoint["values"].copy_(new)  # what the flush kernel does
+    stale = {name: t.clone() for name, t in slot.read_copy.items()}
+    store.refresh_read_copy()
+    want = CheckpointStore(PRESETS[precision])
+    want.allocate(shape, torch.device("cpu"))
+    want.write(new, position=8)
+    for name, value in slot.read_copy.items():
+        assert torch.equal(value, want.slots[0].read_copy[name]), name
+        assert value.data_ptr() == addresses[name], name  # static addresses (compiled decoding)
+    assert any(not torch.equal(stale[n], slot.read_copy[n]) for n in stale)
+    calls = []
+    store.refresh_read_copy(lambda state, copy, fmt: calls.append((state is slot.checkpoint["values"], fmt)))
+    assert calls == [(True, PRESETS[precision].read_format)]
+    plain = CheckpointStore(PRESETS["fp32"])
+    plain.allocate(shape, torch.device("cpu"))
+    with pytest.raises(RuntimeError, match="read copy"):
+        plain.refresh_read_copy()

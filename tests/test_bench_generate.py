@@ -130,3 +130,18 @@ def test_triton_compiles_inside_timed_runs_are_reported():
     assert uncounted["jit_compiles_in_timed_runs"] is None and "warning" not in uncounted
     rows = bench.table([{**e, "model": "m", "batch": 1} for e in (flagged, fine)]).splitlines()
     assert "warning" in rows[3] and "_k x2" in rows[3] and len(rows) == 5
+
+
+def test_eager_separated_arms_run_by_name():
+    """``replay-fp8`` / ``replay-nvfp4`` (eager ReplayCache with a separated precision policy) run when asked for,
+    on a fresh cache of that policy; an unknown arm names them among the choices."""
+    model = bench.build_model("nemotron_h", "cpu", torch.float32, tiny=True, layers=4)
+    entries = bench.measure_generate(model, batch=1, prompt=8, new_tokens=4, arms=("stock", "replay-fp8"),
+                                     repeats=1, settings=bench.Settings(compile_backend="eager", compile_mode=None))
+    separated = entries[1]
+    assert separated["arm"] == "replay-fp8" and separated["tokens_per_s"] > 0 and separated["compiled"] is False
+    kwargs = bench.arm_kwargs("replay-nvfp4", model, bench.Settings(), 16)
+    cache = next(value for value in kwargs.values() if isinstance(value, ReplayCache))
+    assert kwargs["disable_compile"] is True and cache.policy.read_format == "nvfp4"
+    with pytest.raises(ValueError, match="replay-nvfp4"):
+        bench.arm_kwargs("replay-int4", model, bench.Settings(), 16)

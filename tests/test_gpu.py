@@ -151,6 +151,31 @@ def test_cuda_triton_backend_matches_stock_and_reference(model_type):
         assert triton_cache.stats() == torch_cache.stats()
 
 
+@pytest.mark.parametrize("policy", ["separated-fp8", "separated-nvfp4"])
+@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text", "kimi_linear"])
+def test_cuda_triton_backend_separated_flushes_in_the_kernel(model_type, policy):
+    """Eager separated precision on the GPU: flush steps run the step kernel (outputs from the copy, the fold into
+    the fp32 checkpoint) and the Triton re-encode refreshes the copy; against the torch backend with the same policy
+    (2e-3: summation order can flip one code of a later layer's copy), the same flush schedule, the copy the store's
+    codec gives for the final checkpoint."""
+    pytest.importorskip("triton")
+    model = _cuda(model_type)
+    prompt = torch.randint(3, 120, (2, 9), device="cuda")
+    kw = dict(GREEDY, max_new_tokens=24, min_new_tokens=24)
+    fused = ReplayCache(buffer_len=5, precision=policy, backend="triton")
+    reference = ReplayCache(buffer_len=5, precision=policy, backend="torch")
+    out = model.generate(prompt, **{cache_kwarg(model): fused}, **kw)
+    ref = model.generate(prompt, **{cache_kwarg(model): reference}, **kw)
+    assert max_logit_diff(out.logits, ref.logits) < 2e-3
+    assert fused.stats() == reference.stats() and fused.stats()["flushes"] > 0
+    for layer in fused.replay_layers.values():
+        assert layer.schedule.kernel_flushes > 0
+        store = layer.schedule.store
+        want = store.slots[0].read_codec.encode(store.recurrence())
+        for name, value in store.slots[0].read_copy.items():
+            assert torch.equal(value, want[name]), name
+
+
 @pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text", "kimi_linear"])
 def test_cuda_compiled_static_cache_with_cuda_graphs(model_type):
     """A static ReplayCache under transformers' default compile config (Inductor, reduce-overhead: CUDA graphs):

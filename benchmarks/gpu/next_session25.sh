@@ -4,7 +4,12 @@
 #   [K, 32] x 1 for KDA) in their CUDA tests (`delta_exact_fold`, `delta_host_phase`, `delta_stream_default`), then the
 #   host cycle at those defaults and the split device step's flush launch on [K, 16] x 1 / [K, 64] x 2 against its
 #   [K, 32] x 1 (`read_copy_defaults.py --device-flush-tiles`; next_session24.sh STAGE=8 found no GPU time left).
-# Call: run(command="STAGE=1 bash benchmarks/gpu/next_session25.sh", carry=[".triton_cache"], timeout_s=400).
+# STAGE=2 (about 8 minutes, carry .whl too): eager separated precision, whose flush steps run the step kernel since
+#   the twenty-fourth session (flush_reads_copy on host positions, then the Triton re-encode): the CUDA tests (kernel
+#   case `flush_reads_copy`, tests/test_gpu.py's policies and Triton-backend tests), then eager `generate` of
+#   Qwen3.5-like and Nemotron-H-like at batch 64 with the fp32, fp8 and nvfp4 arms.
+# Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session25.sh", carry=[".triton_cache"], timeout_s=400), then
+#   STAGE=2 with carry=[".whl", ".triton_cache"].
 source benchmarks/gpu/install.sh || exit 1
 RES=/tmp/w/res_next_session25_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
 pack() { tar czf "$OUT/next_session25_$STAGE.tgz" -C "$RES" . ; }
@@ -15,6 +20,16 @@ if [ "$STAGE" = 1 ]; then
   timeout 150 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256,64 --specs gdn:fp8,kda:fp8,gdn:nvfp4 \
     --device-flush-tiles --out "$RES/read_copy_device_flush.json" > "$RES/read_copy_device_flush.txt" 2>&1
   echo "read_copy_device_flush rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+elif [ "$STAGE" = 2 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_read_copy_host_flush_cuda tests/test_kernels_read_copy.py \
+    -k "flush_reads_copy"
+  test_job 200 test_gpu_policies tests/test_gpu.py -k "policies or triton_backend"
+  pack
+  for model in qwen3_5 nemotron_h; do
+    bench_job 150 generate_eager_separated_$model generate --models $model --batches 64 \
+      --arms stock,replay,replay-fp8,replay-nvfp4 --prompt 128 --new 64 --repeats 2 \
+      --out "$RES/generate_eager_separated_$model.json"; pack
+  done
 fi
 tail -n 12 "$RES"/*.txt
 save_triton_cache

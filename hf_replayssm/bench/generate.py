@@ -47,8 +47,11 @@ from .step import _sync
 
 ARMS = ("stock", "stock-static-compiled", "replay", "replay-compiled", "replay-fp8-compiled",
         "replay-nvfp4-compiled")
+# eager separated-precision arms, asked for by name (not in the default list)
+EXTRA_ARMS = ("replay-fp8", "replay-nvfp4")
 REPLAY_PRECISION = {"replay": "fp32", "replay-compiled": "fp32", "replay-fp8-compiled": "separated-fp8",
-                    "replay-nvfp4-compiled": "separated-nvfp4"}
+                    "replay-nvfp4-compiled": "separated-nvfp4", "replay-fp8": "separated-fp8",
+                    "replay-nvfp4": "separated-nvfp4"}
 SPECULATIVE_ARMS = ("greedy-stock", "greedy-replay", "lookup-replay", "draft-replay")
 PROMPT_KINDS = ("code-edit", "summary")
 # In-vocabulary special tokens for every shaped model (Kimi-Linear's config defaults, 163584+, lie outside the
@@ -185,7 +188,7 @@ def arm_kwargs(arm: str, model, settings: Settings, max_cache_len: int) -> dict:
     if arm == "stock-static-compiled":
         return dict(cache_implementation="static", compile_config=settings.compile_config())
     if arm not in REPLAY_PRECISION:
-        raise ValueError(f"unknown arm {arm!r}; arms: {ARMS}")
+        raise ValueError(f"unknown arm {arm!r}; arms: {ARMS + EXTRA_ARMS}")
     cache = _replay_cache(arm, model, settings, max_cache_len)
     kwargs = {cache_argument(model): cache}
     if arm.endswith("-compiled"):
@@ -658,7 +661,7 @@ def build_parser():
     parser.add_argument("--batches", default="1,64,256")
     parser.add_argument("--prompt", type=int, default=512, help="prompt tokens")
     parser.add_argument("--new", type=int, default=256, help="new tokens per sequence")
-    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, from {ARMS}")
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, from {ARMS + EXTRA_ARMS}")
     parser.add_argument("--repeats", type=int, default=2, help="timed runs per arm, after one warm-up run")
     parser.add_argument("--buffer-len", type=int, default=16)
     parser.add_argument("--backend", default="auto", help="ReplayCache backend (auto: Triton on CUDA)")

@@ -1470,7 +1470,8 @@ def _replay_step(
             BLOCK_R=block_r,  # >= 16: the flush's tl.dot needs it on the GPU
             FLUSH_DOT=flush_dot,
             FLUSH_PRECISION=FLUSH_PRECISION,
-            # a split step's flush launch reads the copy only for a flushing row's output (flush_reads_copy)
+            # a flush-only launch (host phase 2, a split step's 3) reads the copy only for a flushing row's output
+            # (flush_reads_copy)
             READ_FORMAT="fp32" if flush_only and not flush_reads_copy else kernel_read_format,
             EXACT_FOLD=exact_fold,
             PREFETCH_STATE=kernel_phase == 4 and read_format == "fp32" and bool(_prefetch) and not _chunk_k,

@@ -979,7 +979,8 @@ def _replay_step(
             BLOCK_P=launch_cfg["block_p"],
             BLOCK_N=next_power_of_2(d_state),
             BLOCK_R=max(16, next_power_of_2(ring_size)) if flush_dot else block_r,
-            # a split step's flush launch reads the copy only for a flushing row's output (flush_reads_copy)
+            # a flush-only launch (host phase 2, a split step's 3) reads the copy only for a flushing row's output
+            # (flush_reads_copy)
             READ_FORMAT=kernel_read_format if kernel_phase in (0, 1, 4) or (kernel_phase in (2, 3) and flush_reads_copy)
             else "fp32",
             PREFETCH_STATE=kernel_phase == 4 and read_format == "fp32" and bool(_prefetch),

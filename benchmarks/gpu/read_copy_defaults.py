@@ -29,6 +29,9 @@ STREAM_CANDIDATES = [(32, 1, 16), (64, 1, 16)]
 FLUSH_TILES = [(64, 4), (64, 2), (64, 1), (32, 2), (32, 1), (16, 1)]
 # --device-flush-tiles: a split step's flush launch (exact fold, flushing rows' outputs from the copy) on other tiles
 DEVICE_FLUSH_TILES = [(16, 1), (64, 2)]
+# the arms every row has, each also as a ratio to our standard step (x_std_<arm>), in the printed order
+ARMS = ("host_default", "host_whole_tile", "device_mixed_default", "device_mixed_fused", "device_in_phase_default",
+        "device_in_phase_fused")
 
 
 def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: torch.device, smoke: bool,
@@ -92,8 +95,7 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
     gen = torch.Generator(device=device).manual_seed(batch)
     inputs = bench_delta.StepInputs(batch, shape, per_key, L, device, gen, cuda)
     row["standard_us"] = us(inputs.kernel_fn(delta_rule._state_update))
-    for key in ("host_default", "host_whole_tile", "device_mixed_default", "device_mixed_fused",
-                "device_in_phase_default", "device_in_phase_fused"):
+    for key in ARMS:
         row[f"x_std_{key}"] = row["standard_us"] / row[f"{key}_us"]
     return row
 
@@ -125,9 +127,7 @@ def main() -> None:
                   f"{row['device_stream_config']}): "
                   + ", ".join(f"{key[:-3]} {value:.1f}" for key, value in row.items() if key.endswith("_us"))
                   + " us; x std: host {:.2f} (whole tile {:.2f}), device mixed {:.2f} (fused {:.2f}), in phase {:.2f} "
-                    "(fused {:.2f})".format(*(row[f"x_std_{key}"] for key in (
-                        "host_default", "host_whole_tile", "device_mixed_default", "device_mixed_fused",
-                        "device_in_phase_default", "device_in_phase_fused"))), flush=True)
+                    "(fused {:.2f})".format(*(row[f"x_std_{key}"] for key in ARMS)), flush=True)
             with open(args.out, "w") as f:  # after every row: a timeout keeps what was measured
                 json.dump(rows, f, indent=1)
 

@@ -39,10 +39,14 @@ class _Slot:
         speculative decoding)."""
         noise = NoiseKey(self.policy.seed, self.layer, position) if self.policy.stochastic_rounding else None
         checkpoint = self.checkpoint_codec.encode(state, noise)
-        read_copy = None
-        if self.read_codec is not None:  # refreshed from the checkpoint, never read back into the recurrence
-            read_copy = self.read_codec.encode(self.checkpoint_codec.decode(checkpoint))
-        return checkpoint, read_copy
+        return checkpoint, self.encode_read_copy(checkpoint)
+
+    def encode_read_copy(self, checkpoint: Encoding | None = None) -> Encoding | None:
+        """The read copy of ``checkpoint`` (default: the stored one), or None without a read format: refreshed from
+        the checkpoint, never read back into the recurrence."""
+        if self.read_codec is None:
+            return None
+        return self.read_codec.encode(self.decode_checkpoint(checkpoint))
 
     def load(self, checkpoint: Encoding, read_copy: Encoding | None) -> None:
         if not self.checkpoint:  # first time: compact copies become the static storage
@@ -183,7 +187,7 @@ class CheckpointStore:
         if reencode is not None:
             reencode(slot.checkpoint["values"], slot.read_copy, slot.policy.read_format)
         else:
-            _copy_into(slot.read_copy, slot.read_codec.encode(slot.decode_checkpoint()))
+            _copy_into(slot.read_copy, slot.encode_read_copy())
 
     def write(self, state: torch.Tensor, position: int) -> None:
         """Store ``state`` as the checkpoint at token ``position``."""

@@ -129,7 +129,7 @@ from hf_replayssm.kernels.flush_grid import (
     walk_positions,
 )
 from hf_replayssm.kernels.host_math import cdiv, next_power_of_2
-from hf_replayssm.kernels.read_copy import load_read_tile, read_copy_operands
+from hf_replayssm.kernels.read_copy import e2m1_to_float, load_read_tile, read_copy_operands
 from hf_replayssm.ops.delta_step import delta_replay_step_ref, delta_state_update_ref
 from hf_replayssm.ops.positions import host_phase
 
@@ -406,6 +406,33 @@ def _load_chunk(s_base, scale_base, tensor_scale_base, offs_c, offs_v, mask_v, v
 
 
 @triton.jit
+def _scaled_qk_chunk(q_base, k_base, decay_base, offs_c, K, q_factor, k_factor, stride_q_k, stride_k_k,
+                     GATE_PER_KEY: tl.constexpr):
+    """Rows ``offs_c`` of q and k (raw, 0 past K) times their normalising factors and, for a per-key gate, the
+    decays."""
+    mask_c = offs_c < K
+    q_c = tl.load(q_base + offs_c * stride_q_k, mask=mask_c, other=0.0).to(tl.float32) * q_factor
+    k_c = tl.load(k_base + offs_c * stride_k_k, mask=mask_c, other=0.0).to(tl.float32) * k_factor
+    if GATE_PER_KEY:
+        decay_c = tl.load(decay_base + offs_c, mask=mask_c, other=0.0)
+        q_c = q_c * decay_c
+        k_c = k_c * decay_c
+    return q_c, k_c
+
+
+@triton.jit
+def _nvfp4_byte_chunk(s_base, scale_base, offs_c, offs_j, K, V, stride_s_k, stride_s_v, stride_scale_k,
+                      stride_scale_v):
+    """Rows ``offs_c`` of an nvfp4 copy as packed bytes [len(offs_c), len(offs_j)] (byte j: elements 2j, low
+    nibble, and 2j + 1) and each byte's block scale (block j // 8), 0 past K / V; raw, decoded by the caller."""
+    mask = (offs_c < K)[:, None] & (offs_j * 2 < V)[None, :]
+    byte = tl.load(s_base + offs_c[:, None] * stride_s_k + offs_j[None, :] * stride_s_v, mask=mask, other=0)
+    block_scale = tl.load(scale_base + offs_c[:, None] * stride_scale_k + (offs_j // 8)[None, :] * stride_scale_v,
+                          mask=mask, other=0.0)
+    return byte, block_scale
+
+
+@triton.jit
 def _chunked_checkpoint_products(s_base, q_base, k_base, decay_base, row_scale_base, tensor_scale_base, offs_v, mask_v,
                                  v_start, decay, scale, K, V, stride_s_k, stride_s_v, stride_q_k, stride_k_k,
                                  stride_row_scale, stride_scale_v,
@@ -413,15 +440,17 @@ def _chunked_checkpoint_products(s_base, q_base, k_base, decay_base, row_scale_b
                                  BLOCK_V: tl.constexpr, CHUNK_K: tl.constexpr, READ_FORMAT: tl.constexpr):
     """S0^T (exp(c) q) and S0^T (exp(c) k) [BLOCK_V] with the checkpoint tile streamed CHUNK_K rows at a time
     instead of held whole in registers: a replaying program never writes the checkpoint, so these two products are
-    all it needs of it. Two [CHUNK_K, BLOCK_V] accumulators, reduced over K once at the end; each chunk's load is
-    issued one chunk ahead. The chunks of q and k are read again (raw) and scaled by the factors the whole vectors
-    are normalised with; per-key decays come from the weights pre-launch (``decay_base``, [BLOCK_K]), a scalar
-    gate's ``decay`` scales the sums. READ_FORMAT "fp8": ``s_base`` / its strides are the read copy's E4M3 codes
-    and ``row_scale_base`` its per-row (per K) float32 scales, folded into the chunk's q and k (S0 = codes x row
-    scale, so S0^T q = codes^T (scale * q)): the decode is the hardware conversion alone, and a chunk costs a
-    quarter of the fp32 checkpoint's bytes. "nvfp4" / "nvfp4_pairs": an nvfp4 copy's packed codes (``s_base``),
-    block scales (``row_scale_base``, strides over K and V) and the batch row's tensor scale, each chunk decoded as
-    it is loaded (the block scales vary along V, so nothing folds into q)."""
+    all it needs of it. Accumulators of [CHUNK_K, BLOCK_V] elements, reduced over K once at the end; each chunk's
+    load is issued one chunk ahead. The chunks of q and k are read again (raw) and scaled by the factors the whole
+    vectors are normalised with; per-key decays come from the weights pre-launch (``decay_base``, [BLOCK_K]), a
+    scalar gate's ``decay`` scales the sums. READ_FORMAT "fp8": ``s_base`` / its strides are the read copy's E4M3
+    codes and ``row_scale_base`` its per-row (per K) float32 scales, folded into the chunk's q and k (S0 = codes x
+    row scale, so S0^T q = codes^T (scale * q)): the decode is the hardware conversion alone, and a chunk costs a
+    quarter of the fp32 checkpoint's bytes. "nvfp4_pairs": an nvfp4 copy's packed codes (``s_base``), block scales
+    (``row_scale_base``, strides over K and V) and the batch row's tensor scale; the tensor scale folds into the
+    factors and each byte's block scale into its row's q and k (one product per byte, not two per element), and the
+    even and odd elements (low and high nibbles) keep accumulators of their own, interleaved once at the end, so a
+    chunk is never shuffled into element order. "nvfp4": each chunk decoded as it is loaded (:func:`_load_chunk`)."""
     offs_k = tl.arange(0, BLOCK_K)
     mask_k = offs_k < K
     q_factor = scale
@@ -431,32 +460,57 @@ def _chunked_checkpoint_products(s_base, q_base, k_base, decay_base, row_scale_b
         k_all = tl.load(k_base + offs_k * stride_k_k, mask=mask_k, other=0.0).to(tl.float32)
         q_factor = scale * tl.rsqrt(tl.sum(q_all * q_all, axis=0) + 1e-6)
         k_factor = tl.rsqrt(tl.sum(k_all * k_all, axis=0) + 1e-6)
-    acc_q = tl.zeros([CHUNK_K, BLOCK_V], dtype=tl.float32)
-    acc_k = tl.zeros([CHUNK_K, BLOCK_V], dtype=tl.float32)
-    s_next = _load_chunk(s_base, row_scale_base, tensor_scale_base, tl.arange(0, CHUNK_K), offs_v, mask_v, v_start, K,
-                         V, stride_s_k, stride_s_v, stride_row_scale, stride_scale_v, READ_FORMAT, BLOCK_V)
-    for k0 in range(0, BLOCK_K, CHUNK_K):
-        # the next chunk's load is issued before this chunk's arithmetic (two chunks live: a double buffer)
-        s_c = s_next.to(tl.float32)
-        s_next = _load_chunk(s_base, row_scale_base, tensor_scale_base, k0 + CHUNK_K + tl.arange(0, CHUNK_K), offs_v,
-                             mask_v, v_start, K, V, stride_s_k, stride_s_v, stride_row_scale, stride_scale_v,
-                             READ_FORMAT, BLOCK_V)
-        offs_c = k0 + tl.arange(0, CHUNK_K)
-        mask_c = offs_c < K
-        q_c = tl.load(q_base + offs_c * stride_q_k, mask=mask_c, other=0.0).to(tl.float32) * q_factor
-        k_c = tl.load(k_base + offs_c * stride_k_k, mask=mask_c, other=0.0).to(tl.float32) * k_factor
-        if GATE_PER_KEY:
-            decay_c = tl.load(decay_base + offs_c, mask=mask_c, other=0.0)
-            q_c = q_c * decay_c
-            k_c = k_c * decay_c
-        if READ_FORMAT == "fp8":
-            row_scale = tl.load(row_scale_base + offs_c * stride_row_scale, mask=mask_c, other=0.0)
-            q_c = q_c * row_scale
-            k_c = k_c * row_scale
-        acc_q += s_c * q_c[:, None]
-        acc_k += s_c * k_c[:, None]
-    pq = tl.sum(acc_q, axis=0)
-    pk = tl.sum(acc_k, axis=0)
+    if READ_FORMAT == "nvfp4_pairs":
+        tensor_scale = tl.load(tensor_scale_base)
+        q_factor = q_factor * tensor_scale
+        k_factor = k_factor * tensor_scale
+        offs_j = v_start // 2 + tl.arange(0, BLOCK_V // 2)
+        acc_q_even = tl.zeros([CHUNK_K, BLOCK_V // 2], dtype=tl.float32)
+        acc_q_odd = tl.zeros([CHUNK_K, BLOCK_V // 2], dtype=tl.float32)
+        acc_k_even = tl.zeros([CHUNK_K, BLOCK_V // 2], dtype=tl.float32)
+        acc_k_odd = tl.zeros([CHUNK_K, BLOCK_V // 2], dtype=tl.float32)
+        byte_next, scale_next = _nvfp4_byte_chunk(s_base, row_scale_base, tl.arange(0, CHUNK_K), offs_j, K, V,
+                                                  stride_s_k, stride_s_v, stride_row_scale, stride_scale_v)
+        for k0 in range(0, BLOCK_K, CHUNK_K):
+            byte = byte_next.to(tl.int32)
+            block_scale = scale_next.to(tl.float32)
+            byte_next, scale_next = _nvfp4_byte_chunk(s_base, row_scale_base, k0 + CHUNK_K + tl.arange(0, CHUNK_K),
+                                                      offs_j, K, V, stride_s_k, stride_s_v, stride_row_scale,
+                                                      stride_scale_v)
+            q_c, k_c = _scaled_qk_chunk(q_base, k_base, decay_base, k0 + tl.arange(0, CHUNK_K), K, q_factor,
+                                        k_factor, stride_q_k, stride_k_k, GATE_PER_KEY)
+            q_s = q_c[:, None] * block_scale
+            k_s = k_c[:, None] * block_scale
+            even = e2m1_to_float(byte & 0xF)
+            odd = e2m1_to_float(byte >> 4)
+            acc_q_even += even * q_s
+            acc_q_odd += odd * q_s
+            acc_k_even += even * k_s
+            acc_k_odd += odd * k_s
+        pq = tl.reshape(tl.join(tl.sum(acc_q_even, axis=0), tl.sum(acc_q_odd, axis=0)), [BLOCK_V])
+        pk = tl.reshape(tl.join(tl.sum(acc_k_even, axis=0), tl.sum(acc_k_odd, axis=0)), [BLOCK_V])
+    else:
+        acc_q = tl.zeros([CHUNK_K, BLOCK_V], dtype=tl.float32)
+        acc_k = tl.zeros([CHUNK_K, BLOCK_V], dtype=tl.float32)
+        s_next = _load_chunk(s_base, row_scale_base, tensor_scale_base, tl.arange(0, CHUNK_K), offs_v, mask_v, v_start,
+                             K, V, stride_s_k, stride_s_v, stride_row_scale, stride_scale_v, READ_FORMAT, BLOCK_V)
+        for k0 in range(0, BLOCK_K, CHUNK_K):
+            # the next chunk's load is issued before this chunk's arithmetic (two chunks live: a double buffer)
+            s_c = s_next.to(tl.float32)
+            s_next = _load_chunk(s_base, row_scale_base, tensor_scale_base, k0 + CHUNK_K + tl.arange(0, CHUNK_K),
+                                 offs_v, mask_v, v_start, K, V, stride_s_k, stride_s_v, stride_row_scale,
+                                 stride_scale_v, READ_FORMAT, BLOCK_V)
+            offs_c = k0 + tl.arange(0, CHUNK_K)
+            q_c, k_c = _scaled_qk_chunk(q_base, k_base, decay_base, offs_c, K, q_factor, k_factor, stride_q_k,
+                                        stride_k_k, GATE_PER_KEY)
+            if READ_FORMAT == "fp8":
+                row_scale = tl.load(row_scale_base + offs_c * stride_row_scale, mask=offs_c < K, other=0.0)
+                q_c = q_c * row_scale
+                k_c = k_c * row_scale
+            acc_q += s_c * q_c[:, None]
+            acc_k += s_c * k_c[:, None]
+        pq = tl.sum(acc_q, axis=0)
+        pk = tl.sum(acc_k, axis=0)
     if not GATE_PER_KEY:
         pq = decay * pq
         pk = decay * pk
@@ -1125,11 +1179,28 @@ def read_copy_stream_config(batch: int, key_dim: int, per_key_gate: bool, read_f
     return (32, 1, 16) if per_key_gate else (64, 1, 16)
 
 
-def read_copy_split_flush_config(value_dim: int) -> tuple[int, int]:
+def read_copy_split_flush_config(value_dim: int, per_key_gate: bool = False,
+                                 read_format: str = "fp8") -> tuple[int, int]:
     """(BLOCK_V, num_warps) of a split step's flush launch when its replay launch streams a read copy
-    (:func:`read_copy_stream_config`): [K, 32] x 1. H200, batch 256, the separated policy's step, rows in phase
-    (run 133): Qwen3-Next fp8 236.1 us against 241.6 at [K, 64] x 2 and 288.1 on the replay launch's [K, 64] x 1;
-    nvfp4 369.6 against 374.5 and 896.5; Kimi-Linear fp8 291.1 against 289.0 at [K, 64] x 2."""
+    (:func:`read_copy_stream_config`): nvfp4 [K, 16] x 1, fp8 GDN [K, 32] x 1 and KDA [K, 64] x 2 (the flush launch
+    decodes the copy's whole tile for the due rows' outputs: a wide nvfp4 tile spills). H200, the separated policy's
+    step, re-encode included (``read_copy_defaults.py --device-flush-tiles``), us per step at batch 256 in phase /
+    mixed phases:
+
+    * Qwen3-Next nvfp4 (run 143): [K, 16] x 1 334.2 / 427.3, [K, 64] x 2 339.7 / 470.7 (run 141, before the nvfp4
+      fold: 368.7 / 466.4 against [K, 32] x 1's 370.0 / 508.4); batch 64 93.1 / 170.2 vs 94.2 / 183.5.
+    * Kimi-Linear nvfp4 (run 143): [K, 16] x 1 391.7 / 529.3, [K, 64] x 2 604.7 / 769.1, fused 538.9 / 626.2;
+      batch 64 109.6 / 204.2 vs 162.1 / 240.4.
+    * Kimi-Linear fp8 (runs 141, 143): [K, 64] x 2 289.0-289.6 / 361.0-361.7, [K, 32] x 1 291.4 / 396.3, [K, 16] x 1
+      341.3 / 447.8; batch 64 83.7 / 121.1 vs 83.9 / 149.0.
+    * Qwen3-Next fp8 (run 141): [K, 32] x 1 236.0 / 318.7, [K, 64] x 2 241.7 / 307.1, [K, 16] x 1 268.0 / 316.1
+      (plain batched decoding keeps its rows in phase); run 133: 236.1 against 288.1 on the replay launch's
+      [K, 64] x 1."""
+    if read_format == "nvfp4":
+        return 16, 1
+    if per_key_gate:
+        block_v = min(64, max(16, next_power_of_2(value_dim)))
+        return block_v, 2 if block_v == 64 else 1
     return min(32, max(16, next_power_of_2(value_dim))), 1
 
 
@@ -1326,7 +1397,7 @@ def _replay_step(
     elif (stream is not None and phase == 0 and _split in ("auto", True) and bool(_count_launch) and bool(_ticket)
           and not _ring_physical):
         block_v, num_warps, _chunk_k = stream
-        stream_flush_tile = read_copy_split_flush_config(value_dim)
+        stream_flush_tile = read_copy_split_flush_config(value_dim, per_key, read_format)
         _split = True
     if _split == "auto":
         _split = False

@@ -51,7 +51,7 @@ def read_copy_operands(read_copy: dict | None, read_format: str | None, state: t
 
 
 @triton.jit
-def _e2m1_to_float(nibble):
+def e2m1_to_float(nibble):
     """E2M1 codes (int32 0..15) -> float32: magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6; bit 3 is the sign. Built as the
     float's bits, which costs about half the instructions of arithmetic on the fields (SASS for sm_90): a code
     ``c = 2e + m`` with e >= 1 is 2^(e-1) (1 + m/2), i.e. exponent field e + 126 and mantissa bit 22 = m, which
@@ -94,12 +94,12 @@ def load_read_tile(values_ptr, scales_ptr, tensor_scale_ptr, pid_b, h, offs_a, o
         byte = tl.load(v_base + offs_j[None, :] * stride_v_c, mask=byte_mask, other=0).to(tl.int32)
         block_scale = tl.load(s_base + (offs_j // 8)[None, :] * stride_s_c, mask=byte_mask, other=0.0).to(tl.float32)
         tensor_scale = tl.load(tensor_scale_ptr + pid_b * stride_t_b)
-        low = (_e2m1_to_float(byte & 0xF) * block_scale) * tensor_scale
-        high = (_e2m1_to_float(byte >> 4) * block_scale) * tensor_scale
+        low = (e2m1_to_float(byte & 0xF) * block_scale) * tensor_scale
+        high = (e2m1_to_float(byte >> 4) * block_scale) * tensor_scale
         return tl.reshape(tl.join(low, high), [offs_a.shape[0], BLOCK_C])
     else:
         byte = tl.load(v_base + (offs_c // 2)[None, :] * stride_v_c, mask=mask, other=0).to(tl.int32)
         nibble = (byte >> ((offs_c % 2) * 4)[None, :]) & 0xF
         block_scale = tl.load(s_base + (offs_c // 16)[None, :] * stride_s_c, mask=mask, other=0.0)
         tensor_scale = tl.load(tensor_scale_ptr + pid_b * stride_t_b)
-        return (_e2m1_to_float(nibble) * block_scale.to(tl.float32)) * tensor_scale
+        return (e2m1_to_float(nibble) * block_scale.to(tl.float32)) * tensor_scale

@@ -156,8 +156,9 @@ def test_cuda_triton_backend_matches_stock_and_reference(model_type):
 def test_cuda_triton_backend_separated_flushes_in_the_kernel(model_type, policy):
     """Eager separated precision on the GPU: flush steps run the step kernel (outputs from the copy, the fold into
     the fp32 checkpoint) and the Triton re-encode refreshes the copy; against the torch backend with the same policy
-    (2e-3: summation order can flip one code of a later layer's copy), the same flush schedule, the copy the store's
-    codec gives for the final checkpoint."""
+    (summation order can flip one code of a later layer's copy: 2e-3 for fp8; nvfp4's E2M1 steps are up to a third of
+    a block's scale, so 3e-2, run 142 measured 1.2e-2 on Kimi-Linear; the format's own error against fp32 is 0.13-10),
+    the same flush schedule, the copy the store's codec gives for the final checkpoint."""
     pytest.importorskip("triton")
     model = _cuda(model_type)
     prompt = torch.randint(3, 120, (2, 9), device="cuda")
@@ -166,7 +167,7 @@ def test_cuda_triton_backend_separated_flushes_in_the_kernel(model_type, policy)
     reference = ReplayCache(buffer_len=5, precision=policy, backend="torch")
     out = model.generate(prompt, **{cache_kwarg(model): fused}, **kw)
     ref = model.generate(prompt, **{cache_kwarg(model): reference}, **kw)
-    assert max_logit_diff(out.logits, ref.logits) < 2e-3
+    assert max_logit_diff(out.logits, ref.logits) < (3e-2 if policy.endswith("nvfp4") else 2e-3)
     assert fused.stats() == reference.stats() and fused.stats()["flushes"] > 0
     for layer in fused.replay_layers.values():
         assert layer.schedule.kernel_flushes > 0

@@ -293,6 +293,10 @@ def case_delta_stream_default(_, device):
             assert module.read_copy_stream_config(3, 256, False, fmt) is None  # past 128 key channels
         assert module.read_copy_split_flush_config(24) == (32, 1)
         assert module.read_copy_split_flush_config(8) == (16, 1)
+        assert module.read_copy_split_flush_config(128, False, "nvfp4") == (16, 1)
+        assert module.read_copy_split_flush_config(128, True, "fp8") == (64, 2)
+        assert module.read_copy_split_flush_config(24, True, "nvfp4") == (16, 1)
+        assert module.read_copy_split_flush_config(24, True, "fp8") == (32, 1)
         default = dict(_split="auto")  # the default launch (a launch argument: compared within float32 rounding)
         for name, fmt in (("gdn", "fp8"), ("gdn", "nvfp4"), ("kda", "fp8"), ("kda", "nvfp4")):
             for count in (2, 5):
@@ -319,13 +323,13 @@ def case_delta_stream_default(_, device):
                 ("kda", "fp8", host, [(1, 16, 32, 1)], dict(_block_v=32, _num_warps=1, _chunk_k=16)),
                 ("gdn", "fp8", mixed, [(3, 0, 32, 1), (4, 16, 64, 1)],
                  dict(_block_v=64, _num_warps=1, _chunk_k=16, **split)),
-                ("gdn", "nvfp4", mixed, [(3, 0, 32, 1), (4, 16, 64, 1)],
-                 dict(_block_v=64, _num_warps=1, _chunk_k=16, **split)),
+                ("gdn", "nvfp4", mixed, [(3, 0, 16, 1), (4, 16, 64, 1)],
+                 dict(_block_v=64, _num_warps=1, _chunk_k=16, _split=True, _flush_config=(16, 1))),
                 ("kda", "nvfp4", host, [(1, 16, 32, 1)], dict(_block_v=32, _num_warps=1, _chunk_k=16)),
                 ("kda", "fp8", mixed, [(3, 0, 32, 1), (4, 16, 32, 1)],
                  dict(_block_v=32, _num_warps=1, _chunk_k=16, **split)),
-                ("kda", "nvfp4", mixed, [(3, 0, 32, 1), (4, 16, 32, 1)],
-                 dict(_block_v=32, _num_warps=1, _chunk_k=16, **split))):
+                ("kda", "nvfp4", mixed, [(3, 0, 16, 1), (4, 16, 32, 1)],
+                 dict(_block_v=32, _num_warps=1, _chunk_k=16, _split=True, _flush_config=(16, 1)))):
             y, p, pos, launches = launched(origin, count, fmt, name)
             assert launches == want, (name, fmt, launches)
             y_explicit, p_explicit, pos_explicit, _ = launched(origin, count, fmt, name, **explicit)

@@ -10,6 +10,9 @@
 #   Qwen3.5-like and Nemotron-H-like at batch 64 with the fp32, fp8 and nvfp4 arms.
 # Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session25.sh", carry=[".triton_cache"], timeout_s=400), then
 #   STAGE=2 with carry=[".whl", ".triton_cache"].
+# STAGE=3 (added in the twenty-fifth session after STAGE=1-2 ran as runs 141-142): the nvfp4 streamed read with its
+#   scales folded into q and k and its nibbles accumulated apart, and the split flush tiles of run 141 (GDN nvfp4
+#   [K, 16] x 1, KDA [K, 64] x 2): CUDA tests, then read_copy_defaults.py on gdn:nvfp4, kda:nvfp4, kda:fp8.
 source benchmarks/gpu/install.sh || exit 1
 RES=/tmp/w/res_next_session25_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
 pack() { tar czf "$OUT/next_session25_$STAGE.tgz" -C "$RES" . ; }
@@ -30,6 +33,14 @@ elif [ "$STAGE" = 2 ]; then
       --arms stock,replay,replay-fp8,replay-nvfp4 --prompt 128 --new 64 --repeats 2 \
       --out "$RES/generate_eager_separated_$model.json"; pack
   done
+elif [ "$STAGE" = 3 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 300 test_read_copy_nvfp4_cuda tests/test_kernels_read_copy.py \
+    -k "delta_stream_default or delta_chunked or nvfp4"
+  test_job 150 test_gpu_separated tests/test_gpu.py -k "separated_flushes"
+  pack
+  timeout 200 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256,64 --specs gdn:nvfp4,kda:nvfp4,kda:fp8 \
+    --device-flush-tiles --out "$RES/read_copy_nvfp4_fold.json" > "$RES/read_copy_nvfp4_fold.txt" 2>&1
+  echo "read_copy_nvfp4_fold rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
 fi
 tail -n 12 "$RES"/*.txt
 save_triton_cache

@@ -129,7 +129,7 @@ from hf_replayssm.kernels.flush_grid import (
     walk_positions,
 )
 from hf_replayssm.kernels.host_math import cdiv, next_power_of_2
-from hf_replayssm.kernels.read_copy import e2m1_to_float, load_read_tile, read_copy_operands
+from hf_replayssm.kernels.read_copy import e2m1_to_float, load_nvfp4_bytes, load_read_tile, read_copy_operands
 from hf_replayssm.ops.delta_step import delta_replay_step_ref, delta_state_update_ref
 from hf_replayssm.ops.positions import host_phase
 
@@ -421,18 +421,6 @@ def _scaled_qk_chunk(q_base, k_base, decay_base, offs_c, K, q_factor, k_factor, 
 
 
 @triton.jit
-def _nvfp4_byte_chunk(s_base, scale_base, offs_c, offs_j, K, V, stride_s_k, stride_s_v, stride_scale_k,
-                      stride_scale_v):
-    """Rows ``offs_c`` of an nvfp4 copy as packed bytes [len(offs_c), len(offs_j)] (byte j: elements 2j, low
-    nibble, and 2j + 1) and each byte's block scale (block j // 8), 0 past K / V; raw, decoded by the caller."""
-    mask = (offs_c < K)[:, None] & (offs_j * 2 < V)[None, :]
-    byte = tl.load(s_base + offs_c[:, None] * stride_s_k + offs_j[None, :] * stride_s_v, mask=mask, other=0)
-    block_scale = tl.load(scale_base + offs_c[:, None] * stride_scale_k + (offs_j // 8)[None, :] * stride_scale_v,
-                          mask=mask, other=0.0)
-    return byte, block_scale
-
-
-@triton.jit
 def _chunked_checkpoint_products(s_base, q_base, k_base, decay_base, row_scale_base, tensor_scale_base, offs_v, mask_v,
                                  v_start, decay, scale, K, V, stride_s_k, stride_s_v, stride_q_k, stride_k_k,
                                  stride_row_scale, stride_scale_v,
@@ -469,14 +457,15 @@ def _chunked_checkpoint_products(s_base, q_base, k_base, decay_base, row_scale_b
         acc_q_odd = tl.zeros([CHUNK_K, BLOCK_V // 2], dtype=tl.float32)
         acc_k_even = tl.zeros([CHUNK_K, BLOCK_V // 2], dtype=tl.float32)
         acc_k_odd = tl.zeros([CHUNK_K, BLOCK_V // 2], dtype=tl.float32)
-        byte_next, scale_next = _nvfp4_byte_chunk(s_base, row_scale_base, tl.arange(0, CHUNK_K), offs_j, K, V,
-                                                  stride_s_k, stride_s_v, stride_row_scale, stride_scale_v)
+        byte_next, scale_next = load_nvfp4_bytes(s_base, row_scale_base, tl.arange(0, CHUNK_K),
+                                                 tl.arange(0, CHUNK_K) < K, offs_j, V, stride_s_k, stride_s_v,
+                                                 stride_row_scale, stride_scale_v)
         for k0 in range(0, BLOCK_K, CHUNK_K):
             byte = byte_next.to(tl.int32)
             block_scale = scale_next.to(tl.float32)
-            byte_next, scale_next = _nvfp4_byte_chunk(s_base, row_scale_base, k0 + CHUNK_K + tl.arange(0, CHUNK_K),
-                                                      offs_j, K, V, stride_s_k, stride_s_v, stride_row_scale,
-                                                      stride_scale_v)
+            offs_next = k0 + CHUNK_K + tl.arange(0, CHUNK_K)
+            byte_next, scale_next = load_nvfp4_bytes(s_base, row_scale_base, offs_next, offs_next < K, offs_j, V,
+                                                     stride_s_k, stride_s_v, stride_row_scale, stride_scale_v)
             q_c, k_c = _scaled_qk_chunk(q_base, k_base, decay_base, k0 + tl.arange(0, CHUNK_K), K, q_factor,
                                         k_factor, stride_q_k, stride_k_k, GATE_PER_KEY)
             q_s = q_c[:, None] * block_scale

@@ -89,7 +89,7 @@ from hf_replayssm.kernels.flush_grid import (
     walk_positions,
 )
 from hf_replayssm.kernels.host_math import cdiv, next_power_of_2
-from hf_replayssm.kernels.read_copy import load_read_tile, read_copy_operands
+from hf_replayssm.kernels.read_copy import load_nvfp4_bytes, load_read_tile, nvfp4_rows_dot, read_copy_operands
 from hf_replayssm.ops.mamba2_step import mamba2_replay_step_ref, mamba2_state_update_ref
 from hf_replayssm.ops.positions import host_phase
 
@@ -223,14 +223,15 @@ def _mamba2_weights_kernel(
 
 
 @triton.jit
-def _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count, ring_size,
+def _mamba2_replay_math(s0_c, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count, ring_size,
                         heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m, x_f, B_f, C_f, dt_m, la_m, A_h,
                         stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
                         stride_rdt_b, stride_rdt_r, stride_rdt_h,
                         stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
                         BLOCK_R: tl.constexpr, RING_PHYSICAL: tl.constexpr, append=True, w_base=0,
                         WEIGHTS_GIVEN: tl.constexpr = False):
-    """Replay: y from the checkpoint tile and the ``count`` committed records, then append the token's record
+    """Replay: y from the checkpoint's product with C (``s0_c`` = S0 C_m, [BLOCK_P]) and the ``count`` committed
+    records, then append the token's record
     (unless ``append`` is false: a flushing row's output from the read copy, FLUSH_READS_COPY). WEIGHTS_GIVEN: the
     records' coefficients, exp(lam) and the token's term come from ``_mamba2_weights_kernel`` at ``w_base`` (records
     in logical order), so only the records' x are loaded here."""
@@ -241,7 +242,7 @@ def _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group
         x_r = tl.load(ring_x_ptr + pid_b * stride_rx_b + slots[:, None] * stride_rx_r + h * stride_rx_h
                       + offs_p[None, :] * stride_rx_p, mask=valid[:, None] & mask_p[None, :], other=0.0
                       ).to(tl.float32)
-        y = (tl.load(w_base + BLOCK_R) * tl.sum(s0 * C_f[None, :], axis=1)
+        y = (tl.load(w_base + BLOCK_R) * s0_c
              + tl.sum(tl.load(w_base + offs_r)[:, None] * x_r, axis=0) + tl.load(w_base + BLOCK_R + 1) * x_f)
     else:
         x_r, B_r, w, lam = _mamba2_records(
@@ -250,7 +251,7 @@ def _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group
             stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n, BLOCK_R, RING_PHYSICAL)
         bc = tl.sum(B_r * C_f[None, :], axis=1)  # [R]: B_j . C_m
         bc_m = tl.sum(B_f * C_f, axis=0)
-        y = (tl.exp(lam) * tl.sum(s0 * C_f[None, :], axis=1) + tl.sum((w * bc)[:, None] * x_r, axis=0)
+        y = (tl.exp(lam) * s0_c + tl.sum((w * bc)[:, None] * x_r, axis=0)
              + (dt_m * bc_m) * x_f)
     # Append the token's record: x by every P tile, dt by P tile 0, B by P tile 0 of the group's first head (no
     # writer at all, writer_p = -1, and no x lanes when not appending).
@@ -437,6 +438,13 @@ def _mamba2_replay_step_kernel(
             s0 = s_pre.to(tl.float32)
         elif READ_FORMAT == "fp32" or ((PHASE == 2 or PHASE == 3) and not FLUSH_READS_COPY):
             s0 = tl.load(state_ptrs, mask=mask_pn, other=0.0).to(tl.float32)
+        elif (PHASE == 1 or PHASE == 4) and READ_FORMAT == "nvfp4_pairs":  # as stored: only S0 C is needed
+            offs_j = tl.arange(0, BLOCK_N // 2)
+            copy_bytes, copy_scales = load_nvfp4_bytes(
+                rc_values_ptr + pid_b * stride_rcv_b + h * stride_rcv_h,
+                rc_scales_ptr + pid_b * stride_rcs_b + h * stride_rcs_h, offs_p, mask_p, offs_j, N, stride_rcv_p,
+                stride_rcv_n, stride_rcs_p, stride_rcs_n)
+            copy_tensor_scale = tl.load(rc_tensor_scale_ptr + pid_b * stride_rct_b)
         elif PHASE == 1 or PHASE == 4 or FLUSH_READS_COPY:  # the decoded read copy (FLUSH_READS_COPY: every row's)
             s0 = load_read_tile(rc_values_ptr, rc_scales_ptr, rc_tensor_scale_ptr, pid_b, h, offs_p, offs_n, mask_pn,
                                 mask_p, 0, N, stride_rcv_b, stride_rcv_h, stride_rcv_p, stride_rcv_n,
@@ -462,7 +470,11 @@ def _mamba2_replay_step_kernel(
         count = count_raw & 0xFFFF
 
         if PHASE == 1 or PHASE == 4:
-            y = _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count,
+            if READ_FORMAT == "nvfp4_pairs" and not PREFETCH_STATE:
+                s0_c = copy_tensor_scale * nvfp4_rows_dot(copy_bytes, copy_scales, C_f, BLOCK_N)
+            else:
+                s0_c = tl.sum(s0 * C_f[None, :], axis=1)
+            y = _mamba2_replay_math(s0_c, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count,
                                     ring_size, heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m, x_f, B_f, C_f,
                                     dt_m, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
                                     stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g,
@@ -479,7 +491,8 @@ def _mamba2_replay_step_kernel(
             # Every row's y from the copy by the replay arithmetic (the separated policy's flush step output); a
             # flushing row appends nothing and folds into the checkpoint, read now, instead. (PHASE 3, the split
             # step's flush launch: only flushing rows run; PHASE 2, the host positions' flush-only launch: every row.)
-            y = _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count,
+            s0_c = tl.sum(s0 * C_f[None, :], axis=1)
+            y = _mamba2_replay_math(s0_c, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count,
                                     ring_size, heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m, x_f, B_f, C_f,
                                     dt_m, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
                                     stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g,
@@ -501,11 +514,12 @@ def _mamba2_replay_step_kernel(
                                        stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
                                        FOLD_UNROLL, False, FLUSH_PRECISION, BLOCK_R)
             else:
-                y = _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count,
-                                        ring_size, heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m, x_f, B_f,
-                                        C_f, dt_m, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
-                                        stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g,
-                                        stride_rB_n, BLOCK_R, RING_PHYSICAL)
+                s0_c = tl.sum(s0 * C_f[None, :], axis=1)
+                y = _mamba2_replay_math(s0_c, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin,
+                                        count, ring_size, heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m,
+                                        x_f, B_f, C_f, dt_m, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h,
+                                        stride_rx_p, stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b,
+                                        stride_rB_r, stride_rB_g, stride_rB_n, BLOCK_R, RING_PHYSICAL)
 
         _mamba2_store_y(y, x_f, D_h, z, y_ptr, pid_b, h, offs_p, mask_p, stride_y_b, stride_y_h, stride_y_p, HAS_D,
                         HAS_Z)
@@ -575,7 +589,8 @@ def _mamba2_replay_walk_kernel(
             mask_n, stride_x_b, stride_x_h, stride_x_p, stride_dt_b, stride_dt_h, stride_B_b, stride_B_g, stride_B_n,
             stride_C_b, stride_C_g, stride_C_n, stride_A, stride_D, stride_dt_bias, stride_z_b, stride_z_h,
             stride_z_p, HAS_D, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS)
-        y = _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count,
+        s0_c = tl.sum(s0 * C_f[None, :], axis=1)
+        y = _mamba2_replay_math(s0_c, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count,
                                 ring_size, heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m, x_f, B_f, C_f,
                                 dt_m, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
                                 stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g,

@@ -103,3 +103,29 @@ def load_read_tile(values_ptr, scales_ptr, tensor_scale_ptr, pid_b, h, offs_a, o
         block_scale = tl.load(s_base + (offs_c // 16)[None, :] * stride_s_c, mask=mask, other=0.0)
         tensor_scale = tl.load(tensor_scale_ptr + pid_b * stride_t_b)
         return (e2m1_to_float(nibble) * block_scale.to(tl.float32)) * tensor_scale
+
+
+@triton.jit
+def load_nvfp4_bytes(v_base, s_base, offs_a, row_mask, offs_j, row_len, stride_v_a, stride_v_c, stride_s_a,
+                     stride_s_c):
+    """Rows ``offs_a`` of an nvfp4 copy (bases already at the batch row and head) as stored: packed bytes
+    ``[len(offs_a), len(offs_j)]`` (byte j: element 2j in the low nibble, 2j + 1 in the high one) and each byte's
+    block scale (block j // 8), 0 where masked. For readers that only need the copy against a vector and so never
+    put the elements in order: the decode (:func:`e2m1_to_float` of each nibble) and the scales go where they cost
+    least (:func:`nvfp4_rows_dot`; the delta rule's streamed read folds them into q and k)."""
+    mask = row_mask[:, None] & (offs_j * 2 < row_len)[None, :]
+    byte = tl.load(v_base + offs_a[:, None] * stride_v_a + offs_j[None, :] * stride_v_c, mask=mask, other=0)
+    block_scale = tl.load(s_base + offs_a[:, None] * stride_s_a + (offs_j // 8)[None, :] * stride_s_c, mask=mask,
+                          other=0.0)
+    return byte, block_scale
+
+
+@triton.jit
+def nvfp4_rows_dot(byte, block_scale, vec, BLOCK_C: tl.constexpr):
+    """Each row of an nvfp4 tile (:func:`load_nvfp4_bytes`, the batch row's tensor scale left to the caller)
+    against ``vec`` [BLOCK_C]: [len(rows)]. The even and odd elements meet the vector's even and odd halves, so the
+    tile is never interleaved, and a byte's block scale multiplies its pair's sum once."""
+    vec_even, vec_odd = tl.split(tl.reshape(vec, [BLOCK_C // 2, 2]))
+    byte = byte.to(tl.int32)
+    pairs = e2m1_to_float(byte & 0xF) * vec_even[None, :] + e2m1_to_float(byte >> 4) * vec_odd[None, :]
+    return tl.sum(pairs * block_scale.to(tl.float32), axis=1)

@@ -175,6 +175,13 @@ def _positions(origin, count, device):
                                                                                     device=device))
 
 
+def _reordered_tol(y):
+    """Mamba-2's replay launches take an nvfp4 copy's product with C pair by pair (``nvfp4_rows_dot``) where its
+    other launches decode the tile first: the same terms summed in another order, equal within float32 rounding of
+    the outputs' scale (measured: 1.9e-6 at a scale of 25)."""
+    return dict(rtol=1e-6, atol=1e-6 * max(1.0, y.abs().max().item()))
+
+
 def _check(family, device, read_format, origins, counts, buffer_len, seed, launch=None):
     """One launch with a read copy against (a) the reference with the copy, (b) the kernel without a copy whose
     checkpoint is the decoded copy on replay rows. ``origins``/``counts``: per-row lists (device phase) or ints.
@@ -216,8 +223,9 @@ def _check(family, device, read_format, origins, counts, buffer_len, seed, launc
     plain["state"] = torch.where(replay[:, None, None, None], decoded, p["state"])
     y_plain = family.kernel(plain, *_positions(origins, counts, device), buffer_len)
     # the same float32 operations on the same values; a GPU compiler may contract FMAs, a launch override regroup
-    exact = device == "cpu" and not launch
-    tol = dict(rtol=0, atol=0) if exact else dict(rtol=1e-6, atol=1e-6)
+    reordered = family.name == "mamba2" and read_format == "nvfp4"
+    exact = device == "cpu" and not launch and not reordered
+    tol = dict(rtol=0, atol=0) if exact else _reordered_tol(y_plain) if reordered else dict(rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(y, y_plain, **tol)
     for name in family.rings:
         torch.testing.assert_close(got[name], plain[name], **tol)
@@ -389,7 +397,8 @@ def case_flush_reads_copy(_, device):
         if "other" in runs:  # the fused step equals the split one (constexpr variants: 1e-6 on a GPU)
             y_split, split, count_split = runs["other"]
             exact = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=1e-6, atol=1e-6)
-            torch.testing.assert_close(y_split, y, **exact)
+            torch.testing.assert_close(y_split, y, **(_reordered_tol(y) if name == "mamba2" and read_format == "nvfp4"
+                                                      else exact))
             assert torch.equal(count_split, count)
             for n in ("state", *family.rings):
                 torch.testing.assert_close(split[n], got[n], **exact)
@@ -425,7 +434,8 @@ def case_flush_reads_copy(_, device):
 
 def case_nvfp4_pairs(_, device):
     """``_nvfp4_pairs`` (the nvfp4 copy loaded as a byte tile, both nibbles decoded and interleaved) against the
-    default per-nibble load: the same outputs, checkpoints, rings and counts (bit for bit on CPU), with device
+    default per-nibble load: the same outputs, checkpoints, rings and counts (bit for bit on CPU but Mamba-2's
+    outputs: its replay launches reduce the byte tile against C, see ``_reordered_tol``), with device
     positions (mixed phases, with and without flush_reads_copy) and host positions (replay-only launches), every
     family, and an odd Mamba-2 row length (the last byte's high nibble is storage padding)."""
     import torch
@@ -452,7 +462,7 @@ def case_nvfp4_pairs(_, device):
             print(f" {name} d_state={d_state} counts={counts} flush_reads_copy={reads_copy}")
             (y, got, count), (y_pairs, got_pairs, count_pairs) = runs
             assert torch.isfinite(y).all()
-            torch.testing.assert_close(y_pairs, y, **tol)
+            torch.testing.assert_close(y_pairs, y, **(_reordered_tol(y) if name == "mamba2" else tol))
             for n in ("state", *family.rings):
                 torch.testing.assert_close(got_pairs[n], got[n], **tol)
             if isinstance(count, torch.Tensor):

@@ -13,6 +13,9 @@
 # STAGE=3 (added in the twenty-fifth session after STAGE=1-2 ran as runs 141-142): the nvfp4 streamed read with its
 #   scales folded into q and k and its nibbles accumulated apart, and the split flush tiles of run 141 (GDN nvfp4
 #   [K, 16] x 1, KDA [K, 64] x 2): CUDA tests, then read_copy_defaults.py on gdn:nvfp4, kda:nvfp4, kda:fp8.
+# STAGE=4: Mamba-2's replay launches taking an nvfp4 copy's product with C pair by pair (nvfp4_rows_dot): CUDA
+#   tests, `bench kernels --family mamba2 --read-format nvfp4`, and the nvfp4 split flush default ([K, 16] x 1 since
+#   run 143) timed as callers get it (read_copy_defaults.py on kda:nvfp4, gdn:nvfp4).
 source benchmarks/gpu/install.sh || exit 1
 RES=/tmp/w/res_next_session25_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
 pack() { tar czf "$OUT/next_session25_$STAGE.tgz" -C "$RES" . ; }
@@ -41,6 +44,16 @@ elif [ "$STAGE" = 3 ]; then
   timeout 200 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256,64 --specs gdn:nvfp4,kda:nvfp4,kda:fp8 \
     --device-flush-tiles --out "$RES/read_copy_nvfp4_fold.json" > "$RES/read_copy_nvfp4_fold.txt" 2>&1
   echo "read_copy_nvfp4_fold rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+elif [ "$STAGE" = 4 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 300 test_read_copy_mamba2_cuda tests/test_kernels_read_copy.py \
+    -k "mamba2 or nvfp4 or flush_reads_copy or delta_stream_default"
+  test_job 150 test_gpu_separated tests/test_gpu.py -k "separated or policies"
+  pack
+  bench_job 150 kernels_mamba2_nvfp4_dot kernels --family mamba2 --shapes nemotron-h-8b --batches 256 --no-sweep \
+    --read-format nvfp4 --out "$RES/kernels_mamba2_nvfp4_dot.json"; pack
+  timeout 150 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256,64 --specs kda:nvfp4,gdn:nvfp4 \
+    --out "$RES/read_copy_nvfp4_defaults.json" > "$RES/read_copy_nvfp4_defaults.txt" 2>&1
+  echo "read_copy_nvfp4_defaults rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
 fi
 tail -n 12 "$RES"/*.txt
 save_triton_cache

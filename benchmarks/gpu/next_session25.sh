@@ -16,6 +16,7 @@
 # STAGE=4: Mamba-2's replay launches taking an nvfp4 copy's product with C pair by pair (nvfp4_rows_dot): CUDA
 #   tests, `bench kernels --family mamba2 --read-format nvfp4`, and the nvfp4 split flush default ([K, 16] x 1 since
 #   run 143) timed as callers get it (read_copy_defaults.py on kda:nvfp4, gdn:nvfp4).
+# STAGE=5: compiled Kimi-Linear-like generate at batch 256 with the fp32, fp8 and nvfp4 arms.
 source benchmarks/gpu/install.sh || exit 1
 RES=/tmp/w/res_next_session25_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
 pack() { tar czf "$OUT/next_session25_$STAGE.tgz" -C "$RES" . ; }
@@ -54,6 +55,10 @@ elif [ "$STAGE" = 4 ]; then
   timeout 150 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256,64 --specs kda:nvfp4,gdn:nvfp4 \
     --out "$RES/read_copy_nvfp4_defaults.json" > "$RES/read_copy_nvfp4_defaults.txt" 2>&1
   echo "read_copy_nvfp4_defaults rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+elif [ "$STAGE" = 5 ]; then  # compiled Kimi-Linear-like at 256 rows, every precision arm (one repeat: GPU time)
+  bench_job 330 generate_compiled_kimi_linear generate --models kimi_linear --batches 256 \
+    --arms stock-static-compiled,replay-compiled,replay-fp8-compiled,replay-nvfp4-compiled --prompt 512 --new 128 \
+    --repeats 1 --out "$RES/generate_compiled_kimi_linear.json"; pack
 fi
 tail -n 12 "$RES"/*.txt
 save_triton_cache

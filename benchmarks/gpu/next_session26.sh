@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Planned GPU calls for the next session (not run yet). Every job packs what it wrote into $OUT right after it ends.
+# STAGE=1 (about 8 minutes, carry .whl too): compiled `generate` at batch 256 with every precision arm since the
+#   nvfp4 copies are read as stored (twenty-fifth session): Qwen3.5-like (prompt 512) and Nemotron-H-like (prompt 128,
+#   as in the end-to-end table of BENCHMARKS.md); the README's end-to-end separated numbers (Qwen3.5-like nvfp4
+#   1.04x, Nemotron-H-like 1.30x) predate them.
+# STAGE=2 (about 5 minutes, carry .whl too): where a compiled batch-1 Qwen3.5-like step goes (issue 8: 0.93x stock),
+#   replay against stock, two passes of the replay arm (profile_compiled.py).
+# Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session26.sh", carry=[".whl", ".triton_cache"],
+#   timeout_s=600), then STAGE=2 likewise.
+source benchmarks/gpu/install.sh || exit 1
+RES=/tmp/w/res_next_session26_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
+pack() { tar czf "$OUT/next_session26_$STAGE.tgz" -C "$RES" . ; }
+if [ "$STAGE" = 1 ]; then
+  for model in qwen3_5 nemotron_h; do
+    prompt=$([ $model = nemotron_h ] && echo 128 || echo 512)
+    bench_job 280 generate_compiled_${model}_separated generate --models $model --batches 256 \
+      --arms stock-static-compiled,replay-compiled,replay-fp8-compiled,replay-nvfp4-compiled --prompt $prompt \
+      --new 128 --repeats 1 --out "$RES/generate_compiled_${model}_separated.json"; pack
+  done
+elif [ "$STAGE" = 2 ]; then
+  timeout 300 python3 "$R/benchmarks/gpu/profile_compiled.py" --model qwen3_5 --batch 1 --prompt 512 --new 80 \
+    --arms replay-compiled,stock-static-compiled,replay-compiled --out "$RES/profile_compiled" \
+    > "$RES/profile_compiled.txt" 2>&1
+  echo "profile_compiled rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+fi
+tail -n 12 "$RES"/*.txt
+save_triton_cache

@@ -1141,7 +1141,8 @@ READ_COPY_STREAM_MIN_BATCH = 64
 def read_copy_stream_config(batch: int, key_dim: int, per_key_gate: bool, read_format: str,
                             device_phase: bool = False) -> tuple[int, int, int] | None:
     """(BLOCK_V, num_warps, CHUNK_K) of the replay-only launches reading a read copy when they stream it K rows at a
-    time (``_chunk_k``: an fp8 copy's row scales folded into q and k, an nvfp4 copy decoded chunk by chunk), or None
+    time (``_chunk_k``: an fp8 copy's row scales folded into q and k, an nvfp4 copy's scales too, its nibbles
+    accumulated apart: :func:`_chunked_checkpoint_products`), or None
     (the whole-tile launch). From :data:`READ_COPY_STREAM_MIN_BATCH` rows, up to 128 key channels, in chunks of 16:
     GDN on [K, 64] x 1, KDA on [K, 32] x 1, fp8 and nvfp4, with host positions and with device positions
     (``device_phase``: the replay launch of a split step, whose flush launch takes
@@ -1158,6 +1159,8 @@ def read_copy_stream_config(batch: int, key_dim: int, per_key_gate: bool, read_f
       291.1 against the fused 338.3 (the flush on [K, 64] x 2: 289.0);
     * Kimi-Linear nvfp4 (run 135): host cycle 351.5 against 490.2 ([K, 64] x 1 353.5); device split 412.3 against
       538.5 in phase, 570.6 against 627.6 in mixed phases.
+    * nvfp4 read as stored (twenty-fifth session, runs 143 / 144, the split flush on [K, 16] x 1): Qwen3-Next host
+      cycle 229.1, device split 333.3-334.2 in phase; Kimi-Linear host 268.1-268.4, device split 391.0-391.7.
 
     At batch 64 (runs 134 / 135) every streamed host cycle and in-phase device step is faster too (GDN fp8 51.7 /
     66.8 us against 74.0 / 95.1); in mixed phases KDA's split loses a little (fp8 151.3 against the fused 133.3,

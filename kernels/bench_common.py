@@ -7,6 +7,7 @@ import functools
 import importlib
 import importlib.util
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -42,7 +43,8 @@ class Timer:
     def __call__(self, fn) -> dict:
         """Time ``fn`` (cold L2 on GPU); returns milliseconds per call: median, p20, p80, reps."""
         if not self.cuda:
-            fn()  # compile / warm up
+            if os.environ.get("TRITON_INTERPRET") != "1":
+                fn()  # compile / warm up (the interpreter compiles nothing: a second run of every arm for nothing)
             times = []
             for _ in range(self.reps or 1):
                 start = time.perf_counter()

@@ -2,7 +2,8 @@
 host-position cycle at the defaults, for Mamba-2 (Nemotron-H 8B shape), KDA (Kimi-Linear) and GDN (Qwen3-Next).
 
 Each timed call is L launches over the bench's rotated state copies (``ReplayInputs.host_fn``, CUDA graph, cold L2),
-reported per launch. ``--smoke`` runs tiny shapes on the CPU (one rep each). Run on the GPU machine after
+reported per launch. ``--smoke`` runs tiny shapes on the CPU (one rep each, L = 4, one tile per tile width and fold:
+the interpreter ignores num_warps). Run on the GPU machine after
 ``source benchmarks/gpu/install.sh``:
 
     python3 $R/benchmarks/gpu/host_flush_sweep.py --batches 64,256 --out RESULT.json
@@ -29,6 +30,16 @@ DELTA_FLUSH = {"kda": [(16, 1, False), (16, 2, False), (32, 1, False), (32, 2, F
                        (64, 2, False)]}
 
 
+def _tiles(tiles, smoke):
+    """``tiles``, or with ``smoke`` the first of each (tile, fold): the interpreter runs every num_warps alike."""
+    if not smoke:
+        return tiles
+    first = {}
+    for tile, warps, dot in tiles:
+        first.setdefault((tile, dot), (tile, warps, dot))
+    return list(first.values())
+
+
 def mamba2_rows(batch, timer, device, smoke):
     heads, head_dim, d_state, groups = (2, 16, 16, 1) if smoke else mamba2_bench.MAMBA2_SHAPES["nemotron-h-8b"]
     gen = torch.Generator(device=device).manual_seed(batch)
@@ -37,7 +48,7 @@ def mamba2_rows(batch, timer, device, smoke):
     row = {"family": "mamba2", "batch": batch,
            "default_replay_config": mamba2.replay_launch_config(batch, heads, head_dim, d_state)}
     row["flush_default_us"] = timer(inputs.host_fn(mamba2._replay_step, only=L - 1))["ms"] * 1e3 / L
-    for block_p, warps, dot in MAMBA2_FLUSH:
+    for block_p, warps, dot in _tiles(MAMBA2_FLUSH, smoke):
         if block_p > head_dim:
             continue
         cfg = dict(block_p=block_p, num_warps=warps, flush_loop=not dot)
@@ -59,7 +70,7 @@ def delta_rows(family, batch, timer, device, smoke):
            "default_replay_config": delta_rule.replay_launch_config(batch, Hv, K, V, per_key),
            "default_flush_config": delta_rule.host_flush_launch_config(batch, Hv, K, V, per_key)}
     row["flush_default_us"] = timer(inputs.host_fn(delta_rule._replay_step, only=L - 1))["ms"] * 1e3 / L
-    for block_v, warps, dot in DELTA_FLUSH[family]:
+    for block_v, warps, dot in _tiles(DELTA_FLUSH[family], smoke):
         if block_v > max(16, V):
             continue
         row[f"flush_{block_v}x{warps}_{'dot' if dot else 'loop'}_us"] = timer(inputs.host_fn(
@@ -79,6 +90,9 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU")
     args = parser.parse_args()
     device = torch.device("cpu" if args.smoke else "cuda")
+    global L
+    if args.smoke:  # a 4-launch cycle has every launch kind of 16's (the interpreter's time is per launch)
+        L = 4
     timer = Timer(device, reps=1 if args.smoke else None, budget_ms=150.0)
     rows = []
     for batch in [int(b) for b in args.batches.split(",")]:

@@ -5,8 +5,8 @@ replay launch and its flush on a tile of its own, against one fused launch), row
 our standard step for the ratio. GDN (Qwen3-Next) and KDA (Kimi-Linear), fp8 and nvfp4.
 
 Each timed call is L steps over the bench's rotated state copies (``ReplayInputs``, CUDA graph, cold L2), reported
-per step. ``--smoke`` runs tiny shapes on the CPU (Triton's interpreter, one rep each, the streaming threshold lowered
-to the smoke's batch). Run on the GPU machine after ``source benchmarks/gpu/install.sh``:
+per step. ``--smoke`` runs tiny shapes on the CPU (Triton's interpreter, one rep each, L = 4, the streaming threshold
+lowered to the smoke's batch). Run on the GPU machine after ``source benchmarks/gpu/install.sh``:
 
     python3 $R/benchmarks/gpu/read_copy_defaults.py --batches 64,256 --out RESULT.json
 """
@@ -113,8 +113,10 @@ def main() -> None:
                         help="also time the split device step with its flush launch on other tiles")
     args = parser.parse_args()
     device = torch.device("cpu" if args.smoke else "cuda")
-    if args.smoke:  # the smoke's batch takes the streamed launches too
+    global L
+    if args.smoke:  # the smoke's batch takes the streamed launches too; a 4-step cycle has every launch kind of 16's
         delta_rule.READ_COPY_STREAM_MIN_BATCH = 1
+        L = 4
     timer = Timer(device, reps=1 if args.smoke else None, budget_ms=150.0)
     rows = []
     for batch in [int(b) for b in args.batches.split(",")]:

@@ -89,7 +89,8 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
                 if phase == "in_phase":
                     row[f"host_{tag}_us"] = us(inputs.host_fn(step, read_format=read_format, flush_launch={}, **tile))
                 row[f"device_{phase}_{tag}_us"] = us(inputs.device_read_copy_fn(
-                    step, encode, read_format, _split=True, _flush_config=delta_rule.read_copy_split_flush_config(V),
+                    step, encode, read_format, _split=True,
+                    _flush_config=delta_rule.read_copy_split_flush_config(V, per_key, read_format),
                     **tile))
         del inputs
     gen = torch.Generator(device=device).manual_seed(batch)

@@ -470,7 +470,7 @@ def _mamba2_replay_step_kernel(
         count = count_raw & 0xFFFF
 
         if PHASE == 1 or PHASE == 4:
-            if READ_FORMAT == "nvfp4_pairs" and not PREFETCH_STATE:
+            if READ_FORMAT == "nvfp4_pairs":  # (PREFETCH_STATE is fp32-only)
                 s0_c = copy_tensor_scale * nvfp4_rows_dot(copy_bytes, copy_scales, C_f, BLOCK_N)
             else:
                 s0_c = tl.sum(s0 * C_f[None, :], axis=1)

@@ -95,9 +95,11 @@ def load_read_tile(values_ptr, scales_ptr, tensor_scale_ptr, pid_b, h, offs_a, o
         return codes.to(tl.float32) * row_scale
     elif READ_FORMAT == "nvfp4_pairs":
         offs_j = c_start // 2 + tl.arange(0, BLOCK_C // 2)  # byte j holds elements 2j (low nibble) and 2j + 1
-        byte_mask = row_mask[:, None] & (offs_j[None, :] * 2 < row_len)  # an odd row's last high nibble is padding
-        byte = tl.load(v_base + offs_j[None, :] * stride_v_c, mask=byte_mask, other=0).to(tl.int32)
-        block_scale = tl.load(s_base + (offs_j // 8)[None, :] * stride_s_c, mask=byte_mask, other=0.0).to(tl.float32)
+        byte, block_scale = load_nvfp4_bytes(  # (an odd row's last high nibble is padding)
+            values_ptr + pid_b * stride_v_b + h * stride_v_h, scales_ptr + pid_b * stride_s_b + h * stride_s_h,
+            offs_a, row_mask, offs_j, row_len, stride_v_a, stride_v_c, stride_s_a, stride_s_c)
+        byte = byte.to(tl.int32)
+        block_scale = block_scale.to(tl.float32)
         tensor_scale = tl.load(tensor_scale_ptr + pid_b * stride_t_b)
         low = (e2m1_to_float(byte & 0xF) * block_scale) * tensor_scale
         high = (e2m1_to_float(byte >> 4) * block_scale) * tensor_scale

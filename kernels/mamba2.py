@@ -445,6 +445,12 @@ def _mamba2_replay_step_kernel(
                 rc_scales_ptr + pid_b * stride_rcs_b + h * stride_rcs_h, offs_p, mask_p, offs_j, N, stride_rcv_p,
                 stride_rcv_n, stride_rcs_p, stride_rcs_n)
             copy_tensor_scale = tl.load(rc_tensor_scale_ptr + pid_b * stride_rct_b)
+        elif (PHASE == 1 or PHASE == 4) and READ_FORMAT == "fp8":  # as stored: the row scale multiplies S0 C's sums
+            copy_codes = tl.load(rc_values_ptr + pid_b * stride_rcv_b + h * stride_rcv_h
+                                 + offs_p[:, None] * stride_rcv_p + offs_n[None, :] * stride_rcv_n, mask=mask_pn,
+                                 other=0.0)
+            copy_row_scale = tl.load(rc_scales_ptr + pid_b * stride_rcs_b + h * stride_rcs_h + offs_p * stride_rcs_p,
+                                     mask=mask_p, other=0.0)
         elif PHASE == 1 or PHASE == 4 or FLUSH_READS_COPY:  # the decoded read copy (FLUSH_READS_COPY: every row's)
             s0 = load_read_tile(rc_values_ptr, rc_scales_ptr, rc_tensor_scale_ptr, pid_b, h, offs_p, offs_n, mask_pn,
                                 mask_p, 0, N, stride_rcv_b, stride_rcv_h, stride_rcv_p, stride_rcv_n,
@@ -472,6 +478,8 @@ def _mamba2_replay_step_kernel(
         if PHASE == 1 or PHASE == 4:
             if READ_FORMAT == "nvfp4_pairs":  # (PREFETCH_STATE is fp32-only)
                 s0_c = copy_tensor_scale * nvfp4_rows_dot(copy_bytes, copy_scales, C_f, BLOCK_N)
+            elif READ_FORMAT == "fp8":  # one product per row, not per element
+                s0_c = copy_row_scale * tl.sum(copy_codes.to(tl.float32) * C_f[None, :], axis=1)
             else:
                 s0_c = tl.sum(s0 * C_f[None, :], axis=1)
             y = _mamba2_replay_math(s0_c, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count,

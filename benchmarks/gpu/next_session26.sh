@@ -6,6 +6,9 @@
 #   1.04x, Nemotron-H-like 1.30x) predate them.
 # STAGE=2 (about 5 minutes, carry .whl too): where a compiled batch-1 Qwen3.5-like step goes (issue 8: 0.93x stock),
 #   replay against stock, two passes of the replay arm (profile_compiled.py).
+# STAGE=3 (about 4 minutes): Mamba-2's replay launches read an fp8 copy as stored (the row scale applied to S0 C's
+#   sums, not to each element): the read-copy kernel cases on CUDA, then the Nemotron-H-8B / Nemotron 3 Nano fp8
+#   cycle at batch 256 and 64 (run 144 measured nvfp4 the same way).
 # Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session26.sh", carry=[".whl", ".triton_cache"],
 #   timeout_s=600), then STAGE=2 likewise.
 source benchmarks/gpu/install.sh || exit 1
@@ -23,6 +26,11 @@ elif [ "$STAGE" = 2 ]; then
     --arms replay-compiled,stock-static-compiled,replay-compiled --out "$RES/profile_compiled" \
     > "$RES/profile_compiled.txt" 2>&1
   echo "profile_compiled rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+elif [ "$STAGE" = 3 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 200 test_read_copy_mamba2_fp8_cuda tests/test_kernels_read_copy.py \
+    -k "mamba2 or flush_reads_copy or nvfp4_pairs"; pack
+  bench_job 200 kernels_mamba2_fp8_fold kernels --family mamba2 --shapes nemotron-h-8b,nemotron-3-nano \
+    --batches 256,64 --no-sweep --read-format fp8 --out "$RES/kernels_mamba2_fp8_fold.json"; pack
 fi
 tail -n 12 "$RES"/*.txt
 save_triton_cache

@@ -1,0 +1,39 @@
+"""``benchmarks/offline/guard_check.py`` (the host cost of Dynamo's guard check on a compiled decode step, stock
+against ReplayCache) runs on the CPU and reads real guards."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# also in the compat run (torch 2.11 + transformers 5.17): the tool reads Dynamo's private frame cache
+pytestmark = pytest.mark.equivalence
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("guard_check", ROOT / "benchmarks" / "offline" / "guard_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_guard_check_reads_both_caches(tmp_path):
+    import json
+
+    tool = _load()
+    out = tmp_path / "guards.json"
+    rows = tool.main(["--models", "nemotron_h", "--blocks", "2", "--out", str(out)])
+    by_arm = {row["arm"]: row for row in rows}
+    assert sorted(by_arm) == ["replay", "stock"]
+    for row in rows:
+        assert 0 < row["guard_check_us"] < 1e5, row
+        assert row["other_guards"] > 100, row  # the model's own guards (modules, parameters, globals)
+    # the guards reached the ReplayCache's own tensors: each of the tiny model's two Mamba-2 layers has a checkpoint,
+    # three record rings, the conv window and its positions
+    replay_tensors = by_arm["replay"]["cache_guard_types"].get("TENSOR_MATCH", 0)
+    assert replay_tensors >= 2 * 6, by_arm["replay"]
+    assert json.loads(out.read_text())["results"] == rows

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Planned GPU calls for the next session (not run yet). Every job packs what it wrote into $OUT right after it ends.
+# The twenty-sixth session's GPU calls (runs 146-150, all run). Every job packs what it wrote into $OUT right after it ends.
 # STAGE=1 (about 8 minutes, carry .whl too): compiled `generate` at batch 256 with every precision arm since the
 #   nvfp4 copies are read as stored (twenty-fifth session): Qwen3.5-like (prompt 512) and Nemotron-H-like (prompt 128,
 #   as in the end-to-end table of BENCHMARKS.md); the README's end-to-end separated numbers (Qwen3.5-like nvfp4

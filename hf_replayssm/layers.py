@@ -39,7 +39,7 @@ class _StockView(dict):
         if self._kind == "conv":
             return schedule.conv_window()
         if inside and schedule.device_positions.active:  # (maybe compiled) decode step: no host position read
-            return schedule.store.kernel_operands()[0]
+            return schedule.device_positions.operands[0]
         if schedule.current_tokens_seen() == 0:
             return None
         return schedule.checkpoint() if inside else schedule.current_state()

@@ -102,7 +102,10 @@ class ReplaySchedule:
         return self.store.allocated
 
     def checkpoint(self) -> torch.Tensor | None:
-        """The state the recurrence continues from (float32; the stored tensor itself for an fp32 checkpoint)."""
+        """The state the recurrence continues from (float32; the stored tensor itself for an fp32 checkpoint, which
+        device positions hold at hand: see ``DevicePositions.operands``)."""
+        if self.device_positions.active:
+            return self.device_positions.operands[0]
         return self.store.recurrence() if self.store.allocated else None
 
     def current_state(self) -> torch.Tensor | None:
@@ -489,16 +492,18 @@ class ReplaySchedule:
         from .kernels import ops  # noqa: F401  (registers the decode-step ops before any trace sees them)
 
         window = None if self.conv.buffer is None else self.conv.window(self.conv_kernel)
-        self.device_positions.enter(self.ring.origin, self.ring.num_committed, self.batch_size, self.device, window)
-        state, read_copy, _ = self.store.kernel_operands()
+        operands = self.store.kernel_operands()
+        self.device_positions.enter(self.ring.origin, self.ring.num_committed, self.batch_size, self.device, window,
+                                    operands, self.ring.fields)
+        state, read_copy, _ = operands
         mark_static(state, *(read_copy or {}).values(), *self.ring.fields.values())  # written in place by the op
 
     def _device_step(self, tokens, out_dtype: torch.dtype | None) -> torch.Tensor:
         """One plain decode token on device positions: the fused replay-or-flush op reads and advances them; no
         host integer is read or written (a compiled step may be replayed as a CUDA graph)."""
         positions = self.device_positions
-        state, read_copy, read_format = self.store.kernel_operands()
-        y = self.recurrence.device_step(state, self.ring.fields, positions.origin, positions.count, tokens,
+        state, read_copy, read_format = positions.operands
+        y = self.recurrence.device_step(state, positions.fields, positions.origin, positions.count, tokens,
                                         self.buffer_len, read_copy=read_copy, read_format=read_format)
         positions.steps.add_(1)
         return y if out_dtype is None else y.to(out_dtype)
@@ -538,6 +543,7 @@ class ReplaySchedule:
         if positions.conv is not None:
             self.conv.load_window(positions.conv, self.tokens_seen)
         positions.active = False
+        positions.operands = positions.fields = None
 
     # ------------------------------------------------------------------ speculation and rollback
     def activate_recording(self) -> None:

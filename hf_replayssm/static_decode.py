@@ -36,6 +36,12 @@ class DevicePositions:
         self.steps: torch.Tensor | None = None  # int64 [1]: decode steps since entry
         self.conv: torch.Tensor | None = None  # [B, C, K]: the last K conv inputs, oldest first
         self.entry_committed = 0  # records in the ring when device positions took over (every row alike)
+        # What a decode step reads, fixed while the positions are active: the store's kernel operands (checkpoint,
+        # read copy, read format) and the ring's record tensors. A compiled step reads them here, one attribute
+        # away, instead of through the store's slots and policies (each hop is a Dynamo guard checked before every
+        # CUDA-graph replay: the host cost that decides batch 1; benchmarks/offline/guard_check.py).
+        self.operands: tuple | None = None
+        self.fields: dict | None = None
 
     def _allocate(self, batch: int, device: torch.device, conv_window: torch.Tensor | None) -> None:
         fits = self.count is not None and self.count.shape[0] == batch and self.count.device == device
@@ -50,9 +56,12 @@ class DevicePositions:
         mark_static(self.origin, self.count, self.steps, *([] if self.conv is None else [self.conv]))
 
     def enter(self, origin: int, committed: int, batch: int, device: torch.device,
-              conv_window: torch.Tensor | None) -> None:
-        """Take over from the host schedule: every row at ring slot ``origin`` with ``committed`` records."""
+              conv_window: torch.Tensor | None, operands: tuple, fields: dict) -> None:
+        """Take over from the host schedule: every row at ring slot ``origin`` with ``committed`` records;
+        ``operands`` / ``fields``: the store's kernel operands and the ring's records, which nothing replaces until
+        the host schedule takes over again."""
         self._allocate(batch, device, conv_window)
+        self.operands, self.fields = operands, fields
         self.origin.fill_(origin)
         self.count.fill_(committed)
         self.steps.zero_()

@@ -4,7 +4,8 @@ A compiled batch-1 decode step is host-bound (the H200 does 0.5-1.1 ms of GPU wo
 guard check that runs before every CUDA-graph replay is where the two caches' host work differs (run 150: 256.5
 against 174.4 us per step under the profiler, Nemotron-H-like). This script compiles ``generate``'s decode step
 on a tiny model (Dynamo's ``eager`` backend: the guards are the same whatever the backend), takes the frame's
-guard manager and times ``check`` on the locals of a real decode step, best of ``--blocks`` blocks. It also counts
+guard manager and times ``check`` on the locals of a real decode step, best of ``--blocks`` blocks (the two
+arms' blocks alternate). It also counts
 the guards by type, split into those on the cache's own objects and the rest. Runs on the CPU in about 20 s per
 model:
 
@@ -35,9 +36,10 @@ def _is_cache_guard(name: str) -> bool:
     return name.startswith(CACHE_SOURCES) or any(f"L[{s[:8]}" in name for s in CACHE_SOURCES)
 
 
-def measure(model_type: str, arm: str, new_tokens: int = 6, blocks: int = 30, per_block: int = 300) -> dict:
-    """Guard check time (us, best block) and guard counts of one arm's compiled decode frame."""
-    torch._dynamo.reset()
+def compiled_frame(model_type: str, arm: str, new_tokens: int = 6) -> dict:
+    """Compile one arm's decode step on a tiny model; its frame's guard manager, a decode step's locals and the
+    guard counts by type (on the cache's objects and elsewhere). The frame is the newest cache entry of the
+    compiled call."""
     model = tiny_model(model_type, seed=0, initializer_range=0.2)
     prompt = torch.randint(3, model.config.vocab_size, (1, 11), generator=torch.Generator().manual_seed(1))
     counts: dict[str, Counter] = {}
@@ -69,25 +71,44 @@ def measure(model_type: str, arm: str, new_tokens: int = 6, blocks: int = 30, pe
         model.generate(prompt, cache_implementation="static", **kwargs)
     call = PreTrainedModel.__call__
     entries = torch._dynamo.eval_frame._debug_get_cache_entry_list(call.__code__)
-    if len(entries) != 1:
-        raise RuntimeError(f"expected one compiled decode frame, found {len(entries)}")
     frame_locals = {"self": model, "args": (), "kwargs": seen["kwargs"]}
     original = getattr(call, "_replayssm_original", None)
     if original is not None:  # the pass-through hook's closure variable is a frame local too
         frame_locals["original"] = original
-    guards = entries[0].guard_manager
     with torch.no_grad():  # generate's grad mode: a guard checks it
-        if not guards.check(frame_locals):
-            raise RuntimeError(f"the guards fail on a decode step's locals: {guards.check_verbose(frame_locals)}")
-        times = []
+        passing = [entry.guard_manager for entry in entries if entry.guard_manager.check(frame_locals)]
+    if len(passing) != 1:
+        raise RuntimeError(f"expected one compiled decode frame whose guards pass on a decode step's locals, found "
+                           f"{len(passing)} of {len(entries)}")
+    guards = passing[0]
+    return {"guards": guards, "locals": frame_locals, "model": model, "counts": counts}
+
+
+def measure(model_type: str, blocks: int = 30, per_block: int = 300) -> list[dict]:
+    """Both arms' guard check time (us, best block; the arms' blocks alternate, so a drift of the host's speed
+    reaches both) and guard counts."""
+    torch._dynamo.reset()
+    # two entries of one frame; ReplayCache first: binding it wraps module functions of the model's file (the conv
+    # interceptors, pass-through outside a replay step), which a frame compiled before guards against
+    frames = {arm: compiled_frame(model_type, arm) for arm in ("replay", "stock")}
+    with torch.no_grad():
+        for arm, frame in frames.items():
+            if not frame["guards"].check(frame["locals"]):
+                raise RuntimeError(f"{arm}: its guards no longer pass once the other arm compiled: "
+                                   f"{frame['guards'].check_verbose(frame['locals']).verbose_code_parts[:2]}")
+    times = {arm: [] for arm in frames}
+    with torch.no_grad():
         for _ in range(blocks):
-            start = time.perf_counter()
-            for _ in range(per_block):
-                guards.check(frame_locals)
-            times.append((time.perf_counter() - start) / per_block * 1e6)
-    return {"model": model_type, "arm": arm, "guard_check_us": min(times),
-            "cache_guards": sum(counts["cache"].values()), "other_guards": sum(counts["other"].values()),
-            "cache_guard_types": dict(counts["cache"].most_common())}
+            for arm, frame in frames.items():
+                check, frame_locals = frame["guards"].check, frame["locals"]
+                start = time.perf_counter()
+                for _ in range(per_block):
+                    check(frame_locals)
+                times[arm].append((time.perf_counter() - start) / per_block * 1e6)
+    return [{"model": model_type, "arm": arm, "guard_check_us": min(times[arm]),
+             "cache_guards": sum(frame["counts"]["cache"].values()),
+             "other_guards": sum(frame["counts"]["other"].values()),
+             "cache_guard_types": dict(frame["counts"]["cache"].most_common())} for arm, frame in frames.items()]
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -100,7 +121,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         raise SystemExit("this torch has no torch._dynamo.eval_frame._debug_get_cache_entry_list to read guards from")
     rows = []
     for model_type in args.models.split(","):
-        pair = {arm: measure(model_type, arm, blocks=args.blocks) for arm in ("stock", "replay")}
+        pair = {row["arm"]: row for row in measure(model_type, blocks=args.blocks)}
         rows.extend(pair.values())
         stock, replay = pair["stock"], pair["replay"]
         print(f"{model_type:14s} guard check: stock {stock['guard_check_us']:7.1f} us, ReplayCache "

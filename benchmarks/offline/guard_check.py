@@ -33,7 +33,7 @@ CACHE_SOURCES = ("kwargs['cache']", "kwargs['past_key_values']", "kwargs['cache_
 
 
 def _is_cache_guard(name: str) -> bool:
-    return name.startswith(CACHE_SOURCES) or any(f"L[{s[:8]}" in name for s in CACHE_SOURCES)
+    return name.startswith(CACHE_SOURCES)
 
 
 def compiled_frame(model_type: str, arm: str, new_tokens: int = 6) -> dict:
@@ -81,7 +81,7 @@ def compiled_frame(model_type: str, arm: str, new_tokens: int = 6) -> dict:
         raise RuntimeError(f"expected one compiled decode frame whose guards pass on a decode step's locals, found "
                            f"{len(passing)} of {len(entries)}")
     guards = passing[0]
-    return {"guards": guards, "locals": frame_locals, "model": model, "counts": counts}
+    return {"guards": guards, "locals": frame_locals, "counts": counts}
 
 
 def measure(model_type: str, blocks: int = 30, per_block: int = 300) -> list[dict]:
@@ -91,13 +91,12 @@ def measure(model_type: str, blocks: int = 30, per_block: int = 300) -> list[dic
     # two entries of one frame; ReplayCache first: binding it wraps module functions of the model's file (the conv
     # interceptors, pass-through outside a replay step), which a frame compiled before guards against
     frames = {arm: compiled_frame(model_type, arm) for arm in ("replay", "stock")}
+    times = {arm: [] for arm in frames}
     with torch.no_grad():
         for arm, frame in frames.items():
             if not frame["guards"].check(frame["locals"]):
                 raise RuntimeError(f"{arm}: its guards no longer pass once the other arm compiled: "
                                    f"{frame['guards'].check_verbose(frame['locals']).verbose_code_parts[:2]}")
-    times = {arm: [] for arm in frames}
-    with torch.no_grad():
         for _ in range(blocks):
             for arm, frame in frames.items():
                 check, frame_locals = frame["guards"].check, frame["locals"]

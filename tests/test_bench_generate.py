@@ -3,6 +3,7 @@ emits the same tokens, reports positive rates, says whether it really compiled (
 speculative mode reports acceptance and equality with plain greedy."""
 
 import json
+import statistics
 
 import pytest
 import torch
@@ -38,7 +39,10 @@ def test_generate_arms_agree_and_report_rates(tmp_path):
             "tokens_per_s"]
         assert entry["compiled"] is False and entry["identical_to_stock"] is True
     assert entries["replay"]["tokens_checksum"] == entries["stock"]["tokens_checksum"]
-    assert entries["stock"]["x_vs_best_stock"] == 1.0
+    assert entries["stock"]["x_vs_best_stock"] == 1.0 and entries["stock"]["x_paired_median"] == 1.0
+    replay, stock = entries["replay"], entries["stock"]
+    assert replay["x_paired_median"] == pytest.approx(statistics.median(
+        r / s for r, s in zip(replay["repeats_tokens_per_s"], stock["repeats_tokens_per_s"], strict=True)))
     compiled = entries["replay-compiled"]
     if "skipped" in compiled:  # ReplayCache cannot be static / compileable in this checkout
         assert compiled["skipped"] and "tokens_per_s" not in compiled
@@ -145,3 +149,12 @@ def test_eager_separated_arms_run_by_name():
     assert kwargs["disable_compile"] is True and cache.policy.read_format == "nvfp4"
     with pytest.raises(ValueError, match="replay-nvfp4"):
         bench.arm_kwargs("replay-int4", model, bench.Settings(), 16)
+
+
+def test_paired_median_ratio_pairs_repeats_and_refuses_unequal_counts():
+    # a drifting host: every repeat of the reference slower than the one before; the arm 10 % faster in each pair
+    reference = [100.0, 80.0, 60.0]
+    assert bench.paired_median_ratio([110.0, 88.0, 66.0], reference) == pytest.approx(1.1)
+    assert bench.paired_median_ratio([50.0, 88.0, 300.0], reference) == pytest.approx(1.1)  # the median pair
+    with pytest.raises(ValueError, match="same number of repeats"):
+        bench.paired_median_ratio([1.0, 2.0], reference)

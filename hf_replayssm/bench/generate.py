@@ -10,7 +10,9 @@ same run, with no second prefill-only run whose warm-up or allocator state could
 batch * (new - 1) / decode seconds; ms per step = decode seconds / (new - 1). Peak memory: the allocator's peak over
 the run, weights included (``weights_bytes`` says how much of it they are). Every arm first runs
 once untimed at the same lengths (cuDNN builds an attention graph per new KV length in torch 2.11; compilation and
-Triton autotuning happen there), then arms are interleaved over ``--repeats``; the best decode rate counts.
+Triton autotuning happen there), then arms are interleaved over ``--repeats``; the best decode rate counts
+(``x best stock``), and so does the median of each repeat's ratio to the best stock arm's run in the same repeat
+(``x paired``: robust to a host whose speed drifts between repeats, which decides batch-1 comparisons).
 
 Compiled arms go through transformers' own path (``generate(..., compile_config=...)``: prefill eager, decode
 forwards through ``model.get_compiled_call``); whether generate really took it is recorded per run (``compiled``),
@@ -33,6 +35,7 @@ import hashlib
 import importlib.util
 import json
 import platform
+import statistics
 import sys
 import time
 from collections import Counter
@@ -363,18 +366,30 @@ def _summarise(arm: str, runs: list[dict], warmup: dict, batch: int, new_tokens:
     return entry
 
 
+def paired_median_ratio(rates: Sequence[float], reference_rates: Sequence[float]) -> float:
+    """Median over the interleaved repeats of rate / reference rate in the same repeat. Neighbouring runs share the
+    host's state (a batch-1 decode step is host-bound, and a shared host's speed drifts by more than the 5 % two
+    arms differ by): pairing cancels the drift that a best-of-N ratio keeps."""
+    if len(rates) != len(reference_rates) or not rates:
+        raise ValueError(f"paired rates need the same number of repeats, got {len(rates)} and {len(reference_rates)}")
+    return statistics.median(rate / reference for rate, reference in zip(rates, reference_rates, strict=True))
+
+
 def _compare(entries: list[dict]) -> None:
-    """Adds identical_to_stock / agree_prefix (against the ``stock`` arm, else the first stock arm that ran) and
-    x_vs_best_stock (decode tokens/s over the best stock arm's); drops the kept tokens."""
+    """Adds identical_to_stock / agree_prefix (against the ``stock`` arm, else the first stock arm that ran),
+    x_vs_best_stock (decode tokens/s over the best stock arm's, best run each) and x_paired_median (the median of the
+    repeats' ratios to that arm's run in the same repeat); drops the kept tokens."""
     ran = [e for e in entries if "tokens_per_s" in e]
     stocks = [e for e in ran if e["arm"].startswith("stock")]
     reference = next((e for e in stocks if e["arm"] == "stock"), stocks[0] if stocks else None)
-    best_stock = max((e["tokens_per_s"] for e in stocks), default=None)
+    best_stock = max(stocks, key=lambda e: e["tokens_per_s"], default=None)
     for entry in ran:
         if reference is not None:
             entry.update(agreement(entry["_tokens"], reference["_tokens"]))
-        if best_stock:
-            entry["x_vs_best_stock"] = entry["tokens_per_s"] / best_stock
+        if best_stock is not None:
+            entry["x_vs_best_stock"] = entry["tokens_per_s"] / best_stock["tokens_per_s"]
+            entry["x_paired_median"] = paired_median_ratio(entry["repeats_tokens_per_s"],
+                                                           best_stock["repeats_tokens_per_s"])
     for entry in ran:
         del entry["_tokens"]
 
@@ -615,7 +630,7 @@ def _status(entry: dict) -> str:
 def table(entries: Sequence[dict], title: str = "") -> str:
     gib = 2**30
     lines = [title, f"{'batch':>5} {'arm':<22} {'decode tok/s':>12} {'ms/step':>8} {'prefill ms':>10} "
-             f"{'peak GiB':>8} {'compiled':>8} {'x best stock':>12} {'same tokens':>11}"]
+             f"{'peak GiB':>8} {'compiled':>8} {'x best stock':>12} {'x paired':>8} {'same tokens':>11}"]
     for e in entries:
         if "tokens_per_s" not in e:
             lines.append(f"{e['batch']:>5} {e['arm']:<22} {_status(e)}")
@@ -628,7 +643,7 @@ def table(entries: Sequence[dict], title: str = "") -> str:
         lines.append(f"{e['batch']:>5} {e['arm']:<22} {e['tokens_per_s']:>12.1f} {e['ms_per_step']:>8.2f} "
                      f"{e['prefill_ms']:>10.1f} {e['peak_bytes'] / gib:>8.2f} {compiled:>8} "
                      f"{e.get('x_vs_best_stock', float('nan')):>11.2f}x "
-                     f"{same:>11}")
+                     f"{e.get('x_paired_median', float('nan')):>7.2f}x {same:>11}")
         if e.get("jit_compiles_in_timed_runs"):
             lines.append(f"{'':>5} warning: {e['warning']}")
     return "\n".join(lines)

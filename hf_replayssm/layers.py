@@ -100,6 +100,9 @@ class ReplayLayer(LinearAttentionLayer):
     @property
     def checkpoint(self) -> torch.Tensor | None:
         """The state the recurrence continues from (float32)."""
+        positions = self.schedule.device_positions
+        if positions.active:  # what schedule.checkpoint() returns, with one method lookup (a guard) less
+            return positions.operands[0]
         return self.schedule.checkpoint()
 
     def current_state(self) -> torch.Tensor | None:
@@ -165,7 +168,10 @@ class ReplayLayer(LinearAttentionLayer):
 
     def update_conv_state(self, conv_states: torch.Tensor, state_idx: int = 0, conv_kernel_size=None, **kwargs):
         """Return ``[history, new]`` for the model's own causal conv and remember the new inputs."""
-        if self.schedule.device_positions.active:  # (maybe compiled) decode step: no attribute writes
+        positions = self.schedule.device_positions
+        if positions.active:  # (maybe compiled) decode step: no attribute writes
+            if conv_states.shape[-1] == 1:  # straight to the positions: fewer guards before each graph replay
+                return positions.conv_step(conv_states)
             return self.schedule.conv_update(conv_states, self.schedule.conv_kernel)
         kernel = conv_kernel_size or self.schedule.conv_kernel
         if kernel is None:
@@ -184,7 +190,10 @@ class ReplayLayer(LinearAttentionLayer):
 
     # ------------------------------------------------------------------ the replay step (called by the adapters)
     def forward_tokens(self, tokens, chunk_fn=None, out_dtype=None) -> torch.Tensor:
-        if self.schedule.device_positions.active:  # (maybe compiled) decode step: no attribute writes
+        positions = self.schedule.device_positions
+        if positions.active:  # (maybe compiled) decode step: no attribute writes
+            if positions.takes(tokens):  # straight to the positions: fewer guards before each graph replay
+                return positions.step(tokens, out_dtype)
             return self.schedule.forward_tokens(tokens, chunk_fn, out_dtype)
         out = self.schedule.forward_tokens(tokens, chunk_fn, out_dtype)
         self.device = self.schedule.device

@@ -208,7 +208,7 @@ class ReplaySchedule:
         """Outputs [B, T, ...] of T new tokens (in ``out_dtype``, default float32); updates ring and checkpoint."""
         if self.device_positions.active:
             if self._num_tokens(tokens) == 1 and not self.recording:
-                return self._device_step(tokens, out_dtype)
+                return self.device_positions.step(tokens, out_dtype)
             self.leave_device_positions()
         self._ensure_state(tokens)
         self._params = {k: v for k, v in tokens.items() if k not in self.recurrence.per_token}
@@ -494,19 +494,10 @@ class ReplaySchedule:
         window = None if self.conv.buffer is None else self.conv.window(self.conv_kernel)
         operands = self.store.kernel_operands()
         self.device_positions.enter(self.ring.origin, self.ring.num_committed, self.batch_size, self.device, window,
-                                    operands, self.ring.fields)
+                                    operands, self.ring.fields, self.recurrence.device_step, self.buffer_len,
+                                    self.recurrence.per_token[0])
         state, read_copy, _ = operands
         mark_static(state, *(read_copy or {}).values(), *self.ring.fields.values())  # written in place by the op
-
-    def _device_step(self, tokens, out_dtype: torch.dtype | None) -> torch.Tensor:
-        """One plain decode token on device positions: the fused replay-or-flush op reads and advances them; no
-        host integer is read or written (a compiled step may be replayed as a CUDA graph)."""
-        positions = self.device_positions
-        state, read_copy, read_format = positions.operands
-        y = self.recurrence.device_step(state, positions.fields, positions.origin, positions.count, tokens,
-                                        self.buffer_len, read_copy=read_copy, read_format=read_format)
-        positions.steps.add_(1)
-        return y if out_dtype is None else y.to(out_dtype)
 
     def _device_progress(self) -> tuple[int, int]:
         """(steps, flushes) since the device positions took over (reads the device)."""
@@ -542,8 +533,7 @@ class ReplaySchedule:
         self.checkpoint_position += flushes * self.buffer_len
         if positions.conv is not None:
             self.conv.load_window(positions.conv, self.tokens_seen)
-        positions.active = False
-        positions.operands = positions.fields = None
+        positions.leave()
 
     # ------------------------------------------------------------------ speculation and rollback
     def activate_recording(self) -> None:
@@ -636,7 +626,7 @@ class ReplaySchedule:
     def clear_keeping_storage(self) -> None:
         """Forget every token but keep every tensor (a static cache's reset: compiled graphs and CUDA graphs keep
         their addresses). The next forward of the same batch size writes into the same storage."""
-        self.device_positions.active = False
+        self.device_positions.leave()
         self.ring.clear()
         self.conv.clear()
         if self.store.allocated:

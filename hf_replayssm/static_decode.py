@@ -29,6 +29,11 @@ def mark_static(*tensors: torch.Tensor) -> None:
 class DevicePositions:
     """The device-side positions of one layer (see the module docstring)."""
 
+    # no instance dict: Dynamo guards every method a compiled step calls on an object with one (that the instance
+    # does not shadow it), before each CUDA-graph replay
+    __slots__ = ("active", "buffer_len", "conv", "count", "entry_committed", "fields", "operands", "origin", "step_fn",
+                 "steps", "token_name")
+
     def __init__(self):
         self.active = False
         self.origin: torch.Tensor | None = None  # int32 [B]: ring slot of the oldest record (read only)
@@ -42,6 +47,11 @@ class DevicePositions:
         # CUDA-graph replay: the host cost that decides batch 1; benchmarks/offline/guard_check.py).
         self.operands: tuple | None = None
         self.fields: dict | None = None
+        # the recurrence's fused replay-or-flush step, the buffer length and the name of a per-token input (its
+        # dim 1 counts the tokens of a forward): a compiled step calls them from here too
+        self.step_fn = None
+        self.buffer_len = 0
+        self.token_name = ""
 
     def _allocate(self, batch: int, device: torch.device, conv_window: torch.Tensor | None) -> None:
         fits = self.count is not None and self.count.shape[0] == batch and self.count.device == device
@@ -56,12 +66,14 @@ class DevicePositions:
         mark_static(self.origin, self.count, self.steps, *([] if self.conv is None else [self.conv]))
 
     def enter(self, origin: int, committed: int, batch: int, device: torch.device,
-              conv_window: torch.Tensor | None, operands: tuple, fields: dict) -> None:
+              conv_window: torch.Tensor | None, operands: tuple, fields: dict, step_fn, buffer_len: int,
+              token_name: str) -> None:
         """Take over from the host schedule: every row at ring slot ``origin`` with ``committed`` records;
         ``operands`` / ``fields``: the store's kernel operands and the ring's records, which nothing replaces until
-        the host schedule takes over again."""
+        the host schedule takes over again; ``step_fn``: the recurrence's ``device_step``."""
         self._allocate(batch, device, conv_window)
         self.operands, self.fields = operands, fields
+        self.step_fn, self.buffer_len, self.token_name = step_fn, buffer_len, token_name
         self.origin.fill_(origin)
         self.count.fill_(committed)
         self.steps.zero_()
@@ -73,6 +85,24 @@ class DevicePositions:
     def steps_taken(self) -> int:
         """Decode steps since entry (reads the device)."""
         return int(self.steps.item())
+
+    def leave(self) -> None:
+        self.active = False
+        self.operands = self.fields = self.step_fn = None
+
+    def takes(self, tokens) -> bool:
+        """Whether a forward of these tokens is a plain decode step on these positions (one token; a schedule on
+        device positions never records)."""
+        return tokens[self.token_name].shape[1] == 1
+
+    def step(self, tokens, out_dtype: torch.dtype | None) -> torch.Tensor:
+        """One plain decode token: the fused replay-or-flush op reads and advances the positions; no host integer
+        is read or written (a compiled step may be replayed as a CUDA graph)."""
+        state, read_copy, read_format = self.operands
+        y = self.step_fn(state, self.fields, self.origin, self.count, tokens, self.buffer_len, read_copy=read_copy,
+                         read_format=read_format)
+        self.steps.add_(1)
+        return y if out_dtype is None else y.to(out_dtype)
 
     def conv_step(self, inputs: torch.Tensor) -> torch.Tensor:
         """``[window, inputs]`` ([B, C, K + 1]) for the model's own conv; the window moves on by the new input."""

@@ -5,7 +5,7 @@
 #   layer's device positions: fewer Dynamo guards before each graph replay; runs 149 / 150 measured 0.99x / 0.95x /
 #   0.96x before it), then the batch-1 Nemotron-H-like profile (the guard check per step, run 150: 256.5 against
 #   174.4 us).
-# STAGE=3 (about 6 minutes): batch 1 with twelve repeats and the paired median ratio; the guard check on this host.
+# STAGE=3 (about 8 minutes): the CUDA-graph tests, batch 1 with twelve repeats and the paired median ratio; the guard check on this host.
 # STAGE=2 (about 4 minutes): the same change at batch 256 (it must not cost anything there): compiled Nemotron-H-like.
 # Calls: run(command="STAGE=1 bash benchmarks/gpu/next_session27.sh", carry=[".whl/fla", ".triton_cache"],
 #   timeout_s=600), then STAGE=2 likewise.
@@ -25,7 +25,9 @@ if [ "$STAGE" = 1 ]; then
   echo "profile_compiled_nemotron_h rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
 elif [ "$STAGE" = 3 ]; then
   # batch 1 again with twelve interleaved repeats and the paired median ratio (run 151's best-of-5 pairs disagreed
-  # with its own profile), then the guard check's cost on this host (tiny models on its CPU, fla off the path)
+  # with its own profile), then the guard check's cost on this host (tiny models on its CPU, fla off the path).
+  # First the CUDA-graph tests: a compiled step now calls the layer's device positions directly
+  test_job 200 test_gpu_compiled tests/test_gpu.py -k "compiled_static_cache or static_cache_with_a_read_copy"; pack
   for model in nemotron_h qwen3_5 kimi_linear; do
     prompt=$([ $model = nemotron_h ] && echo 128 || echo 512)
     bench_job 170 generate_compiled_${model}_b1_r12 generate --models $model --batches 1 \

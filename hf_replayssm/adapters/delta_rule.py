@@ -18,7 +18,9 @@ from .base import CallArgs, FamilyAdapter, interceptor
 def _key_heads(t: torch.Tensor, mixer) -> torch.Tensor:
     """One query/key per key head. transformers 5.17 repeats them to the value heads before calling the recurrence;
     the copies are identical, so every ``ratio``-th head is the original."""
-    key_heads = getattr(mixer, "num_k_heads", t.shape[2])
+    # read from the instance dict: a getattr default on a module without the attribute (Kimi-Linear's) goes through
+    # nn.Module.__getattr__, which a compiled step guards on the module's parameter and buffer dicts
+    key_heads = mixer.__dict__.get("num_k_heads", t.shape[2])
     if key_heads < t.shape[2]:
         return t[:, :, :: t.shape[2] // key_heads]
     return t

@@ -12,13 +12,17 @@
 source benchmarks/gpu/install.sh || exit 1
 RES=/tmp/w/res_next_session27_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
 pack() { tar czf "$OUT/next_session27_$STAGE.tgz" -C "$RES" . ; }
-if [ "$STAGE" = 1 ]; then
+batch1_generate() {  # batch1_generate SECONDS REPEATS SUFFIX: compiled batch-1 generate of the three shaped models
+  local limit=$1 repeats=$2 suffix=$3 model prompt
   for model in nemotron_h qwen3_5 kimi_linear; do
     prompt=$([ $model = nemotron_h ] && echo 128 || echo 512)
-    bench_job 150 generate_compiled_${model}_b1 generate --models $model --batches 1 \
-      --arms stock-static-compiled,replay-compiled --prompt $prompt --new 128 --repeats 5 \
-      --out "$RES/generate_compiled_${model}_b1.json"; pack
+    bench_job "$limit" generate_compiled_${model}_b1$suffix generate --models $model --batches 1 \
+      --arms stock-static-compiled,replay-compiled --prompt $prompt --new 128 --repeats "$repeats" \
+      --out "$RES/generate_compiled_${model}_b1$suffix.json"; pack
   done
+}
+if [ "$STAGE" = 1 ]; then
+  batch1_generate 150 5 ""
   timeout 120 python3 "$R/benchmarks/gpu/profile_compiled.py" --model nemotron_h --batch 1 --prompt 128 --new 80 \
     --arms replay-compiled,stock-static-compiled,replay-compiled --out "$RES/profile_compiled_nemotron_h" \
     > "$RES/profile_compiled_nemotron_h.txt" 2>&1
@@ -28,12 +32,7 @@ elif [ "$STAGE" = 3 ]; then
   # with its own profile), then the guard check's cost on this host (tiny models on its CPU, fla off the path).
   # First the CUDA-graph tests: a compiled step now calls the layer's device positions directly
   test_job 200 test_gpu_compiled tests/test_gpu.py -k "compiled_static_cache or static_cache_with_a_read_copy"; pack
-  for model in nemotron_h qwen3_5 kimi_linear; do
-    prompt=$([ $model = nemotron_h ] && echo 128 || echo 512)
-    bench_job 170 generate_compiled_${model}_b1_r12 generate --models $model --batches 1 \
-      --arms stock-static-compiled,replay-compiled --prompt $prompt --new 128 --repeats 12 \
-      --out "$RES/generate_compiled_${model}_b1_r12.json"; pack
-  done
+  batch1_generate 170 12 _r12
   PYTHONPATH=/tmp/site timeout 150 python3 "$R/benchmarks/offline/guard_check.py" --out "$RES/guard_check.json" \
     > "$RES/guard_check.txt" 2>&1
   echo "guard_check rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack

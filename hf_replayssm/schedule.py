@@ -207,7 +207,7 @@ class ReplaySchedule:
                        out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """Outputs [B, T, ...] of T new tokens (in ``out_dtype``, default float32); updates ring and checkpoint."""
         if self.device_positions.active:
-            if self._num_tokens(tokens) == 1 and not self.recording:
+            if self.device_positions.takes(tokens) and not self.recording:
                 return self.device_positions.step(tokens, out_dtype)
             self.leave_device_positions()
         self._ensure_state(tokens)

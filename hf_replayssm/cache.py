@@ -11,6 +11,7 @@ import inspect
 import os
 import weakref
 from collections import Counter
+from typing import NamedTuple
 
 import torch
 from transformers import DynamicCache, StaticCache
@@ -37,6 +38,30 @@ def cache_argument(model) -> str:
         if name in parameters:
             return name
     return "past_key_values"
+
+
+class _LayerFacts(NamedTuple):
+    """What ``generate`` asks a cache about its layers several times per decode step (``is_compileable``,
+    ``is_linear``, ``get_seq_length``), worked out once per layer list: a batch-1 step is host-bound, and these
+    walked every layer on every call."""
+
+    layers: list  # the list they describe (a new list, or one grown in place, is described anew)
+    count: int
+    replay: dict  # layer index -> ReplayLayer
+    has_attention: bool
+    linear: tuple  # transformers' is_linear flags
+    compileable: bool  # every layer can decode in a compiled step (a static ReplayLayer on device positions)
+
+    @classmethod
+    def of(cls, layers: list) -> _LayerFacts:
+        replay = {idx: layer for idx, layer in enumerate(layers) if isinstance(layer, ReplayLayer)}
+        linear = tuple(isinstance(layer, LinearAttentionCacheLayerMixin) and not isinstance(layer, CacheLayerMixin)
+                       for layer in layers)
+        return cls(layers, len(layers), replay, any(isinstance(layer, CacheLayerMixin) for layer in layers), linear,
+                   all(layer.is_compileable for layer in layers))
+
+    def describe(self, layers: list) -> bool:
+        return self.layers is layers and self.count == len(layers)
 
 
 def _check_count(name: str, value, minimum: int) -> None:
@@ -158,9 +183,11 @@ class ReplayCache(DynamicCache):
         self._recording = False
         self._packed_rollback: PackedRollback | None = None  # per-row rollback of all SSM layers at once
         self._prompt_tokens = 0
+        self._facts: _LayerFacts | None = None
 
     def __getstate__(self):
         state = dict(self.__dict__)
+        state["_facts"] = None
         state["_bound"] = None  # a cache pickles without its model; it re-binds on its next use
         state["_bound_ids"] = set()
         state["_packed_rollback"] = None  # weak references; the next rollback packs again
@@ -293,9 +320,15 @@ class ReplayCache(DynamicCache):
             )
 
     # ------------------------------------------------------------------ views
+    def _layer_facts(self) -> _LayerFacts:
+        facts = getattr(self, "_facts", None)  # a cache pickled by an older version has none
+        if facts is None or not facts.describe(self.layers):
+            facts = self._facts = _LayerFacts.of(self.layers)
+        return facts
+
     @property
     def replay_layers(self) -> dict[int, ReplayLayer]:
-        return {idx: layer for idx, layer in enumerate(self.layers) if isinstance(layer, ReplayLayer)}
+        return dict(self._layer_facts().replay)
 
     def stats(self) -> dict[str, int]:
         """Counters summed over SSM layers: decode_steps, flushes, checkpoint_writes, rolled_back_tokens, ..."""
@@ -338,8 +371,9 @@ class ReplayCache(DynamicCache):
 
     # ------------------------------------------------------------------ transformers Cache API
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        if not any(isinstance(layer, CacheLayerMixin) for layer in self.layers):  # SSM-only model
-            return max((layer.schedule.current_tokens_seen() for layer in self.replay_layers.values()), default=0)
+        facts = self._layer_facts()
+        if not facts.has_attention:  # SSM-only model
+            return max((layer.schedule.current_tokens_seen() for layer in facts.replay.values()), default=0)
         return super().get_seq_length(layer_idx)
 
     def get_conv_state(self, layer_idx: int, state_idx: int = 0):
@@ -382,20 +416,20 @@ class ReplayCache(DynamicCache):
         """True for a bound static cache (``max_cache_len``; binding refuses layers that cannot decode without a
         host-side position): transformers' ``generate`` then compiles the decode step, and its masks treat the
         attention layers as static (a one-token query must not see the unwritten slots)."""
-        if self.static_cache_len is None or self.bound_model is None or not self.replay_layers:
+        if self.static_cache_len is None or self._bound is None or self._bound() is None:
             return False
-        return all(layer.is_compileable for layer in self.layers)
+        facts = self._layer_facts()
+        return bool(facts.replay) and facts.compileable
 
     @property
     def is_linear(self) -> list[bool]:
         """transformers re-feeds the whole prefix to a cache whose layers are all linear (it cannot tell how many
         tokens such a cache holds); a ReplayCache knows (``get_seq_length``), so an SSM-only model reports its
         layers as not linear and a reused cache continues from where it stopped."""
-        flags = [isinstance(layer, LinearAttentionCacheLayerMixin) and not isinstance(layer, CacheLayerMixin)
-                 for layer in self.layers]
-        if flags and all(flags) and self.replay_layers:
-            return [False] * len(flags)
-        return flags
+        facts = self._layer_facts()
+        if facts.linear and all(facts.linear) and facts.replay:
+            return [False] * facts.count
+        return list(facts.linear)
 
     def activate_past_recording(self) -> None:
         self._recording = True

@@ -211,6 +211,47 @@ def test_static_cache_refuses_what_it_cannot_do():
         ReplayCache(4, max_cache_len=64).bind(_model("falcon_h1"))
 
 
+def test_layer_questions_follow_the_layer_list():
+    """is_compileable / is_linear / get_seq_length / replay_layers are worked out once per layer list (generate
+    asks them every step): a rebuilt, grown or unpickled list is described anew, and a cache whose model is gone
+    is not compileable."""
+    import gc
+    import pickle
+
+    from transformers.cache_utils import LinearAttentionLayer
+
+    model = _model("nemotron_h")
+    prompt = _prompt(model, rows=1)
+    cache = ReplayCache(4, max_cache_len=prompt.shape[1] + 8)
+    assert not cache.is_compileable  # unbound
+    model.generate(prompt, past_key_values=cache, do_sample=False, max_new_tokens=3)
+    replay = cache.replay_layers
+    assert cache.is_compileable and replay == {i: layer for i, layer in enumerate(cache.layers)
+                                               if type(layer).__name__ == "ReplayLayer"}
+    assert cache.get_seq_length() == prompt.shape[1] + 2
+    linear = cache.is_linear
+    assert len(linear) == len(cache.layers) and not all(linear)
+    replay.clear()  # a copy: the cache's own view is untouched
+    assert cache.replay_layers
+    cache.layers.append(LinearAttentionLayer())  # grown in place: described anew
+    assert len(cache.is_linear) == len(linear) + 1 and cache.is_linear[-1]
+    cache.layers.pop()
+    copy = pickle.loads(pickle.dumps(cache))
+    assert not copy.is_compileable  # unbound until its next use
+    assert set(copy.replay_layers) == set(cache.replay_layers)
+    assert all(a is not b for a, b in zip(copy.replay_layers.values(), cache.replay_layers.values(), strict=True))
+    dynamic = ReplayCache(4)
+    model.generate(prompt, past_key_values=dynamic, do_sample=False, max_new_tokens=3)
+    before = dynamic.replay_layers
+    dynamic.reset()  # a dynamic cache rebuilds its layers
+    after = dynamic.replay_layers
+    assert set(after) == set(before) and all(after[i] is not before[i] for i in after)
+    assert not dynamic.is_compileable
+    del model
+    gc.collect()
+    assert not cache.is_compileable  # its model is gone
+
+
 def test_static_reset_keeps_storage_and_graphs():
     """reset() of a static cache keeps every tensor: a second compiled generate on it reuses the graph (no guard
     fails, no recompilation) and repeats the first one exactly; another batch size is a clear error."""

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Planned GPU calls of the twenty-eighth session. Every job packs what it wrote into $OUT right after it ends.
+# STAGE=1 (about 8 minutes, carry .whl/fla too): where the batch-1 gap goes. benchmarks/offline/host_split.py times
+#   every compiled decode step of both arms in three parts (the generate loop, the compiled call's host part, its GPU
+#   part; arms interleaved, paired differences) for the three shaped models; then compiled batch-1 `generate` with
+#   eight interleaved repeats and the paired median ratio after this session's change (ReplayCache answers
+#   generate's per-step layer questions from facts worked out once).
+# Call: run(command="STAGE=1 bash benchmarks/gpu/next_session28.sh", carry=[".whl/fla", ".triton_cache"],
+#   timeout_s=600)
+source benchmarks/gpu/install.sh || exit 1
+RES=/tmp/w/res_next_session28_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
+pack() { tar czf "$OUT/next_session28_$STAGE.tgz" -C "$RES" . ; }
+prompt_of() { [ "$1" = nemotron_h ] && echo 128 || echo 512; }
+if [ "$STAGE" = 1 ]; then
+  for model in nemotron_h kimi_linear qwen3_5; do
+    timeout 110 python3 "$R/benchmarks/offline/host_split.py" --models $model --prompt "$(prompt_of $model)" \
+      --new 64 --repeats 8 --out "$RES/host_split_${model}_b1.json" > "$RES/host_split_${model}_b1.txt" 2>&1
+    echo "host_split_$model rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  done
+  for model in nemotron_h kimi_linear qwen3_5; do
+    bench_job 130 generate_compiled_${model}_b1_r8 generate --models $model --batches 1 \
+      --arms stock-static-compiled,replay-compiled --prompt "$(prompt_of $model)" --new 128 --repeats 8 \
+      --out "$RES/generate_compiled_${model}_b1_r8.json"; pack
+  done
+fi
+tail -n 8 "$RES"/*.txt

@@ -1,0 +1,50 @@
+"""``benchmarks/offline/host_split.py`` (a compiled decode step's time split into the generate loop, the compiled
+call's host part and its GPU part, stock against ReplayCache) times real compiled calls on the CPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("host_split", ROOT / "benchmarks" / "offline" / "host_split.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_host_split_times_every_compiled_step(tmp_path):
+    tool = _load()
+    out = tmp_path / "split.json"
+    new = 8
+    (result,) = tool.main(["--tiny", "--device", "cpu", "--models", "nemotron_h", "--repeats", "2", "--new", str(new),
+                           "--prompt", "6", "--out", str(out)])
+    assert sorted(result["arms"]) == sorted(tool.ARMS)
+    for arm, runs in result["repeats"].items():
+        assert len(runs) == 2, arm
+        for parts in runs:
+            # a CPU step has no device part; the step is the loop plus the call (medians of each, so about)
+            assert parts["call_gpu"] == 0.0 and parts["outside"] > 0 and parts["call_host"] > 0, parts
+            assert 0.5 < (parts["outside"] + parts["call_host"]) / parts["step"] < 2, parts
+    assert json.loads(out.read_text())["results"][0]["paired_excess_us"] == result["paired_excess_us"]
+
+
+def test_step_clock_counts_one_call_per_decode_step():
+    import torch
+
+    from hf_replayssm.bench.generate import Settings, arm_kwargs, build_model, timed_generate
+
+    tool = _load()
+    model = build_model("qwen3_5", torch.device("cpu"), torch.float32, tiny=True)
+    ids = torch.randint(3, 50, (1, 5), generator=torch.Generator().manual_seed(0))
+    clock = tool.StepClock(model, cuda=False)
+    settings = Settings(compile_backend="eager", compile_mode=None)
+    for arm in tool.ARMS:
+        clock.install()
+        timed_generate(model, ids, 6, arm_kwargs(arm, model, settings, 11))
+        assert len(clock.calls) == 5, arm  # the prefill runs eagerly; five decode steps run the compiled call
+        assert all(start < end for start, end, _, _ in clock.calls), arm

@@ -22,7 +22,7 @@ def test_host_split_times_every_compiled_step(tmp_path):
     out = tmp_path / "split.json"
     new = 8
     (result,) = tool.main(["--tiny", "--device", "cpu", "--models", "nemotron_h", "--repeats", "2", "--new", str(new),
-                           "--prompt", "6", "--out", str(out)])
+                           "--prompt", "6", "--out", str(out), "--profile-dir", str(tmp_path / "calls")])
     assert sorted(result["arms"]) == sorted(tool.ARMS)
     for arm, runs in result["repeats"].items():
         assert len(runs) == 2, arm
@@ -31,6 +31,12 @@ def test_host_split_times_every_compiled_step(tmp_path):
             assert parts["call_gpu"] == 0.0 and parts["outside"] > 0 and parts["call_host"] > 0, parts
             assert 0.5 < (parts["outside"] + parts["call_host"]) / parts["step"] < 2, parts
     assert json.loads(out.read_text())["results"][0]["paired_excess_us"] == result["paired_excess_us"]
+    inside = result["inside_call"]
+    # the guard check ran on each arm's own compiled frame (one entry passes per arm), and the profiles saw calls
+    assert all(0 < us < 1e5 for us in inside["guard_check_us"].values()), inside
+    assert all(us > 0 for us in inside["own_us_per_call"].values()), inside
+    assert len(inside["largest_own_time_differences_us"]) == 25
+    assert {p.name for p in (tmp_path / "calls").iterdir()} == {f"nemotron_h_{arm}_calls.txt" for arm in tool.ARMS}
 
 
 def test_step_clock_counts_one_call_per_decode_step():

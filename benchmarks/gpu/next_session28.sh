@@ -23,4 +23,16 @@ if [ "$STAGE" = 1 ]; then
       --out "$RES/generate_compiled_${model}_b1_r8.json"; pack
   done
 fi
-tail -n 8 "$RES"/*.txt
+[ "$STAGE" = 1 ] && tail -n 8 "$RES"/*.txt
+# STAGE=2 (about 7 minutes): inside the compiled call. Run 154 put ReplayCache's batch-1 excess in the compiled call's
+#   host part (+58 to +84 us per step, the three models) while the generate loop around it costs about the same; this
+#   profiles inside the compiled calls (cProfile enabled only there) and times the guard check on each arm's own frame.
+if [ "$STAGE" = 2 ]; then
+  for model in nemotron_h kimi_linear qwen3_5; do
+    timeout 140 python3 "$R/benchmarks/offline/host_split.py" --models $model --prompt "$(prompt_of $model)" \
+      --new 64 --repeats 4 --profile-dir "$RES/calls" --out "$RES/host_split_${model}_b1.json" \
+      > "$RES/host_split_${model}_b1.txt" 2>&1
+    echo "host_split_$model rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  done
+  tail -n 40 "$RES"/*.txt
+fi

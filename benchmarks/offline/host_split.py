@@ -11,8 +11,11 @@ step of ``generate`` in three parts:
 - ``call GPU``: on CUDA, the device time between events recorded before and after the compiled call.
 
 The arms alternate per repeat (a drifting host reaches both) and each part is reported as the median over steps,
-then over repeats, with the median of the paired differences (ReplayCache minus stock, same repeat). On the GPU
-machine after ``source benchmarks/gpu/install.sh``:
+then over repeats, with the median of the paired differences (ReplayCache minus stock, same repeat). With
+``--profile-dir`` it then looks inside the compiled call: one more generate per arm under cProfile, enabled only
+while a compiled call runs (``DIR/<model>_<arm>_calls.txt``, and the functions whose own time per call differs most
+between the arms), and the time of Dynamo's guard check on the last step's frame locals (best of 200 blocks of 20).
+On the GPU machine after ``source benchmarks/gpu/install.sh``:
 
     python3 $R/benchmarks/offline/host_split.py --models nemotron_h,qwen3_5,kimi_linear --repeats 8 --out split.json
 
@@ -23,8 +26,12 @@ and on a CPU (tiny shapes, Dynamo's ``eager`` backend, no CUDA graphs)
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import itertools
 import json
+import os
+import pstats
 import statistics
 import time
 
@@ -43,6 +50,8 @@ class StepClock:
     def __init__(self, model, cuda: bool):
         self.model, self.cuda = model, cuda
         self.calls: list[tuple[float, float, object, object]] = []
+        self.profile: cProfile.Profile | None = None  # enabled only inside compiled calls when set
+        self.last_call: tuple | None = None  # (args, kwargs) of the newest compiled call
 
     def install(self) -> None:
         self.calls.clear()
@@ -56,9 +65,14 @@ class StepClock:
                 if self.cuda:
                     start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     start_event.record()
+                if self.profile is not None:
+                    self.profile.enable()
                 start = time.perf_counter()
                 out = compiled(*args, **kwargs)
                 end = time.perf_counter()
+                if self.profile is not None:
+                    self.profile.disable()
+                self.last_call = (args, kwargs)
                 if self.cuda:
                     end_event.record()
                 self.calls.append((start, end, start_event, end_event))
@@ -109,7 +123,61 @@ def measure(model_name: str, args) -> dict:
     result["paired_excess_us"] = {part: statistics.median(r[part] - s[part] for r, s in zip(replay, stock, strict=True))
                                   for part in PARTS}
     result["repeats"] = runs
+    if args.profile_dir:
+        result["inside_call"] = look_inside(model, model_name, ids, clock, settings, cache_len, args)
     return result
+
+
+def guard_check_us(model, call: tuple) -> float | None:
+    """Best time of Dynamo's guard check of the compiled frame on a call's locals (the entry whose guards pass);
+    None where this torch lacks the private frame cache or no entry passes."""
+    from transformers import PreTrainedModel
+
+    read_entries = getattr(torch._dynamo.eval_frame, "_debug_get_cache_entry_list", None)
+    if read_entries is None:
+        return None
+    function = PreTrainedModel.__call__
+    args, kwargs = call
+    frame_locals = {"self": model, "args": args, "kwargs": kwargs}
+    if getattr(function, "_replayssm_original", None) is not None:
+        frame_locals["original"] = function._replayssm_original
+    with torch.no_grad():
+        passing = [e.guard_manager for e in read_entries(function.__code__) if e.guard_manager.check(frame_locals)]
+        if len(passing) != 1:
+            return None
+        check, best = passing[0].check, float("inf")
+        for _ in range(200):
+            start = time.perf_counter()
+            for _ in range(20):
+                check(frame_locals)
+            best = min(best, (time.perf_counter() - start) / 20)
+    return best * 1e6
+
+
+def look_inside(model, model_name: str, ids, clock: StepClock, settings, cache_len: int, args) -> dict:
+    """cProfile inside the compiled calls of one generate per arm, and the guard check's time per arm."""
+    os.makedirs(args.profile_dir, exist_ok=True)
+    own_us: dict[str, dict[str, float]] = {}
+    guards = {}
+    for arm in ARMS:
+        clock.install()
+        clock.profile = cProfile.Profile()
+        timed_generate(model, ids, args.new, arm_kwargs(arm, model, settings, cache_len))
+        profile, clock.profile = clock.profile, None
+        calls = len(clock.calls)
+        stats = pstats.Stats(profile)
+        own_us[arm] = {f"{os.path.basename(key[0])}:{key[1]}({key[2]})": value[2] / calls * 1e6
+                       for key, value in stats.stats.items()}
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(40)
+        with open(os.path.join(args.profile_dir, f"{model_name}_{arm}_calls.txt"), "w") as f:
+            f.write(f"cProfile inside {calls} compiled calls of one generate\n{text.getvalue()}")
+        guards[arm] = guard_check_us(model, clock.last_call)
+    stock, replay = own_us[ARMS[0]], own_us[ARMS[1]]
+    diffs = sorted(((replay.get(k, 0.0) - stock.get(k, 0.0), k) for k in set(stock) | set(replay)),
+                   key=lambda item: -abs(item[0]))
+    return {"guard_check_us": guards, "own_us_per_call": {"stock": sum(stock.values()), "replay": sum(replay.values())},
+            "largest_own_time_differences_us": [(k, round(d, 2)) for d, k in diffs[:25]]}
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -122,6 +190,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (a CPU run)")
     parser.add_argument("--out", help="JSON results")
+    parser.add_argument("--profile-dir", help="also profile inside the compiled calls and time the guard check")
     args = parser.parse_args(argv)
     results = []
     for model_name in args.models.split(","):
@@ -134,6 +203,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
             print(f"{arm:24s} " + " ".join(f"{parts[part]:10.1f}" for part in PARTS))
         print(f"{'paired excess':24s} " + " ".join(f"{result['paired_excess_us'][part]:+10.1f}" for part in PARTS),
               flush=True)
+        inside = result.get("inside_call")
+        if inside:
+            print(f"inside the compiled call (cProfile, us of own time per call): {inside['own_us_per_call']}; "
+                  f"guard check (us): {inside['guard_check_us']}")
+            for name, diff in inside["largest_own_time_differences_us"]:
+                print(f"  {diff:+8.2f}  {name}")
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"torch": torch.__version__, "device": args.device, "results": results}, f, indent=1)

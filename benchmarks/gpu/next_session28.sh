@@ -36,3 +36,20 @@ if [ "$STAGE" = 2 ]; then
   done
   tail -n 40 "$RES"/*.txt
 fi
+# STAGE=3 (about 6 minutes): does the order in which the arms compiled matter? Both arms compile the same frame
+#   (PreTrainedModel.__call__), so its cache holds an entry per arm; host_split now also times the guard walk over the
+#   frame's entry list up to the passing one, and `bench generate` runs batch 1 with ReplayCache compiled first.
+if [ "$STAGE" = 3 ]; then
+  for model in nemotron_h kimi_linear; do
+    timeout 120 python3 "$R/benchmarks/offline/host_split.py" --models $model --prompt "$(prompt_of $model)" \
+      --new 64 --repeats 3 --profile-dir "$RES/calls" --out "$RES/host_split_${model}_b1.json" \
+      > "$RES/host_split_${model}_b1.txt" 2>&1
+    echo "host_split_$model rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  done
+  for model in nemotron_h kimi_linear; do
+    bench_job 100 generate_compiled_${model}_b1_replay_first generate --models $model --batches 1 \
+      --arms replay-compiled,stock-static-compiled --prompt "$(prompt_of $model)" --new 128 --repeats 6 \
+      --out "$RES/generate_compiled_${model}_b1_replay_first.json"; pack
+  done
+  grep -h -A 4 "guard check\|^batch" "$RES"/*.txt
+fi

@@ -3,8 +3,9 @@
 A compiled decode step (``torch.compile``, CUDA graphs) may not read or change a host integer: Dynamo would
 specialise the graph on it and recompile every step. So while a layer of a static cache decodes plainly, its ring
 positions live on the device: per-row ``origin`` / ``count`` (int32 [B]) that the fused replay-or-flush kernel
-reads and advances, a step counter (int64 [1]) and the conv window as a fixed [B, C, K] tensor shifted in place.
-The host positions of the schedule then stay as they were at entry: ``ReplaySchedule.current_tokens_seen`` /
+reads and advances, a step counter (int32 [1]), all three views of one tensor (one graph input per layer), and the
+conv window as a fixed [B, C, K] tensor shifted in place. The host positions of the schedule then stay as they were
+at entry: ``ReplaySchedule.current_tokens_seen`` /
 ``current_counters`` add the step counter (one device read), and ``leave_device_positions`` writes the positions back
 and hands the conv window to the conv ring before any step that needs the host schedule (a prefill, a speculative
 window, a crop, batch reordering).
@@ -26,19 +27,29 @@ def mark_static(*tensors: torch.Tensor) -> None:
             torch._dynamo.mark_static_address(tensor)
 
 
+def _split_positions(positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(origin [B], count [B], steps [1])``, views of one int32 [2B + 1] tensor."""
+    batch = positions.shape[0] // 2
+    return positions[:batch], positions[batch : 2 * batch], positions[2 * batch :]
+
+
 class DevicePositions:
     """The device-side positions of one layer (see the module docstring)."""
 
     # no instance dict: Dynamo guards every method a compiled step calls on an object with one (that the instance
     # does not shadow it), before each CUDA-graph replay
-    __slots__ = ("active", "buffer_len", "conv", "count", "entry_committed", "fields", "operands", "origin", "step_fn",
-                 "steps", "token_name")
+    __slots__ = ("active", "buffer_len", "conv", "count", "entry_committed", "fields", "operands", "origin",
+                 "positions", "step_fn", "steps", "token_name")
 
     def __init__(self):
         self.active = False
-        self.origin: torch.Tensor | None = None  # int32 [B]: ring slot of the oldest record (read only)
-        self.count: torch.Tensor | None = None  # int32 [B]: records in the ring (the kernel advances it)
-        self.steps: torch.Tensor | None = None  # int64 [1]: decode steps since entry
+        # origin, count and the step counter share one int32 tensor, ``positions`` [2B + 1]: a compiled step slices it
+        # inside the graph, so the graph takes (and Dynamo guards, and the runtime bumps the version of) one tensor
+        # per layer for the three
+        self.positions: torch.Tensor | None = None
+        self.origin: torch.Tensor | None = None  # int32 [B] view: ring slot of the oldest record (read only)
+        self.count: torch.Tensor | None = None  # int32 [B] view: records in the ring (the kernel advances it)
+        self.steps: torch.Tensor | None = None  # int32 [1] view: decode steps since entry
         self.conv: torch.Tensor | None = None  # [B, C, K]: the last K conv inputs, oldest first
         self.entry_committed = 0  # records in the ring when device positions took over (every row alike)
         # What a decode step reads, fixed while the positions are active: the store's kernel operands (checkpoint,
@@ -59,11 +70,10 @@ class DevicePositions:
             conv_window is None or (self.conv.shape == conv_window.shape and self.conv.dtype == conv_window.dtype))
         if fits and conv_fits:
             return
-        self.origin = torch.zeros(batch, dtype=torch.int32, device=device)
-        self.count = torch.zeros(batch, dtype=torch.int32, device=device)
-        self.steps = torch.zeros(1, dtype=torch.int64, device=device)
+        self.positions = torch.zeros(2 * batch + 1, dtype=torch.int32, device=device)
+        self.origin, self.count, self.steps = _split_positions(self.positions)
         self.conv = None if conv_window is None else torch.empty_like(conv_window)
-        mark_static(self.origin, self.count, self.steps, *([] if self.conv is None else [self.conv]))
+        mark_static(self.positions, *([] if self.conv is None else [self.conv]))
 
     def enter(self, origin: int, committed: int, batch: int, device: torch.device,
               conv_window: torch.Tensor | None, operands: tuple, fields: dict, step_fn, buffer_len: int,
@@ -99,9 +109,13 @@ class DevicePositions:
         """One plain decode token: the fused replay-or-flush op reads and advances the positions; no host integer
         is read or written (a compiled step may be replayed as a CUDA graph)."""
         state, read_copy, read_format = self.operands
-        y = self.step_fn(state, self.fields, self.origin, self.count, tokens, self.buffer_len, read_copy=read_copy,
+        if torch.compiler.is_compiling():  # views made inside the graph: its one input is the positions tensor
+            origin, count, steps = _split_positions(self.positions)
+        else:
+            origin, count, steps = self.origin, self.count, self.steps
+        y = self.step_fn(state, self.fields, origin, count, tokens, self.buffer_len, read_copy=read_copy,
                          read_format=read_format)
-        self.steps.add_(1)
+        steps.add_(1)
         return y if out_dtype is None else y.to(out_dtype)
 
     def conv_step(self, inputs: torch.Tensor) -> torch.Tensor:

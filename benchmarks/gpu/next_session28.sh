@@ -53,3 +53,13 @@ if [ "$STAGE" = 3 ]; then
   done
   grep -h -A 4 "guard check\|^batch" "$RES"/*.txt
 fi
+# STAGE=4 (within the last 300 s of GPU time): a layer's origin, count and step counter are now views of one int32
+#   tensor (one graph input, one guard, one mutated input per layer for the three): the CUDA-graph tests, then the
+#   batch-1 Nemotron-H-like split and generate with what time is left.
+if [ "$STAGE" = 4 ]; then
+  test_job 150 test_gpu_compiled tests/test_gpu.py -k "compiled_static_cache or static_cache_with_a_read_copy"; pack
+  bench_job 60 generate_compiled_nemotron_h_b1_r4 generate --models nemotron_h --batches 1 \
+    --arms stock-static-compiled,replay-compiled --prompt 128 --new 128 --repeats 4 \
+    --out "$RES/generate_compiled_nemotron_h_b1_r4.json"; pack
+  tail -n 4 "$RES"/*.txt
+fi

@@ -211,6 +211,35 @@ def test_static_cache_refuses_what_it_cannot_do():
         ReplayCache(4, max_cache_len=64).bind(_model("falcon_h1"))
 
 
+@pytest.mark.parametrize("model_type", ["nemotron_h", "kimi_linear"])
+def test_compiled_step_takes_one_positions_tensor_per_layer(model_type):
+    """A compiled decode step's graph takes, per SSM layer, the conv window, the checkpoint, the record fields and ONE
+    positions tensor (origin, count and step counter are views of it, sliced inside the graph): every extra graph
+    input is host work before each CUDA-graph replay (BENCHMARKS.md, twenty-eighth session)."""
+    inputs = []
+
+    def recording_backend(gm, example_inputs):
+        inputs.append([node.name for node in gm.graph.nodes if node.op == "placeholder"])
+        return gm.forward
+
+    model = _model(model_type)
+    prompt = _prompt(model, rows=1)
+    cache = ReplayCache(4, max_cache_len=prompt.shape[1] + 6)
+    torch._dynamo.reset()
+    model.generate(prompt, past_key_values=cache, compile_config=_compile_config(recording_backend), do_sample=False,
+                   max_new_tokens=6)
+    assert len(inputs) == 1, "one compiled decode graph"
+    for idx, layer in cache.replay_layers.items():
+        names = [name for name in inputs[0] if f"layers_{idx}_schedule_device_positions" in name]
+        fields = len(layer.ring.fields)
+        assert sum(name.endswith("_positions") for name in names) == 1, names
+        assert not any(name.endswith(("_origin", "_count", "_steps")) for name in names), names
+        assert len(names) == 3 + fields, names  # conv window, checkpoint, positions, the record fields
+        positions = layer.schedule.device_positions
+        assert positions.steps_taken() > 0  # the counter view advanced through the positions tensor
+        assert positions.count.untyped_storage().data_ptr() == positions.positions.untyped_storage().data_ptr()
+
+
 def test_layer_questions_follow_the_layer_list():
     """is_compileable / is_linear / get_seq_length / replay_layers are worked out once per layer list (generate
     asks them every step): a rebuilt, grown or unpickled list is described anew, and a cache whose model is gone

@@ -1,5 +1,7 @@
 import functools
+import importlib.util
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -53,6 +55,15 @@ def decode(model, tokens, prompt_len, cache):
         for pos in range(prompt_len, tokens.shape[1]):
             logits.append(model(tokens[:, pos : pos + 1], **{key: cache}, use_cache=True).logits[:, -1])
     return torch.stack(logits, dim=1)
+
+
+def load_offline_tool(name: str):
+    """A script of ``benchmarks/offline/`` (not a package) imported as a module."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "offline" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def max_logit_diff(a, b) -> float:

@@ -3,22 +3,15 @@ against ReplayCache) runs on the CPU and reads real guards."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import load_offline_tool
 
 # also in the compat run (torch 2.11 + transformers 5.17): the tool reads Dynamo's private frame cache
 pytestmark = pytest.mark.equivalence
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("guard_check", ROOT / "benchmarks" / "offline" / "guard_check.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_offline_tool("guard_check")
 
 
 def test_guard_check_reads_both_caches(tmp_path):

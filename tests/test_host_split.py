@@ -3,18 +3,13 @@ call's host part and its GPU part, stock against ReplayCache) times real compile
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import load_offline_tool
 
 
 def _load():
-    spec = importlib.util.spec_from_file_location("host_split", ROOT / "benchmarks" / "offline" / "host_split.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_offline_tool("host_split")
 
 
 def test_host_split_times_every_compiled_step(tmp_path):

@@ -416,7 +416,7 @@ class ReplayCache(DynamicCache):
         """True for a bound static cache (``max_cache_len``; binding refuses layers that cannot decode without a
         host-side position): transformers' ``generate`` then compiles the decode step, and its masks treat the
         attention layers as static (a one-token query must not see the unwritten slots)."""
-        if self.static_cache_len is None or self._bound is None or self._bound() is None:
+        if self.static_cache_len is None or self.bound_model is None:
             return False
         facts = self._layer_facts()
         return bool(facts.replay) and facts.compileable

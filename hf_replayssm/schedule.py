@@ -92,7 +92,6 @@ class ReplaySchedule:
         # A static cache (compileable decoding): plain decode steps keep their positions on the device
         self.static = False
         self.device_positions = DevicePositions()
-        self._positions_supported: bool | None = None  # fixed by the recurrence and the policies: worked out once
 
     def _ring_capacity(self, window: int) -> int:
         return max(1, self.buffer_len - 1 + window)
@@ -474,12 +473,10 @@ class ReplaySchedule:
     # ------------------------------------------------------------------ device positions (static caches)
     def device_positions_supported(self) -> bool:
         """Whether this layer's family and precision policy can decode on device positions at all."""
-        if getattr(self, "_positions_supported", None) is None:  # a schedule pickled before it had one
-            policies = self.store.policies
-            self._positions_supported = (
-                getattr(self.recurrence, "device_step", None) is not None and len(set(policies)) == 1
-                and policies[0].checkpoint_format == "fp32" and policies[0].read_format in (None, "fp8", "nvfp4"))
-        return self._positions_supported
+        if getattr(self.recurrence, "device_step", None) is None or len(set(self.store.policies)) != 1:
+            return False
+        policy = self.store.policies[0]
+        return policy.checkpoint_format == "fp32" and policy.read_format in (None, "fp8", "nvfp4")
 
     def _device_positions_apply(self) -> bool:
         """Whether plain decode steps from here can run on device positions: a static cache's layer after its

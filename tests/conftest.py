@@ -1,5 +1,6 @@
 import functools
 import importlib.util
+import sys
 import warnings
 from pathlib import Path
 
@@ -58,8 +59,12 @@ def decode(model, tokens, prompt_len, cache):
 
 
 def load_offline_tool(name: str):
-    """A script of ``benchmarks/offline/`` (not a package) imported as a module."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "offline" / f"{name}.py"
+    """A script of ``benchmarks/offline/`` (not a package) imported as a module; its folder goes on the import path,
+    as it does for a script run by path (the scripts import each other)."""
+    folder = Path(__file__).resolve().parents[1] / "benchmarks" / "offline"
+    if str(folder) not in sys.path:
+        sys.path.append(str(folder))
+    path = folder / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -36,6 +36,22 @@ def _is_cache_guard(name: str) -> bool:
     return name.startswith(CACHE_SOURCES)
 
 
+def decode_frame(model, args: tuple, kwargs: dict) -> tuple[list, dict, int | None]:
+    """The compiled decode frame (the pass-through hook's ``PreTrainedModel.__call__``) as Dynamo holds it: its
+    entries' guard managers in the frame's list order, a call's frame locals, and the index of the one entry whose
+    guards pass on them (None where not exactly one passes). Check under ``torch.no_grad()``, generate's grad mode
+    (a guard checks it)."""
+    call = PreTrainedModel.__call__
+    managers = [entry.guard_manager for entry in torch._dynamo.eval_frame._debug_get_cache_entry_list(call.__code__)]
+    frame_locals = {"self": model, "args": args, "kwargs": kwargs}
+    original = getattr(call, "_replayssm_original", None)
+    if original is not None:  # the pass-through hook's closure variable is a frame local too
+        frame_locals["original"] = original
+    with torch.no_grad():
+        passing = [index for index, manager in enumerate(managers) if manager.check(frame_locals)]
+    return managers, frame_locals, passing[0] if len(passing) == 1 else None
+
+
 def compiled_frame(model_type: str, arm: str, new_tokens: int = 6) -> dict:
     """Compile one arm's decode step on a tiny model; its frame's guard manager, a decode step's locals and the
     guard counts by type (on the cache's objects and elsewhere). The frame is the newest cache entry of the
@@ -69,19 +85,11 @@ def compiled_frame(model_type: str, arm: str, new_tokens: int = 6) -> dict:
         model.generate(prompt, past_key_values=ReplayCache(4, max_cache_len=12 + new_tokens), **kwargs)
     else:
         model.generate(prompt, cache_implementation="static", **kwargs)
-    call = PreTrainedModel.__call__
-    entries = torch._dynamo.eval_frame._debug_get_cache_entry_list(call.__code__)
-    frame_locals = {"self": model, "args": (), "kwargs": seen["kwargs"]}
-    original = getattr(call, "_replayssm_original", None)
-    if original is not None:  # the pass-through hook's closure variable is a frame local too
-        frame_locals["original"] = original
-    with torch.no_grad():  # generate's grad mode: a guard checks it
-        passing = [entry.guard_manager for entry in entries if entry.guard_manager.check(frame_locals)]
-    if len(passing) != 1:
-        raise RuntimeError(f"expected one compiled decode frame whose guards pass on a decode step's locals, found "
-                           f"{len(passing)} of {len(entries)}")
-    guards = passing[0]
-    return {"guards": guards, "locals": frame_locals, "counts": counts}
+    managers, frame_locals, passing = decode_frame(model, (), seen["kwargs"])
+    if passing is None:
+        raise RuntimeError(f"expected one compiled decode frame whose guards pass on a decode step's locals, among "
+                           f"{len(managers)}")
+    return {"guards": managers[passing], "locals": frame_locals, "counts": counts}
 
 
 def measure(model_type: str, blocks: int = 30, per_block: int = 300) -> list[dict]:

@@ -36,6 +36,7 @@ import statistics
 import time
 
 import torch
+from guard_check import decode_frame  # this folder's guard reader (a script's folder is on its import path)
 
 from hf_replayssm.bench.generate import Settings, arm_kwargs, build_model, timed_generate
 
@@ -132,21 +133,12 @@ def guard_check_us(model, call: tuple) -> dict | None:
     """Best time (us) of Dynamo's guard check of the compiled frame on a call's locals: the passing entry's own
     guards, and every entry of the frame's list up to it; None where this torch lacks the private frame cache or
     no single entry passes."""
-    from transformers import PreTrainedModel
-
-    read_entries = getattr(torch._dynamo.eval_frame, "_debug_get_cache_entry_list", None)
-    if read_entries is None:
+    if not hasattr(torch._dynamo.eval_frame, "_debug_get_cache_entry_list"):
         return None
-    function = PreTrainedModel.__call__
-    args, kwargs = call
-    frame_locals = {"self": model, "args": args, "kwargs": kwargs}
-    if getattr(function, "_replayssm_original", None) is not None:
-        frame_locals["original"] = function._replayssm_original
+    managers, frame_locals, passing = decode_frame(model, *call)
+    if passing is None:
+        return None
     with torch.no_grad():
-        managers = [entry.guard_manager for entry in read_entries(function.__code__)]
-        passing = [i for i, manager in enumerate(managers) if manager.check(frame_locals)]
-        if len(passing) != 1:
-            return None
 
         def best_us(checks) -> float:
             best = float("inf")
@@ -160,9 +152,9 @@ def guard_check_us(model, call: tuple) -> dict | None:
 
         # the entry's own guards, and the entries in the frame's list up to it (a lookup walking the list in order
         # fails the other arm's entries first; Dynamo may reorder the list, so this bounds the walk)
-        return {"own": best_us([managers[passing[0]].check]),
-                "list_walk": best_us([manager.check for manager in managers[: passing[0] + 1]]),
-                "position": passing[0], "entries": len(managers)}
+        return {"own": best_us([managers[passing].check]),
+                "list_walk": best_us([manager.check for manager in managers[: passing + 1]]),
+                "position": passing, "entries": len(managers)}
 
 
 def look_inside(model, model_name: str, ids, clock: StepClock, settings, cache_len: int, args) -> dict:

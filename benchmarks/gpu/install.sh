@@ -44,6 +44,15 @@ save_triton_cache() {  # $OUT/triton_cache.tgz, split into 15 MB parts (.part-aa
   fi
   echo "triton cache: $(ls "$TRITON_CACHE_DIR" | wc -l) entries, $size bytes compressed"
 }
+session_results() {  # session_results NAME: a fresh $RES for this STAGE's files; pack() puts them into
+  # $OUT/NAME_$STAGE.tgz (call it after each job: what a cut call wrote still comes back)
+  RES=/tmp/w/res_${1}_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; PACK=$OUT/${1}_$STAGE.tgz
+}
+pack() { tar czf "$PACK" -C "$RES" . ; }
+shaped_prompt() {  # shaped_prompt MODEL: the prompt length every compiled run of a shaped model used (Nemotron-H-like
+  # 128: its stock torch prefill of 512 tokens runs out of memory, README; the others 512)
+  [ "$1" = nemotron_h ] && echo 128 || echo 512
+}
 bench_job() {  # bench_job SECONDS NAME ARGS...: one `hf-replayssm bench ARGS` with a time limit, into $RES/NAME.txt
   local limit=$1 name=$2; shift 2
   timeout "$limit" python3 -m hf_replayssm.cli bench "$@" > "$RES/$name.txt" 2>&1

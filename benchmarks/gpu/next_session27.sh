@@ -15,7 +15,7 @@ pack() { tar czf "$OUT/next_session27_$STAGE.tgz" -C "$RES" . ; }
 batch1_generate() {  # batch1_generate SECONDS REPEATS SUFFIX: compiled batch-1 generate of the three shaped models
   local limit=$1 repeats=$2 suffix=$3 model prompt
   for model in nemotron_h qwen3_5 kimi_linear; do
-    prompt=$([ $model = nemotron_h ] && echo 128 || echo 512)
+    prompt=$(shaped_prompt $model)
     bench_job "$limit" generate_compiled_${model}_b1$suffix generate --models $model --batches 1 \
       --arms stock-static-compiled,replay-compiled --prompt $prompt --new 128 --repeats "$repeats" \
       --out "$RES/generate_compiled_${model}_b1$suffix.json"; pack

@@ -8,18 +8,16 @@
 # Call: run(command="STAGE=1 bash benchmarks/gpu/next_session28.sh", carry=[".whl/fla", ".triton_cache"],
 #   timeout_s=600)
 source benchmarks/gpu/install.sh || exit 1
-RES=/tmp/w/res_next_session28_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
-pack() { tar czf "$OUT/next_session28_$STAGE.tgz" -C "$RES" . ; }
-prompt_of() { [ "$1" = nemotron_h ] && echo 128 || echo 512; }
+session_results next_session28; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
   for model in nemotron_h kimi_linear qwen3_5; do
-    timeout 110 python3 "$R/benchmarks/offline/host_split.py" --models $model --prompt "$(prompt_of $model)" \
+    timeout 110 python3 "$R/benchmarks/offline/host_split.py" --models $model --prompt "$(shaped_prompt $model)" \
       --new 64 --repeats 8 --out "$RES/host_split_${model}_b1.json" > "$RES/host_split_${model}_b1.txt" 2>&1
     echo "host_split_$model rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   done
   for model in nemotron_h kimi_linear qwen3_5; do
     bench_job 130 generate_compiled_${model}_b1_r8 generate --models $model --batches 1 \
-      --arms stock-static-compiled,replay-compiled --prompt "$(prompt_of $model)" --new 128 --repeats 8 \
+      --arms stock-static-compiled,replay-compiled --prompt "$(shaped_prompt $model)" --new 128 --repeats 8 \
       --out "$RES/generate_compiled_${model}_b1_r8.json"; pack
   done
 fi
@@ -29,7 +27,7 @@ fi
 #   profiles inside the compiled calls (cProfile enabled only there) and times the guard check on each arm's own frame.
 if [ "$STAGE" = 2 ]; then
   for model in nemotron_h kimi_linear qwen3_5; do
-    timeout 140 python3 "$R/benchmarks/offline/host_split.py" --models $model --prompt "$(prompt_of $model)" \
+    timeout 140 python3 "$R/benchmarks/offline/host_split.py" --models $model --prompt "$(shaped_prompt $model)" \
       --new 64 --repeats 4 --profile-dir "$RES/calls" --out "$RES/host_split_${model}_b1.json" \
       > "$RES/host_split_${model}_b1.txt" 2>&1
     echo "host_split_$model rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
@@ -41,14 +39,14 @@ fi
 #   frame's entry list up to the passing one, and `bench generate` runs batch 1 with ReplayCache compiled first.
 if [ "$STAGE" = 3 ]; then
   for model in nemotron_h kimi_linear; do
-    timeout 120 python3 "$R/benchmarks/offline/host_split.py" --models $model --prompt "$(prompt_of $model)" \
+    timeout 120 python3 "$R/benchmarks/offline/host_split.py" --models $model --prompt "$(shaped_prompt $model)" \
       --new 64 --repeats 3 --profile-dir "$RES/calls" --out "$RES/host_split_${model}_b1.json" \
       > "$RES/host_split_${model}_b1.txt" 2>&1
     echo "host_split_$model rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   done
   for model in nemotron_h kimi_linear; do
     bench_job 100 generate_compiled_${model}_b1_replay_first generate --models $model --batches 1 \
-      --arms replay-compiled,stock-static-compiled --prompt "$(prompt_of $model)" --new 128 --repeats 6 \
+      --arms replay-compiled,stock-static-compiled --prompt "$(shaped_prompt $model)" --new 128 --repeats 6 \
       --out "$RES/generate_compiled_${model}_b1_replay_first.json"; pack
   done
   grep -h -A 4 "guard check\|^batch" "$RES"/*.txt

@@ -8,13 +8,11 @@
 # Call: run(command="STAGE=1 bash benchmarks/gpu/next_session29.sh", carry=[".whl/fla", ".triton_cache"],
 #   timeout_s=600)
 source benchmarks/gpu/install.sh || exit 1
-RES=/tmp/w/res_next_session29_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; cd /tmp/w
-pack() { tar czf "$OUT/next_session29_$STAGE.tgz" -C "$RES" . ; }
-prompt_of() { [ "$1" = nemotron_h ] && echo 128 || echo 512; }
+session_results next_session29; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
   for model in nemotron_h kimi_linear qwen3_5; do
     bench_job 150 generate_compiled_${model}_b1_r12 generate --models $model --batches 1 \
-      --arms stock-static-compiled,replay-compiled --prompt "$(prompt_of $model)" --new 128 --repeats 12 \
+      --arms stock-static-compiled,replay-compiled --prompt "$(shaped_prompt $model)" --new 128 --repeats 12 \
       --out "$RES/generate_compiled_${model}_b1_r12.json"; pack
   done
   timeout 120 python3 "$R/benchmarks/offline/host_split.py" --models nemotron_h --prompt 128 --new 64 --repeats 4 \

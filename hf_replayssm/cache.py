@@ -431,11 +431,14 @@ class ReplayCache(DynamicCache):
             return [False] * facts.count
         return list(facts.linear)
 
-    def activate_past_recording(self) -> None:
+    def activate_past_recording(self, **kwargs) -> None:
+        """Keep every new token droppable until ``crop``. transformers 5.25 passes ``recurrent_states_to_keep`` (how
+        many per-token states its own linear layers should save for rollback): the attention layers get it as
+        transformers sends it; replay layers need no saved states (a dropped token is a ring entry)."""
         self._recording = True
         for layer in self.layers:
             if hasattr(layer, "activate_past_recording"):
-                layer.activate_past_recording()
+                layer.activate_past_recording(**kwargs)
 
     def deactivate_past_recording(self) -> None:
         """Back to plain decoding: pending records are committed and no layer keeps growing its past."""

@@ -80,6 +80,8 @@ class ReplayLayer(LinearAttentionLayer):
         # Stock mixers skip their in-place single-token conv update while a layer records its past; keeping this
         # True routes every conv step through ``update_conv_state``, i.e. through the conv ring.
         self.record_past = True
+        # transformers 5.25 counts a linear layer's tokens in a tensor of its own; the schedule counts ours
+        self.__dict__.pop("cumulative_length_linear", None)
 
     def _install_views(self) -> None:
         self.conv_states = _StockView(self, "conv")
@@ -151,7 +153,7 @@ class ReplayLayer(LinearAttentionLayer):
     def lazy_initialization(self, *args, **kwargs) -> None:  # allocation happens on first use
         pass
 
-    def activate_past_recording(self) -> None:
+    def activate_past_recording(self, **kwargs) -> None:  # kwargs: transformers 5.25's recurrent_states_to_keep
         self.schedule.activate_recording()
 
     def deactivate_past_recording(self) -> None:
@@ -187,6 +189,14 @@ class ReplayLayer(LinearAttentionLayer):
 
     def get_seq_length(self) -> int:
         return self.schedule.current_tokens_seen()
+
+    def increase_count(self, state_idx: int = 0) -> None:
+        """transformers 5.25's conv calls this only after updating a conv state in place, which a layer that records
+        its past (a replay layer always does) never asks for."""
+        raise RuntimeError(
+            f"layer {self.layer_idx}'s conv state was updated in place, outside the ReplaySSM path (a replaced or "
+            "kernelized mixer forward?); ReplayCache cannot keep it exact"
+        )
 
     # ------------------------------------------------------------------ the replay step (called by the adapters)
     def forward_tokens(self, tokens, chunk_fn=None, out_dtype=None) -> torch.Tensor:

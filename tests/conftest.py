@@ -20,6 +20,10 @@ SUPPORTED = [
     "qwen3_next", "qwen3_5_text", "qwen3_5_moe_text", "olmo_hybrid", "lara_mini",
     "kimi_linear", "bailing_hybrid", "glm5_next",
 ]
+# transformers 5.25 rolls its own linear-attention layers back (it keeps per-token recurrent states while recording)
+# and no longer refuses assisted generation for them; older versions refuse it ("stateful") and crop the attention
+# layers only.
+STOCK_ROLLS_BACK_LINEAR = hasattr(transformers.Cache, "get_recurrent_states_to_keep")
 # One per family and layer kind (plain SSM layers, hybrid attention+SSM layers) for the slower speculative tests.
 REPRESENTATIVE = ["nemotron_h", "falcon_h1", "zamba2", "qwen3_next", "qwen3_5_text", "kimi_linear"]
 

@@ -48,10 +48,11 @@ SCRIPT = textwrap.dedent('''
     from transformers.models.nemotron_h import modeling_nemotron_h as mn
     from transformers.models.qwen3_5 import modeling_qwen3_5 as mq
     from hf_replayssm import ReplayCache, recurrences
+    from hf_replayssm.adapters.base import reference_function
     from hf_replayssm.tiny import tiny_model
 
     def one_launch(module, name, make_output):
-        original = getattr(module, name)
+        original = reference_function(getattr(module, name))  # beneath transformers' hub-kernel wrappers
         signature = inspect.signature(original)
 
         @functools.wraps(original)

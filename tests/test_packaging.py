@@ -24,9 +24,12 @@ import importlib.metadata, json, os, sys
 
 root = os.path.realpath(sys.argv[1])
 
-def ours(module):
+def ours(module):  # this repository's own folder (not a package installed into a virtual environment inside it)
     file = getattr(module, "__file__", None)
-    return file is not None and os.path.realpath(file).startswith(root + os.sep)
+    if file is None:
+        return False
+    folder = os.path.join(root, module.__name__.split(".")[0])
+    return os.path.realpath(file).startswith(folder + os.sep)
 
 import transformers
 from transformers import AutoModelForCausalLM  # noqa: F401
@@ -169,9 +172,10 @@ def test_hf_kernels_package_not_shadowed(hf_kernels_dir):
 
 
 def test_no_kernels_package_imports_nothing_of_ours():
-    """Without Hugging Face's ``kernels``, ``import kernels`` from the repository root yields an empty placeholder
-    (no ``__file__``, no attributes; transformers' probe reads it as "not installed"), never this repository's folder,
-    and transformers still works. (Raising ModuleNotFoundError instead would break ``import transformers``: its
+    """In this environment as installed (Hugging Face's ``kernels`` is a dependency of transformers from 5.25),
+    ``import kernels`` from the repository root never yields this repository's folder, and transformers still works;
+    without ``kernels`` it yields an empty placeholder (no ``__file__``, no attributes; transformers' probe reads it as
+    "not installed"). (Raising ModuleNotFoundError instead would break ``import transformers``: its
     availability probe imports whatever ``find_spec`` finds, unguarded.)"""
     result = _check_from_root([])
     _assert_package_intact(result)

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from conftest import REPRESENTATIVE, cache_kwarg, decode, get_model, max_logit_diff
+from conftest import REPRESENTATIVE, STOCK_ROLLS_BACK_LINEAR, cache_kwarg, decode, get_model, max_logit_diff
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from transformers import DynamicCache
@@ -77,6 +77,11 @@ def test_hybrid_draft_model_equals_greedy(model_type, monkeypatch):
 
     monkeypatch.setattr(ReplayCache, "crop", spy_crop)
     monkeypatch.setattr(AssistedCandidateGenerator, "get_candidates", spy_candidates)
+    # Four drafts every round: the random draft model is rarely confident, and the one-token drafts its confidence
+    # threshold would leave need no rollback of the draft cache from transformers 5.25 on (only the main one's)
+    for name, value in (("assistant_confidence_threshold", 0.0), ("num_assistant_tokens", 4),
+                        ("num_assistant_tokens_schedule", "constant")):
+        monkeypatch.setattr(draft.generation_config, name, value)
     cache = ReplayCache(buffer_len=8)
     out = model.generate(prompt, past_key_values=cache, assistant_model=draft, **GREEDY)
     assert torch.equal(out.sequences, greedy.sequences)
@@ -244,23 +249,43 @@ def _check_rollback(model_type, prompt_len, buffer_len, rounds, seed, precision)
         assert torch.isfinite(state).all()
 
 
+def _stock_rollback_logits(model, prompt, window, nxt, keep_dropped_states: bool):
+    """Stock DynamicCache: prompt, then ``window`` while recording, crop all but its first token, then ``nxt``; the
+    last logits. ``keep_dropped_states``: leave the recurrent states as the whole window left them (what transformers'
+    crop did before 5.25: it cropped the attention layers only)."""
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(prompt, past_key_values=cache, use_cache=True)
+        if STOCK_ROLLS_BACK_LINEAR:
+            cache.activate_past_recording(recurrent_states_to_keep=window.shape[1])
+        else:
+            cache.activate_past_recording()
+        model(window, past_key_values=cache, use_cache=True)
+        linear = [layer for layer in cache.layers if hasattr(layer, "recurrent_states")]
+        after_window = [dict(layer.recurrent_states) for layer in linear]
+        assert any(after_window), "no recurrent state to roll back"
+        cache.crop(1 - window.shape[1])
+        if keep_dropped_states:
+            for layer, states in zip(linear, after_window, strict=True):
+                layer.recurrent_states.update(states)
+        return model(nxt, past_key_values=cache, use_cache=True).logits[:, -1]
+
+
 # (not nemotron_h: transformers 5.17's own crop raises a TypeError on it)
 @pytest.mark.parametrize("model_type", ["falcon_h1", "qwen3_next", "kimi_linear"])
 def test_stock_rollback_is_detectably_wrong(model_type):
-    """Negative control: transformers' own crop leaves the recurrent state wrong by far more than our tolerance, so
-    the tests above would catch a rollback that is not exact."""
+    """Negative control: a rollback that leaves the recurrent state where the dropped tokens put it is wrong by far
+    more than our tolerance, so the tests above would catch a rollback that is not exact. Before transformers 5.25
+    that is what its own crop did; from 5.25 it keeps per-token states while recording and its crop is exact."""
     model = get_model(model_type)
     prompt = torch.randint(3, 120, (1, 6))
     window = torch.randint(3, 120, (1, 3))
     nxt = torch.randint(3, 120, (1, 1))
-    cache = DynamicCache(config=model.config)
-    with torch.no_grad():
-        model(prompt, past_key_values=cache, use_cache=True)
-        cache.activate_past_recording()
-        model(window, past_key_values=cache, use_cache=True)
-        cache.crop(-2)
-        wrong = model(nxt, past_key_values=cache, use_cache=True).logits[:, -1]
     reference = _stock_step_logits(model, torch.cat([prompt, window[:, :1], nxt], dim=1), 6)[:, -1]
+    wrong = _stock_rollback_logits(model, prompt, window, nxt, keep_dropped_states=not STOCK_ROLLS_BACK_LINEAR)
+    if STOCK_ROLLS_BACK_LINEAR:
+        assert (wrong - reference).abs().max() < 1e-4  # transformers' own crop is exact now
+        wrong = _stock_rollback_logits(model, prompt, window, nxt, keep_dropped_states=True)
     assert (wrong - reference).abs().max() > 1e-2
 
 

@@ -80,8 +80,10 @@ def _wait_ranks(proc: subprocess.Popen, out_dir: Path) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     if proc.returncode != 0:
-        errors = "\n".join(path.read_text() for path in sorted(out_dir.glob("rank*.err")))
-        pytest.fail(f"torchrun exited {proc.returncode}\n{errors or (out_dir / 'torchrun.log').read_text()[-4000:]}")
+        # every rank's traceback, and torchrun's own log (a rank that died without one: signal, OOM, timeout)
+        errors = "\n".join(f"{path.name}:\n{path.read_text()}" for path in sorted(out_dir.glob("rank*.err")))
+        log = (out_dir / "torchrun.log").read_text()[-4000:]
+        pytest.fail(f"torchrun exited {proc.returncode}\n{errors}\ntorchrun.log (tail):\n{log}")
 
 
 def _run_tp(root: Path, gpus: bool = False) -> dict:

@@ -264,13 +264,13 @@ def test_torch_recurrence_rebinds_the_decorated_kernels(arch, monkeypatch):
     # the kernel decorators' wrappers (beneath the replay hooks, if an earlier test in this process installed them)
     decorated = {name: getattr(getattr(module, name), "_replayssm_original", getattr(module, name))
                  for name in adapter.interceptors if hasattr(module, name)}
-    wrapped = {name: fn for name, fn in decorated.items() if hasattr(fn, "__wrapped__")}
+    wrapped = {name: fn for name, fn in decorated.items() if reference_function(fn) is not fn}
     assert wrapped, "transformers no longer decorates these recurrences: the flag has nothing to undo"
     for name, function in wrapped.items():
         monkeypatch.setattr(module, name, function)  # restored after the test (the rebinding is process-wide)
     assert train_script.use_torch_recurrences(model) == len(wrapped)  # once per function, not per layer
     for name, function in wrapped.items():
-        assert getattr(module, name) is reference_function(function) and not hasattr(getattr(module, name),
-                                                                                     "__wrapped__")
+        rebound = getattr(module, name)
+        assert rebound is reference_function(function) and reference_function(rebound) is rebound
     ids = torch.randint(0, model.config.vocab_size, (1, 12))
     assert torch.isfinite(model(input_ids=ids).logits).all()

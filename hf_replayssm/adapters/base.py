@@ -57,11 +57,29 @@ def active_call() -> ReplayCall | None:
     return _ACTIVE.get()
 
 
+def _kernels_func_target(fn) -> Callable | None:
+    """The function a Hugging Face ``kernels`` function module (``nn.Module`` ``Func``, which transformers makes of
+    every hub-kernel function when ``kernels`` is installed: a dependency from transformers 5.25) calls when no kernel
+    is selected: the ``func`` its ``forward`` closes over. None for anything else."""
+    if not isinstance(fn, torch.nn.Module):
+        return None
+    forward = getattr(type(fn).forward, "__code__", None)
+    closure = getattr(type(fn).forward, "__closure__", None) or ()
+    if forward is None or "func" not in forward.co_freevars:
+        return None
+    target = closure[forward.co_freevars.index("func")].cell_contents
+    return target if callable(target) else None
+
+
 def reference_function(fn: Callable) -> Callable:
     """The pure-torch reference behind a hub-kernel wrapper (its signature is what model code calls)."""
-    while hasattr(fn, "__wrapped__"):
-        fn = fn.__wrapped__
-    return fn
+    while True:
+        if hasattr(fn, "__wrapped__"):
+            fn = fn.__wrapped__
+        elif (target := _kernels_func_target(fn)) is not None:
+            fn = target
+        else:
+            return fn
 
 
 def reference_signature(fn: Callable) -> inspect.Signature:

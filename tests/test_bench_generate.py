@@ -7,6 +7,7 @@ import statistics
 
 import pytest
 import torch
+from conftest import STOCK_ROLLS_BACK_LINEAR
 
 from hf_replayssm.bench import generate as bench
 from hf_replayssm.cache import ReplayCache
@@ -68,6 +69,12 @@ def test_speculative_mode_matches_plain_greedy(tmp_path):
                     "--lookup", "3", "--prompt-kinds", "code-edit")
     entries = {e["arm"]: e for e in results["speculative"]}
     assert set(entries) == set(bench.SPECULATIVE_ARMS) and results["results"] == []
+    for arm in ("lookup-stock", "draft-stock"):  # transformers' own speculation: refused, or run and compared
+        entry = entries.pop(arm)
+        if STOCK_ROLLS_BACK_LINEAR:
+            assert entry["tokens_per_s"] > 0 and entry["drafted"] > 0 and isinstance(entry["identical"], bool)
+        else:
+            assert "stateful" in entry["error"] and "tokens_per_s" not in entry
     for arm, entry in entries.items():
         assert entry["batch"] == 1 and entry["tokens_per_s"] > 0
         assert entry["identical"] is True, arm

@@ -21,7 +21,8 @@ so an arm that fell back to eager cannot pass for compiled. A ReplayCache arm wh
 transformers runs by default: with flash-linear-attention installed (``fla`` in the JSON) its kernels.
 
 ``--speculative`` (batch 1): plain greedy (stock and ReplayCache) against prompt lookup and a small draft model of
-the same family, both on a ReplayCache (transformers refuses speculation on stock hybrid caches), on synthetic
+the same family, each on a ReplayCache and on transformers' own cache (before 5.25 transformers refuses speculation
+on hybrid models: those arms report its error; from 5.25 it rolls its linear layers back itself), on synthetic
 repetitive prompts (a "code file" of repeated function templates asked to be edited; a document followed by
 "Summary:"), token ids drawn from a seed (no tokenizer). With random weights the continuation means nothing, so the
 arms report acceptance (accepted / drafted tokens), end-to-end tokens/s, and whether their tokens equal plain
@@ -55,7 +56,7 @@ EXTRA_ARMS = ("replay-fp8", "replay-nvfp4")
 REPLAY_PRECISION = {"replay": "fp32", "replay-compiled": "fp32", "replay-fp8-compiled": "separated-fp8",
                     "replay-nvfp4-compiled": "separated-nvfp4", "replay-fp8": "separated-fp8",
                     "replay-nvfp4": "separated-nvfp4"}
-SPECULATIVE_ARMS = ("greedy-stock", "greedy-replay", "lookup-replay", "draft-replay")
+SPECULATIVE_ARMS = ("greedy-stock", "greedy-replay", "lookup-stock", "lookup-replay", "draft-stock", "draft-replay")
 PROMPT_KINDS = ("code-edit", "summary")
 # In-vocabulary special tokens for every shaped model (Kimi-Linear's config defaults, 163584+, lie outside the
 # shaped 32000-token vocabulary); prompts draw ids >= 3 and generation suppresses these.
@@ -528,15 +529,16 @@ class DraftCounter:
 def _speculative_kwargs(arm: str, model, draft, settings: Settings, lookup: int) -> dict:
     from ..cache import ReplayCache, cache_argument
 
-    if arm == "greedy-stock":
-        return {}
-    kwargs = {cache_argument(model): ReplayCache(settings.buffer_len, backend=settings.backend)}
-    if arm == "lookup-replay":
-        kwargs["prompt_lookup_num_tokens"] = lookup
-    elif arm == "draft-replay":
-        kwargs["assistant_model"] = draft
-    elif arm != "greedy-replay":
+    if arm not in SPECULATIVE_ARMS:
         raise ValueError(f"unknown speculative arm {arm!r}; arms: {SPECULATIVE_ARMS}")
+    kind, _, cache = arm.partition("-")
+    # stock: transformers' own cache (its speculation on hybrids: refused before 5.25, its own rollback from 5.25)
+    kwargs = {} if cache == "stock" else {
+        cache_argument(model): ReplayCache(settings.buffer_len, backend=settings.backend)}
+    if kind == "lookup":
+        kwargs["prompt_lookup_num_tokens"] = lookup
+    elif kind == "draft":
+        kwargs["assistant_model"] = draft
     return kwargs
 
 

@@ -1,0 +1,160 @@
+"""What a compiled decode step costs on the host outside the graph: Dynamo's frame around it, stock static cache
+against ReplayCache, on the CPU.
+
+On the H200 a ReplayCache batch-1 decode step spends +29 to +84 us more than stock in the compiled call's host part
+(runs 154-156), of which the guard check explains 7-22 us; the rest sat in the compiled frame's own time, not pinned
+down (the likeliest cause: per-input work, as ReplayCache hands the graph more tensors). This script isolates that
+part: it compiles ``generate``'s decode step on a tiny model with a null backend, a graph that ran once and then only
+hands back its first outputs, so that a call costs the frame alone: the guard check, the transformed bytecode that
+gathers the graph's inputs, replays side effects and builds the outputs. It times such calls on a real decode step's
+arguments, and the guard check by itself, per arm (blocks alternate between the arms; the best block counts), and
+counts the graph's inputs (tensors, and how many of them the graph mutates). Runs on the CPU in about 30 s per model:
+
+    python benchmarks/offline/frame_overhead.py --models nemotron_h,qwen3_5_text,kimi_linear --out frames.json
+
+Inductor's and the CUDA-graph tree's wrappers, which a real compiled step adds, are not in it (in runs 155-156 they
+differed by a few us between the arms).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+from guard_check import decode_frame  # this folder's guard reader (a script's folder is on its import path)
+from transformers.generation import CompileConfig
+
+from hf_replayssm import ReplayCache
+from hf_replayssm.tiny import tiny_model
+
+
+def null_backend(graphs: list[dict]):
+    """A Dynamo backend whose graph runs on the first call only; later calls return those first outputs. Appends to
+    ``graphs`` the graph's input counts: all, tensors, and those its nodes write in place. (A function, not an object:
+    transformers copies the compile config, and the function survives the copy.)"""
+
+    def backend(gm: torch.fx.GraphModule, example_inputs):
+        placeholders = {node for node in gm.graph.nodes if node.op == "placeholder"}
+        mutated = set()
+        for node in gm.graph.nodes:
+            if node.op == "call_method" and node.target.endswith("_") and node.args[0] in placeholders:
+                mutated.add(node.args[0])  # tensor.copy_(...), tensor.add_(...)
+                continue
+            target = node.target
+            if isinstance(target, torch._ops.OpOverloadPacket):
+                target = target.default
+            schema = getattr(target, "_schema", None)
+            if node.op != "call_function" or schema is None:
+                continue
+            values = list(node.args) + [node.kwargs.get(a.name) for a in schema.arguments[len(node.args):]]
+            for argument, value in zip(schema.arguments, values, strict=False):
+                if argument.alias_info is not None and argument.alias_info.is_write and value in placeholders:
+                    mutated.add(value)
+        graphs.append({"inputs": len(example_inputs),
+                       "tensor_inputs": sum(isinstance(x, torch.Tensor) for x in example_inputs),
+                       "mutated_inputs": len(mutated)})
+        first: list = []
+
+        def run(*args):
+            if not first:
+                first.append(gm(*args))
+            return first[0]
+
+        return run
+
+    return backend
+
+
+def compiled_step(model_type: str, arm: str, new_tokens: int = 6) -> dict:
+    """One arm's decode step compiled with the null backend on a tiny model: the compiled callable, a decode step's
+    arguments, the frame's passing guard manager and locals, and the graph's input counts."""
+    model = tiny_model(model_type, seed=0, initializer_range=0.2)
+    prompt = torch.randint(3, model.config.vocab_size, (1, 11), generator=torch.Generator().manual_seed(1))
+    graphs: list[dict] = []
+    config = CompileConfig(fullgraph=True, backend=null_backend(graphs), mode=None)
+    config._compile_all_devices = True  # transformers compiles the decode step on CUDA only otherwise
+    seen = {}
+    compiled_call = model.get_compiled_call
+
+    def recording_compiled_call(compile_config):
+        fn = compiled_call(compile_config)
+
+        def call(*args, **kwargs):
+            seen["fn"], seen["kwargs"] = fn, kwargs
+            return fn(*args, **kwargs)
+
+        return call
+
+    model.get_compiled_call = recording_compiled_call
+    kwargs = dict(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens, compile_config=config)
+    if arm == "replay":
+        model.generate(prompt, past_key_values=ReplayCache(4, max_cache_len=12 + new_tokens), **kwargs)
+    else:
+        model.generate(prompt, cache_implementation="static", **kwargs)
+    managers, frame_locals, passing = decode_frame(model, (), seen["kwargs"])
+    if passing is None or not graphs:
+        raise RuntimeError(f"expected one compiled decode frame whose guards pass on a decode step's locals, among "
+                           f"{len(managers)}")
+    return {"fn": seen["fn"], "kwargs": seen["kwargs"], "guards": managers[passing], "locals": frame_locals,
+            "graph": graphs[-1]}
+
+
+def measure(model_type: str, blocks: int = 20, per_block: int = 200) -> list[dict]:
+    """Per arm: us per compiled call (the frame alone) and per guard check, best block of each; the graph's inputs."""
+    torch._dynamo.reset()
+    # ReplayCache first: binding it wraps module functions of the model's file, which a frame compiled before
+    # guards against (as in guard_check.py)
+    steps = {arm: compiled_step(model_type, arm) for arm in ("replay", "stock")}
+    calls = {arm: [] for arm in steps}
+    checks = {arm: [] for arm in steps}
+    with torch.no_grad():
+        for _ in range(blocks):
+            for arm, step in steps.items():
+                fn, kwargs = step["fn"], step["kwargs"]
+                start = time.perf_counter()
+                for _ in range(per_block):
+                    fn(**kwargs)
+                calls[arm].append((time.perf_counter() - start) / per_block * 1e6)
+                check, frame_locals = step["guards"].check, step["locals"]
+                start = time.perf_counter()
+                for _ in range(per_block):
+                    check(frame_locals)
+                checks[arm].append((time.perf_counter() - start) / per_block * 1e6)
+    rows = []
+    for arm, step in steps.items():
+        call, check = min(calls[arm]), min(checks[arm])
+        rows.append({"model": model_type, "arm": arm, "call_us": call, "guard_check_us": check,
+                     "rest_us": call - check, **step["graph"]})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="nemotron_h,qwen3_5_text,kimi_linear")
+    parser.add_argument("--blocks", type=int, default=20, help="timed blocks per arm (the best counts)")
+    parser.add_argument("--out", help="JSON results")
+    args = parser.parse_args(argv)
+    if not hasattr(torch._dynamo.eval_frame, "_debug_get_cache_entry_list"):
+        raise SystemExit("this torch has no torch._dynamo.eval_frame._debug_get_cache_entry_list to read guards from")
+    rows = []
+    for model_type in args.models.split(","):
+        pair = {row["arm"]: row for row in measure(model_type, blocks=args.blocks)}
+        rows.extend(pair.values())
+        stock, replay = pair["stock"], pair["replay"]
+        print(f"{model_type:14s} frame per call: stock {stock['call_us']:6.1f} us, ReplayCache "
+              f"{replay['call_us']:6.1f} "
+              f"({replay['call_us'] - stock['call_us']:+.1f}); guard check {stock['guard_check_us']:.1f} / "
+              f"{replay['guard_check_us']:.1f}; the rest {stock['rest_us']:.1f} / {replay['rest_us']:.1f} "
+              f"({replay['rest_us'] - stock['rest_us']:+.1f})")
+        print(f"{'':14s} graph inputs {stock['inputs']} / {replay['inputs']} (tensors {stock['tensor_inputs']} / "
+              f"{replay['tensor_inputs']}, mutated {stock['mutated_inputs']} / {replay['mutated_inputs']})")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"torch": torch.__version__, "results": rows}, f, indent=1)
+    return rows
+
+
+if __name__ == "__main__":
+    main()

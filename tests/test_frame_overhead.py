@@ -1,0 +1,28 @@
+"""``benchmarks/offline/frame_overhead.py`` (the host cost of the compiled decode step's frame outside the graph,
+stock against ReplayCache) runs on the CPU, compiles both arms with its null backend and counts real graph inputs."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import load_offline_tool
+
+# also in the compat run (torch 2.11 + transformers 5.17, the GPU image's versions): the tool reads Dynamo's frame
+pytestmark = pytest.mark.equivalence
+
+
+def test_frame_overhead_times_both_arms(tmp_path):
+    tool = load_offline_tool("frame_overhead")
+    out = tmp_path / "frames.json"
+    rows = tool.main(["--models", "nemotron_h", "--blocks", "2", "--out", str(out)])
+    by_arm = {row["arm"]: row for row in rows}
+    assert sorted(by_arm) == ["replay", "stock"]
+    for row in rows:
+        assert 0 < row["guard_check_us"] < row["call_us"] < 1e5, row
+    # each of the tiny model's two Mamba-2 layers hands the graph its conv window, checkpoint, positions and three
+    # record fields, and the step writes all but the checkpoint in place; stock writes its conv and recurrent states
+    replay, stock = by_arm["replay"], by_arm["stock"]
+    assert replay["tensor_inputs"] >= stock["tensor_inputs"] and replay["mutated_inputs"] >= 2 * 5, replay
+    assert stock["mutated_inputs"] >= 2 * 2, stock
+    assert json.loads(out.read_text())["results"] == rows

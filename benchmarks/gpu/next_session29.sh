@@ -5,7 +5,8 @@
 #   repeats only, paired 1.00x Nemotron-H-like): compiled batch-1 `generate` of the three shaped models, twelve
 #   interleaved repeats, then host_split.py with --profile-dir on Nemotron-H-like (did the compiled frame's excess,
 #   +28 to +40 us in runs 155 / 156, shrink with the inputs? The per-input hypothesis), then frame_overhead.py on the
-#   image's CPU stack (the compiled frame alone, null backend: on torch 2.13 / transformers 5.25 it does not differ).
+#   image's CPU stack (the compiled frame alone, null backend: on this CPU with torch 2.11 / 2.13 it costs the same for both
+#   caches outside the guard check).
 # Call: run(command="STAGE=1 bash benchmarks/gpu/next_session29.sh", carry=[".whl/fla", ".triton_cache"],
 #   timeout_s=600)
 source benchmarks/gpu/install.sh || exit 1

@@ -18,8 +18,8 @@ def test_frame_overhead_times_both_arms(tmp_path):
     rows = tool.main(["--models", "nemotron_h", "--blocks", "2", "--out", str(out)])
     by_arm = {row["arm"]: row for row in rows}
     assert sorted(by_arm) == ["replay", "stock"]
-    for row in rows:
-        assert 0 < row["guard_check_us"] < row["call_us"] < 1e5, row
+    for row in rows:  # (no order between the two: each is the best of two noisy blocks)
+        assert 0 < row["guard_check_us"] < 1e5 and 0 < row["call_us"] < 1e5, row
     # each of the tiny model's two Mamba-2 layers hands the graph its conv window, checkpoint, positions and three
     # record fields, and the step writes all but the checkpoint in place; stock writes its conv and recurrent states
     replay, stock = by_arm["replay"], by_arm["stock"]

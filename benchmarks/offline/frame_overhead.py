@@ -18,16 +18,13 @@ differed by a few us between the arms).
 
 from __future__ import annotations
 
-import argparse
-import json
 import time
 
 import torch
-from guard_check import decode_frame  # this folder's guard reader (a script's folder is on its import path)
-from transformers.generation import CompileConfig
 
-from hf_replayssm import ReplayCache
-from hf_replayssm.tiny import tiny_model
+# this folder's guard reader (a script's folder is on its import path)
+from guard_check import compile_decode_step, frame_tool_args, write_rows
+from transformers.generation import CompileConfig
 
 
 def null_backend(graphs: list[dict]):
@@ -70,35 +67,12 @@ def null_backend(graphs: list[dict]):
 def compiled_step(model_type: str, arm: str, new_tokens: int = 6) -> dict:
     """One arm's decode step compiled with the null backend on a tiny model: the compiled callable, a decode step's
     arguments, the frame's passing guard manager and locals, and the graph's input counts."""
-    model = tiny_model(model_type, seed=0, initializer_range=0.2)
-    prompt = torch.randint(3, model.config.vocab_size, (1, 11), generator=torch.Generator().manual_seed(1))
     graphs: list[dict] = []
-    config = CompileConfig(fullgraph=True, backend=null_backend(graphs), mode=None)
-    config._compile_all_devices = True  # transformers compiles the decode step on CUDA only otherwise
-    seen = {}
-    compiled_call = model.get_compiled_call
-
-    def recording_compiled_call(compile_config):
-        fn = compiled_call(compile_config)
-
-        def call(*args, **kwargs):
-            seen["fn"], seen["kwargs"] = fn, kwargs
-            return fn(*args, **kwargs)
-
-        return call
-
-    model.get_compiled_call = recording_compiled_call
-    kwargs = dict(do_sample=False, max_new_tokens=new_tokens, min_new_tokens=new_tokens, compile_config=config)
-    if arm == "replay":
-        model.generate(prompt, past_key_values=ReplayCache(4, max_cache_len=12 + new_tokens), **kwargs)
-    else:
-        model.generate(prompt, cache_implementation="static", **kwargs)
-    managers, frame_locals, passing = decode_frame(model, (), seen["kwargs"])
-    if passing is None or not graphs:
-        raise RuntimeError(f"expected one compiled decode frame whose guards pass on a decode step's locals, among "
-                           f"{len(managers)}")
-    return {"fn": seen["fn"], "kwargs": seen["kwargs"], "guards": managers[passing], "locals": frame_locals,
-            "graph": graphs[-1]}
+    step = compile_decode_step(model_type, arm, CompileConfig(fullgraph=True, backend=null_backend(graphs), mode=None),
+                               new_tokens)
+    if not graphs:
+        raise RuntimeError("the null backend compiled no graph")
+    return dict(step, graph=graphs[-1])
 
 
 def measure(model_type: str, blocks: int = 20, per_block: int = 200) -> list[dict]:
@@ -131,13 +105,7 @@ def measure(model_type: str, blocks: int = 20, per_block: int = 200) -> list[dic
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--models", default="nemotron_h,qwen3_5_text,kimi_linear")
-    parser.add_argument("--blocks", type=int, default=20, help="timed blocks per arm (the best counts)")
-    parser.add_argument("--out", help="JSON results")
-    args = parser.parse_args(argv)
-    if not hasattr(torch._dynamo.eval_frame, "_debug_get_cache_entry_list"):
-        raise SystemExit("this torch has no torch._dynamo.eval_frame._debug_get_cache_entry_list to read guards from")
+    args = frame_tool_args(__doc__, argv, blocks=20)
     rows = []
     for model_type in args.models.split(","):
         pair = {row["arm"]: row for row in measure(model_type, blocks=args.blocks)}
@@ -150,9 +118,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
               f"({replay['rest_us'] - stock['rest_us']:+.1f})")
         print(f"{'':14s} graph inputs {stock['inputs']} / {replay['inputs']} (tensors {stock['tensor_inputs']} / "
               f"{replay['tensor_inputs']}, mutated {stock['mutated_inputs']} / {replay['mutated_inputs']})")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"torch": torch.__version__, "results": rows}, f, indent=1)
+    write_rows(args.out, rows)
     return rows
 
 

@@ -52,20 +52,12 @@ def decode_frame(model, args: tuple, kwargs: dict) -> tuple[list, dict, int | No
     return managers, frame_locals, passing[0] if len(passing) == 1 else None
 
 
-def compiled_frame(model_type: str, arm: str, new_tokens: int = 6) -> dict:
-    """Compile one arm's decode step on a tiny model; its frame's guard manager, a decode step's locals and the
-    guard counts by type (on the cache's objects and elsewhere). The frame is the newest cache entry of the
-    compiled call."""
+def compile_decode_step(model_type: str, arm: str, config: CompileConfig, new_tokens: int = 6) -> dict:
+    """Run ``generate`` on a tiny model with ``config`` (compiled on any device) for one arm (``replay``: a static
+    ReplayCache; ``stock``: transformers' static cache). Returns the compiled decode callable (``fn``), a decode step's
+    arguments (``kwargs``), and its frame's passing guard manager (``guards``) and ``locals``."""
     model = tiny_model(model_type, seed=0, initializer_range=0.2)
     prompt = torch.randint(3, model.config.vocab_size, (1, 11), generator=torch.Generator().manual_seed(1))
-    counts: dict[str, Counter] = {}
-
-    def record_guards(entries):
-        counts["cache"] = Counter(e.guard_type for e in entries if _is_cache_guard(e.name))
-        counts["other"] = Counter(e.guard_type for e in entries if not _is_cache_guard(e.name))
-        return [True] * len(entries)  # keeps every guard: only counts them
-
-    config = CompileConfig(fullgraph=True, backend="eager", mode=None, options={"guard_filter_fn": record_guards})
     config._compile_all_devices = True  # transformers compiles the decode step on CUDA only otherwise
     seen = {}
     compiled_call = model.get_compiled_call
@@ -74,7 +66,7 @@ def compiled_frame(model_type: str, arm: str, new_tokens: int = 6) -> dict:
         fn = compiled_call(compile_config)
 
         def call(*args, **kwargs):
-            seen["kwargs"] = kwargs
+            seen["fn"], seen["kwargs"] = fn, kwargs
             return fn(*args, **kwargs)
 
         return call
@@ -89,7 +81,21 @@ def compiled_frame(model_type: str, arm: str, new_tokens: int = 6) -> dict:
     if passing is None:
         raise RuntimeError(f"expected one compiled decode frame whose guards pass on a decode step's locals, among "
                            f"{len(managers)}")
-    return {"guards": managers[passing], "locals": frame_locals, "counts": counts}
+    return {"fn": seen["fn"], "kwargs": seen["kwargs"], "guards": managers[passing], "locals": frame_locals}
+
+
+def compiled_frame(model_type: str, arm: str, new_tokens: int = 6) -> dict:
+    """Compile one arm's decode step on a tiny model (eager backend); its frame's guard manager, a decode step's
+    locals and the guard counts by type (on the cache's objects and elsewhere)."""
+    counts: dict[str, Counter] = {}
+
+    def record_guards(entries):
+        counts["cache"] = Counter(e.guard_type for e in entries if _is_cache_guard(e.name))
+        counts["other"] = Counter(e.guard_type for e in entries if not _is_cache_guard(e.name))
+        return [True] * len(entries)  # keeps every guard: only counts them
+
+    config = CompileConfig(fullgraph=True, backend="eager", mode=None, options={"guard_filter_fn": record_guards})
+    return dict(compile_decode_step(model_type, arm, config, new_tokens), counts=counts)
 
 
 def measure(model_type: str, blocks: int = 30, per_block: int = 300) -> list[dict]:
@@ -118,14 +124,27 @@ def measure(model_type: str, blocks: int = 30, per_block: int = 300) -> list[dic
              "cache_guard_types": dict(frame["counts"]["cache"].most_common())} for arm, frame in frames.items()]
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def frame_tool_args(doc: str, argv: list[str] | None, blocks: int) -> argparse.Namespace:
+    """The command line of the frame-reading tools here (``--models``, ``--blocks``, ``--out``); exits where this
+    torch cannot show Dynamo's frame cache."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--models", default="nemotron_h,qwen3_5_text,kimi_linear")
-    parser.add_argument("--blocks", type=int, default=30, help="timed blocks per arm (the best counts)")
+    parser.add_argument("--blocks", type=int, default=blocks, help="timed blocks per arm (the best counts)")
     parser.add_argument("--out", help="JSON results")
     args = parser.parse_args(argv)
     if not hasattr(torch._dynamo.eval_frame, "_debug_get_cache_entry_list"):
         raise SystemExit("this torch has no torch._dynamo.eval_frame._debug_get_cache_entry_list to read guards from")
+    return args
+
+
+def write_rows(path: str | None, rows: list[dict]) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump({"torch": torch.__version__, "results": rows}, f, indent=1)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    args = frame_tool_args(__doc__, argv, blocks=30)
     rows = []
     for model_type in args.models.split(","):
         pair = {row["arm"]: row for row in measure(model_type, blocks=args.blocks)}
@@ -136,9 +155,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
               f"guards on the cache {stock['cache_guards']} / {replay['cache_guards']}, others "
               f"{stock['other_guards']} / {replay['other_guards']}")
         print(f"{'':14s} ReplayCache's cache guards by type: {replay['cache_guard_types']}")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"torch": torch.__version__, "results": rows}, f, indent=1)
+    write_rows(args.out, rows)
     return rows
 
 

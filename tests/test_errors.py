@@ -87,6 +87,20 @@ def test_unbound_cache_in_a_direct_mixer_call():
         mixer(torch.randn(1, 3, model.config.hidden_size), cache_params=ReplayCache())
 
 
+def test_in_place_conv_update_outside_the_replay_path_is_refused():
+    """transformers 5.25's conv counts a token through ``cache.increase_count`` only when it updated a conv state in
+    place, which it skips for layers that record their past (replay layers always do): a call means a mixer wrote
+    the conv state behind the ring's back."""
+    model = get_model("qwen3_next")
+    cache = ReplayCache()
+    with torch.no_grad():
+        model(torch.randint(3, 120, (1, 5)), past_key_values=cache, use_cache=True)
+    layer_idx = next(iter(cache.replay_layers))
+    with pytest.raises(RuntimeError, match="updated in place, outside the ReplaySSM path"):
+        cache.layers[layer_idx].increase_count(0)
+    assert not hasattr(cache.layers[layer_idx], "cumulative_length_linear")  # the schedule counts the tokens
+
+
 def test_crop_errors():
     model = get_model("qwen3_next")
     cache = ReplayCache(buffer_len=4)

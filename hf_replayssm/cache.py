@@ -17,7 +17,7 @@ import torch
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import CacheLayerMixin, LinearAttentionCacheLayerMixin
 
-from .adapters import find_mixers, repoint_accelerate_hook
+from .adapters import find_mixers, refuse_hub_layer, repoint_accelerate_hook
 from .adapters.base import active_call
 from .integration import install_hooks
 from .layers import ReplayHybridLayer, ReplayLayer, RollbackError
@@ -269,6 +269,7 @@ class ReplayCache(DynamicCache):
 
     @staticmethod
     def _attach(layer: ReplayLayer, mixer, adapter) -> None:
+        refuse_hub_layer(mixer, layer.layer_idx)
         layer.mixer_ref = weakref.ref(mixer)
         adapter.install(type(mixer))
         repoint_accelerate_hook(mixer)
@@ -407,8 +408,9 @@ class ReplayCache(DynamicCache):
     def _require_replay_call(self, layer_idx: int) -> None:
         if isinstance(self.layers[layer_idx], ReplayLayer) and active_call() is None:
             raise RuntimeError(
-                f"layer {layer_idx} wrote its state outside the ReplaySSM path (a replaced or kernelized mixer "
-                "forward?); ReplayCache cannot keep it exact"
+                f"layer {layer_idx} wrote its state outside the ReplaySSM path: its mixer's forward was replaced "
+                "(e.g. by a hub kernel layer, kernels' kernelize, after this cache bound the model: call "
+                "model.reset_kernels()); ReplayCache cannot keep it exact"
             )
 
     @property

@@ -53,7 +53,9 @@ def test_device_map_with_cpu_offloaded_layers(tmp_path):
 
     model = tiny_model("qwen3_next")
     model.save_pretrained(tmp_path)
-    dispatched = AutoModelForCausalLM.from_pretrained(tmp_path, device_map="auto",
+    # use_kernels=False: from 5.25 from_pretrained kernelizes by default, and with a device map on CUDA it resolves
+    # fla's hub kernels, which fails offline (the GPU machine); test_hub_kernels.py covers kernelized models
+    dispatched = AutoModelForCausalLM.from_pretrained(tmp_path, device_map="auto", use_kernels=False,
                                                       max_memory={0: "300KB", "cpu": "2GB"}).eval()
     assert {"cpu", 0} <= set(dispatched.hf_device_map.values()) or {"cpu", "cuda:0"} <= {
         str(v) for v in dispatched.hf_device_map.values()}
@@ -380,7 +382,7 @@ def test_device_map_across_two_gpus(tmp_path, model_type):
 
     model = tiny_model(model_type, initializer_range=0.2)
     model.save_pretrained(tmp_path)
-    dispatched = AutoModelForCausalLM.from_pretrained(tmp_path, device_map="auto",
+    dispatched = AutoModelForCausalLM.from_pretrained(tmp_path, device_map="auto", use_kernels=False,  # as above
                                                       max_memory={0: "300KB", 1: "2GB"}).eval()
     assert {str(torch.device("cuda", d) if isinstance(d, int) else d) for d in dispatched.hf_device_map.values()} >= {
         "cuda:0", "cuda:1"}, dispatched.hf_device_map

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .base import FamilyAdapter, repoint_accelerate_hook
+from .base import FamilyAdapter, refuse_hub_layer, repoint_accelerate_hook
 
-__all__ = ["ADAPTERS", "find_mixers", "repoint_accelerate_hook", "supported_model_types"]
+__all__ = ["ADAPTERS", "find_mixers", "refuse_hub_layer", "repoint_accelerate_hook", "supported_model_types"]
 from .delta_rule import GATED_DELTANET, KIMI_DELTA
 from .mamba2 import ADAPTER as MAMBA2
 from .short_conv import ADAPTER as SHORT_CONV

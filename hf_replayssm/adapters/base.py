@@ -198,6 +198,24 @@ def _compiled_forward(original, mixer, cache, hidden_states, args, kwargs):
         _COMPILED_CALL[0] = previous
 
 
+def refuse_hub_layer(mixer: torch.nn.Module, layer_idx: int) -> None:
+    """A mixer whose forward Hugging Face ``kernels`` replaced by a hub layer (``kernelize``, which transformers'
+    ``from_pretrained`` runs by default from 5.25 wherever the hub has a layer for the device: Qwen3.5's Gated DeltaNet
+    on GB10 and Strix Halo) never reaches the patched class forward, so its recurrence cannot be replayed: refuse at
+    bind. Kernelized *functions* (fla's, mamba_ssm's) are fine: the replay path runs in their place inside a replay
+    call and calls them for a prefill."""
+    repo = vars(mixer).get("_kernel_repo")
+    if repo is None:
+        return
+    name = getattr(type(mixer), "kernel_layer_name", type(mixer).__name__)
+    raise ValueError(
+        f"{type(mixer).__name__} (layer {layer_idx}) runs a hub kernel layer in place of its own forward ({repo}, "
+        f"set by kernels' kernelize: transformers' from_pretrained applies it by default from 5.25); ReplayCache "
+        f"replays through the model's own forward: call model.reset_kernels() (or load with use_kernels=False, or "
+        f"kernelize with a mapping without {name!r}) before decoding with it"
+    )
+
+
 def repoint_accelerate_hook(mixer: torch.nn.Module) -> None:
     """accelerate's device hooks capture the bound ``forward`` when a model is dispatched (``device_map=...``);
     point a hooked mixer at the patched class forward."""

@@ -27,3 +27,18 @@ transformers.__version__, 'hub', huggingface_hub.__version__, 'kernels', kernels
   done
   tail -n 4 "$RES/test_gpu.txt"; grep -h -A 8 "^batch\|identical" "$RES"/generate_*.txt "$RES"/speculative_*.txt | head -60
 fi
+# STAGE=2 (about 6 minutes, carry .whl/tf525): run 159's one failure fixed (the device-map test loads with
+#   use_kernels=False: 5.25's from_pretrained looked up fla's hub kernels, offline), then transformers 5.25's own
+#   speculation against ours on the Qwen3.5-like model at batch 1 (run 159 gave each model 60 s, too few).
+if [ "$STAGE" = 2 ]; then
+  rm -rf /tmp/tf525 && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/tf525 \
+    "$R"/.whl/tf525/*.whl || exit 1
+  export PYTHONPATH=/tmp/tf525:/tmp/site
+  rm -rf /tmp/w/t && mkdir -p /tmp/w/t && cp -r "$R/tests" "$R/examples" "$R/pyproject.toml" /tmp/w/t/
+  (cd /tmp/w/t && timeout 150 python3 -m pytest -q -rs -p no:cacheprovider tests/test_gpu.py -k "device_map or kernelized or hub_layer" \
+    tests/test_hub_kernels.py > "$RES/test_gpu_device_map.txt" 2>&1)
+  echo "test_gpu_device_map rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  bench_job 240 speculative_qwen3_5 generate --models qwen3_5 --speculative --prompt 512 --new 64 --repeats 1 \
+    --prompt-kinds code-edit,summary --out "$RES/speculative_qwen3_5.json"; pack
+  tail -n 4 "$RES/test_gpu_device_map.txt"; tail -n 20 "$RES/speculative_qwen3_5.txt"
+fi

@@ -223,18 +223,21 @@ def _mamba2_weights_kernel(
 
 
 @triton.jit
-def _mamba2_replay_math(s0_c, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count, ring_size,
+def _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count, ring_size,
                         heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m, x_f, B_f, C_f, dt_m, la_m, A_h,
                         stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
                         stride_rdt_b, stride_rdt_r, stride_rdt_h,
                         stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
                         BLOCK_R: tl.constexpr, RING_PHYSICAL: tl.constexpr, append=True, w_base=0,
-                        WEIGHTS_GIVEN: tl.constexpr = False):
-    """Replay: y from the checkpoint's product with C (``s0_c`` = S0 C_m, [BLOCK_P]) and the ``count`` committed
-    records, then append the token's record
-    (unless ``append`` is false: a flushing row's output from the read copy, FLUSH_READS_COPY). WEIGHTS_GIVEN: the
-    records' coefficients, exp(lam) and the token's term come from ``_mamba2_weights_kernel`` at ``w_base`` (records
-    in logical order), so only the records' x are loaded here."""
+                        WEIGHTS_GIVEN: tl.constexpr = False, S0_IS_PRODUCT: tl.constexpr = False):
+    """Replay: y from the checkpoint tile ``s0`` [BLOCK_P, BLOCK_N] (or, S0_IS_PRODUCT, its product with C already
+    taken, S0 C_m [BLOCK_P]: a read copy reduced as stored) and the ``count`` committed records, then append the
+    token's record (unless ``append`` is false: a flushing row's output from the read copy, FLUSH_READS_COPY).
+    WEIGHTS_GIVEN: the records' coefficients, exp(lam) and the token's term come from ``_mamba2_weights_kernel`` at
+    ``w_base`` (records in logical order), so only the records' x are loaded here. A tile's product with C is taken
+    after the records' loads, as before the as-stored readers: reduced first, the fp32 host-phase replay compiled to
+    110 registers instead of 167 and its cycle measured 369 us against 345-349 at batch 256 (runs 144 / 148 against
+    116 / 124, Nemotron-H-8B)."""
     if WEIGHTS_GIVEN:
         offs_r = tl.arange(0, BLOCK_R)
         valid = offs_r < count
@@ -242,7 +245,7 @@ def _mamba2_replay_math(s0_c, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, gro
         x_r = tl.load(ring_x_ptr + pid_b * stride_rx_b + slots[:, None] * stride_rx_r + h * stride_rx_h
                       + offs_p[None, :] * stride_rx_p, mask=valid[:, None] & mask_p[None, :], other=0.0
                       ).to(tl.float32)
-        y = (tl.load(w_base + BLOCK_R) * s0_c
+        y = (tl.load(w_base + BLOCK_R) * (s0 if S0_IS_PRODUCT else tl.sum(s0 * C_f[None, :], axis=1))
              + tl.sum(tl.load(w_base + offs_r)[:, None] * x_r, axis=0) + tl.load(w_base + BLOCK_R + 1) * x_f)
     else:
         x_r, B_r, w, lam = _mamba2_records(
@@ -251,7 +254,8 @@ def _mamba2_replay_math(s0_c, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, gro
             stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n, BLOCK_R, RING_PHYSICAL)
         bc = tl.sum(B_r * C_f[None, :], axis=1)  # [R]: B_j . C_m
         bc_m = tl.sum(B_f * C_f, axis=0)
-        y = (tl.exp(lam) * s0_c + tl.sum((w * bc)[:, None] * x_r, axis=0)
+        y = (tl.exp(lam) * (s0 if S0_IS_PRODUCT else tl.sum(s0 * C_f[None, :], axis=1))
+             + tl.sum((w * bc)[:, None] * x_r, axis=0)
              + (dt_m * bc_m) * x_f)
     # Append the token's record: x by every P tile, dt by P tile 0, B by P tile 0 of the group's first head (no
     # writer at all, writer_p = -1, and no x lanes when not appending).
@@ -477,18 +481,17 @@ def _mamba2_replay_step_kernel(
 
         if PHASE == 1 or PHASE == 4:
             if READ_FORMAT == "nvfp4_pairs":  # (PREFETCH_STATE is fp32-only)
-                s0_c = copy_tensor_scale * nvfp4_rows_dot(copy_bytes, copy_scales, C_f, BLOCK_N)
+                s0 = copy_tensor_scale * nvfp4_rows_dot(copy_bytes, copy_scales, C_f, BLOCK_N)
             elif READ_FORMAT == "fp8":  # one product per row, not per element
-                s0_c = copy_row_scale * tl.sum(copy_codes.to(tl.float32) * C_f[None, :], axis=1)
-            else:
-                s0_c = tl.sum(s0 * C_f[None, :], axis=1)
-            y = _mamba2_replay_math(s0_c, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count,
+                s0 = copy_row_scale * tl.sum(copy_codes.to(tl.float32) * C_f[None, :], axis=1)
+            y = _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count,
                                     ring_size, heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m, x_f, B_f, C_f,
                                     dt_m, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
                                     stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g,
                                     stride_rB_n, BLOCK_R, PHASE == 4 and RING_PHYSICAL,
                                     w_base=weights_ptr + (pid_b * tl.num_programs(2) + h) * (BLOCK_R + 2),
-                                    WEIGHTS_GIVEN=WEIGHTS_GIVEN)
+                                    WEIGHTS_GIVEN=WEIGHTS_GIVEN,
+                                    S0_IS_PRODUCT=READ_FORMAT == "nvfp4_pairs" or READ_FORMAT == "fp8")
         elif (PHASE == 2 or PHASE == 3) and not FLUSH_READS_COPY:
             y = _mamba2_flush_math(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group,
                                    origin, count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m, la_m,
@@ -499,12 +502,13 @@ def _mamba2_replay_step_kernel(
             # Every row's y from the copy by the replay arithmetic (the separated policy's flush step output); a
             # flushing row appends nothing and folds into the checkpoint, read now, instead. (PHASE 3, the split
             # step's flush launch: only flushing rows run; PHASE 2, the host positions' flush-only launch: every row.)
-            s0_c = tl.sum(s0 * C_f[None, :], axis=1)
-            y = _mamba2_replay_math(s0_c, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count,
-                                    ring_size, heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m, x_f, B_f, C_f,
-                                    dt_m, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
-                                    stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g,
-                                    stride_rB_n, BLOCK_R, RING_PHYSICAL, count + 1 < BUFFER_LEN)
+            # The decoded tile is reduced before the records' loads here: this launch was timed so (runs 144 / 148).
+            y = _mamba2_replay_math(tl.sum(s0 * C_f[None, :], axis=1), ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h,
+                                    group, pid_p, origin, count, ring_size, heads_per_group, offs_p, offs_n, mask_p,
+                                    mask_n, x_m, B_m, x_f, B_f, C_f, dt_m, la_m, A_h, stride_rx_b, stride_rx_r,
+                                    stride_rx_h, stride_rx_p, stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b,
+                                    stride_rB_r, stride_rB_g, stride_rB_n, BLOCK_R, RING_PHYSICAL,
+                                    count + 1 < BUFFER_LEN, S0_IS_PRODUCT=True)
             if count + 1 >= BUFFER_LEN:
                 s_ck = tl.load(state_ptrs, mask=mask_pn, other=0.0).to(tl.float32)
                 _mamba2_flush_math(s_ck, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group,
@@ -522,8 +526,7 @@ def _mamba2_replay_step_kernel(
                                        stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
                                        FOLD_UNROLL, False, FLUSH_PRECISION, BLOCK_R)
             else:
-                s0_c = tl.sum(s0 * C_f[None, :], axis=1)
-                y = _mamba2_replay_math(s0_c, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin,
+                y = _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin,
                                         count, ring_size, heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m,
                                         x_f, B_f, C_f, dt_m, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h,
                                         stride_rx_p, stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b,
@@ -597,8 +600,7 @@ def _mamba2_replay_walk_kernel(
             mask_n, stride_x_b, stride_x_h, stride_x_p, stride_dt_b, stride_dt_h, stride_B_b, stride_B_g, stride_B_n,
             stride_C_b, stride_C_g, stride_C_n, stride_A, stride_D, stride_dt_bias, stride_z_b, stride_z_h,
             stride_z_p, HAS_D, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS)
-        s0_c = tl.sum(s0 * C_f[None, :], axis=1)
-        y = _mamba2_replay_math(s0_c, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count,
+        y = _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count,
                                 ring_size, heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m, x_f, B_f, C_f,
                                 dt_m, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
                                 stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g,

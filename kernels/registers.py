@@ -135,66 +135,81 @@ def _read(state: torch.Tensor, fmt: str) -> dict:
     return {} if fmt == "fp32" else dict(read_copy=get_format(fmt).encode(state), read_format=fmt)
 
 
-def _positions(device_phase: bool, batch: int):
-    """Host positions (a replay-only launch with 3 records) or device ones (one row replaying, one flushing)."""
+def _positions(device_phase: bool, batch: int, flush: bool = False):
+    """Host positions (a replay-only launch with 3 records; ``flush``: the flush with 15) or device ones (rows
+    alternately replaying and flushing)."""
     if not device_phase:
-        return 0, 3
+        return 0, 15 if flush else 3
     return torch.zeros(batch, dtype=torch.int32), torch.tensor([3, 15] * (batch // 2), dtype=torch.int32)
 
 
-def _delta_call(fmt: str, device_phase: bool, block_v: int, num_warps: int, per_key: bool, gdn_weights: bool = False):
+def _launch(**options) -> dict:
+    """The wrapper's private launch options that are set (None / False: the wrapper's own choice), so that a call
+    also fits wrappers that predate an option (``benchmarks/offline/launch_diff.py`` calls older commits' ones)."""
+    return {name: value for name, value in options.items() if value is not None and value is not False}
+
+
+def _delta_call(fmt: str, device_phase: bool, block_v: int | None = None, num_warps: int | None = None,
+                per_key: bool = False, gdn_weights: bool = False, batch: int = 2, flush: bool = False):
+    """``delta_rule._replay_step`` on ``batch`` rows at a real shape (launch options None: the wrapper's defaults);
+    ``flush``: at host positions, the flush instead of a replay."""
     from hf_replayssm.kernels import delta_rule
 
     # Qwen3-Next's GDN shape; Kimi-Linear's KDA: 32 heads of 128, a decay per key channel
-    batch, value_heads, key_heads, dim, ring = 2, 32, 32 if per_key else 16, 128, 15
+    value_heads, key_heads, dim, ring = 32, 32 if per_key else 16, 128, 15
     gate = (value_heads, dim) if per_key else (value_heads,)
 
     def call():
         state = torch.randn(batch, value_heads, dim, dim)
         read = _read(state, fmt)
-        if read:  # the separated policy's exact fold, and (device positions) the flush output from the copy
+        if read:  # the separated policy's exact fold, and (flushes) the flush output from the copy
             read.update(ring_v=torch.randn(batch, ring, value_heads, dim).bfloat16(),
-                        ring_beta=torch.rand(batch, ring, value_heads), flush_reads_copy=device_phase)
+                        ring_beta=torch.rand(batch, ring, value_heads), flush_reads_copy=device_phase or flush)
         delta_rule._replay_step(
             state, torch.randn(batch, ring, key_heads, dim).bfloat16(), torch.randn(batch, ring, value_heads, dim),
-            -torch.rand(batch, ring, *gate), *_positions(device_phase, batch),
+            -torch.rand(batch, ring, *gate), *_positions(device_phase, batch, flush),
             torch.randn(batch, key_heads, dim).bfloat16(), torch.randn(batch, key_heads, dim).bfloat16(),
             torch.randn(batch, value_heads, dim).bfloat16(), torch.rand(batch, value_heads).bfloat16(),
             -torch.rand(batch, *gate), buffer_len=16, out=torch.empty(batch, value_heads, dim),
-            _block_v=block_v, _num_warps=num_warps, _gdn_weights=gdn_weights, **read)
+            **_launch(_block_v=block_v, _num_warps=num_warps, _gdn_weights=gdn_weights), **read)
 
     # the per-head weights pre-launch (per-key gates; scalar ones with gdn_weights) comes first (compiled, not run)
     return delta_rule, ["_kda_weights_kernel", "_delta_replay_step_kernel"] if per_key or gdn_weights else [
         "_delta_replay_step_kernel"], call
 
 
-def _mamba2_call(fmt: str, device_phase: bool, block_p: int, num_warps: int):
+def _mamba2_call(fmt: str, device_phase: bool, block_p: int | None = None, num_warps: int | None = None,
+                 batch: int = 2, flush: bool = False):
+    """``mamba2._replay_step`` on ``batch`` rows at Nemotron-H-8B's shape (``block_p`` None: the wrapper's launch);
+    ``flush``: at host positions, the flush instead of a replay."""
     from hf_replayssm.kernels import mamba2
 
-    batch, heads, head_dim, d_state, groups, ring = 2, 128, 64, 128, 8, 15  # Nemotron-H-8B's Mamba-2 shape
+    heads, head_dim, d_state, groups, ring = 128, 64, 128, 8, 15  # Nemotron-H-8B's Mamba-2 shape
+    config = None if block_p is None else dict(block_p=block_p, num_warps=num_warps)
 
     def call():
         state = torch.randn(batch, heads, head_dim, d_state)
         read = _read(state, fmt)
         if read:
-            read["flush_reads_copy"] = device_phase
+            read["flush_reads_copy"] = device_phase or flush
         mamba2._replay_step(
             state, torch.randn(batch, ring, heads, head_dim).bfloat16(), torch.rand(batch, ring, heads),
-            torch.randn(batch, ring, groups, d_state).bfloat16(), *_positions(device_phase, batch),
+            torch.randn(batch, ring, groups, d_state).bfloat16(), *_positions(device_phase, batch, flush),
             torch.randn(batch, heads, head_dim).bfloat16(), torch.rand(batch, heads).bfloat16(),
             torch.randn(batch, groups, d_state).bfloat16(), torch.randn(batch, groups, d_state).bfloat16(),
             -torch.rand(heads), D=torch.rand(heads), dt_bias=torch.rand(heads), dt_softplus=True, buffer_len=16,
-            out=torch.empty(batch, heads, head_dim), _config=dict(block_p=block_p, num_warps=num_warps), **read)
+            out=torch.empty(batch, heads, head_dim), **_launch(_config=config), **read)
 
     return mamba2, ["_mamba2_replay_step_kernel"], call
 
 
-def _gdn_call(fmt: str, device_phase: bool, block_v: int, num_warps: int, gdn_weights: bool = False):
-    return _delta_call(fmt, device_phase, block_v, num_warps, per_key=False, gdn_weights=gdn_weights)
+def _gdn_call(fmt: str, device_phase: bool, block_v: int | None = None, num_warps: int | None = None,
+              gdn_weights: bool = False, **rows):
+    return _delta_call(fmt, device_phase, block_v, num_warps, per_key=False, gdn_weights=gdn_weights, **rows)
 
 
-def _kda_call(fmt: str, device_phase: bool, block_v: int, num_warps: int):
-    return _delta_call(fmt, device_phase, block_v, num_warps, per_key=True)
+def _kda_call(fmt: str, device_phase: bool, block_v: int | None = None, num_warps: int | None = None, **rows):
+    return _delta_call(fmt, device_phase, block_v, num_warps, per_key=True, **rows)
 
 
 def _verify_call(family: str, batch: int, window: int, products: bool | str | None, launch: dict | None,

@@ -23,7 +23,7 @@ import time
 import torch
 
 # this folder's guard reader (a script's folder is on its import path)
-from guard_check import compile_decode_step, frame_tool_args, write_rows
+from guard_check import compare_arms, compile_decode_step, frame_tool_args
 from transformers.generation import CompileConfig
 
 
@@ -104,22 +104,18 @@ def measure(model_type: str, blocks: int = 20, per_block: int = 200) -> list[dic
     return rows
 
 
+def _report(model_type: str, stock: dict, replay: dict) -> None:
+    print(f"{model_type:14s} frame per call: stock {stock['call_us']:6.1f} us, ReplayCache "
+          f"{replay['call_us']:6.1f} "
+          f"({replay['call_us'] - stock['call_us']:+.1f}); guard check {stock['guard_check_us']:.1f} / "
+          f"{replay['guard_check_us']:.1f}; the rest {stock['rest_us']:.1f} / {replay['rest_us']:.1f} "
+          f"({replay['rest_us'] - stock['rest_us']:+.1f})")
+    print(f"{'':14s} graph inputs {stock['inputs']} / {replay['inputs']} (tensors {stock['tensor_inputs']} / "
+          f"{replay['tensor_inputs']}, mutated {stock['mutated_inputs']} / {replay['mutated_inputs']})")
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
-    args = frame_tool_args(__doc__, argv, blocks=20)
-    rows = []
-    for model_type in args.models.split(","):
-        pair = {row["arm"]: row for row in measure(model_type, blocks=args.blocks)}
-        rows.extend(pair.values())
-        stock, replay = pair["stock"], pair["replay"]
-        print(f"{model_type:14s} frame per call: stock {stock['call_us']:6.1f} us, ReplayCache "
-              f"{replay['call_us']:6.1f} "
-              f"({replay['call_us'] - stock['call_us']:+.1f}); guard check {stock['guard_check_us']:.1f} / "
-              f"{replay['guard_check_us']:.1f}; the rest {stock['rest_us']:.1f} / {replay['rest_us']:.1f} "
-              f"({replay['rest_us'] - stock['rest_us']:+.1f})")
-        print(f"{'':14s} graph inputs {stock['inputs']} / {replay['inputs']} (tensors {stock['tensor_inputs']} / "
-              f"{replay['tensor_inputs']}, mutated {stock['mutated_inputs']} / {replay['mutated_inputs']})")
-    write_rows(args.out, rows)
-    return rows
+    return compare_arms(frame_tool_args(__doc__, argv, blocks=20), measure, _report)
 
 
 if __name__ == "__main__":

@@ -143,20 +143,28 @@ def write_rows(path: str | None, rows: list[dict]) -> None:
             json.dump({"torch": torch.__version__, "results": rows}, f, indent=1)
 
 
-def main(argv: list[str] | None = None) -> list[dict]:
-    args = frame_tool_args(__doc__, argv, blocks=30)
+def compare_arms(args: argparse.Namespace, measure, report) -> list[dict]:
+    """The frame tools' run: ``measure(model_type, blocks=...)`` (rows of both arms) for each model of ``--models``,
+    ``report(model_type, stock_row, replay_row)`` prints the pair; the rows go to ``--out``."""
     rows = []
     for model_type in args.models.split(","):
         pair = {row["arm"]: row for row in measure(model_type, blocks=args.blocks)}
         rows.extend(pair.values())
-        stock, replay = pair["stock"], pair["replay"]
-        print(f"{model_type:14s} guard check: stock {stock['guard_check_us']:7.1f} us, ReplayCache "
-              f"{replay['guard_check_us']:7.1f} us ({replay['guard_check_us'] - stock['guard_check_us']:+.1f}); "
-              f"guards on the cache {stock['cache_guards']} / {replay['cache_guards']}, others "
-              f"{stock['other_guards']} / {replay['other_guards']}")
-        print(f"{'':14s} ReplayCache's cache guards by type: {replay['cache_guard_types']}")
+        report(model_type, pair["stock"], pair["replay"])
     write_rows(args.out, rows)
     return rows
+
+
+def _report(model_type: str, stock: dict, replay: dict) -> None:
+    print(f"{model_type:14s} guard check: stock {stock['guard_check_us']:7.1f} us, ReplayCache "
+          f"{replay['guard_check_us']:7.1f} us ({replay['guard_check_us'] - stock['guard_check_us']:+.1f}); "
+          f"guards on the cache {stock['cache_guards']} / {replay['cache_guards']}, others "
+          f"{stock['other_guards']} / {replay['other_guards']}")
+    print(f"{'':14s} ReplayCache's cache guards by type: {replay['cache_guard_types']}")
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    return compare_arms(frame_tool_args(__doc__, argv, blocks=30), measure, _report)
 
 
 if __name__ == "__main__":

@@ -24,15 +24,17 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Runs with the side's package on the path: prints one JSON list of launches.
+# Runs with the side's package on the path and this checkout's ``kernels/registers.py`` (its launch recorder and the
+# real-shape calls, which import the kernel modules from the side's package): prints one JSON list of launches.
 WORKER = r"""
-import hashlib, json, sys
-import torch, triton
-from hf_replayssm.kernels import registers
+import hashlib, importlib.util, json, sys
+import triton
 
 spec = json.loads(sys.argv[1])
-batch = spec["batch"]
-rows = []
+loader = importlib.util.spec_from_file_location("head_registers", spec["registers"])
+registers = importlib.util.module_from_spec(loader)
+loader.loader.exec_module(registers)
+calls = {"mamba2": registers._mamba2_call, "gdn": registers._gdn_call, "kda": registers._kda_call}
 
 
 def fingerprint(ptx):
@@ -42,54 +44,13 @@ def fingerprint(ptx):
 
 report = registers._ptxas_report
 registers._ptxas_report = lambda ptx, arch: dict(report(ptx, arch), ptx=fingerprint(ptx))
-
-
-def positions(case):
-    if case == "device":  # rows alternately replaying and flushing
-        return torch.zeros(batch, dtype=torch.int32), torch.tensor([3, 15] * (batch // 2), dtype=torch.int32)
-    return 0, 3 if case == "replay" else 15
-
-
-def mamba2_call(fmt, case):
-    from hf_replayssm.kernels import mamba2
-    heads, head_dim, d_state, groups, ring = 128, 64, 128, 8, 15  # Nemotron-H-8B
-    state = torch.randn(batch, heads, head_dim, d_state)
-    read = registers._read(state, fmt)
-    if read:
-        read["flush_reads_copy"] = case != "replay"
-    return mamba2, lambda: mamba2._replay_step(
-        state, torch.randn(batch, ring, heads, head_dim).bfloat16(), torch.rand(batch, ring, heads),
-        torch.randn(batch, ring, groups, d_state).bfloat16(), *positions(case),
-        torch.randn(batch, heads, head_dim).bfloat16(), torch.rand(batch, heads).bfloat16(),
-        torch.randn(batch, groups, d_state).bfloat16(), torch.randn(batch, groups, d_state).bfloat16(),
-        -torch.rand(heads), D=torch.rand(heads), dt_bias=torch.rand(heads), dt_softplus=True, buffer_len=16,
-        out=torch.empty(batch, heads, head_dim), **read)
-
-
-def delta_call(fmt, case, per_key):
-    from hf_replayssm.kernels import delta_rule
-    key_heads, value_heads, dim, ring = (32, 32, 128, 15) if per_key else (16, 32, 128, 15)  # Kimi / Qwen3-Next
-    gate = (value_heads, dim) if per_key else (value_heads,)
-    state = torch.randn(batch, value_heads, dim, dim)
-    read = registers._read(state, fmt)
-    if read:
-        read.update(ring_v=torch.randn(batch, ring, value_heads, dim).bfloat16(),
-                    ring_beta=torch.rand(batch, ring, value_heads), flush_reads_copy=case != "replay")
-    return delta_rule, lambda: delta_rule._replay_step(
-        state, torch.randn(batch, ring, key_heads, dim).bfloat16(), torch.randn(batch, ring, value_heads, dim),
-        -torch.rand(batch, ring, *gate), *positions(case), torch.randn(batch, key_heads, dim).bfloat16(),
-        torch.randn(batch, key_heads, dim).bfloat16(), torch.randn(batch, value_heads, dim).bfloat16(),
-        torch.rand(batch, value_heads).bfloat16(), -torch.rand(batch, *gate), buffer_len=16,
-        out=torch.empty(batch, value_heads, dim), **read)
-
-
+rows = []
 for family in spec["families"]:
     for fmt in spec["formats"]:
-        for case in ("replay", "flush", "device"):
+        for case in ("replay", "flush", "device"):  # host positions replaying / flushing, device positions
             key = f"{family} {fmt} {case}"
             try:
-                module, call = (mamba2_call(fmt, case) if family == "mamba2"
-                                else delta_call(fmt, case, per_key=family == "kda"))
+                module, _, call = calls[family](fmt, case == "device", batch=spec["batch"], flush=case == "flush")
                 kernels = [name for name, value in vars(module).items()
                            if isinstance(value, triton.runtime.JITFunction) and name.endswith("_kernel")]
                 for launch in registers.compile_launches(module, kernels, call, arch=90, skip=("advance_counts",)):
@@ -112,6 +73,7 @@ def package_copy(source: Path, into: Path) -> Path:
 
 def side_launches(root: Path, spec: dict, scratch: Path) -> list[dict]:
     path = package_copy(root, scratch)
+    spec = dict(spec, registers=str(ROOT / "kernels" / "registers.py"))
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     env.update(PYTHONPATH=str(path), OMP_NUM_THREADS="1")
     done = subprocess.run([sys.executable, "-c", WORKER, json.dumps(spec)], env=env, cwd=scratch,

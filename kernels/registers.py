@@ -200,7 +200,8 @@ def _mamba2_call(fmt: str, device_phase: bool, block_p: int | None = None, num_w
             -torch.rand(heads), D=torch.rand(heads), dt_bias=torch.rand(heads), dt_softplus=True, buffer_len=16,
             out=torch.empty(batch, heads, head_dim), **_launch(_config=config), **read)
 
-    return mamba2, ["_mamba2_replay_step_kernel"], call
+    # device positions: the flush launch for the rows due walks them on a device-sized grid at some batch sizes
+    return mamba2, ["_mamba2_replay_step_kernel", "_mamba2_flush_due_kernel"], call
 
 
 def _gdn_call(fmt: str, device_phase: bool, block_v: int | None = None, num_warps: int | None = None,

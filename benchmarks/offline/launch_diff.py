@@ -7,8 +7,9 @@ whose PTX changed since then needs timing again. (Found this way: ``30711f8`` ch
     python benchmarks/offline/launch_diff.py --base 3f3e064 --families mamba2 --formats fp32,fp8
 
 Each side runs in a subprocess on a copy of its package laid out as installed (``kernels/`` and ``eval/`` inside
-``hf_replayssm``); the base comes from ``git worktree``. Needs Triton with its bundled ptxas (no GPU); a base whose
-wrappers took other arguments shows the error in its column. Counts and fingerprints, not times.
+``hf_replayssm``; the base comes from ``git worktree``), with this checkout's ``kernels/registers.py`` building the
+launches (its real-shape calls of the wrappers, its sm_90 compile). Needs Triton with its bundled ptxas (no GPU); a
+base whose wrappers took other arguments shows the error in its column. Counts and fingerprints, not times.
 """
 
 from __future__ import annotations

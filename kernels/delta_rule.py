@@ -129,7 +129,13 @@ from hf_replayssm.kernels.flush_grid import (
     walk_positions,
 )
 from hf_replayssm.kernels.host_math import cdiv, next_power_of_2
-from hf_replayssm.kernels.read_copy import e2m1_to_float, load_nvfp4_bytes, load_read_tile, read_copy_operands
+from hf_replayssm.kernels.read_copy import (
+    E2M1_PAIR_UNSCALE,
+    e2m1_pair_to_float,
+    load_nvfp4_bytes,
+    load_read_tile,
+    read_copy_operands,
+)
 from hf_replayssm.ops.delta_step import delta_replay_step_ref, delta_state_update_ref
 from hf_replayssm.ops.positions import host_phase
 
@@ -449,7 +455,7 @@ def _chunked_checkpoint_products(s_base, q_base, k_base, decay_base, row_scale_b
         q_factor = scale * tl.rsqrt(tl.sum(q_all * q_all, axis=0) + 1e-6)
         k_factor = tl.rsqrt(tl.sum(k_all * k_all, axis=0) + 1e-6)
     if READ_FORMAT == "nvfp4_pairs":
-        tensor_scale = tl.load(tensor_scale_base)
+        tensor_scale = tl.load(tensor_scale_base) * E2M1_PAIR_UNSCALE  # (the pair decode's 2^-14, undone exactly)
         q_factor = q_factor * tensor_scale
         k_factor = k_factor * tensor_scale
         offs_j = v_start // 2 + tl.arange(0, BLOCK_V // 2)
@@ -470,8 +476,7 @@ def _chunked_checkpoint_products(s_base, q_base, k_base, decay_base, row_scale_b
                                         k_factor, stride_q_k, stride_k_k, GATE_PER_KEY)
             q_s = q_c[:, None] * block_scale
             k_s = k_c[:, None] * block_scale
-            even = e2m1_to_float(byte & 0xF)
-            odd = e2m1_to_float(byte >> 4)
+            even, odd = e2m1_pair_to_float(byte)
             acc_q_even += even * q_s
             acc_q_odd += odd * q_s
             acc_k_even += even * k_s

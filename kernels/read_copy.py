@@ -69,6 +69,27 @@ def e2m1_to_float(nibble):
     return (bits | ((nibble & 8) << 28)).to(tl.float32, bitcast=True)
 
 
+# e2m1_pair_to_float's values are the codes' times this; its callers fold the factor into a scale they multiply by
+# anyway (exact: a power of two)
+E2M1_PAIR_UNSCALE = tl.constexpr(16384.0)
+
+
+@triton.jit
+def e2m1_pair_to_float(byte):
+    """A byte of two E2M1 codes (int32 0..255: element 2j in the low nibble, 2j + 1 in the high one) -> the two values
+    as float32, each times 2^-14 (multiply by ``E2M1_PAIR_UNSCALE`` to undo). Both are decoded at once through
+    float16: a code's three magnitude bits placed at bits 9-11 of a half (the exponent's two low bits and the
+    mantissa's top bit) and its sign at bit 15 give exactly the code's value times 2^-14 (code 1 lands on the half
+    subnormal 2^-15), so one word holds both halves after three integer operations, and the hardware converts each
+    half; about half the SASS instructions of two :func:`e2m1_to_float` calls. Bit-identical to them after the
+    rescaling (every code, -0.0 included)."""
+    both = byte | (byte << 12)  # low nibble at bits 0-3, high nibble at bits 16-19
+    halves = ((both & 0x70007) << 9) | ((both & 0x80008) << 12)
+    low = halves.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    high = (halves >> 16).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    return low, high
+
+
 @triton.jit
 def load_read_tile(values_ptr, scales_ptr, tensor_scale_ptr, pid_b, h, offs_a, offs_c, mask, row_mask, c_start,
                    row_len, stride_v_b, stride_v_h, stride_v_a, stride_v_c,
@@ -100,11 +121,11 @@ def load_read_tile(values_ptr, scales_ptr, tensor_scale_ptr, pid_b, h, offs_a, o
         byte, block_scale = load_nvfp4_bytes(  # (an odd row's last high nibble is padding)
             values_ptr + pid_b * stride_v_b + h * stride_v_h, scales_ptr + pid_b * stride_s_b + h * stride_s_h,
             offs_a, row_mask, offs_j, row_len, stride_v_a, stride_v_c, stride_s_a, stride_s_c)
-        byte = byte.to(tl.int32)
-        block_scale = block_scale.to(tl.float32)
+        block_scale = block_scale.to(tl.float32) * E2M1_PAIR_UNSCALE
         tensor_scale = tl.load(tensor_scale_ptr + pid_b * stride_t_b)
-        low = (e2m1_to_float(byte & 0xF) * block_scale) * tensor_scale
-        high = (e2m1_to_float(byte >> 4) * block_scale) * tensor_scale
+        low, high = e2m1_pair_to_float(byte.to(tl.int32))
+        low = (low * block_scale) * tensor_scale
+        high = (high * block_scale) * tensor_scale
         return tl.reshape(tl.join(low, high), [offs_a.shape[0], BLOCK_C])
     else:
         byte = tl.load(v_base + (offs_c // 2)[None, :] * stride_v_c, mask=mask, other=0).to(tl.int32)
@@ -120,7 +141,7 @@ def load_nvfp4_bytes(v_base, s_base, offs_a, row_mask, offs_j, row_len, stride_v
     """Rows ``offs_a`` of an nvfp4 copy (bases already at the batch row and head) as stored: packed bytes
     ``[len(offs_a), len(offs_j)]`` (byte j: element 2j in the low nibble, 2j + 1 in the high one) and each byte's
     block scale (block j // 8), 0 where masked. For readers that only need the copy against a vector and so never
-    put the elements in order: the decode (:func:`e2m1_to_float` of each nibble) and the scales go where they cost
+    put the elements in order: the decode (:func:`e2m1_pair_to_float` of each byte) and the scales go where they cost
     least (:func:`nvfp4_rows_dot`; the delta rule's streamed read folds them into q and k)."""
     mask = row_mask[:, None] & (offs_j * 2 < row_len)[None, :]
     byte = tl.load(v_base + offs_a[:, None] * stride_v_a + offs_j[None, :] * stride_v_c, mask=mask, other=0)
@@ -134,7 +155,7 @@ def nvfp4_rows_dot(byte, block_scale, vec, BLOCK_C: tl.constexpr):
     """Each row of an nvfp4 tile (:func:`load_nvfp4_bytes`, the batch row's tensor scale left to the caller)
     against ``vec`` [BLOCK_C]: [len(rows)]. The even and odd elements meet the vector's even and odd halves, so the
     tile is never interleaved, and a byte's block scale multiplies its pair's sum once."""
-    vec_even, vec_odd = tl.split(tl.reshape(vec, [BLOCK_C // 2, 2]))
-    byte = byte.to(tl.int32)
-    pairs = e2m1_to_float(byte & 0xF) * vec_even[None, :] + e2m1_to_float(byte >> 4) * vec_odd[None, :]
+    vec_even, vec_odd = tl.split(tl.reshape(vec * E2M1_PAIR_UNSCALE, [BLOCK_C // 2, 2]))
+    low, high = e2m1_pair_to_float(byte.to(tl.int32))
+    pairs = low * vec_even[None, :] + high * vec_odd[None, :]
     return tl.sum(pairs * block_scale.to(tl.float32), axis=1)

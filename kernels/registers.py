@@ -82,9 +82,22 @@ def _ptxas_report(ptx: str, arch: int) -> dict:
             if done.returncode == 0 and regs:
                 spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", text)
                 return dict(registers=int(regs.group(1)), spill_store_bytes=int(spills.group(1)) if spills else 0,
-                            spill_load_bytes=int(spills.group(2)) if spills else 0, ptxas=name)
+                            spill_load_bytes=int(spills.group(2)) if spills else 0, ptxas=name,
+                            sass_instructions=_sass_instructions(os.path.join(tmp, "kernel.cubin"), bin_dir))
             errors.append(f"{name}: {text.strip()[-300:]}")
     raise RuntimeError("no bundled ptxas assembled the kernel: " + " | ".join(errors or [f"none in {bin_dir}"]))
+
+
+def _sass_instructions(cubin: str, bin_dir: str) -> int | None:
+    """Instructions in the kernel's machine code (static count, loops counted once: what a change to a loop body's
+    arithmetic saves), from the bundled cuobjdump; None where it is missing or fails."""
+    exe = os.path.join(bin_dir, "cuobjdump")
+    if not os.path.exists(exe):
+        return None
+    done = subprocess.run([exe, "-sass", cubin], capture_output=True, text=True)
+    if done.returncode != 0:
+        return None
+    return len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S", done.stdout, flags=re.M))
 
 
 def compile_launches(module: ModuleType, kernel_names: list[str], call: Callable[[], object], arch: int = 90,
@@ -295,7 +308,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                       flush=True)
         return rows
     make_call, configs = FAMILIES[args.family]
-    print(f"{args.family}, sm_{args.arch}, triton {triton.__version__}: registers / spill bytes per launch")
+    print(f"{args.family}, sm_{args.arch}, triton {triton.__version__}: registers, spill bytes, PTX barriers and "
+          "shuffles, SASS instructions (static) per launch")
     for tile, num_warps in configs:
         for fmt in args.formats.split(","):
             for device_phase in (False, True):
@@ -307,7 +321,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
                     launch = f"phase {r['PHASE']}" if "PHASE" in r else r["kernel"]
                     print(f"  tile {tile:>3} x {num_warps} warps  {fmt:>5}  {r['positions']:>6} positions  {launch}  "
                           f"{r['registers']:>3} registers  {r['spill_store_bytes']:>4} B spilled  "
-                          f"{r['ptx_barriers']:>3} barriers  {r['ptx_shuffles']:>3} shuffles", flush=True)
+                          f"{r['ptx_barriers']:>3} barriers  {r['ptx_shuffles']:>3} shuffles  "
+                          f"{r['sass_instructions'] or '-':>5} instructions", flush=True)
     return rows
 
 

@@ -132,7 +132,7 @@ from hf_replayssm.kernels.host_math import cdiv, next_power_of_2
 from hf_replayssm.kernels.read_copy import (
     E2M1_PAIR_UNSCALE,
     e2m1_pair_to_float,
-    load_nvfp4_bytes,
+    load_nvfp4_blocks,
     load_read_tile,
     read_copy_operands,
 )
@@ -458,31 +458,38 @@ def _chunked_checkpoint_products(s_base, q_base, k_base, decay_base, row_scale_b
         tensor_scale = tl.load(tensor_scale_base) * E2M1_PAIR_UNSCALE  # (the pair decode's 2^-14, undone exactly)
         q_factor = q_factor * tensor_scale
         k_factor = k_factor * tensor_scale
-        offs_j = v_start // 2 + tl.arange(0, BLOCK_V // 2)
-        acc_q_even = tl.zeros([CHUNK_K, BLOCK_V // 2], dtype=tl.float32)
-        acc_q_odd = tl.zeros([CHUNK_K, BLOCK_V // 2], dtype=tl.float32)
-        acc_k_even = tl.zeros([CHUNK_K, BLOCK_V // 2], dtype=tl.float32)
-        acc_k_odd = tl.zeros([CHUNK_K, BLOCK_V // 2], dtype=tl.float32)
-        byte_next, scale_next = load_nvfp4_bytes(s_base, row_scale_base, tl.arange(0, CHUNK_K),
-                                                 tl.arange(0, CHUNK_K) < K, offs_j, V, stride_s_k, stride_s_v,
-                                                 stride_row_scale, stride_scale_v)
+        # by scale block: [CHUNK_K, BLOCK_V // 16, 8] bytes, one block scale per 8 bytes (a load and a product
+        # each, not one per byte); v_start is a multiple of BLOCK_V, so of 16
+        tl.static_assert(BLOCK_V >= 16, "an nvfp4 copy is streamed by 16-element scale blocks")
+        offs_b = v_start // 16 + tl.arange(0, BLOCK_V // 16)
+        acc_q_even = tl.zeros([CHUNK_K, BLOCK_V // 16, 8], dtype=tl.float32)
+        acc_q_odd = tl.zeros([CHUNK_K, BLOCK_V // 16, 8], dtype=tl.float32)
+        acc_k_even = tl.zeros([CHUNK_K, BLOCK_V // 16, 8], dtype=tl.float32)
+        acc_k_odd = tl.zeros([CHUNK_K, BLOCK_V // 16, 8], dtype=tl.float32)
+        byte_next, scale_next = load_nvfp4_blocks(s_base, row_scale_base, tl.arange(0, CHUNK_K),
+                                                  tl.arange(0, CHUNK_K) < K, offs_b, V, stride_s_k, stride_s_v,
+                                                  stride_row_scale, stride_scale_v)
         for k0 in range(0, BLOCK_K, CHUNK_K):
             byte = byte_next.to(tl.int32)
             block_scale = scale_next.to(tl.float32)
             offs_next = k0 + CHUNK_K + tl.arange(0, CHUNK_K)
-            byte_next, scale_next = load_nvfp4_bytes(s_base, row_scale_base, offs_next, offs_next < K, offs_j, V,
-                                                     stride_s_k, stride_s_v, stride_row_scale, stride_scale_v)
+            byte_next, scale_next = load_nvfp4_blocks(s_base, row_scale_base, offs_next, offs_next < K, offs_b, V,
+                                                      stride_s_k, stride_s_v, stride_row_scale, stride_scale_v)
             q_c, k_c = _scaled_qk_chunk(q_base, k_base, decay_base, k0 + tl.arange(0, CHUNK_K), K, q_factor,
                                         k_factor, stride_q_k, stride_k_k, GATE_PER_KEY)
-            q_s = q_c[:, None] * block_scale
-            k_s = k_c[:, None] * block_scale
+            q_s = (q_c[:, None] * block_scale)[:, :, None]
+            k_s = (k_c[:, None] * block_scale)[:, :, None]
             even, odd = e2m1_pair_to_float(byte)
             acc_q_even += even * q_s
             acc_q_odd += odd * q_s
             acc_k_even += even * k_s
             acc_k_odd += odd * k_s
-        pq = tl.reshape(tl.join(tl.sum(acc_q_even, axis=0), tl.sum(acc_q_odd, axis=0)), [BLOCK_V])
-        pk = tl.reshape(tl.join(tl.sum(acc_k_even, axis=0), tl.sum(acc_k_odd, axis=0)), [BLOCK_V])
+        pq_even = tl.reshape(tl.sum(acc_q_even, axis=0), [BLOCK_V // 2])
+        pq_odd = tl.reshape(tl.sum(acc_q_odd, axis=0), [BLOCK_V // 2])
+        pk_even = tl.reshape(tl.sum(acc_k_even, axis=0), [BLOCK_V // 2])
+        pk_odd = tl.reshape(tl.sum(acc_k_odd, axis=0), [BLOCK_V // 2])
+        pq = tl.reshape(tl.join(pq_even, pq_odd), [BLOCK_V])
+        pk = tl.reshape(tl.join(pk_even, pk_odd), [BLOCK_V])
     else:
         acc_q = tl.zeros([CHUNK_K, BLOCK_V], dtype=tl.float32)
         acc_k = tl.zeros([CHUNK_K, BLOCK_V], dtype=tl.float32)

@@ -89,7 +89,7 @@ from hf_replayssm.kernels.flush_grid import (
     walk_positions,
 )
 from hf_replayssm.kernels.host_math import cdiv, next_power_of_2
-from hf_replayssm.kernels.read_copy import load_nvfp4_bytes, load_read_tile, nvfp4_rows_dot, read_copy_operands
+from hf_replayssm.kernels.read_copy import load_nvfp4_blocks, load_read_tile, nvfp4_blocks_dot, read_copy_operands
 from hf_replayssm.ops.mamba2_step import mamba2_replay_step_ref, mamba2_state_update_ref
 from hf_replayssm.ops.positions import host_phase
 
@@ -443,10 +443,10 @@ def _mamba2_replay_step_kernel(
         elif READ_FORMAT == "fp32" or ((PHASE == 2 or PHASE == 3) and not FLUSH_READS_COPY):
             s0 = tl.load(state_ptrs, mask=mask_pn, other=0.0).to(tl.float32)
         elif (PHASE == 1 or PHASE == 4) and READ_FORMAT == "nvfp4_pairs":  # as stored: only S0 C is needed
-            offs_j = tl.arange(0, BLOCK_N // 2)
-            copy_bytes, copy_scales = load_nvfp4_bytes(
+            copy_bytes, copy_scales = load_nvfp4_blocks(
                 rc_values_ptr + pid_b * stride_rcv_b + h * stride_rcv_h,
-                rc_scales_ptr + pid_b * stride_rcs_b + h * stride_rcs_h, offs_p, mask_p, offs_j, N, stride_rcv_p,
+                rc_scales_ptr + pid_b * stride_rcs_b + h * stride_rcs_h, offs_p, mask_p, tl.arange(0, BLOCK_N // 16),
+                N, stride_rcv_p,
                 stride_rcv_n, stride_rcs_p, stride_rcs_n)
             copy_tensor_scale = tl.load(rc_tensor_scale_ptr + pid_b * stride_rct_b)
         elif (PHASE == 1 or PHASE == 4) and READ_FORMAT == "fp8":  # as stored: the row scale multiplies S0 C's sums
@@ -481,7 +481,7 @@ def _mamba2_replay_step_kernel(
 
         if PHASE == 1 or PHASE == 4:
             if READ_FORMAT == "nvfp4_pairs":  # (PREFETCH_STATE is fp32-only)
-                s0 = copy_tensor_scale * nvfp4_rows_dot(copy_bytes, copy_scales, C_f, BLOCK_N)
+                s0 = copy_tensor_scale * nvfp4_blocks_dot(copy_bytes, copy_scales, C_f, BLOCK_N)
             elif READ_FORMAT == "fp8":  # one product per row, not per element
                 s0 = copy_row_scale * tl.sum(copy_codes.to(tl.float32) * C_f[None, :], axis=1)
             y = _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin, count,

@@ -143,7 +143,7 @@ def load_nvfp4_bytes(v_base, s_base, offs_a, row_mask, offs_j, row_len, stride_v
     block scale (block j // 8), 0 where masked. For readers that only need the copy against a vector and so never
     put the elements in order: the decode (:func:`e2m1_pair_to_float` of each byte) and the scales go where they cost
     least (:func:`nvfp4_rows_dot`; the delta rule's streamed read folds them into q and k)."""
-    mask = row_mask[:, None] & (offs_j * 2 < row_len)[None, :]
+    mask = row_mask[:, None] & (offs_j < row_len - row_len // 2)[None, :]  # (ceil(row_len / 2): load_nvfp4_blocks)
     byte = tl.load(v_base + offs_a[:, None] * stride_v_a + offs_j[None, :] * stride_v_c, mask=mask, other=0)
     block_scale = tl.load(s_base + offs_a[:, None] * stride_s_a + (offs_j // 8)[None, :] * stride_s_c, mask=mask,
                           other=0.0)
@@ -151,11 +151,32 @@ def load_nvfp4_bytes(v_base, s_base, offs_a, row_mask, offs_j, row_len, stride_v
 
 
 @triton.jit
-def nvfp4_rows_dot(byte, block_scale, vec, BLOCK_C: tl.constexpr):
-    """Each row of an nvfp4 tile (:func:`load_nvfp4_bytes`, the batch row's tensor scale left to the caller)
-    against ``vec`` [BLOCK_C]: [len(rows)]. The even and odd elements meet the vector's even and odd halves, so the
-    tile is never interleaved, and a byte's block scale multiplies its pair's sum once."""
+def load_nvfp4_blocks(v_base, s_base, offs_a, row_mask, offs_b, row_len, stride_v_a, stride_v_c, stride_s_a,
+                      stride_s_c):
+    """Rows ``offs_a`` of an nvfp4 copy (bases at the batch row and head) by scale block: bytes
+    ``[len(offs_a), len(offs_b), 8]`` (block b holds bytes 8b to 8b + 7, elements 16b to 16b + 15) and one block
+    scale per block ``[len(offs_a), len(offs_b)]``, 0 where masked. Loading a scale per block instead of per byte
+    (:func:`load_nvfp4_bytes`) saves a load instruction for each of the other seven bytes."""
+    offs_j = offs_b[:, None] * 8 + tl.arange(0, 8)[None, :]  # [NB, 8] (callers' tiles span whole 16-element blocks)
+    # bytes holding an element: ceil(row_len / 2), written so that the compiler sees a row length divisible by 16
+    # give a byte count divisible by 8 (the mask then constant over 8 bytes: one 64-bit load, not eight)
+    mask = row_mask[:, None, None] & (offs_j < row_len - row_len // 2)[None, :, :]
+    byte = tl.load(v_base + offs_a[:, None, None] * stride_v_a + offs_j[None, :, :] * stride_v_c, mask=mask, other=0)
+    scale_mask = row_mask[:, None] & (offs_b * 16 < row_len)[None, :]
+    block_scale = tl.load(s_base + offs_a[:, None] * stride_s_a + offs_b[None, :] * stride_s_c, mask=scale_mask,
+                          other=0.0)
+    return byte, block_scale
+
+
+@triton.jit
+def nvfp4_blocks_dot(byte, block_scale, vec, BLOCK_C: tl.constexpr):
+    """Each row of an nvfp4 tile by block (:func:`load_nvfp4_blocks`, the tensor scale left to the caller) against
+    ``vec`` [BLOCK_C]: [rows]. A block's 8 bytes meet the vector's even and odd halves and are summed before their
+    block scale multiplies them, once per block."""
+    tl.static_assert(BLOCK_C >= 16, "an nvfp4 tile is read by 16-element scale blocks")
     vec_even, vec_odd = tl.split(tl.reshape(vec * E2M1_PAIR_UNSCALE, [BLOCK_C // 2, 2]))
+    vec_even = tl.reshape(vec_even, [BLOCK_C // 16, 8])
+    vec_odd = tl.reshape(vec_odd, [BLOCK_C // 16, 8])
     low, high = e2m1_pair_to_float(byte.to(tl.int32))
-    pairs = low * vec_even[None, :] + high * vec_odd[None, :]
-    return tl.sum(pairs * block_scale.to(tl.float32), axis=1)
+    pairs = low * vec_even[None, :, :] + high * vec_odd[None, :, :]
+    return tl.sum(tl.sum(pairs, axis=2) * block_scale.to(tl.float32), axis=1)

@@ -176,7 +176,7 @@ def _positions(origin, count, device):
 
 
 def _reordered_tol(y):
-    """Mamba-2's replay launches take a copy's product with C as stored (nvfp4 pair by pair, ``nvfp4_rows_dot``;
+    """Mamba-2's replay launches take a copy's product with C as stored (nvfp4 block by block, ``nvfp4_blocks_dot``;
     fp8 with the row scale applied to the sum, not to each element) where its other launches decode the tile first:
     the same terms summed in another order, equal within float32 rounding of the outputs' scale (measured: 1.9e-6 at
     a scale of 25)."""

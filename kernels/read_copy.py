@@ -20,12 +20,14 @@ replay-only launches stream a copy K rows at a time instead of loading a whole t
 296.9 -> 250.3; with device positions a split step whose flush launch has a tile of its own: GDN fp8 348.5 -> 236.1,
 nvfp4 532.4 -> 369.6, KDA fp8 338.3 -> 291.1).
 
-Readers that need the copy only against a vector take an nvfp4 tile as stored (:func:`load_nvfp4_bytes`): the delta
-rule's streamed read folds the scales into q and k and accumulates even and odd elements apart, Mamba-2's replay
-launches reduce the bytes against C's halves (:func:`nvfp4_rows_dot`); no interleave, one scale product per byte.
-H200, batch 256, host cycle: GDN nvfp4 271.2 -> 229.1 us, KDA 351.4 -> 268.4, Mamba-2 457.3 -> 389.9. Mamba-2's
-replay launches take an fp8 copy as stored too: its row scale multiplies each row's sum of codes x C (Nemotron-H-8B
-host cycle 256.8 -> 244.7 us, 2.25x our standard step).
+Readers that need the copy only against a vector take an nvfp4 tile as stored, by scale block
+(:func:`load_nvfp4_blocks`: bytes 8 at a time, one block scale per 8 bytes): the delta rule's streamed read folds the
+scales into q and k and accumulates even and odd elements apart, Mamba-2's replay launches reduce the bytes against
+C's halves (:func:`nvfp4_blocks_dot`); no interleave, one scale product per block. Both nibbles of a byte decode at
+once through float16 (:func:`e2m1_pair_to_float`). H200, batch 256, host cycle: GDN nvfp4 271.2 -> 229.1 us (stored
+order) -> 170.0 (blocks, pair decode), KDA 351.4 -> 268.4 -> 209.4, Mamba-2 457.3 -> 389.9 -> 290.8 (1.90x our fp32
+standard step). Mamba-2's replay launches take an fp8 copy as stored too: its row scale multiplies each row's sum of
+codes x C (Nemotron-H-8B host cycle 256.8 -> 244.7 us, 2.25x our standard step).
 """
 
 from __future__ import annotations
@@ -140,9 +142,8 @@ def load_nvfp4_bytes(v_base, s_base, offs_a, row_mask, offs_j, row_len, stride_v
                      stride_s_c):
     """Rows ``offs_a`` of an nvfp4 copy (bases already at the batch row and head) as stored: packed bytes
     ``[len(offs_a), len(offs_j)]`` (byte j: element 2j in the low nibble, 2j + 1 in the high one) and each byte's
-    block scale (block j // 8), 0 where masked. For readers that only need the copy against a vector and so never
-    put the elements in order: the decode (:func:`e2m1_pair_to_float` of each byte) and the scales go where they cost
-    least (:func:`nvfp4_rows_dot`; the delta rule's streamed read folds them into q and k)."""
+    block scale (block j // 8), 0 where masked: the whole-tile reader :func:`load_read_tile` (readers that need the
+    copy only against a vector take it by block, :func:`load_nvfp4_blocks`)."""
     mask = row_mask[:, None] & (offs_j < row_len - row_len // 2)[None, :]  # (ceil(row_len / 2): load_nvfp4_blocks)
     byte = tl.load(v_base + offs_a[:, None] * stride_v_a + offs_j[None, :] * stride_v_c, mask=mask, other=0)
     block_scale = tl.load(s_base + offs_a[:, None] * stride_s_a + (offs_j // 8)[None, :] * stride_s_c, mask=mask,

@@ -850,8 +850,11 @@ def _replay_step(
     assert 1 <= buffer_len < (1 << _TICKET_SHIFT), "buffer_len out of range"
     assert ring_size >= max(buffer_len - 1, 1), f"ring capacity {ring_size} < max(buffer_len - 1, 1)"
     read_format, read_operands = read_copy_operands(read_copy, read_format, state)
-    # the nvfp4 tile loaded byte by byte per nibble, or as whole bytes (see kernels/read_copy.py)
-    kernel_read_format = "nvfp4_pairs" if read_format == "nvfp4" and _nvfp4_pairs else read_format
+    # the nvfp4 tile loaded byte by byte per nibble, or as whole bytes (see kernels/read_copy.py); the replay launches'
+    # by-block reader needs tiles of whole 16-element scale blocks, so a state under 16 wide (tiny test models only)
+    # reads nibble by nibble
+    pairs = _nvfp4_pairs and next_power_of_2(d_state) >= 16
+    kernel_read_format = "nvfp4_pairs" if read_format == "nvfp4" and pairs else read_format
     y = torch.empty_like(x) if out is None else out
     assert y.shape == x.shape
     cfg = dict(replay_launch_config(batch, heads, head_dim, d_state), **(_config or {}))

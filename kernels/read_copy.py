@@ -108,7 +108,9 @@ def load_read_tile(values_ptr, scales_ptr, tensor_scale_ptr, pid_b, h, offs_a, o
     a ``[BLOCK_A, BLOCK_C // 2]`` byte tile once (contiguous, vectorisable), decodes both nibbles and interleaves them
     (``tl.join`` + ``tl.reshape``: a register shuffle the compiler may route through shared memory). Same values;
     the pairs were faster in every H200 measurement (batch 256, host-phase cycle: Mamba-2 672 vs 1088 us, GDN 673
-    vs 712), so the kernels use them unless told otherwise (``_nvfp4_pairs=False``). ``c_start`` must be even."""
+    vs 712), so the kernels use them unless told otherwise (``_nvfp4_pairs=False``). A tile 16 or more wide loads by
+    scale block (:func:`load_nvfp4_blocks`: one scale load per 8 bytes, not per byte). ``c_start`` must be a
+    multiple of ``BLOCK_C`` (so of 16 for the block loads, even for narrower tiles)."""
     v_base = values_ptr + pid_b * stride_v_b + h * stride_v_h + offs_a[:, None] * stride_v_a
     s_base = scales_ptr + pid_b * stride_s_b + h * stride_s_h + offs_a[:, None] * stride_s_a
     if READ_FORMAT == "fp8":
@@ -119,14 +121,21 @@ def load_read_tile(values_ptr, scales_ptr, tensor_scale_ptr, pid_b, h, offs_a, o
             row_scale = tl.load(s_base + offs_c[None, :] * 0, mask=mask, other=0.0)  # the row's scale, per element
         return codes.to(tl.float32) * row_scale
     elif READ_FORMAT == "nvfp4_pairs":
-        offs_j = c_start // 2 + tl.arange(0, BLOCK_C // 2)  # byte j holds elements 2j (low nibble) and 2j + 1
-        byte, block_scale = load_nvfp4_bytes(  # (an odd row's last high nibble is padding)
-            values_ptr + pid_b * stride_v_b + h * stride_v_h, scales_ptr + pid_b * stride_s_b + h * stride_s_h,
-            offs_a, row_mask, offs_j, row_len, stride_v_a, stride_v_c, stride_s_a, stride_s_c)
-        block_scale = block_scale.to(tl.float32) * E2M1_PAIR_UNSCALE
+        v_head = values_ptr + pid_b * stride_v_b + h * stride_v_h
+        s_head = scales_ptr + pid_b * stride_s_b + h * stride_s_h
         tensor_scale = tl.load(tensor_scale_ptr + pid_b * stride_t_b)
-        low, high = e2m1_pair_to_float(byte.to(tl.int32))
-        low = (low * block_scale) * tensor_scale
+        if BLOCK_C >= 16:  # by scale block: one scale load per 8 bytes (c_start is a multiple of BLOCK_C)
+            offs_b = c_start // 16 + tl.arange(0, BLOCK_C // 16)
+            byte, block_scale = load_nvfp4_blocks(v_head, s_head, offs_a, row_mask, offs_b, row_len, stride_v_a,
+                                                  stride_v_c, stride_s_a, stride_s_c)
+            block_scale = (block_scale.to(tl.float32) * E2M1_PAIR_UNSCALE)[:, :, None]
+        else:  # a tile narrower than a scale block
+            offs_j = c_start // 2 + tl.arange(0, BLOCK_C // 2)  # byte j holds elements 2j (low nibble) and 2j + 1
+            byte, block_scale = load_nvfp4_bytes(v_head, s_head, offs_a, row_mask, offs_j, row_len, stride_v_a,
+                                                 stride_v_c, stride_s_a, stride_s_c)
+            block_scale = block_scale.to(tl.float32) * E2M1_PAIR_UNSCALE
+        low, high = e2m1_pair_to_float(byte.to(tl.int32))  # (an odd row's last high nibble is padding)
+        low = (low * block_scale) * tensor_scale  # the torch decoder's order: bit-identical values
         high = (high * block_scale) * tensor_scale
         return tl.reshape(tl.join(low, high), [offs_a.shape[0], BLOCK_C])
     else:

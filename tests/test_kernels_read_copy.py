@@ -471,7 +471,8 @@ def case_nvfp4_pairs(_, device):
 
 def case_nvfp4_every_code(_, device):
     """``load_read_tile`` decodes every byte (both nibbles: all 16 E2M1 codes, signs, -0.0) times block scales and a
-    tensor scale to exactly the torch decoder's float32 bits, in both nvfp4 loads."""
+    tensor scale to exactly the torch decoder's float32 bits, in both nvfp4 loads, the pairs in whole tiles, by
+    scale block at an offset and in tiles narrower than a block."""
     import torch
     import triton
     import triton.language as tl
@@ -483,13 +484,15 @@ def case_nvfp4_every_code(_, device):
 
     @triton.jit
     def decode_kernel(values_ptr, scales_ptr, tensor_ptr, out_ptr, ROWS: tl.constexpr, COLS: tl.constexpr,
-                      FORMAT: tl.constexpr):
+                      WIDTH: tl.constexpr, FORMAT: tl.constexpr):
+        # the row in tiles of WIDTH columns: 16 or more wide loads by scale block, narrower by byte
         offs_a = tl.arange(0, ROWS)
-        offs_c = tl.arange(0, COLS)
-        mask = (offs_a[:, None] < ROWS) & (offs_c[None, :] < COLS)
-        tile = load_read_tile(values_ptr, scales_ptr, tensor_ptr, 0, 0, offs_a, offs_c, mask, offs_a < ROWS, 0, COLS,
-                              0, 0, COLS // 2, 1, 0, 0, COLS // 16, 1, 0, FORMAT, COLS, False)
-        tl.store(out_ptr + offs_a[:, None] * COLS + offs_c[None, :], tile)
+        for c_start in tl.static_range(0, COLS, WIDTH):
+            offs_c = c_start + tl.arange(0, WIDTH)
+            mask = (offs_a[:, None] < ROWS) & (offs_c[None, :] < COLS)
+            tile = load_read_tile(values_ptr, scales_ptr, tensor_ptr, 0, 0, offs_a, offs_c, mask, offs_a < ROWS,
+                                  c_start, COLS, 0, 0, COLS // 2, 1, 0, 0, COLS // 16, 1, 0, FORMAT, WIDTH, False)
+            tl.store(out_ptr + offs_a[:, None] * COLS + offs_c[None, :], tile)
 
     rows, cols = 16, 32  # 16 x 16 bytes: every byte value once
     packed = torch.arange(256, dtype=torch.int32).to(torch.uint8).reshape(rows, cols // 2)
@@ -499,11 +502,11 @@ def case_nvfp4_every_code(_, device):
     want = (e2m1_decode(unpack_nibbles(packed)).reshape(rows, cols // 16, 16)
             * e4m3_decode(block)[..., None]).reshape(rows, cols) * tensor_scale
     assert (want.view(torch.int32) == torch.tensor(-2**31, dtype=torch.int32)).any()  # -0.0 is among them
-    for fmt in ("nvfp4", "nvfp4_pairs"):
+    for fmt, width in (("nvfp4", 32), ("nvfp4_pairs", 32), ("nvfp4_pairs", 16), ("nvfp4_pairs", 8)):
         out = torch.full((rows, cols), float("nan"), device=device)
         decode_kernel[(1,)](packed.to(device), block.view(torch.float8_e4m3fn).to(device), tensor_scale.to(device),
-                            out, ROWS=rows, COLS=cols, FORMAT=fmt)
-        assert torch.equal(out.cpu().view(torch.int32), want.view(torch.int32)), fmt
+                            out, ROWS=rows, COLS=cols, WIDTH=width, FORMAT=fmt)
+        assert torch.equal(out.cpu().view(torch.int32), want.view(torch.int32)), (fmt, width)
 
 
 def _raw_rings(p):

@@ -61,6 +61,7 @@ if __package__:
         Timer,
         copy_bandwidth,
         device_read_copy_times,
+        host_reencode_times,
         load_kernels,
         parse_walks,
         print_read_copy_rows,
@@ -74,6 +75,7 @@ else:  # run as a script from a checkout: python kernels/bench.py
         Timer,
         copy_bandwidth,
         device_read_copy_times,
+        host_reencode_times,
         load_kernels,
         parse_walks,
         print_read_copy_rows,
@@ -264,23 +266,31 @@ class ReplayInputs:
                        lambda c: reencode(c["state"], c["read_copy"], read_format, c["count"] == 0), **launch)
 
     def host_fn(self, step, only: int | None = None, read_format: str | None = None, flush_launch: dict | None = None,
-                **launch):
+                reencode=None, **launch):
         """A cycle with every row at one position known on the host (plain batched decoding): L - 1 replay-only
         launches and one flush-only launch (the phase-specialised kernels); ``only``: L launches at that count.
         ``read_format``: the replay-only launches read the copies' read copy (see :meth:`add_read_copies`).
         ``flush_launch``: the flush-only launch's overrides instead of ``launch`` (``{}``: its defaults, e.g. while
-        a sweep varies the replay-only launches' tile)."""
+        a sweep varies the replay-only launches' tile). ``reencode(state, read_copy, read_format, select)``: run after
+        the flush launch on every row, whose outputs then come from the copy (``flush_reads_copy``): the step as the
+        cache runs it (``CheckpointStore.refresh_read_copy``). None: a plain flush, the copy not refreshed."""
         def run():
             for j in range(self.L):
                 i = j if only is None else only
                 c = self.copies[j % self.n]
                 read = (dict(read_copy=c["read_copy"], read_format=read_format)
                         if read_format is not None and i + 1 < self.L else {})
+                if reencode is not None and i + 1 == self.L:  # the cache's flush: outputs from the copy
+                    read = dict(read_copy=c["read_copy"], read_format=read_format, flush_reads_copy=True)
                 overrides = flush_launch if flush_launch is not None and i == self.L - 1 else launch
                 step(c["state"], c["ring_x"], c["ring_dt"], c["ring_B"], 0, i, c["x"], c["dt"],
                      c["B"], c["C"], self.params["A"], D=self.params["D"], dt_bias=self.params["dt_bias"],
                      dt_softplus=True, buffer_len=self.L, out=c["out"], **overrides, **read)
+                if reencode is not None and i == self.L - 1:
+                    reencode(c["state"], c["read_copy"], read_format, every_row)
 
+        every_row = torch.ones(self.copies[0]["state"].shape[0], dtype=torch.bool,
+                               device=self.copies[0]["state"].device)
         return run
 
 
@@ -525,6 +535,8 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                 row.update(replay_host_read_copy_sweep=read_sweep, replay_host_read_copy_best_config=best_read,
                            replay_host_read_copy_us=read_sweep[best_read]["us"])
                 read_cfg = _cfg_dict(read_cfgs[best_read])
+                row.update(host_reencode_times(k, inputs, timer, args.read_format, per_step_us, _config=read_cfg,
+                                               flush_launch={}))
                 row.update(device_read_copy_times(k, inputs, timer, args.read_format, "in_phase", per_step_us,
                                                    _config=read_cfg))
                 # the former default: one fused launch carrying both the replay and the flush code

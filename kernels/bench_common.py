@@ -174,6 +174,18 @@ def device_read_copy_times(k, inputs, timer: Timer, read_format: str, phase: str
     return out
 
 
+def host_reencode_times(k, inputs, timer: Timer, read_format: str, per_step_us, **launch) -> dict:
+    """The host-position cycle reading the copy (``inputs.host_fn``) as the cache runs it: the flush's outputs from
+    the copy and the copy re-encoded on every row after it (``CheckpointStore.refresh_read_copy``), with the
+    re-encode's default (compact) grid and with its per-tile grid, per step in us."""
+    encode = load_kernels("read_copy_encode")
+    per_tile_encode = functools.partial(encode.reencode_read_copy, _programs_per_row=None)
+    return {"replay_host_read_copy_reencode_us": per_step_us(timer(inputs.host_fn(
+                k._replay_step, read_format=read_format, reencode=encode.reencode_read_copy, **launch))),
+            "replay_host_read_copy_per_tile_reencode_us": per_step_us(timer(inputs.host_fn(
+                k._replay_step, read_format=read_format, reencode=per_tile_encode, **launch)))}
+
+
 def print_read_copy_rows(r: dict, pad: int) -> None:
     """The read-copy lines of a bench's printed table (after the row's own line)."""
     for arm, label in (("host", "host-phase"), ("mixed", "device-phase, mixed"), ("in_phase", "device, in phase")):
@@ -185,6 +197,12 @@ def print_read_copy_rows(r: dict, pad: int) -> None:
                   + (f" ({r[f'replay_{arm}_read_copy_no_reencode_us']:.2f} us without the re-encode, "
                      f"{r[f'replay_{arm}_read_copy_per_tile_reencode_us']:.2f} us with its per-tile grid)"
                      if arm != "host" else ""), flush=True)
+            if arm == "host" and "replay_host_read_copy_reencode_us" in r:
+                print(f"{'':<{pad}}{'':>6} |   as the cache runs it (the flush's outputs from the copy, the copy "
+                      "re-encoded after it) "
+                      f"{r['replay_host_read_copy_reencode_us']:>9.2f} us, x std "
+                      f"{r['standard_us'] / r['replay_host_read_copy_reencode_us']:.2f} (per-tile grid "
+                      f"{r['replay_host_read_copy_per_tile_reencode_us']:.2f} us)", flush=True)
     if "replay_in_phase_read_copy_split_us" in r:
         print(f"{'':<{pad}}{'':>6} | device, in phase, two launches (flushes, then replays): "
               f"{r['replay_in_phase_read_copy_split_us']:.2f} us", flush=True)

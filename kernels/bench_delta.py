@@ -62,6 +62,7 @@ if __package__:
         Timer,
         copy_bandwidth,
         device_read_copy_times,
+        host_reencode_times,
         load_kernels,
         parse_walks,
         print_read_copy_rows,
@@ -75,6 +76,7 @@ else:  # run as a script from a checkout: python kernels/bench.py
         Timer,
         copy_bandwidth,
         device_read_copy_times,
+        host_reencode_times,
         load_kernels,
         parse_walks,
         print_read_copy_rows,
@@ -271,12 +273,14 @@ class ReplayInputs:
                        lambda c: reencode(c["state"], c["read_copy"], read_format, c["count"] == 0), **launch)
 
     def host_fn(self, step, only: int | None = None, read_format: str | None = None, flush_launch: dict | None = None,
-                **launch):
+                reencode=None, **launch):
         """A cycle with every row at one position known on the host (plain batched decoding): L - 1 replay-only
         launches and one flush-only launch (the phase-specialised kernels); ``only``: L launches at that count.
         ``read_format``: the replay-only launches read the copies' read copy (see :meth:`add_read_copies`).
         ``flush_launch``: the flush-only launch's overrides instead of ``launch`` (``{}``: its defaults, e.g. while
-        a sweep varies the replay-only launches' tile)."""
+        a sweep varies the replay-only launches' tile). ``reencode(state, read_copy, read_format, select)``: run after
+        the flush launch on every row, whose outputs then come from the copy (``flush_reads_copy``): the step as the
+        cache runs it (``CheckpointStore.refresh_read_copy``). None: a plain flush, the copy not refreshed."""
         def run():
             for j in range(self.L):
                 i = j if only is None else only
@@ -286,10 +290,16 @@ class ReplayInputs:
                     read = dict(ring_v=c["ring_v"], ring_beta=c["ring_beta"])
                     if i + 1 < self.L:
                         read.update(read_copy=c["read_copy"], read_format=read_format)
+                    elif reencode is not None:  # the cache's flush: outputs from the copy
+                        read.update(read_copy=c["read_copy"], read_format=read_format, flush_reads_copy=True)
                 overrides = flush_launch if flush_launch is not None and i == self.L - 1 else launch
                 step(*[c[n] for n in RING[:4]], 0, i, *[c[n] for n in TOKEN], buffer_len=self.L, out=c["out"],
                      **overrides, **read)
+                if reencode is not None and i == self.L - 1:
+                    reencode(c["state"], c["read_copy"], read_format, every_row)
 
+        every_row = torch.ones(self.copies[0]["state"].shape[0], dtype=torch.bool,
+                               device=self.copies[0]["state"].device)
         return run
 
 
@@ -668,6 +678,8 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                 row.update(replay_host_read_copy_chunked=chunked, replay_host_read_copy_chunked_best=best_chunked,
                            replay_host_read_copy_chunked_us=chunked[best_chunked]["us"])
                 cbv, cnw, chunk = (int(x) for x in best_chunked.replace("_c", "x").split("x"))
+                # the callers' launch (streamed at serving batches) with the copy re-encoded after each flush
+                row.update(host_reencode_times(k, inputs, timer, fmt, per_step_us))
                 if not per_key:  # the best with the per-head weights pre-launch: one record-key pass per head
                     row["replay_host_read_copy_chunked_gdn_weights_us"] = per_step_us(timer(inputs.host_fn(
                         k._replay_step, read_format=fmt, _block_v=cbv, _num_warps=cnw, _chunk_k=chunk,

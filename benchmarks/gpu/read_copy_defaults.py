@@ -14,6 +14,7 @@ lowered to the smoke's batch). Run on the GPU machine after ``source benchmarks/
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 
 import torch
@@ -30,8 +31,8 @@ FLUSH_TILES = [(64, 4), (64, 2), (64, 1), (32, 2), (32, 1), (16, 1)]
 # --device-flush-tiles: a split step's flush launch (exact fold, flushing rows' outputs from the copy) on other tiles
 DEVICE_FLUSH_TILES = [(16, 1), (64, 2)]
 # the arms every row has, each also as a ratio to our standard step (x_std_<arm>), in the printed order
-ARMS = ("host_default", "host_whole_tile", "device_mixed_default", "device_mixed_fused", "device_in_phase_default",
-        "device_in_phase_fused")
+ARMS = ("host_default", "host_default_reencode", "host_whole_tile", "device_mixed_default", "device_mixed_fused",
+        "device_in_phase_default", "device_in_phase_fused")
 
 
 def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: torch.device, smoke: bool,
@@ -57,6 +58,12 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
         inputs.add_read_copies(read_format)
         if phase == "in_phase":  # every row at one host-known position: L - 1 replay-only launches, one flush
             row["host_default_us"] = us(inputs.host_fn(step, read_format=read_format))
+            # with the copy re-encoded after the flush, as the cache runs it (default compact grid / per-tile grid)
+            row["host_default_reencode_us"] = us(inputs.host_fn(step, read_format=read_format,
+                                                                reencode=read_copy_encode.reencode_read_copy))
+            row["host_default_per_tile_reencode_us"] = us(inputs.host_fn(
+                step, read_format=read_format,
+                reencode=functools.partial(read_copy_encode.reencode_read_copy, _programs_per_row=None)))
             row["host_whole_tile_us"] = us(inputs.host_fn(step, read_format=read_format, _block_v=bv, _num_warps=nw,
                                                           flush_launch={}))
             if flush_tiles:  # the flush-only launch (exact fold, fp32 checkpoint) at its default and other tiles
@@ -129,8 +136,9 @@ def main() -> None:
             print(f"{family} {read_format} batch {batch} (stream {row['stream_config']}, device "
                   f"{row['device_stream_config']}): "
                   + ", ".join(f"{key[:-3]} {value:.1f}" for key, value in row.items() if key.endswith("_us"))
-                  + " us; x std: host {:.2f} (whole tile {:.2f}), device mixed {:.2f} (fused {:.2f}), in phase {:.2f} "
-                    "(fused {:.2f})".format(*(row[f"x_std_{key}"] for key in ARMS)), flush=True)
+                  + " us; x std: host {:.2f} (re-encode after the flush {:.2f}; whole tile {:.2f}), device mixed "
+                    "{:.2f} (fused {:.2f}), in phase {:.2f} (fused {:.2f})".format(
+                        *(row[f"x_std_{key}"] for key in ARMS)), flush=True)
             with open(args.out, "w") as f:  # after every row: a timeout keeps what was measured
                 json.dump(rows, f, indent=1)
 

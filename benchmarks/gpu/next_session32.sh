@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# GPU calls of the thirty-second session (runs 164-). Every job packs what it wrote into $OUT right after it ends.
+# Call: run(command="STAGE=N bash benchmarks/gpu/next_session32.sh", carry=[".whl/fla", ".triton_cache"],
+#   timeout_s=600)
+# STAGE=1 (about 7 minutes): (a) the whole-tile nvfp4 reader (read_copy.load_read_tile: device-position replay
+#   launches, the split step's flush launch) loads by scale block, one scale per 8 bytes (Mamba-2 device-phase launch
+#   3000 -> 2872 SASS instructions, GDN / KDA whole-tile launches 17-27 % fewer, compiled offline for sm_90);
+#   (b) the host cycles reading a copy timed as well as the cache runs them: the flush's outputs from the copy and
+#   the copy re-encoded after it on every row (CheckpointStore.refresh_read_copy; the cycles timed so far had a plain
+#   flush and left the re-encode out), the re-encode on its compact and its per-tile grid.
+#   Mamba-2 nvfp4 and fp8 at 256; GDN / KDA fp8 and nvfp4 at 256 (read_copy_defaults.py).
+# STAGE=2 (about 5 minutes, warm): every read-copy kernel test on CUDA and the re-encode's.
+source benchmarks/gpu/install.sh || exit 1
+session_results next_session32; cd /tmp/w
+if [ "$STAGE" = 1 ]; then
+  bench_job 170 kernels_mamba2_nvfp4_reencode kernels --family mamba2 --shapes nemotron-h-8b --batches 256 \
+    --no-sweep --read-format nvfp4 --out "$RES/kernels_mamba2_nvfp4_reencode.json"; pack
+  bench_job 130 kernels_mamba2_fp8_reencode kernels --family mamba2 --shapes nemotron-h-8b --batches 256 \
+    --no-sweep --read-format fp8 --out "$RES/kernels_mamba2_fp8_reencode.json"; pack
+  timeout 240 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256 \
+    --specs gdn:nvfp4,kda:nvfp4,gdn:fp8,kda:fp8 \
+    --out "$RES/read_copy_reencode.json" > "$RES/read_copy_reencode.txt" 2>&1
+  echo "read_copy_reencode rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  grep -h "host-phase replay\|re-encoded\|device\|^nemotron" "$RES"/kernels_*.txt; cat "$RES"/read_copy_*.txt | tail -n 6
+elif [ "$STAGE" = 2 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 400 test_kernels_read_copy_cuda tests/test_kernels_read_copy.py \
+    tests/test_kernels_read_copy_encode.py; pack
+  tail -n 3 "$RES"/test_*.txt
+fi
+save_triton_cache

@@ -31,6 +31,8 @@ class Mamba2Recurrence:
 
     name = "mamba2"
     per_token = ("x", "dt", "B", "C")
+    # kernel_step re-encodes a flushing step's read copy itself (the fp8 one from the flush's registers)
+    kernel_step_reencodes_copy = True
     output_like = "x"  # outputs [B, T, H, P] have this token input's shape
     record_fields = ("x", "dt", "B")
     # A record that leaves the state as it is: dt = 0 decays by exp(0) = 1 and adds dt * x B^T = 0 (exactly)
@@ -62,8 +64,9 @@ class Mamba2Recurrence:
                     out_dtype: torch.dtype = torch.float32, read_copy=None, read_format=None):
         """One decode token through the Triton replay-or-flush kernel (``hf_replayssm.kernels.mamba2``), written
         straight in ``out_dtype`` (no cast launch); with ``read_copy`` (fp8 / nvfp4) every output reads it, a flush
-        step's too (the separated policy), while the flush folds into the float32 checkpoint; the caller refreshes
-        the copy after a flush."""
+        step's too (the separated policy), while the flush folds into the float32 checkpoint and re-encodes the copy
+        (``reencode_copy``: an fp8 copy written from the flush's registers, which saves reading the checkpoint
+        again; an nvfp4 one by the re-encode kernel after the launch)."""
         from .kernels.mamba2 import mamba2_replay_step
 
         x = tokens["x"][:, 0]
@@ -73,7 +76,7 @@ class Mamba2Recurrence:
             tokens["B"][:, 0], tokens["C"][:, 0], params["A"], params.get("D"), z=params.get("z"),
             dt_bias=params.get("dt_bias"), dt_softplus=bool(params.get("dt_softplus", False)), buffer_len=buffer_len,
             out=torch.empty(x.shape, dtype=out_dtype, device=x.device), read_copy=read_copy, read_format=read_format,
-            flush_reads_copy=read_copy is not None,
+            flush_reads_copy=read_copy is not None, reencode_copy=read_copy is not None,
         )
         return y[:, None]
 
@@ -136,6 +139,7 @@ class DeltaRuleRecurrence:
 
     name = "delta_rule"
     per_token = ("q", "k", "v", "beta", "g")
+    kernel_step_reencodes_copy = False  # the caller refreshes the copy after a flush (a row spans several programs)
     output_like = "v"  # outputs [B, T, Hv, V] have this token input's shape
     # A record that leaves the state as it is: log decay g = 0 and corrected value d = 0 (beta = 0 where the exact
     # fold recomputes d from raw v and beta)

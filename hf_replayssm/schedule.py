@@ -272,7 +272,7 @@ class ReplaySchedule:
     def _kernel_applies(self) -> bool:
         # Separated precision: every step's output reads the fp8 / nvfp4 copy in the kernel, a flush step's too (the
         # reference's semantics; the flush-only launch then reads the copy for the outputs and folds into the fp32
-        # checkpoint), and the copy is refreshed after the flush (_kernel_step).
+        # checkpoint), and the copy is refreshed after the flush (_kernel_step: by the Mamba-2 kernel step itself).
         return self._kernel_operands("kernel_step") is not None
 
     def _kernel_step(self, tokens, out_dtype: torch.dtype) -> torch.Tensor:
@@ -285,7 +285,7 @@ class ReplaySchedule:
         if ring.num_committed + 1 < self.buffer_len:
             ring.num_committed += 1
         else:  # the kernel flushed: records and token folded into the checkpoint in place
-            if read_copy is not None:
+            if read_copy is not None and not self.recurrence.kernel_step_reencodes_copy:
                 self.store.refresh_read_copy(_kernel_reencode if state.is_cuda else None)
             self.kernel_flushes += 1
             ring.restart()

@@ -256,13 +256,18 @@ class ReplayInputs:
         for c in self.copies:
             c["read_copy"] = get_format(read_format).encode(c["state"])
 
+    # the separated policy's compiled step re-encodes the copy in the step (reencode_copy; see device_read_copy_fn)
+    reencode_in_step = True
+
     def device_read_copy_fn(self, step, reencode, read_format: str, **launch):
         """The compiled decode step of the separated policy (``mamba2_replay_step_read_copy``): the device-phase
-        launch reading the copy (a flushing row's output from the copy too), then ``reencode`` (None: skipped) of
-        the copy of the rows that flushed (``count`` 0 after the step)."""
+        launch reading the copy (a flushing row's output from the copy too) and the re-encode of the copy of the
+        rows that flushed (``count`` 0 after the step): ``"step"`` by the step itself (``reencode_copy``: the op's
+        way), a callable as a launch after it, None skipped."""
+        in_step = reencode == "step"
         return self.fn(step, per_copy=lambda c: dict(read_copy=c["read_copy"], read_format=read_format,
-                                                     flush_reads_copy=True),
-                       after=None if reencode is None else
+                                                     flush_reads_copy=True, reencode_copy=in_step),
+                       after=None if reencode is None or in_step else
                        lambda c: reencode(c["state"], c["read_copy"], read_format, c["count"] == 0), **launch)
 
     def host_fn(self, step, only: int | None = None, read_format: str | None = None, flush_launch: dict | None = None,
@@ -273,7 +278,9 @@ class ReplayInputs:
         ``flush_launch``: the flush-only launch's overrides instead of ``launch`` (``{}``: its defaults, e.g. while
         a sweep varies the replay-only launches' tile). ``reencode(state, read_copy, read_format, select)``: run after
         the flush launch on every row, whose outputs then come from the copy (``flush_reads_copy``): the step as the
-        cache runs it (``CheckpointStore.refresh_read_copy``). None: a plain flush, the copy not refreshed."""
+        cache ran it before the step re-encoded the copy itself (``CheckpointStore.refresh_read_copy``); ``"step"``:
+        the flush re-encodes it (``reencode_copy``: as the cache runs it). None: a plain flush, the copy not
+        refreshed."""
         def run():
             for j in range(self.L):
                 i = j if only is None else only
@@ -281,12 +288,13 @@ class ReplayInputs:
                 read = (dict(read_copy=c["read_copy"], read_format=read_format)
                         if read_format is not None and i + 1 < self.L else {})
                 if reencode is not None and i + 1 == self.L:  # the cache's flush: outputs from the copy
-                    read = dict(read_copy=c["read_copy"], read_format=read_format, flush_reads_copy=True)
+                    read = dict(read_copy=c["read_copy"], read_format=read_format, flush_reads_copy=True,
+                                reencode_copy=reencode == "step")
                 overrides = flush_launch if flush_launch is not None and i == self.L - 1 else launch
                 step(c["state"], c["ring_x"], c["ring_dt"], c["ring_B"], 0, i, c["x"], c["dt"],
                      c["B"], c["C"], self.params["A"], D=self.params["D"], dt_bias=self.params["dt_bias"],
                      dt_softplus=True, buffer_len=self.L, out=c["out"], **overrides, **read)
-                if reencode is not None and i == self.L - 1:
+                if reencode is not None and reencode != "step" and i == self.L - 1:
                     reencode(c["state"], c["read_copy"], read_format, every_row)
 
         every_row = torch.ones(self.copies[0]["state"].shape[0], dtype=torch.bool,
@@ -535,8 +543,8 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                 row.update(replay_host_read_copy_sweep=read_sweep, replay_host_read_copy_best_config=best_read,
                            replay_host_read_copy_us=read_sweep[best_read]["us"])
                 read_cfg = _cfg_dict(read_cfgs[best_read])
-                row.update(host_reencode_times(k, inputs, timer, args.read_format, per_step_us, _config=read_cfg,
-                                               flush_launch={}))
+                row.update(host_reencode_times(k, inputs, timer, args.read_format, per_step_us, in_step=True,
+                                               _config=read_cfg, flush_launch={}))
                 row.update(device_read_copy_times(k, inputs, timer, args.read_format, "in_phase", per_step_us,
                                                    _config=read_cfg))
                 # the former default: one fused launch carrying both the replay and the flush code

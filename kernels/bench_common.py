@@ -157,14 +157,18 @@ def device_read_copy_times(k, inputs, timer: Timer, read_format: str, phase: str
     """The separated policy's compiled decode step (device positions, the read copy re-encoded on the device for the
     rows that flush) of a family's kernels module ``k`` over ``inputs`` (a bench's ``ReplayInputs``), with and without
     the re-encode, and (``compact``) with the re-encode's per-tile grid (the default is its compact grid), per step
-    in us; adds the read copies to
-    ``inputs``."""
+    in us; adds the read copies to ``inputs``. Where the step re-encodes the copy itself (``inputs.reencode_in_step``,
+    Mamba-2's ``reencode_copy``) that is the headline, the re-encode as a launch after it timed beside."""
     encode = load_kernels("read_copy_encode")
     if "read_copy" not in inputs.copies[0]:
         inputs.add_read_copies(read_format)
+    in_step = getattr(inputs, "reencode_in_step", False)  # (Mamba-2: the step re-encodes, ``reencode_copy``)
     out = {f"replay_{phase}_read_copy_us": per_step_us(timer(inputs.device_read_copy_fn(
-        k._replay_step, encode.reencode_read_copy, read_format, **launch)))}
+        k._replay_step, "step" if in_step else encode.reencode_read_copy, read_format, **launch)))}
     out[f"replay_{phase}_read_copy_kernel"] = dict(launch=str(launch), **compiled_info(k, "replay"))
+    if in_step:  # the re-encode as a launch after the step, as before
+        out[f"replay_{phase}_read_copy_external_reencode_us"] = per_step_us(timer(inputs.device_read_copy_fn(
+            k._replay_step, encode.reencode_read_copy, read_format, **launch)))
     out[f"replay_{phase}_read_copy_no_reencode_us"] = per_step_us(timer(inputs.device_read_copy_fn(
         k._replay_step, None, read_format, **launch)))
     if compact:  # the former default: one program per row tile, instead of P per batch row looping over its tiles
@@ -174,16 +178,24 @@ def device_read_copy_times(k, inputs, timer: Timer, read_format: str, phase: str
     return out
 
 
-def host_reencode_times(k, inputs, timer: Timer, read_format: str, per_step_us, **launch) -> dict:
+def host_reencode_times(k, inputs, timer: Timer, read_format: str, per_step_us, in_step: bool = False,
+                        **launch) -> dict:
     """The host-position cycle reading the copy (``inputs.host_fn``) as the cache runs it: the flush's outputs from
-    the copy and the copy re-encoded on every row after it (``CheckpointStore.refresh_read_copy``), with the
-    re-encode's default (compact) grid and with its per-tile grid, per step in us."""
+    the copy and the copy re-encoded after it on every row (``CheckpointStore.refresh_read_copy``), with the
+    re-encode's default (compact) grid and with its per-tile grid, per step in us. ``in_step`` (Mamba-2): the cache
+    has the step re-encode the copy (``reencode_copy``), which is then the headline arm; the separate re-encode's
+    arms are kept beside it (``external``)."""
     encode = load_kernels("read_copy_encode")
     per_tile_encode = functools.partial(encode.reencode_read_copy, _programs_per_row=None)
-    return {"replay_host_read_copy_reencode_us": per_step_us(timer(inputs.host_fn(
-                k._replay_step, read_format=read_format, reencode=encode.reencode_read_copy, **launch))),
-            "replay_host_read_copy_per_tile_reencode_us": per_step_us(timer(inputs.host_fn(
-                k._replay_step, read_format=read_format, reencode=per_tile_encode, **launch)))}
+    external = "_external" if in_step else ""
+    out = {f"replay_host_read_copy{external}_reencode_us": per_step_us(timer(inputs.host_fn(
+               k._replay_step, read_format=read_format, reencode=encode.reencode_read_copy, **launch))),
+           f"replay_host_read_copy{external}_per_tile_reencode_us": per_step_us(timer(inputs.host_fn(
+               k._replay_step, read_format=read_format, reencode=per_tile_encode, **launch)))}
+    if in_step:
+        out["replay_host_read_copy_reencode_us"] = per_step_us(timer(inputs.host_fn(
+            k._replay_step, read_format=read_format, reencode="step", **launch)))
+    return out
 
 
 def print_read_copy_rows(r: dict, pad: int) -> None:
@@ -195,14 +207,20 @@ def print_read_copy_rows(r: dict, pad: int) -> None:
                   f"{100 * r[f'replay_{arm}_read_copy_frac_of_copy_bw']:>4.0f}% of copy BW (model), "
                   f"x std {r[f'speedup_replay_{arm}_read_copy_vs_standard']:.2f}"
                   + (f" ({r[f'replay_{arm}_read_copy_no_reencode_us']:.2f} us without the re-encode, "
-                     f"{r[f'replay_{arm}_read_copy_per_tile_reencode_us']:.2f} us with its per-tile grid)"
+                     + (f"{r[f'replay_{arm}_read_copy_external_reencode_us']:.2f} with it as a launch after the "
+                        "step, " if f"replay_{arm}_read_copy_external_reencode_us" in r else "")
+                     + f"{r[f'replay_{arm}_read_copy_per_tile_reencode_us']:.2f} us with its per-tile grid)"
                      if arm != "host" else ""), flush=True)
             if arm == "host" and "replay_host_read_copy_reencode_us" in r:
                 print(f"{'':<{pad}}{'':>6} |   as the cache runs it (the flush's outputs from the copy, the copy "
                       "re-encoded after it) "
                       f"{r['replay_host_read_copy_reencode_us']:>9.2f} us, x std "
-                      f"{r['standard_us'] / r['replay_host_read_copy_reencode_us']:.2f} (per-tile grid "
-                      f"{r['replay_host_read_copy_per_tile_reencode_us']:.2f} us)", flush=True)
+                      f"{r['standard_us'] / r['replay_host_read_copy_reencode_us']:.2f}"
+                      + (f" (the re-encode as a launch after the flush: compact grid "
+                         f"{r['replay_host_read_copy_external_reencode_us']:.2f} us, per-tile "
+                         f"{r['replay_host_read_copy_external_per_tile_reencode_us']:.2f})"
+                         if "replay_host_read_copy_external_reencode_us" in r else
+                         f" (per-tile grid {r['replay_host_read_copy_per_tile_reencode_us']:.2f} us)"), flush=True)
     if "replay_in_phase_read_copy_split_us" in r:
         print(f"{'':<{pad}}{'':>6} | device, in phase, two launches (flushes, then replays): "
               f"{r['replay_in_phase_read_copy_split_us']:.2f} us", flush=True)

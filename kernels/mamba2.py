@@ -90,6 +90,7 @@ from hf_replayssm.kernels.flush_grid import (
 )
 from hf_replayssm.kernels.host_math import cdiv, next_power_of_2
 from hf_replayssm.kernels.read_copy import load_nvfp4_blocks, load_read_tile, nvfp4_blocks_dot, read_copy_operands
+from hf_replayssm.kernels.read_copy_encode import encode_constants, fp8_encode_tile, reencode_read_copy
 from hf_replayssm.ops.mamba2_step import mamba2_replay_step_ref, mamba2_state_update_ref
 from hf_replayssm.ops.positions import host_phase
 
@@ -315,14 +316,14 @@ def _mamba2_store_y(y, x_f, D_h, z, y_ptr, pid_b, h, offs_p, mask_p, stride_y_b,
 
 
 @triton.jit
-def _mamba2_flush_math(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin, count,
+def _mamba2_flushed_state(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin, count,
                        ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m, la_m, A_h,
                        stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
                        stride_rdt_b, stride_rdt_r, stride_rdt_h,
                        stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
                        FOLD_UNROLL: tl.constexpr, FLUSH_DOT: tl.constexpr, FLUSH_PRECISION: tl.constexpr,
                        BLOCK_R: tl.constexpr):
-    """Flush: fold the records and the token into the checkpoint in place; y from the new state. FLUSH_DOT: the
+    """Flush: fold the records and the token into the checkpoint in place; returns the new state tile. FLUSH_DOT: the
     closed form ``exp(lam) S0 + X^T diag(w) B + token`` with all records loaded at once (one tl.dot, tf32x3 =
     float32 accuracy); otherwise the sequential recurrence (the standard step's arithmetic) over records read
     FOLD_UNROLL at a time: fewer registers than the closed form, but a chain of about count / FOLD_UNROLL dependent
@@ -335,7 +336,7 @@ def _mamba2_flush_math(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_
         s = (s0 * tl.exp(lam) + tl.dot(tl.trans(x_r * w[:, None]), B_r, input_precision=FLUSH_PRECISION)
              + (dt_m * x_f)[:, None] * B_f[None, :])
         tl.store(state_ptrs, s.to(state_ptrs.dtype.element_ty), mask=mask_pn)
-        return tl.sum(s * C_f[None, :], axis=1)
+        return s
     s = s0
     for j0 in range(0, count, FOLD_UNROLL):
         for jj in tl.static_range(FOLD_UNROLL):
@@ -350,6 +351,23 @@ def _mamba2_flush_math(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_
             s = tl.where(j < count, s * tl.exp(A_h * dt_j) + (dt_j * x_j)[:, None] * B_j[None, :], s)
     s = s * tl.exp(la_m) + (dt_m * x_f)[:, None] * B_f[None, :]
     tl.store(state_ptrs, s.to(state_ptrs.dtype.element_ty), mask=mask_pn)
+    return s
+
+
+@triton.jit
+def _mamba2_flush_math(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin, count,
+                       ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m, la_m, A_h,
+                       stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
+                       stride_rdt_b, stride_rdt_r, stride_rdt_h,
+                       stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
+                       FOLD_UNROLL: tl.constexpr, FLUSH_DOT: tl.constexpr, FLUSH_PRECISION: tl.constexpr,
+                       BLOCK_R: tl.constexpr):
+    """:func:`_mamba2_flushed_state`, then y from the new state."""
+    s = _mamba2_flushed_state(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin,
+                              count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m, la_m, A_h,
+                              stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b, stride_rdt_r,
+                              stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n, FOLD_UNROLL,
+                              FLUSH_DOT, FLUSH_PRECISION, BLOCK_R)
     return tl.sum(s * C_f[None, :], axis=1)
 
 
@@ -400,6 +418,11 @@ def _mamba2_replay_step_kernel(
     PREFETCH_STATE: tl.constexpr,  # PHASE 4 with READ_FORMAT "fp32" only: load the tile before the phase test
     FLUSH_READS_COPY: tl.constexpr,  # PHASE 0 / 2 / 3 with a read copy: a flushing row's y from the copy, as replays
     WEIGHTS_GIVEN: tl.constexpr = False,  # PHASE 1 / 4: record weights from _mamba2_weights_kernel
+    # PHASE 0 / 2 / 3 with FLUSH_READS_COPY and an fp8 copy: the flush writes the copy of its new checkpoint rows too
+    # (read_copy_encode.fp8_encode_tile, bit-identical to the re-encode; ENCODE_*: its device constants)
+    ENCODE_COPY: tl.constexpr = False,
+    ENCODE_SCALAR_RECIPROCAL: tl.constexpr = False,
+    ENCODE_FP8_CONVERT: tl.constexpr = "soft",
 ):
     pid_p = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -511,12 +534,19 @@ def _mamba2_replay_step_kernel(
                                     count + 1 < BUFFER_LEN, S0_IS_PRODUCT=True)
             if count + 1 >= BUFFER_LEN:
                 s_ck = tl.load(state_ptrs, mask=mask_pn, other=0.0).to(tl.float32)
-                _mamba2_flush_math(s_ck, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group,
-                                   origin, count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m, la_m,
-                                   A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b, stride_rdt_r,
-                                   stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n, FOLD_UNROLL,
-                                   FLUSH_DOT if PHASE == 2 else False,  # PHASE 2: the host flush's own fold
-                                   FLUSH_PRECISION, BLOCK_R)
+                s_new = _mamba2_flushed_state(
+                    s_ck, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin, count,
+                    ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m, la_m, A_h, stride_rx_b,
+                    stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b,
+                    stride_rB_r, stride_rB_g, stride_rB_n, FOLD_UNROLL,
+                    FLUSH_DOT if PHASE == 2 else False,  # PHASE 2: the host flush's own fold
+                    FLUSH_PRECISION, BLOCK_R)
+                if ENCODE_COPY:  # the fp8 copy of the new checkpoint from these registers (whole rows: N <= BLOCK_N)
+                    fp8_encode_tile(s_new.to(state_ptrs.dtype.element_ty).to(tl.float32), mask_pn, mask_p,
+                                    rc_values_ptr + pid_b * stride_rcv_b + h * stride_rcv_h
+                                    + offs_p[:, None] * stride_rcv_p + offs_n[None, :] * stride_rcv_n,
+                                    rc_scales_ptr + pid_b * stride_rcs_b + h * stride_rcs_h + offs_p * stride_rcs_p,
+                                    ENCODE_SCALAR_RECIPROCAL, ENCODE_FP8_CONVERT)
         else:
             is_flush = count + 1 >= BUFFER_LEN
             if is_flush:
@@ -799,7 +829,7 @@ def _replay_step(
     state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=None, z=None, dt_bias=None,
     dt_softplus=False, buffer_len=16, out=None, read_copy=None, read_format=None, _config=None, _ticket=True,
     _ring_physical=None, _split=None, _prefetch=False, _count_launch=False, flush_reads_copy=False,
-    _nvfp4_pairs=True, _flush_grid=None, _flush_config=None, _walk=None, _weights=False,
+    _nvfp4_pairs=True, _flush_grid=None, _flush_config=None, _walk=None, _weights=False, reencode_copy=False,
 ):
     """:func:`mamba2_replay_step` with a launch-configuration override (``_config``: dict with ``block_p`` and/or
     ``num_warps``) and, for diagnostics only, ``_ticket=False`` (count read plainly and left unchanged) and
@@ -1014,10 +1044,19 @@ def _replay_step(
             PREFETCH_STATE=kernel_phase == 4 and read_format == "fp32" and bool(_prefetch),
             FLUSH_READS_COPY=flush_reads_copy and kernel_phase in (0, 2, 3),
             WEIGHTS_GIVEN=bool(_weights) and kernel_phase in (1, 4),
+            ENCODE_COPY=encode_in_flush and kernel_phase in (0, 2, 3),
+            ENCODE_SCALAR_RECIPROCAL=encode_consts[0],
+            ENCODE_FP8_CONVERT=encode_consts[1],
             num_warps=launch_cfg["num_warps"],
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel
 
+    # reencode_copy: a flushing row's copy re-encoded from its new checkpoint; a flush reading an fp8 copy
+    # (flush_reads_copy: host phase 2, a split step's flush launch 3, the fused launch 0) writes it from its registers
+    # (a program holds whole rows), otherwise the re-encode runs after the step
+    reencode_copy = bool(reencode_copy) and read_format != "fp32" and phase != 1
+    encode_in_flush = reencode_copy and flush_reads_copy and read_format == "fp8"
+    encode_consts = encode_constants(state) if encode_in_flush else (False, "soft")
     with _device_guard(x):
         if _weights:  # before the step's launches: it reads the counts they read
             launch_weights()
@@ -1025,6 +1064,9 @@ def _replay_step(
             launch(kernel_phase)
         if count_launch:
             advance_counts(count, buffer_len)
+        if reencode_copy and not encode_in_flush:  # (device positions: the rows whose count came back to 0)
+            select = count == 0 if phase == 0 else torch.ones(batch, dtype=torch.bool, device=state.device)
+            reencode_read_copy(state, read_copy, read_format, select)
     return y
 
 
@@ -1098,6 +1140,7 @@ def mamba2_replay_step(
     read_copy: dict[str, torch.Tensor] | None = None,
     read_format: str | None = None,
     flush_reads_copy: bool = False,
+    reencode_copy: bool = False,
 ) -> torch.Tensor:
     """Fused ReplaySSM decode step (one launch, phase decided per row on the device).
 
@@ -1119,15 +1162,23 @@ def mamba2_replay_step(
     Separated precision: ``read_copy`` (with ``read_format`` "fp8" or "nvfp4") is a low-precision copy of ``state``
     in the checkpoint store's encoding (layouts in :mod:`hf_replayssm.ops.read_copy`; rows = d_state). Replaying
     rows then take the state term ``S0 C`` from the copy, decoded in registers, and never read ``state``; flushing
-    rows read and write ``state`` as without a copy and do **not** re-encode the copy: after a flush the caller must
-    refresh the copy from the new checkpoint (e.g. ``CheckpointStore.write``) before the next replay step.
+    rows read and write ``state`` as without a copy and do **not** re-encode the copy unless ``reencode_copy``: after a
+    flush the caller must refresh the copy from the new checkpoint (e.g. ``CheckpointStore.write``) before the next
+    replay step.
     ``flush_reads_copy`` (with a copy): a flushing row's ``y`` comes from the copy and the records by the replay
     arithmetic (the separated policy's flush step output) rather than from the new state; its checkpoint is folded
     as without it (device positions: by the split step's flush launch, ``_replay_step(..., _split=False)``: one
-    fused launch; host positions: by the flush-only launch, which then reads the copy too).
+    fused launch; host positions: by the flush-only launch, which then reads the copy too). ``reencode_copy`` (with a
+    copy): a flushing row's copy is re-encoded from its new checkpoint in the same call, bit-identical to the
+    store's encoding (:func:`hf_replayssm.kernels.read_copy_encode.reencode_read_copy`): with an fp8 copy and
+    ``flush_reads_copy`` the flush writes it from its registers (host positions: the flush-only launch; device ones:
+    the flush launch of a split step, or the fused launch), which saves the re-encode's read of the whole checkpoint
+    and, on device positions, a launch every step; otherwise (nvfp4, whose tensor scale needs the whole batch row
+    first) the re-encode runs after the step.
     """
     return _replay_step(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, dt_softplus,
-                        buffer_len, out, read_copy, read_format, flush_reads_copy=flush_reads_copy)
+                        buffer_len, out, read_copy, read_format, flush_reads_copy=flush_reads_copy,
+                        reencode_copy=reencode_copy)
 
 
 def mamba2_state_update(

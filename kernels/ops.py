@@ -258,17 +258,16 @@ def delta_state_update(
     return delta_state_update_ref(state, q, k, v, beta, g, use_qk_l2norm, scale, out=_fresh(v))
 
 
-def _mamba2_read_copy_step(step, reencode, state, ring_x, ring_dt, ring_B, origin, count, rc_values, rc_scales,
+def _mamba2_read_copy_step(step, state, ring_x, ring_dt, ring_B, origin, count, rc_values, rc_scales,
                            rc_tensor_scale, rc_row, read_format, x, dt, B, C, A, D, z, dt_bias, dt_softplus,
                            buffer_len):
     """The separated Mamba-2 step with ``step`` (the kernel or its reference; a flush step's output from the copy),
-    then the copy of the rows that flushed (count 0 after the step) re-encoded by ``reencode``."""
+    which also re-encodes the copy of the rows that flushed (``reencode_copy``: the kernel's flush writes an fp8 copy
+    from its registers; an nvfp4 one is re-encoded after the launches)."""
     _check_mamba2_replay(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, buffer_len)
     read_copy = _read_copy(rc_values, rc_scales, rc_tensor_scale, rc_row, read_format, state)
-    y = step(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, dt_softplus, buffer_len,
-             out=_fresh(x), read_copy=read_copy, read_format=read_format, flush_reads_copy=True)
-    reencode(state, read_copy, read_format, count == 0)
-    return y
+    return step(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, dt_softplus, buffer_len,
+                out=_fresh(x), read_copy=read_copy, read_format=read_format, flush_reads_copy=True, reencode_copy=True)
 
 
 def _delta_read_copy_step(step, reencode, state, ring_k, ring_d, ring_g, ring_v, ring_beta, origin, count, rc_values,
@@ -297,11 +296,9 @@ def mamba2_replay_step_read_copy(
 ) -> torch.Tensor:
     """:func:`mamba2_replay_step` under separated precision: replaying rows read the read copy, and the copy of each
     row that flushed is re-encoded from its new checkpoint (``reencode_read_copy``), so the next step reads it."""
-    from hf_replayssm.ops.read_copy import reencode_read_copy_ref
-
-    return _mamba2_read_copy_step(mamba2_replay_step_ref, reencode_read_copy_ref, state, ring_x, ring_dt, ring_B,
-                                  origin, count, rc_values, rc_scales, rc_tensor_scale, rc_row, read_format, x, dt, B,
-                                  C, A, D, z, dt_bias, dt_softplus, buffer_len)
+    return _mamba2_read_copy_step(mamba2_replay_step_ref, state, ring_x, ring_dt, ring_B, origin, count, rc_values,
+                                  rc_scales, rc_tensor_scale, rc_row, read_format, x, dt, B, C, A, D, z, dt_bias,
+                                  dt_softplus, buffer_len)
 
 
 @torch.library.custom_op(f"{NAMESPACE}::delta_replay_step_read_copy",
@@ -364,11 +361,10 @@ def _mamba2_replay_step_read_copy_triton(state, ring_x, ring_dt, ring_B, origin,
                                          rc_tensor_scale, rc_row, read_format, x, dt, B, C, A, D=None, z=None,
                                          dt_bias=None, dt_softplus=False, buffer_len=16):
     from .mamba2 import mamba2_replay_step as kernel
-    from .read_copy_encode import reencode_read_copy
 
-    return _mamba2_read_copy_step(kernel, reencode_read_copy, state, ring_x, ring_dt, ring_B, origin, count, rc_values,
-                                  rc_scales, rc_tensor_scale, rc_row, read_format, x, dt, B, C, A, D, z, dt_bias,
-                                  dt_softplus, buffer_len)
+    return _mamba2_read_copy_step(kernel, state, ring_x, ring_dt, ring_B, origin, count, rc_values, rc_scales,
+                                  rc_tensor_scale, rc_row, read_format, x, dt, B, C, A, D, z, dt_bias, dt_softplus,
+                                  buffer_len)
 
 
 def _delta_replay_step_read_copy_triton(state, ring_k, ring_d, ring_g, ring_v, ring_beta, origin, count, rc_values,

@@ -63,7 +63,8 @@ import triton.language as tl
 from hf_replayssm.kernels.host_math import cdiv, next_power_of_2
 from hf_replayssm.ops.read_copy import check_reencode, reencode_read_copy_ref
 
-__all__ = ["COMPACT_PROGRAMS_PER_ROW", "reencode_launch_config", "reencode_read_copy", "reencode_read_copy_ref"]
+__all__ = ["COMPACT_PROGRAMS_PER_ROW", "encode_constants", "fp8_encode_tile", "reencode_launch_config",
+           "reencode_read_copy", "reencode_read_copy_ref"]
 
 TILE_ELEMENTS = 4096  # float32 elements per program tile (32 per thread at 4 warps)
 NUM_WARPS = 4
@@ -144,6 +145,19 @@ def _e2m1_codes(x):
 
 
 @triton.jit
+def fp8_encode_tile(x, mask, row_mask, codes_ptrs, scale_ptrs, SCALAR_RECIPROCAL: tl.constexpr,
+                    FP8_CONVERT: tl.constexpr):
+    """Store the fp8 encoding of a float32 tile of whole rows ``x`` [ROWS, COLS] (0 where ``mask`` is false):
+    codes at ``codes_ptrs`` [ROWS, COLS] under ``mask``, each row's scale at ``scale_ptrs`` [ROWS] under
+    ``row_mask``. Also the Mamba-2 flush's in-kernel re-encode (``kernels/mamba2.py``): the same bits."""
+    amax = tl.max(tl.abs(x), axis=1)
+    scale = tl.where(amax > 0, _div_const(amax, _FP8_MAX, _INV_FP8_MAX, SCALAR_RECIPROCAL), 1.0)
+    codes = _e4m3_bits(tl.div_rn(x, tl.broadcast_to(scale[:, None], x.shape)), FP8_CONVERT)
+    tl.store(codes_ptrs, codes.to(tl.uint8).to(codes_ptrs.dtype.element_ty, bitcast=True), mask=mask)
+    tl.store(scale_ptrs, scale, mask=row_mask)
+
+
+@triton.jit
 def _fp8_encode_rows(
     state_ptr, codes_ptr, scale_ptr, b, h, a, row_mask,
     stride_x_b, stride_x_h, stride_x_a, stride_x_c,
@@ -161,13 +175,9 @@ def _fp8_encode_rows(
     x_row = h * stride_x_h + a * stride_x_a
     x = tl.load(state_ptr + b * stride_x_b + x_row[:, None] + offs_c[None, :] * stride_x_c, mask=mask,
                 other=0.0).to(tl.float32)
-    amax = tl.max(tl.abs(x), axis=1)
-    scale = tl.where(amax > 0, _div_const(amax, _FP8_MAX, _INV_FP8_MAX, SCALAR_RECIPROCAL), 1.0)
-    codes = _e4m3_bits(tl.div_rn(x, tl.broadcast_to(scale[:, None], (BLOCK, BLOCK_C))), FP8_CONVERT)
     q_row = h * stride_q_h + a * stride_q_a
-    tl.store(codes_ptr + b * stride_q_b + q_row[:, None] + offs_c[None, :] * stride_q_c, codes.to(tl.uint8),
-             mask=mask)
-    tl.store(scale_ptr + b * stride_s_b + h * stride_s_h + a * stride_s_a, scale, mask=row_mask)
+    fp8_encode_tile(x, mask, row_mask, codes_ptr + b * stride_q_b + q_row[:, None] + offs_c[None, :] * stride_q_c,
+                    scale_ptr + b * stride_s_b + h * stride_s_h + a * stride_s_a, SCALAR_RECIPROCAL, FP8_CONVERT)
 
 
 @triton.jit
@@ -412,6 +422,15 @@ def reencode_launch_config(rows: int, row_width: int) -> int:
     return max(1, min(next_power_of_2(max(rows, 1)), TILE_ELEMENTS // row_width))
 
 
+def encode_constants(state: torch.Tensor) -> tuple[bool, str]:
+    """(SCALAR_RECIPROCAL, FP8_CONVERT) that make an encode of ``state`` bit-identical to the torch codec on its
+    device: divisions by constants as multiplications on CUDA, the hardware E4M3 conversion on sm_89+ GPUs (not
+    under the interpreter, whose cast rounds differently)."""
+    interpreted = os.environ.get("TRITON_INTERPRET", "0") == "1"
+    native = state.is_cuda and torch.cuda.get_device_capability(state.device) >= (8, 9)
+    return state.is_cuda, "hw" if native and not interpreted else "soft"
+
+
 def _device_guard(t: torch.Tensor):
     return torch.cuda.device(t.device) if t.is_cuda else contextlib.nullcontext()
 
@@ -439,12 +458,9 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
         return
     batch, heads, rows_a, row = state.shape
     rows = heads * rows_a
-    recip = state.is_cuda if _scalar_reciprocal is None else _scalar_reciprocal
-    convert = _fp8_convert
-    if convert is None:  # the hardware conversion where there is one (sm_89+), not the interpreter's cast
-        interpreted = os.environ.get("TRITON_INTERPRET", "0") == "1"
-        native = state.is_cuda and torch.cuda.get_device_capability(state.device) >= (8, 9)
-        convert = "hw" if native and not interpreted else "soft"
+    default_recip, default_convert = encode_constants(state)
+    recip = default_recip if _scalar_reciprocal is None else _scalar_reciprocal
+    convert = default_convert if _fp8_convert is None else _fp8_convert
     if convert not in ("hw", "soft"):
         raise ValueError(f"_fp8_convert must be 'hw' or 'soft', got {convert!r}")
     select = _as_bits(select)

@@ -45,6 +45,18 @@ def test_host_cycle_reencodes_after_the_flush(family):
     assert calls == [*replays, flush, ("reencode", "fp8", torch.bool, [True] * 3, 3)], calls
 
 
+def test_host_cycle_reencode_in_the_step():
+    """Mamba-2's cache has the flush re-encode the copy itself (``reencode_copy``): no separate re-encode call."""
+    inputs = _inputs("mamba2")
+    flags = []
+
+    def step(*args, **kwargs):
+        flags.append((kwargs.get("flush_reads_copy", False), kwargs.get("reencode_copy", False)))
+
+    inputs.host_fn(step, read_format="fp8", reencode="step")()
+    assert flags == [(False, False)] * (L - 1) + [(True, True)], flags
+
+
 @pytest.mark.parametrize("family", ["mamba2", "gdn"])
 def test_host_cycle_without_reencode(family):
     inputs = _inputs(family)

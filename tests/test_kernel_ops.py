@@ -156,6 +156,9 @@ CASES = {
         "delta_state_update", per_key=True, **kw)),
     "mamba2_replay_read_copy_nvfp4": ("mamba2_replay_step_read_copy", lambda **kw: with_read_copy(mamba2_inputs(
         "mamba2_replay_step", options=True, **kw), "nvfp4", delta=False)),
+    # (fp8: the kernel's flush writes the copy of the rows it folds from its registers)
+    "mamba2_replay_read_copy_fp8": ("mamba2_replay_step_read_copy", lambda **kw: with_read_copy(mamba2_inputs(
+        "mamba2_replay_step", options=False, **kw), "fp8", delta=False)),
     "delta_replay_read_copy_gdn_fp8": ("delta_replay_step_read_copy", lambda **kw: with_read_copy(delta_inputs(
         "delta_replay_step", per_key=False, dtype=torch.bfloat16, **kw), "fp8", delta=True)),
     "delta_replay_read_copy_kda_nvfp4": ("delta_replay_step_read_copy", lambda **kw: with_read_copy(delta_inputs(
@@ -331,7 +334,8 @@ def test_triton_impls_through_ops():
 
 
 TRITON_CASES = ["mamba2_replay_options_bf16", "mamba2_state_update", "delta_replay_kda_options",
-                "delta_state_update_gdn", "mamba2_replay_read_copy_nvfp4", "delta_replay_read_copy_gdn_fp8"]
+                "delta_state_update_gdn", "mamba2_replay_read_copy_nvfp4", "mamba2_replay_read_copy_fp8",
+                "delta_replay_read_copy_gdn_fp8"]
 # (one per op: the kernels themselves are tested in test_kernels_*.py)
 
 

@@ -52,7 +52,8 @@ def test_bench_smoke(tmp_path):
                 "replay_host_read_copy_nvfp4_nibbles_us", "replay_in_phase_read_copy_nvfp4_nibbles_us",
                 "replay_mixed_read_copy_per_tile_reencode_us", "replay_in_phase_read_copy_per_tile_reencode_us",
                 "replay_in_phase_read_copy_fused_us", "replay_host_read_copy_reencode_us",
-                "replay_host_read_copy_per_tile_reencode_us"):
+                "replay_host_read_copy_external_reencode_us", "replay_host_read_copy_external_per_tile_reencode_us",
+                "replay_in_phase_read_copy_external_reencode_us", "replay_mixed_read_copy_external_reencode_us"):
         assert row[key] > 0, (key, row)
     assert data["checks"]["smoke"]["read_copy_mixed_ok"] and data["checks"]["smoke"]["ok"], data["checks"]
     assert data["checks"]["smoke"]["read_copy_nvfp4_nibbles_rel_err"] < 1e-6, data["checks"]

@@ -24,7 +24,8 @@ from kernel_harness import HAS_TRITON, RecordedKernel, load_kernel_module, run_c
 from kernel_harness import assert_close as _close
 
 CASES = ["mamba2_device", "mamba2_host_phase", "gdn_device", "kda_device", "delta_host_phase", "delta_exact_fold",
-         "delta_chunked", "delta_stream_default", "delta_exact_solve", "flush_reads_copy", "nvfp4_pairs",
+         "delta_chunked", "delta_stream_default", "delta_exact_solve", "flush_reads_copy", "mamba2_reencode_copy",
+         "nvfp4_pairs",
          "nvfp4_every_code", "bad_read_copy"]
 
 
@@ -430,6 +431,71 @@ def case_flush_reads_copy(_, device):
             torch.testing.assert_close(got[n], want[n], rtol=2e-6, atol=2e-6)
             torch.testing.assert_close(got[n], default[n], **same)
         assert (y - y_def).abs().max() > 1e-4
+
+
+def case_mamba2_reencode_copy(_, device):
+    """``reencode_copy`` (Mamba-2): a flushing row's copy is re-encoded from its new checkpoint in the same call, the
+    copy's bytes equal to the re-encode kernel's (and the codec's) on the new checkpoint, the other rows' bytes
+    untouched, outputs / checkpoints / rings / counts those of the call without it. fp8 copies written by the flush
+    from its registers: host positions (the flush-only launch), device positions (a split step's flush launch, and
+    the fused launch); nvfp4 by the re-encode after the step (host, and device positions: the rows whose count came
+    back to 0); the reference the same. Row length 20 (not a power of two: masked columns) and 32."""
+    import torch
+
+    from hf_replayssm.kernels.read_copy_encode import reencode_read_copy
+
+    family = _Family("mamba2")
+    for read_format, d_state, host, launch in (("fp8", 20, True, {}), ("fp8", 32, True, {}), ("nvfp4", 20, True, {}),
+                                               ("fp8", 20, False, {}), ("fp8", 32, False, {"_split": False}),
+                                               ("nvfp4", 32, False, {})):
+        p = _mamba2_inputs(device, 4, seed=70 + d_state, d_state=d_state)
+        copy, _ = _store_copy(p["state"], read_format)
+        counts = [5] * 4 if host else [5, 2, 5, 4]
+        runs = {}
+        for label, fn, option in (("kernel", family.kernel, True), ("ref", family.ref, True),
+                                  ("plain", family.kernel, False)):
+            q, c = _clone(p), {n: t.clone() for n, t in copy.items()}
+            if host and label != "ref":
+                positions = (3, 5)
+            else:
+                positions = _positions([3, 1, 0, 2] if not host else [3] * 4, counts, device)
+            y = fn(q, *positions, 6, read_copy=c, read_format=read_format, flush_reads_copy=True,
+                   reencode_copy=option, **(launch if label != "ref" else {}))
+            runs[label] = (y, q, c, positions[1])
+        (y, got, got_copy, count), (y_ref, want, ref_copy, _), (y_plain, plain, plain_copy, _) = (
+            runs[k] for k in ("kernel", "ref", "plain"))
+        flushed = torch.tensor([n + 1 >= 6 for n in counts], device=device)
+        print(f" {read_format} N={d_state} {'host' if host else 'device'} positions {launch}, flushed "
+              f"{flushed.tolist()}")
+        same = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=1e-6, atol=1e-6)  # (constexpr variants)
+        torch.testing.assert_close(y, y_plain, **same)
+        for n in ("state", *family.rings):
+            torch.testing.assert_close(got[n], plain[n], **same)
+        if not host:
+            assert torch.equal(count, runs["plain"][3])
+        for n in copy:  # the plain call leaves the copy; the option rewrites exactly the flushed rows
+            assert torch.equal(plain_copy[n], copy[n]), n
+        expected = {n: t.clone() for n, t in copy.items()}
+        reencode_read_copy(got["state"], expected, read_format, flushed)
+        for n in copy:
+            if n == "row":
+                continue
+            bits = [t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+                    for t in (got_copy[n], expected[n], copy[n])]
+            assert torch.equal(bits[0], bits[1]), (read_format, n)
+            assert torch.equal(bits[0][~flushed], bits[2][~flushed]), n  # the other rows' bytes untouched
+            assert not torch.equal(bits[0][flushed], bits[2][flushed]), n  # (the checkpoint did change)
+        _close("y vs reference", y, y_ref, REL)
+        torch.testing.assert_close(got["state"], want["state"], rtol=2e-6, atol=2e-6)
+        # the reference re-encodes its own checkpoint with the codec: the same copy wherever the two checkpoints
+        # agree bit for bit (on the CPU the kernel's fold and the reference's are not the same arithmetic)
+        same_rows = [b for b in range(4) if bool(flushed[b]) and torch.equal(got["state"][b], want["state"][b])]
+        for b in same_rows:
+            for n in copy:
+                if n != "row":
+                    assert torch.equal(got_copy[n][b].view(torch.uint8) if got_copy[n].dtype == torch.float8_e4m3fn
+                                       else got_copy[n][b], ref_copy[n][b].view(torch.uint8)
+                                       if ref_copy[n].dtype == torch.float8_e4m3fn else ref_copy[n][b]), n
 
 
 def case_nvfp4_pairs(_, device):

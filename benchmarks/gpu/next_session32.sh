@@ -10,6 +10,10 @@
 #   flush and left the re-encode out), the re-encode on its compact and its per-tile grid.
 #   Mamba-2 nvfp4 and fp8 at 256; GDN / KDA fp8 and nvfp4 at 256 (read_copy_defaults.py).
 # STAGE=2 (about 5 minutes, warm): every read-copy kernel test on CUDA and the re-encode's.
+# STAGE=3 (about 8 minutes): (a) Mamba-2's host flush writes the fp8 copy of its new checkpoint from its registers
+#   (reencode_copy, what the cache now runs: no separate re-encode reading the whole checkpoint again); (b) the nvfp4
+#   re-encode loads its tile contiguously (8 vector loads instead of 32 scalar ones per thread). The same benches as
+#   STAGE=1 (Mamba-2 fp8 / nvfp4, GDN / KDA nvfp4 at 256), then (STAGE=4, warm) the CUDA tests of both.
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session32; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
@@ -25,6 +29,19 @@ if [ "$STAGE" = 1 ]; then
 elif [ "$STAGE" = 2 ]; then
   REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 400 test_kernels_read_copy_cuda tests/test_kernels_read_copy.py \
     tests/test_kernels_read_copy_encode.py; pack
+  tail -n 3 "$RES"/test_*.txt
+elif [ "$STAGE" = 3 ]; then
+  bench_job 130 kernels_mamba2_fp8_step_encode kernels --family mamba2 --shapes nemotron-h-8b --batches 256 \
+    --no-sweep --read-format fp8 --out "$RES/kernels_mamba2_fp8_step_encode.json"; pack
+  bench_job 170 kernels_mamba2_nvfp4_encode_loads kernels --family mamba2 --shapes nemotron-h-8b --batches 256 \
+    --no-sweep --read-format nvfp4 --out "$RES/kernels_mamba2_nvfp4_encode_loads.json"; pack
+  timeout 150 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256 --specs gdn:nvfp4,kda:nvfp4 \
+    --out "$RES/read_copy_encode_loads.json" > "$RES/read_copy_encode_loads.txt" 2>&1
+  echo "read_copy_encode_loads rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  grep -h "host-phase replay\|as the cache\|device\|^nemotron" "$RES"/kernels_*.txt; cat "$RES"/read_copy_*.txt | tail -n 6
+elif [ "$STAGE" = 4 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 400 test_kernels_reencode_cuda tests/test_kernels_read_copy.py \
+    tests/test_kernels_read_copy_encode.py -k "reencode or nvfp4 or flush_reads_copy or mamba2 or rows or ties or strided or select"; pack
   tail -n 3 "$RES"/test_*.txt
 fi
 save_triton_cache

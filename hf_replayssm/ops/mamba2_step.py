@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from .mamba2 import _heads, ssd_fold, ssd_replay, ssd_step_reference
 from .positions import row_position, set_row_count
-from .read_copy import decode_read_copy
+from .read_copy import decode_read_copy, reencode_read_copy_ref
 
 
 def mamba2_dt(dt: torch.Tensor, dt_bias: torch.Tensor | None, dt_softplus: bool) -> torch.Tensor:
@@ -87,6 +87,7 @@ def mamba2_replay_step_ref(
     read_copy: dict[str, torch.Tensor] | None = None,
     read_format: str | None = None,
     flush_reads_copy: bool = False,
+    reencode_copy: bool = False,
 ) -> torch.Tensor:
     """One ReplaySSM decode step per batch row (replay or flush, decided per row from ``count``).
 
@@ -103,11 +104,13 @@ def mamba2_replay_step_ref(
     ``read_copy`` / ``read_format`` ("fp8", "nvfp4"): replaying rows read the decoded copy instead of ``state``
     (separated precision, see :mod:`.read_copy`); flushing rows use ``state`` and leave the copy as it is, except
     that with ``flush_reads_copy`` their ``y`` is the replay output from the copy and the records (the separated
-    policy's flush step, as ReplayCache's torch path computes it) instead of ``S C + D x`` of the new state.
+    policy's flush step, as ReplayCache's torch path computes it) instead of ``S C + D x`` of the new state;
+    ``reencode_copy``: a flushing row's copy is re-encoded from its new checkpoint in the same call.
     """
     batch, ring_size = ring_x.shape[:2]
     num_heads = x.shape[1]
     read_state = decode_read_copy(read_copy, read_format, state)  # ``state`` itself without a copy
+    flushed = torch.zeros(batch, dtype=torch.bool)
     dtp = mamba2_dt(dt, dt_bias, dt_softplus)  # [B, H]
     ys = []
     for b in range(batch):
@@ -124,6 +127,7 @@ def mamba2_replay_step_ref(
                 A,
             )[0]
             state[b].copy_(new_state)
+            flushed[b] = True
             if flush_reads_copy and read_copy is not None:
                 y = ssd_replay(read_state[b : b + 1], hist_x, hist_dt, hist_B, tok_x, tok_dt, tok_B, C[b, None, None],
                                A, D)[0, 0]
@@ -141,4 +145,6 @@ def mamba2_replay_step_ref(
             ring_B[b, slot] = B[b].to(ring_B.dtype)
             set_row_count(count, b, num + 1)
         ys.append(y)
+    if reencode_copy and read_copy is not None and bool(flushed.any()):
+        reencode_read_copy_ref(state, read_copy, read_format, flushed.to(state.device))
     return _finish(torch.stack(ys), z, x, out)

@@ -31,7 +31,7 @@ class Mamba2Recurrence:
 
     name = "mamba2"
     per_token = ("x", "dt", "B", "C")
-    # kernel_step re-encodes a flushing step's read copy itself (the fp8 one from the flush's registers)
+    # kernel_step re-encodes a flushing step's read copy itself (reencode_copy)
     kernel_step_reencodes_copy = True
     output_like = "x"  # outputs [B, T, H, P] have this token input's shape
     record_fields = ("x", "dt", "B")
@@ -64,9 +64,8 @@ class Mamba2Recurrence:
                     out_dtype: torch.dtype = torch.float32, read_copy=None, read_format=None):
         """One decode token through the Triton replay-or-flush kernel (``hf_replayssm.kernels.mamba2``), written
         straight in ``out_dtype`` (no cast launch); with ``read_copy`` (fp8 / nvfp4) every output reads it, a flush
-        step's too (the separated policy), while the flush folds into the float32 checkpoint and re-encodes the copy
-        (``reencode_copy``: an fp8 copy written from the flush's registers, which saves reading the checkpoint
-        again; an nvfp4 one by the re-encode kernel after the launch)."""
+        step's too (the separated policy), while the flush folds into the float32 checkpoint, and the step
+        re-encodes the copy after a flush (``reencode_copy``)."""
         from .kernels.mamba2 import mamba2_replay_step
 
         x = tokens["x"][:, 0]
@@ -139,7 +138,7 @@ class DeltaRuleRecurrence:
 
     name = "delta_rule"
     per_token = ("q", "k", "v", "beta", "g")
-    kernel_step_reencodes_copy = False  # the caller refreshes the copy after a flush (a row spans several programs)
+    kernel_step_reencodes_copy = False  # the caller refreshes the copy after a flush
     output_like = "v"  # outputs [B, T, Hv, V] have this token input's shape
     # A record that leaves the state as it is: log decay g = 0 and corrected value d = 0 (beta = 0 where the exact
     # fold recomputes d from raw v and beta)

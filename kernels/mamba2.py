@@ -418,8 +418,9 @@ def _mamba2_replay_step_kernel(
     PREFETCH_STATE: tl.constexpr,  # PHASE 4 with READ_FORMAT "fp32" only: load the tile before the phase test
     FLUSH_READS_COPY: tl.constexpr,  # PHASE 0 / 2 / 3 with a read copy: a flushing row's y from the copy, as replays
     WEIGHTS_GIVEN: tl.constexpr = False,  # PHASE 1 / 4: record weights from _mamba2_weights_kernel
-    # PHASE 0 / 2 / 3 with FLUSH_READS_COPY and an fp8 copy: the flush writes the copy of its new checkpoint rows too
-    # (read_copy_encode.fp8_encode_tile, bit-identical to the re-encode; ENCODE_*: its device constants)
+    # PHASE 0 / 2 / 3 with FLUSH_READS_COPY and an fp8 copy (_encode_in_flush, off by default: measured slower): the
+    # flush writes the copy of its new checkpoint rows too (read_copy_encode.fp8_encode_tile, bit-identical to the
+    # re-encode; ENCODE_*: its device constants)
     ENCODE_COPY: tl.constexpr = False,
     ENCODE_SCALAR_RECIPROCAL: tl.constexpr = False,
     ENCODE_FP8_CONVERT: tl.constexpr = "soft",
@@ -830,6 +831,7 @@ def _replay_step(
     dt_softplus=False, buffer_len=16, out=None, read_copy=None, read_format=None, _config=None, _ticket=True,
     _ring_physical=None, _split=None, _prefetch=False, _count_launch=False, flush_reads_copy=False,
     _nvfp4_pairs=True, _flush_grid=None, _flush_config=None, _walk=None, _weights=False, reencode_copy=False,
+    _encode_in_flush=False,
 ):
     """:func:`mamba2_replay_step` with a launch-configuration override (``_config``: dict with ``block_p`` and/or
     ``num_warps``) and, for diagnostics only, ``_ticket=False`` (count read plainly and left unchanged) and
@@ -1051,11 +1053,15 @@ def _replay_step(
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel
 
-    # reencode_copy: a flushing row's copy re-encoded from its new checkpoint; a flush reading an fp8 copy
-    # (flush_reads_copy: host phase 2, a split step's flush launch 3, the fused launch 0) writes it from its registers
-    # (a program holds whole rows), otherwise the re-encode runs after the step
+    # reencode_copy: a flushing row's copy re-encoded from its new checkpoint, by the re-encode launch after the step
+    # (host positions: every row flushes, its per-tile grid; device positions: its compact grid, see
+    # read_copy_encode). _encode_in_flush (fp8 with flush_reads_copy): the flush writes it from its registers
+    # instead (a program holds whole rows; host phase 2, a split step's flush launch 3, the fused launch 0), which
+    # saves the re-encode's read of the checkpoint but measured slower: H200, Nemotron-H-8B shape, batch 256 (run
+    # 166), host cycle 304.1 us against 299.0-299.9, device step in phase 381.9 against 373.2, mixed phases 439.0
+    # against 410.3 (the encode's divisions in the flush programs, at their occupancy)
     reencode_copy = bool(reencode_copy) and read_format != "fp32" and phase != 1
-    encode_in_flush = reencode_copy and flush_reads_copy and read_format == "fp8"
+    encode_in_flush = reencode_copy and flush_reads_copy and read_format == "fp8" and bool(_encode_in_flush)
     encode_consts = encode_constants(state) if encode_in_flush else (False, "soft")
     with _device_guard(x):
         if _weights:  # before the step's launches: it reads the counts they read
@@ -1064,9 +1070,12 @@ def _replay_step(
             launch(kernel_phase)
         if count_launch:
             advance_counts(count, buffer_len)
-        if reencode_copy and not encode_in_flush:  # (device positions: the rows whose count came back to 0)
-            select = count == 0 if phase == 0 else torch.ones(batch, dtype=torch.bool, device=state.device)
-            reencode_read_copy(state, read_copy, read_format, select)
+        if reencode_copy and not encode_in_flush:
+            if phase == 0:  # the rows whose count came back to 0
+                reencode_read_copy(state, read_copy, read_format, count == 0)
+            else:
+                reencode_read_copy(state, read_copy, read_format,
+                                   torch.ones(batch, dtype=torch.bool, device=state.device), _programs_per_row=None)
     return y
 
 
@@ -1169,12 +1178,9 @@ def mamba2_replay_step(
     arithmetic (the separated policy's flush step output) rather than from the new state; its checkpoint is folded
     as without it (device positions: by the split step's flush launch, ``_replay_step(..., _split=False)``: one
     fused launch; host positions: by the flush-only launch, which then reads the copy too). ``reencode_copy`` (with a
-    copy): a flushing row's copy is re-encoded from its new checkpoint in the same call, bit-identical to the
-    store's encoding (:func:`hf_replayssm.kernels.read_copy_encode.reencode_read_copy`): with an fp8 copy and
-    ``flush_reads_copy`` the flush writes it from its registers (host positions: the flush-only launch; device ones:
-    the flush launch of a split step, or the fused launch), which saves the re-encode's read of the whole checkpoint
-    and, on device positions, a launch every step; otherwise (nvfp4, whose tensor scale needs the whole batch row
-    first) the re-encode runs after the step.
+    copy): a flushing row's copy is re-encoded from its new checkpoint in the same call (the re-encode launch after
+    the step's launches, on the grid that suits the positions), bit-identical to the store's encoding
+    (:func:`hf_replayssm.kernels.read_copy_encode.reencode_read_copy`).
     """
     return _replay_step(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, dt_softplus,
                         buffer_len, out, read_copy, read_format, flush_reads_copy=flush_reads_copy,

@@ -262,8 +262,7 @@ def _mamba2_read_copy_step(step, state, ring_x, ring_dt, ring_B, origin, count, 
                            rc_tensor_scale, rc_row, read_format, x, dt, B, C, A, D, z, dt_bias, dt_softplus,
                            buffer_len):
     """The separated Mamba-2 step with ``step`` (the kernel or its reference; a flush step's output from the copy),
-    which also re-encodes the copy of the rows that flushed (``reencode_copy``: the kernel's flush writes an fp8 copy
-    from its registers; an nvfp4 one is re-encoded after the launches)."""
+    which also re-encodes the copy of the rows that flushed (``reencode_copy``)."""
     _check_mamba2_replay(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, buffer_len)
     read_copy = _read_copy(rc_values, rc_scales, rc_tensor_scale, rc_row, read_format, state)
     return step(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias, dt_softplus, buffer_len,

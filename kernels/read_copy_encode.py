@@ -149,7 +149,8 @@ def fp8_encode_tile(x, mask, row_mask, codes_ptrs, scale_ptrs, SCALAR_RECIPROCAL
                     FP8_CONVERT: tl.constexpr):
     """Store the fp8 encoding of a float32 tile of whole rows ``x`` [ROWS, COLS] (0 where ``mask`` is false):
     codes at ``codes_ptrs`` [ROWS, COLS] under ``mask``, each row's scale at ``scale_ptrs`` [ROWS] under
-    ``row_mask``. Also the Mamba-2 flush's in-kernel re-encode (``kernels/mamba2.py``): the same bits."""
+    ``row_mask``. Also the Mamba-2 flush's optional in-kernel re-encode (``kernels/mamba2.py``,
+    ``_encode_in_flush``): the same bits."""
     amax = tl.max(tl.abs(x), axis=1)
     scale = tl.where(amax > 0, _div_const(amax, _FP8_MAX, _INV_FP8_MAX, SCALAR_RECIPROCAL), 1.0)
     codes = _e4m3_bits(tl.div_rn(x, tl.broadcast_to(scale[:, None], x.shape)), FP8_CONVERT)

@@ -436,18 +436,21 @@ def case_flush_reads_copy(_, device):
 def case_mamba2_reencode_copy(_, device):
     """``reencode_copy`` (Mamba-2): a flushing row's copy is re-encoded from its new checkpoint in the same call, the
     copy's bytes equal to the re-encode kernel's (and the codec's) on the new checkpoint, the other rows' bytes
-    untouched, outputs / checkpoints / rings / counts those of the call without it. fp8 copies written by the flush
-    from its registers: host positions (the flush-only launch), device positions (a split step's flush launch, and
-    the fused launch); nvfp4 by the re-encode after the step (host, and device positions: the rows whose count came
-    back to 0); the reference the same. Row length 20 (not a power of two: masked columns) and 32."""
+    untouched, outputs / checkpoints / rings / counts those of the call without it. By the re-encode launch after the
+    step (host positions; device positions: the rows whose count came back to 0), fp8 and nvfp4, and fp8 copies
+    written by the flush from its registers (``_encode_in_flush``: host positions' flush-only launch, a split step's
+    flush launch, the fused launch); the reference the same. Row length 20 (not a power of two: masked columns) and
+    32."""
     import torch
 
     from hf_replayssm.kernels.read_copy_encode import reencode_read_copy
 
     family = _Family("mamba2")
-    for read_format, d_state, host, launch in (("fp8", 20, True, {}), ("fp8", 32, True, {}), ("nvfp4", 20, True, {}),
-                                               ("fp8", 20, False, {}), ("fp8", 32, False, {"_split": False}),
-                                               ("nvfp4", 32, False, {})):
+    in_flush = {"_encode_in_flush": True}
+    for read_format, d_state, host, launch in (
+            ("fp8", 20, True, {}), ("fp8", 20, True, in_flush), ("fp8", 32, True, in_flush), ("nvfp4", 20, True, {}),
+            ("fp8", 20, False, {}), ("fp8", 20, False, in_flush), ("fp8", 32, False, {"_split": False, **in_flush}),
+            ("nvfp4", 32, False, {})):
         p = _mamba2_inputs(device, 4, seed=70 + d_state, d_state=d_state)
         copy, _ = _store_copy(p["state"], read_format)
         counts = [5] * 4 if host else [5, 2, 5, 4]

@@ -692,5 +692,4 @@ def _kernel_reencode(state: torch.Tensor, read_copy: dict, read_format: str) -> 
     from .kernels.read_copy_encode import reencode_read_copy
 
     reencode_read_copy(state, read_copy, read_format, torch.ones(state.shape[0], dtype=torch.bool,
-                                                                 device=state.device),
-                       _programs_per_row=None)  # every row flushed: the per-tile grid (H200, run 166: 1-2 % faster)
+                                                                 device=state.device))

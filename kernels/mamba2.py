@@ -1054,8 +1054,7 @@ def _replay_step(
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel
 
     # reencode_copy: a flushing row's copy re-encoded from its new checkpoint, by the re-encode launch after the step
-    # (host positions: every row flushes, its per-tile grid; device positions: its compact grid, see
-    # read_copy_encode). _encode_in_flush (fp8 with flush_reads_copy): the flush writes it from its registers
+    # (its default grid; see read_copy_encode). _encode_in_flush (fp8 with flush_reads_copy): the flush writes it from its registers
     # instead (a program holds whole rows; host phase 2, a split step's flush launch 3, the fused launch 0), which
     # saves the re-encode's read of the checkpoint but measured slower: H200, Nemotron-H-8B shape, batch 256 (run
     # 166), host cycle 304.1 us against 299.0-299.9, device step in phase 381.9 against 373.2, mixed phases 439.0
@@ -1075,7 +1074,7 @@ def _replay_step(
                 reencode_read_copy(state, read_copy, read_format, count == 0)
             else:
                 reencode_read_copy(state, read_copy, read_format,
-                                   torch.ones(batch, dtype=torch.bool, device=state.device), _programs_per_row=None)
+                                   torch.ones(batch, dtype=torch.bool, device=state.device))
     return y
 
 

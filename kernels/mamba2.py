@@ -1054,8 +1054,9 @@ def _replay_step(
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel
 
     # reencode_copy: a flushing row's copy re-encoded from its new checkpoint, by the re-encode launch after the step
-    # (its default grid; see read_copy_encode). _encode_in_flush (fp8 with flush_reads_copy): the flush writes it from its registers
-    # instead (a program holds whole rows; host phase 2, a split step's flush launch 3, the fused launch 0), which
+    # (its default grid; see read_copy_encode). _encode_in_flush (fp8 with flush_reads_copy): the flush writes it
+    # from its registers instead (a program holds whole rows; host phase 2, a split step's flush launch 3, the fused
+    # launch 0), which
     # saves the re-encode's read of the checkpoint but measured slower: H200, Nemotron-H-8B shape, batch 256 (run
     # 166), host cycle 304.1 us against 299.0-299.9, device step in phase 381.9 against 373.2, mixed phases 439.0
     # against 410.3 (the encode's divisions in the flush programs, at their occupancy)

@@ -444,14 +444,17 @@ def _as_bits(t: torch.Tensor) -> torch.Tensor:
 def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, select: torch.Tensor, *,
                        _block_a: int | None = None, _scalar_reciprocal: bool | None = None,
                        _fp8_convert: str | None = None,
-                       _programs_per_row: int | None = COMPACT_PROGRAMS_PER_ROW) -> None:
+                       _programs_per_row: int | None = COMPACT_PROGRAMS_PER_ROW,
+                       _nvfp4_scale_convert: str | None = None) -> None:
     """Rewrite in place the read copy of the batch rows ``b`` with ``select[b] != 0`` from the checkpoint ``state``
     [B, H, A, C]: bit-identical to ``get_format(read_format).encode(state)`` for those rows; other rows' bytes are
     untouched. No host sync. Private overrides (tests): ``_block_a`` rows per program tile (default grid: of the
     encode launches; compact grid: of every launch, over the flattened H A rows), ``_scalar_reciprocal`` (default:
     the state is on CUDA), ``_fp8_convert`` "hw" / "soft" (default: "hw" on sm_89+ GPUs), ``_programs_per_row`` P:
     compact grids of ``(min(P, tiles), B)`` programs looping over a batch row's tiles (default
-    :data:`COMPACT_PROGRAMS_PER_ROW`; None: one program per tile, see the module docstring)."""
+    :data:`COMPACT_PROGRAMS_PER_ROW`; None: one program per tile, see the module docstring),
+    ``_nvfp4_scale_convert`` "hw" / "soft": the nvfp4 block scales' conversion (default "soft", or ``_fp8_convert``
+    when given)."""
     fmt = check_reencode(state, read_copy, read_format, select)
     programs = _programs_per_row
     if programs is not None and (isinstance(programs, bool) or not isinstance(programs, int) or programs < 1):
@@ -496,7 +499,12 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
         amax_args = (state, select, amax, rows_a, rows, *state.stride(), select.stride(0))
         encode_args = (state, select, amax, packed, block_scale, tensor_scale, rows_a)
         strides = (*state.stride(), *packed.stride(), *block_scale.stride(), tensor_scale.stride(0), select.stride(0))
-        consts = dict(C=row, NB=blocks, BLOCK_NB=block_nb, SCALAR_RECIPROCAL=recip, FP8_CONVERT=convert,
+        # the block scales' E4M3 bits by the exact integer rounding unless asked: the hardware conversion gave other
+        # bits than torch's for 35-45 % of the blocks of some tiles on the H200 (run 168, benchmarks/gpu/
+        # reencode_grid_probe.py; e.g. [32, 8] block tiles of a 128-wide row; fp8 copies, the same conversion on
+        # [rows, C] tiles, matched everywhere)
+        scale_convert = _nvfp4_scale_convert or ("soft" if _fp8_convert is None else convert)
+        consts = dict(C=row, NB=blocks, BLOCK_NB=block_nb, SCALAR_RECIPROCAL=recip, FP8_CONVERT=scale_convert,
                       num_warps=NUM_WARPS)
         if programs is None:
             block_r = reencode_launch_config(rows, block_c)

@@ -46,11 +46,12 @@ elif [ "$STAGE" = 4 ]; then
     tests/test_kernels_read_copy_encode.py tests/test_kernel_ops.py -k "reencode or nvfp4 or flush_reads_copy or mamba2 \
     or rows or ties or strided or select or triton_impls"; pack
   tail -n 3 "$RES"/test_*.txt
-elif [ "$STAGE" = 5 ]; then  # run 168: the re-encode grids against the codec, then the CUDA tests again
+elif [ "$STAGE" = 5 ] || [ "$STAGE" = 6 ]; then  # runs 168 / 169: the re-encode grids against the codec (169: the
+  # nvfp4 block scales by the exact integer rounding, the hardware conversion as arms), then the CUDA tests again
   timeout 60 python3 "$R/benchmarks/gpu/reencode_grid_probe.py" > "$RES/reencode_grid_probe.txt" 2>&1; pack
   cat "$RES/reencode_grid_probe.txt"
   REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 300 test_kernels_reencode_cuda tests/test_kernels_read_copy.py \
-    tests/test_kernel_ops.py -k "reencode or triton_impls"; pack
+    tests/test_kernel_ops.py tests/test_kernels_read_copy_encode.py -k "reencode or triton_impls"; pack
   tail -n 3 "$RES"/test_*.txt
 fi
 save_triton_cache

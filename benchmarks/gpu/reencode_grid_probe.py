@@ -20,16 +20,19 @@ def main():
         for fmt in ("fp8", "nvfp4"):
             want = get_format(fmt).encode(state)
             arms = {}
-            for name, ppr in (("per_tile", None), ("compact", 16), ("compact3", 3)):
+            arms_run = [("per_tile", None, None), ("compact", 16, None), ("compact3", 3, None)]
+            if fmt == "nvfp4":  # the block scales by the hardware conversion (the default before run 169)
+                arms_run += [("per_tile_hw", None, "hw"), ("compact_hw", 16, "hw")]
+            for name, ppr, scale_convert in arms_run:
                 copy = {n: torch.zeros_like(t) for n, t in want.items()}
                 copy["row"] = want.get("row")
                 copy = {n: t for n, t in copy.items() if t is not None}
-                reencode_read_copy(state, copy, fmt, select, _programs_per_row=ppr)
+                reencode_read_copy(state, copy, fmt, select, _programs_per_row=ppr, _nvfp4_scale_convert=scale_convert)
                 arms[name] = copy
             torch.cuda.synchronize()
             for name, copy in arms.items():
                 diffs = {n: int((bits(copy[n]) != bits(want[n])).sum()) for n in want if n != "row"}
-                print(f"{shape} {fmt:5s} {name:8s} vs codec: {diffs}", flush=True)
+                print(f"{shape} {fmt:5s} {name:11s} vs codec: {diffs}", flush=True)
 
 
 if __name__ == "__main__":

@@ -38,8 +38,8 @@ Bit identity with torch (the arithmetic is the encoders' operation for operation
   clamping to +-448, as torch clamps; under ``TRITON_INTERPRET=1`` (and on GPUs older than sm_89, which have no fp8
   conversion) an exact integer version (``FP8_CONVERT`` "soft"), since the interpreter's float8 cast rounds ties away
   from zero and loses mantissa carries. nvfp4 block scales always by the integer version: the hardware conversion
-  gave other bits than torch's for 35-45 % of the blocks of [32, 8] / [128, 2] scale tiles on the H200 (run 168). Block scales are decoded from
-  their bits arithmetically (exact on both).
+  gave other bits than torch's for 35-45 % of the blocks of [32, 8] / [128, 2] scale tiles on the H200 (run 168).
+  Block scales are decoded from their bits arithmetically (exact on both).
 
 NaN states are not handled specially (torch's encoders keep them NaN; the kernels may not). Bit-identical to
 torch's encoders on the H200 (``tests/test_kernels_read_copy_encode.py`` with ``REPLAYSSM_KERNEL_TEST_DEVICE=cuda``).

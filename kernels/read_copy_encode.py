@@ -38,7 +38,7 @@ Bit identity with torch (the arithmetic is the encoders' operation for operation
   clamping to +-448, as torch clamps; under ``TRITON_INTERPRET=1`` (and on GPUs older than sm_89, which have no fp8
   conversion) an exact integer version (``FP8_CONVERT`` "soft"), since the interpreter's float8 cast rounds ties away
   from zero and loses mantissa carries. nvfp4 block scales always by the integer version: the hardware conversion
-  gave other bits than torch's for 35-45 % of the blocks of [32, 8] / [128, 2] scale tiles on the H200 (run 168).
+  gave other bits than torch's for 35-45 % of the blocks of [32, 8] / [128, 2] scale tiles on the H200 (run 169).
   Block scales are decoded from their bits arithmetically (exact on both).
 
 NaN states are not handled specially (torch's encoders keep them NaN; the kernels may not). Bit-identical to
@@ -501,7 +501,7 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
         encode_args = (state, select, amax, packed, block_scale, tensor_scale, rows_a)
         strides = (*state.stride(), *packed.stride(), *block_scale.stride(), tensor_scale.stride(0), select.stride(0))
         # the block scales' E4M3 bits by the exact integer rounding unless asked: the hardware conversion gave other
-        # bits than torch's for 35-45 % of the blocks of some tiles on the H200 (run 168, benchmarks/gpu/
+        # bits than torch's for 35-45 % of the blocks of some tiles on the H200 (run 169, benchmarks/gpu/
         # reencode_grid_probe.py; e.g. [32, 8] block tiles of a 128-wide row; fp8 copies, the same conversion on
         # [rows, C] tiles, matched everywhere)
         scale_convert = _nvfp4_scale_convert or ("soft" if _fp8_convert is None else convert)

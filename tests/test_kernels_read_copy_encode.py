@@ -207,7 +207,7 @@ def case_nvfp4_rows(module, device):
 def case_model_shapes(module, device):
     """Rows 128 wide (d_state of Nemotron-H, the value dim of Qwen3-Next / Kimi-Linear) and 32 wide, on both grids:
     the default tiles there are [32, 8] and [128, 2] scale blocks, where the hardware E4M3 conversion of the nvfp4
-    block scales gave other bits than torch's for 35-45 % of the blocks on the H200 (run 168; the small tiles of the
+    block scales gave other bits than torch's for 35-45 % of the blocks on the H200 (run 169; the small tiles of the
     other cases did not show it)."""
     for shape in ((2, 8, 64, 128), (3, 4, 24, 32)):
         state = _state(*shape, seed=shape[-1], device=device)

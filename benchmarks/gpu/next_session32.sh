@@ -15,7 +15,9 @@
 #   re-encode loads its tile contiguously (8 vector loads instead of 32 scalar ones per thread). The same benches as
 #   STAGE=1 (Mamba-2 fp8 / nvfp4, GDN / KDA nvfp4 at 256), then (STAGE=4, warm) the CUDA tests of both. Run 166: the
 #   in-flush fp8 encode measured slower (host 304.1 us against 299.0-299.9), so it became an option (_encode_in_flush,
-#   off); the nvfp4 loads gained 8-15 %. STAGE=4 then ran on the code with the option off.
+#   off); the nvfp4 loads gained 8-15 %. STAGE=4 then ran on the code with the option off: run 167, 4 nvfp4 tests
+#   failed (the split load reverted), run 168, mamba2_reencode_copy's nvfp4 case failed (the block-scale conversion,
+#   STAGE=5 / 6).
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session32; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
@@ -46,7 +48,7 @@ elif [ "$STAGE" = 4 ]; then
     tests/test_kernels_read_copy_encode.py tests/test_kernel_ops.py -k "reencode or nvfp4 or flush_reads_copy or mamba2 \
     or rows or ties or strided or select or triton_impls"; pack
   tail -n 3 "$RES"/test_*.txt
-elif [ "$STAGE" = 5 ] || [ "$STAGE" = 6 ]; then  # runs 168 / 169: the re-encode grids against the codec (169: the
+elif [ "$STAGE" = 5 ] || [ "$STAGE" = 6 ]; then  # runs 169 / 170: the re-encode grids against the codec (170: the
   # nvfp4 block scales by the exact integer rounding, the hardware conversion as arms), then the CUDA tests again
   timeout 60 python3 "$R/benchmarks/gpu/reencode_grid_probe.py" > "$RES/reencode_grid_probe.txt" 2>&1; pack
   cat "$RES/reencode_grid_probe.txt"

@@ -1,5 +1,5 @@
 """Do the re-encode's per-tile and compact grids give the same nvfp4 / fp8 bytes on this device, and the torch codec's?
-(Run 168 probe: on the H200 a Mamba-2 test found the per-tile grid's nvfp4 bytes differing from the compact grid's
+(Run 169 probe: on the H200 a Mamba-2 test found the per-tile grid's nvfp4 bytes differing from the compact grid's
 for a [4, 4, 24, 20] state.) Prints, per shape and format, the number of differing bytes per entry."""
 
 import torch
@@ -21,7 +21,7 @@ def main():
             want = get_format(fmt).encode(state)
             arms = {}
             arms_run = [("per_tile", None, None), ("compact", 16, None), ("compact3", 3, None)]
-            if fmt == "nvfp4":  # the block scales by the hardware conversion (the default before run 169)
+            if fmt == "nvfp4":  # the block scales by the hardware conversion (the default before run 170)
                 arms_run += [("per_tile_hw", None, "hw"), ("compact_hw", 16, "hw")]
             for name, ppr, scale_convert in arms_run:
                 copy = {n: torch.zeros_like(t) for n, t in want.items()}

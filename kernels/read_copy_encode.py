@@ -217,20 +217,26 @@ def _nvfp4_encode_rows(
     BLOCK_NB: tl.constexpr,
     SCALAR_RECIPROCAL: tl.constexpr,
     FP8_CONVERT: tl.constexpr,
+    CONTIGUOUS_LOAD: tl.constexpr = False,
 ):
     """Packed codes and block scales of BLOCK rows under the tensor scale g."""
-    # [BLOCK, BLOCK_NB, 8] tiles of the even and odd elements: element c = 16 nb + 2 p (+ 1). (One contiguous
-    # [BLOCK, BLOCK_NB, 16] load split into even / odd elements (tl.reshape + tl.split) vectorised the loads, 8 vector
-    # loads per thread instead of 32 scalar ones, and measured 8-15 % faster host cycles, but gave other codes than
-    # this on the H200 (Triton 3.6; the interpreter agreed with both): not used.)
+    # [BLOCK, BLOCK_NB, 8] tiles of the even and odd elements: element c = 16 nb + 2 p (+ 1). CONTIGUOUS_LOAD: one
+    # [BLOCK, BLOCK_NB, 16] load split into even / odd elements (tl.reshape + tl.split), 8 vector loads per thread
+    # instead of 32 scalar ones (sm_90 SASS); 8-15 % faster host cycles on the H200 (run 166), but its CUDA tests
+    # failed there while the block scales still took the hardware conversion (run 167): off until it passes them
     offs_nb = tl.arange(0, BLOCK_NB)
     offs_p = tl.arange(0, 8)
     rows3 = row_mask[:, None, None]
-    c_even = offs_nb[None, :, None] * 16 + 2 * offs_p[None, None, :]
     x_row = h * stride_x_h + a * stride_x_a
     x_base = state_ptr + b * stride_x_b + x_row[:, None, None]
-    x_even = tl.load(x_base + c_even * stride_x_c, mask=rows3 & (c_even < C), other=0.0).to(tl.float32)
-    x_odd = tl.load(x_base + (c_even + 1) * stride_x_c, mask=rows3 & (c_even + 1 < C), other=0.0).to(tl.float32)
+    if CONTIGUOUS_LOAD:
+        c = offs_nb[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]
+        x = tl.load(x_base + c * stride_x_c, mask=rows3 & (c < C), other=0.0).to(tl.float32)
+        x_even, x_odd = tl.split(tl.reshape(x, [BLOCK, BLOCK_NB, 8, 2]))
+    else:
+        c_even = offs_nb[None, :, None] * 16 + 2 * offs_p[None, None, :]
+        x_even = tl.load(x_base + c_even * stride_x_c, mask=rows3 & (c_even < C), other=0.0).to(tl.float32)
+        x_odd = tl.load(x_base + (c_even + 1) * stride_x_c, mask=rows3 & (c_even + 1 < C), other=0.0).to(tl.float32)
     block_amax = tl.maximum(tl.max(tl.abs(x_even), axis=2), tl.max(tl.abs(x_odd), axis=2))  # [BLOCK, BLOCK_NB]
     t = _div_const(block_amax, 6.0, _INV_SIX, SCALAR_RECIPROCAL)
     bits = _e4m3_bits(tl.div_rn(t, tl.broadcast_to(g, (BLOCK, BLOCK_NB))), FP8_CONVERT)
@@ -315,6 +321,7 @@ def _nvfp4_encode_kernel(
     BLOCK_NB: tl.constexpr,
     SCALAR_RECIPROCAL: tl.constexpr,
     FP8_CONVERT: tl.constexpr,
+    CONTIGUOUS_LOAD: tl.constexpr = False,
 ):
     pid_a = tl.program_id(0)
     h = tl.program_id(1)
@@ -328,7 +335,7 @@ def _nvfp4_encode_kernel(
                            stride_x_b, stride_x_h, stride_x_a, stride_x_c,
                            stride_p_b, stride_p_h, stride_p_a, stride_p_c,
                            stride_bs_b, stride_bs_h, stride_bs_a, stride_bs_c,
-                           C, NB, BLOCK_A, BLOCK_NB, SCALAR_RECIPROCAL, FP8_CONVERT)
+                           C, NB, BLOCK_A, BLOCK_NB, SCALAR_RECIPROCAL, FP8_CONVERT, CONTIGUOUS_LOAD)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -399,6 +406,7 @@ def _nvfp4_encode_compact_kernel(
     BLOCK_NB: tl.constexpr,
     SCALAR_RECIPROCAL: tl.constexpr,
     FP8_CONVERT: tl.constexpr,
+    CONTIGUOUS_LOAD: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -412,7 +420,7 @@ def _nvfp4_encode_compact_kernel(
                                stride_x_b, stride_x_h, stride_x_a, stride_x_c,
                                stride_p_b, stride_p_h, stride_p_a, stride_p_c,
                                stride_bs_b, stride_bs_h, stride_bs_a, stride_bs_c,
-                               C, NB, BLOCK_R, BLOCK_NB, SCALAR_RECIPROCAL, FP8_CONVERT)
+                               C, NB, BLOCK_R, BLOCK_NB, SCALAR_RECIPROCAL, FP8_CONVERT, CONTIGUOUS_LOAD)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -446,7 +454,7 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
                        _block_a: int | None = None, _scalar_reciprocal: bool | None = None,
                        _fp8_convert: str | None = None,
                        _programs_per_row: int | None = COMPACT_PROGRAMS_PER_ROW,
-                       _nvfp4_scale_convert: str | None = None) -> None:
+                       _nvfp4_scale_convert: str | None = None, _nvfp4_contiguous_load: bool = False) -> None:
     """Rewrite in place the read copy of the batch rows ``b`` with ``select[b] != 0`` from the checkpoint ``state``
     [B, H, A, C]: bit-identical to ``get_format(read_format).encode(state)`` for those rows; other rows' bytes are
     untouched. No host sync. Private overrides (tests): ``_block_a`` rows per program tile (default grid: of the
@@ -455,7 +463,8 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
     compact grids of ``(min(P, tiles), B)`` programs looping over a batch row's tiles (default
     :data:`COMPACT_PROGRAMS_PER_ROW`; None: one program per tile, see the module docstring),
     ``_nvfp4_scale_convert`` "hw" / "soft": the nvfp4 block scales' conversion (default "soft", or ``_fp8_convert``
-    when given)."""
+    when given), ``_nvfp4_contiguous_load``: the nvfp4 encode loads its tile contiguously and splits it (see
+    ``_nvfp4_encode_rows``; off: not yet passed on a GPU)."""
     fmt = check_reencode(state, read_copy, read_format, select)
     programs = _programs_per_row
     if programs is not None and (isinstance(programs, bool) or not isinstance(programs, int) or programs < 1):
@@ -506,7 +515,8 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
         # [rows, C] tiles, matched everywhere)
         scale_convert = _nvfp4_scale_convert or ("soft" if _fp8_convert is None else convert)
         consts = dict(C=row, NB=blocks, BLOCK_NB=block_nb, SCALAR_RECIPROCAL=recip, FP8_CONVERT=scale_convert,
-                      num_warps=NUM_WARPS)
+                      num_warps=NUM_WARPS,
+                      CONTIGUOUS_LOAD=bool(_nvfp4_contiguous_load))
         if programs is None:
             block_r = reencode_launch_config(rows, block_c)
             _row_amax_kernel[(cdiv(rows, block_r), batch)](

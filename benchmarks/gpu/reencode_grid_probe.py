@@ -23,11 +23,14 @@ def main():
             arms_run = [("per_tile", None, None), ("compact", 16, None), ("compact3", 3, None)]
             if fmt == "nvfp4":  # the block scales by the hardware conversion (the default before run 170)
                 arms_run += [("per_tile_hw", None, "hw"), ("compact_hw", 16, "hw")]
-            for name, ppr, scale_convert in arms_run:
+            for name, ppr, scale_convert in arms_run + ([("per_tile_contig", None, "contig"),
+                                                          ("compact_contig", 16, "contig")] if fmt == "nvfp4" else []):
                 copy = {n: torch.zeros_like(t) for n, t in want.items()}
                 copy["row"] = want.get("row")
                 copy = {n: t for n, t in copy.items() if t is not None}
-                reencode_read_copy(state, copy, fmt, select, _programs_per_row=ppr, _nvfp4_scale_convert=scale_convert)
+                contig = scale_convert == "contig"  # the contiguous-load option (block scales "soft")
+                reencode_read_copy(state, copy, fmt, select, _programs_per_row=ppr, _nvfp4_contiguous_load=contig,
+                                   _nvfp4_scale_convert=None if contig else scale_convert)
                 arms[name] = copy
             torch.cuda.synchronize()
             for name, copy in arms.items():

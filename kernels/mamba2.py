@@ -316,14 +316,15 @@ def _mamba2_store_y(y, x_f, D_h, z, y_ptr, pid_b, h, offs_p, mask_p, stride_y_b,
 
 
 @triton.jit
-def _mamba2_flushed_state(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin, count,
-                       ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m, la_m, A_h,
-                       stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
-                       stride_rdt_b, stride_rdt_r, stride_rdt_h,
-                       stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
-                       FOLD_UNROLL: tl.constexpr, FLUSH_DOT: tl.constexpr, FLUSH_PRECISION: tl.constexpr,
-                       BLOCK_R: tl.constexpr):
-    """Flush: fold the records and the token into the checkpoint in place; returns the new state tile. FLUSH_DOT: the
+def _mamba2_flushed_state(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin,
+                          count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, dt_m, la_m, A_h,
+                          stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
+                          stride_rdt_b, stride_rdt_r, stride_rdt_h,
+                          stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
+                          FOLD_UNROLL: tl.constexpr, FLUSH_DOT: tl.constexpr, FLUSH_PRECISION: tl.constexpr,
+                          BLOCK_R: tl.constexpr):
+    """Flush: fold the records and the token into the checkpoint in place; returns the new state tile (a flush's
+    output from it: ``tl.sum(s * C[None, :], axis=1)``). FLUSH_DOT: the
     closed form ``exp(lam) S0 + X^T diag(w) B + token`` with all records loaded at once (one tl.dot, tf32x3 =
     float32 accuracy); otherwise the sequential recurrence (the standard step's arithmetic) over records read
     FOLD_UNROLL at a time: fewer registers than the closed form, but a chain of about count / FOLD_UNROLL dependent
@@ -352,23 +353,6 @@ def _mamba2_flushed_state(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring
     s = s * tl.exp(la_m) + (dt_m * x_f)[:, None] * B_f[None, :]
     tl.store(state_ptrs, s.to(state_ptrs.dtype.element_ty), mask=mask_pn)
     return s
-
-
-@triton.jit
-def _mamba2_flush_math(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin, count,
-                       ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m, la_m, A_h,
-                       stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
-                       stride_rdt_b, stride_rdt_r, stride_rdt_h,
-                       stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
-                       FOLD_UNROLL: tl.constexpr, FLUSH_DOT: tl.constexpr, FLUSH_PRECISION: tl.constexpr,
-                       BLOCK_R: tl.constexpr):
-    """:func:`_mamba2_flushed_state`, then y from the new state."""
-    s = _mamba2_flushed_state(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin,
-                              count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m, la_m, A_h,
-                              stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b, stride_rdt_r,
-                              stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n, FOLD_UNROLL,
-                              FLUSH_DOT, FLUSH_PRECISION, BLOCK_R)
-    return tl.sum(s * C_f[None, :], axis=1)
 
 
 # The host's positions change every step: not specialised on (a value of 1 or a multiple of 16 would each
@@ -409,7 +393,7 @@ def _mamba2_replay_step_kernel(
     TICKET: tl.constexpr,
     RING_PHYSICAL: tl.constexpr,
     FOLD_UNROLL: tl.constexpr,
-    FLUSH_DOT: tl.constexpr,  # PHASE 2 / 3 only: the closed-form fold (see _mamba2_flush_math)
+    FLUSH_DOT: tl.constexpr,  # PHASE 2 / 3 only: the closed-form fold (see _mamba2_flushed_state)
     FLUSH_PRECISION: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -517,11 +501,12 @@ def _mamba2_replay_step_kernel(
                                     WEIGHTS_GIVEN=WEIGHTS_GIVEN,
                                     S0_IS_PRODUCT=READ_FORMAT == "nvfp4_pairs" or READ_FORMAT == "fp8")
         elif (PHASE == 2 or PHASE == 3) and not FLUSH_READS_COPY:
-            y = _mamba2_flush_math(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group,
-                                   origin, count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m, la_m,
-                                   A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b,
-                                   stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
-                                   FOLD_UNROLL, FLUSH_DOT, FLUSH_PRECISION, BLOCK_R)
+            s_new = _mamba2_flushed_state(
+                s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin, count,
+                ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, dt_m, la_m, A_h, stride_rx_b, stride_rx_r,
+                stride_rx_h, stride_rx_p, stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r,
+                stride_rB_g, stride_rB_n, FOLD_UNROLL, FLUSH_DOT, FLUSH_PRECISION, BLOCK_R)
+            y = tl.sum(s_new * C_f[None, :], axis=1)
         elif FLUSH_READS_COPY:
             # Every row's y from the copy by the replay arithmetic (the separated policy's flush step output); a
             # flushing row appends nothing and folds into the checkpoint, read now, instead. (PHASE 3, the split
@@ -537,7 +522,7 @@ def _mamba2_replay_step_kernel(
                 s_ck = tl.load(state_ptrs, mask=mask_pn, other=0.0).to(tl.float32)
                 s_new = _mamba2_flushed_state(
                     s_ck, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin, count,
-                    ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m, la_m, A_h, stride_rx_b,
+                    ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, dt_m, la_m, A_h, stride_rx_b,
                     stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b,
                     stride_rB_r, stride_rB_g, stride_rB_n, FOLD_UNROLL,
                     FLUSH_DOT if PHASE == 2 else False,  # PHASE 2: the host flush's own fold
@@ -551,11 +536,12 @@ def _mamba2_replay_step_kernel(
         else:
             is_flush = count + 1 >= BUFFER_LEN
             if is_flush:
-                y = _mamba2_flush_math(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group,
-                                       origin, count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m,
-                                       la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b,
-                                       stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
-                                       FOLD_UNROLL, False, FLUSH_PRECISION, BLOCK_R)
+                s_new = _mamba2_flushed_state(
+                    s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin, count,
+                    ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, dt_m, la_m, A_h, stride_rx_b, stride_rx_r,
+                    stride_rx_h, stride_rx_p, stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r,
+                    stride_rB_g, stride_rB_n, FOLD_UNROLL, False, FLUSH_PRECISION, BLOCK_R)
+                y = tl.sum(s_new * C_f[None, :], axis=1)
             else:
                 y = _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin,
                                         count, ring_size, heads_per_group, offs_p, offs_n, mask_p, mask_n, x_m, B_m,
@@ -692,11 +678,12 @@ def _mamba2_flush_due_kernel(
             mask_n, stride_x_b, stride_x_h, stride_x_p, stride_dt_b, stride_dt_h, stride_B_b, stride_B_g, stride_B_n,
             stride_C_b, stride_C_g, stride_C_n, stride_A, stride_D, stride_dt_bias, stride_z_b, stride_z_h,
             stride_z_p, HAS_D, HAS_Z, HAS_DT_BIAS, DT_SOFTPLUS)
-        y = _mamba2_flush_math(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group,
-                               origin, count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, C_f, dt_m, la_m,
-                               A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b, stride_rdt_r,
-                               stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n, FOLD_UNROLL, False,
-                               FLUSH_PRECISION, BLOCK_R)
+        s_new = _mamba2_flushed_state(
+            s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin, count, ring_size,
+            offs_p, offs_n, mask_p, mask_n, x_f, B_f, dt_m, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h,
+            stride_rx_p, stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g,
+            stride_rB_n, FOLD_UNROLL, False, FLUSH_PRECISION, BLOCK_R)
+        y = tl.sum(s_new * C_f[None, :], axis=1)
         _mamba2_store_y(y, x_f, D_h, z, y_ptr, pid_b, h, offs_p, mask_p, stride_y_b, stride_y_h, stride_y_p, HAS_D,
                         HAS_Z)
 

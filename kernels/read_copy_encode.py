@@ -514,6 +514,8 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
         # reencode_grid_probe.py; e.g. [32, 8] block tiles of a 128-wide row; fp8 copies, the same conversion on
         # [rows, C] tiles, matched everywhere)
         scale_convert = _nvfp4_scale_convert or ("soft" if _fp8_convert is None else convert)
+        if scale_convert not in ("hw", "soft"):
+            raise ValueError(f"_nvfp4_scale_convert must be 'hw' or 'soft', got {scale_convert!r}")
         consts = dict(C=row, NB=blocks, BLOCK_NB=block_nb, SCALAR_RECIPROCAL=recip, FP8_CONVERT=scale_convert,
                       num_warps=NUM_WARPS,
                       CONTIGUOUS_LOAD=bool(_nvfp4_contiguous_load))

@@ -423,6 +423,11 @@ def case_bad_inputs(module, device):
             module.reencode_read_copy(state, copy, "fp8", sel, _programs_per_row=programs)
         _assert_reencoded(copy, state, "fp8", [0, 0])  # nothing written
     print(" _programs_per_row < 1 (or not an int) rejected")
+    copy = _sentinel_copy(state, "nvfp4")
+    with pytest.raises(ValueError, match="_nvfp4_scale_convert must be 'hw' or 'soft'"):
+        module.reencode_read_copy(state, copy, "nvfp4", sel, _nvfp4_scale_convert="fast")
+    _assert_reencoded(copy, state, "nvfp4", [0, 0])  # nothing written
+    print(" an unknown _nvfp4_scale_convert rejected")
 
 
 if __name__ == "__main__":

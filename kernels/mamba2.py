@@ -90,7 +90,12 @@ from hf_replayssm.kernels.flush_grid import (
 )
 from hf_replayssm.kernels.host_math import cdiv, next_power_of_2
 from hf_replayssm.kernels.read_copy import load_nvfp4_blocks, load_read_tile, nvfp4_blocks_dot, read_copy_operands
-from hf_replayssm.kernels.read_copy_encode import encode_constants, fp8_encode_tile, reencode_read_copy
+from hf_replayssm.kernels.read_copy_encode import (
+    accumulate_row_amax,
+    encode_constants,
+    fp8_encode_tile,
+    reencode_read_copy,
+)
 from hf_replayssm.ops.mamba2_step import mamba2_replay_step_ref, mamba2_state_update_ref
 from hf_replayssm.ops.positions import host_phase
 
@@ -316,19 +321,29 @@ def _mamba2_store_y(y, x_f, D_h, z, y_ptr, pid_b, h, offs_p, mask_p, stride_y_b,
 
 
 @triton.jit
+def _mamba2_store_flushed(s, state_ptrs, mask_pn, pid_b, amax_ptr, FLUSH_AMAX: tl.constexpr):
+    stored = s.to(state_ptrs.dtype.element_ty)
+    tl.store(state_ptrs, stored, mask=mask_pn)
+    if FLUSH_AMAX:  # of the values as stored (what the re-encode would read back)
+        accumulate_row_amax(amax_ptr, pid_b, stored.to(tl.float32), mask_pn)
+
+
+@triton.jit
 def _mamba2_flushed_state(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin,
                           count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, dt_m, la_m, A_h,
                           stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
                           stride_rdt_b, stride_rdt_r, stride_rdt_h,
                           stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n,
                           FOLD_UNROLL: tl.constexpr, FLUSH_DOT: tl.constexpr, FLUSH_PRECISION: tl.constexpr,
-                          BLOCK_R: tl.constexpr):
+                          BLOCK_R: tl.constexpr, amax_ptr, FLUSH_AMAX: tl.constexpr):
     """Flush: fold the records and the token into the checkpoint in place; returns the new state tile (a flush's
     output from it: ``tl.sum(s * C[None, :], axis=1)``). FLUSH_DOT: the
     closed form ``exp(lam) S0 + X^T diag(w) B + token`` with all records loaded at once (one tl.dot, tf32x3 =
     float32 accuracy); otherwise the sequential recurrence (the standard step's arithmetic) over records read
     FOLD_UNROLL at a time: fewer registers than the closed form, but a chain of about count / FOLD_UNROLL dependent
-    round trips to memory (FOLD_UNROLL >= count: one; the same arithmetic at every FOLD_UNROLL)."""
+    round trips to memory (FOLD_UNROLL >= count: one; the same arithmetic at every FOLD_UNROLL). FLUSH_AMAX: the
+    stored tile's max |s| is folded into ``amax_ptr[pid_b]`` (read_copy_encode.accumulate_row_amax), the nvfp4
+    re-encode's first pass."""
     if FLUSH_DOT:
         x_r, B_r, w, lam = _mamba2_records(
             ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin, count, ring_size, offs_p, offs_n, mask_p,
@@ -336,7 +351,7 @@ def _mamba2_flushed_state(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring
             stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n, BLOCK_R, False)
         s = (s0 * tl.exp(lam) + tl.dot(tl.trans(x_r * w[:, None]), B_r, input_precision=FLUSH_PRECISION)
              + (dt_m * x_f)[:, None] * B_f[None, :])
-        tl.store(state_ptrs, s.to(state_ptrs.dtype.element_ty), mask=mask_pn)
+        _mamba2_store_flushed(s, state_ptrs, mask_pn, pid_b, amax_ptr, FLUSH_AMAX)
         return s
     s = s0
     for j0 in range(0, count, FOLD_UNROLL):
@@ -351,7 +366,7 @@ def _mamba2_flushed_state(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring
             dt_j = dt_j.to(tl.float32)
             s = tl.where(j < count, s * tl.exp(A_h * dt_j) + (dt_j * x_j)[:, None] * B_j[None, :], s)
     s = s * tl.exp(la_m) + (dt_m * x_f)[:, None] * B_f[None, :]
-    tl.store(state_ptrs, s.to(state_ptrs.dtype.element_ty), mask=mask_pn)
+    _mamba2_store_flushed(s, state_ptrs, mask_pn, pid_b, amax_ptr, FLUSH_AMAX)
     return s
 
 
@@ -364,6 +379,7 @@ def _mamba2_replay_step_kernel(
     x_ptr, dt_ptr, B_ptr, C_ptr, A_ptr, D_ptr, z_ptr, dt_bias_ptr, y_ptr,
     rc_values_ptr, rc_scales_ptr, rc_tensor_scale_ptr,  # the read copy (READ_FORMAT fp8 / nvfp4)
     weights_ptr,  # WEIGHTS_GIVEN: per (row, head) the records' coefficients, exp(lam), the token's term
+    amax_ptr,  # FLUSH_AMAX: int32 [B], each flushing row's max |new checkpoint| (for the nvfp4 re-encode)
     # sizes; the host's positions (PHASE 1/2: every row at origin_host / count_host)
     P, N, ring_size, heads_per_group, origin_host, count_host,
     # strides
@@ -408,6 +424,7 @@ def _mamba2_replay_step_kernel(
     ENCODE_COPY: tl.constexpr = False,
     ENCODE_SCALAR_RECIPROCAL: tl.constexpr = False,
     ENCODE_FP8_CONVERT: tl.constexpr = "soft",
+    FLUSH_AMAX: tl.constexpr = False,  # PHASE 0 / 2 / 3: see _mamba2_flushed_state
 ):
     pid_p = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -505,7 +522,7 @@ def _mamba2_replay_step_kernel(
                 s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin, count,
                 ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, dt_m, la_m, A_h, stride_rx_b, stride_rx_r,
                 stride_rx_h, stride_rx_p, stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r,
-                stride_rB_g, stride_rB_n, FOLD_UNROLL, FLUSH_DOT, FLUSH_PRECISION, BLOCK_R)
+                stride_rB_g, stride_rB_n, FOLD_UNROLL, FLUSH_DOT, FLUSH_PRECISION, BLOCK_R, amax_ptr, FLUSH_AMAX)
             y = tl.sum(s_new * C_f[None, :], axis=1)
         elif FLUSH_READS_COPY:
             # Every row's y from the copy by the replay arithmetic (the separated policy's flush step output); a
@@ -526,7 +543,7 @@ def _mamba2_replay_step_kernel(
                     stride_rx_r, stride_rx_h, stride_rx_p, stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b,
                     stride_rB_r, stride_rB_g, stride_rB_n, FOLD_UNROLL,
                     FLUSH_DOT if PHASE == 2 else False,  # PHASE 2: the host flush's own fold
-                    FLUSH_PRECISION, BLOCK_R)
+                    FLUSH_PRECISION, BLOCK_R, amax_ptr, FLUSH_AMAX)
                 if ENCODE_COPY:  # the fp8 copy of the new checkpoint from these registers (whole rows: N <= BLOCK_N)
                     fp8_encode_tile(s_new.to(state_ptrs.dtype.element_ty).to(tl.float32), mask_pn, mask_p,
                                     rc_values_ptr + pid_b * stride_rcv_b + h * stride_rcv_h
@@ -540,7 +557,7 @@ def _mamba2_replay_step_kernel(
                     s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin, count,
                     ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, dt_m, la_m, A_h, stride_rx_b, stride_rx_r,
                     stride_rx_h, stride_rx_p, stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r,
-                    stride_rB_g, stride_rB_n, FOLD_UNROLL, False, FLUSH_PRECISION, BLOCK_R)
+                    stride_rB_g, stride_rB_n, FOLD_UNROLL, False, FLUSH_PRECISION, BLOCK_R, amax_ptr, FLUSH_AMAX)
                 y = tl.sum(s_new * C_f[None, :], axis=1)
             else:
                 y = _mamba2_replay_math(s0, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, pid_p, origin,
@@ -629,7 +646,7 @@ def _mamba2_replay_walk_kernel(
 @triton.jit
 def _mamba2_flush_due_kernel(
     state_ptr, ring_x_ptr, ring_dt_ptr, ring_B_ptr, origin_ptr, count_ptr,
-    x_ptr, dt_ptr, B_ptr, C_ptr, A_ptr, D_ptr, z_ptr, dt_bias_ptr, y_ptr,
+    x_ptr, dt_ptr, B_ptr, C_ptr, A_ptr, D_ptr, z_ptr, dt_bias_ptr, y_ptr, amax_ptr,
     batch, heads, P, N, ring_size, heads_per_group,
     stride_s_b, stride_s_h, stride_s_p, stride_s_n,
     stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
@@ -654,6 +671,7 @@ def _mamba2_flush_due_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_R: tl.constexpr,
     BLOCK_B: tl.constexpr,
+    FLUSH_AMAX: tl.constexpr = False,
 ):
     """The split device-phase step's flush launch on a grid sized to the GPU (``kernels/flush_grid.py``): the
     (due row, head, P tile) items, each as the ``PHASE`` 3 program of that tile would (the sequential fold, bit for
@@ -682,7 +700,7 @@ def _mamba2_flush_due_kernel(
             s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin, count, ring_size,
             offs_p, offs_n, mask_p, mask_n, x_f, B_f, dt_m, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h,
             stride_rx_p, stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g,
-            stride_rB_n, FOLD_UNROLL, False, FLUSH_PRECISION, BLOCK_R)
+            stride_rB_n, FOLD_UNROLL, False, FLUSH_PRECISION, BLOCK_R, amax_ptr, FLUSH_AMAX)
         y = tl.sum(s_new * C_f[None, :], axis=1)
         _mamba2_store_y(y, x_f, D_h, z, y_ptr, pid_b, h, offs_p, mask_p, stride_y_b, stride_y_h, stride_y_p, HAS_D,
                         HAS_Z)
@@ -818,7 +836,7 @@ def _replay_step(
     dt_softplus=False, buffer_len=16, out=None, read_copy=None, read_format=None, _config=None, _ticket=True,
     _ring_physical=None, _split=None, _prefetch=False, _count_launch=False, flush_reads_copy=False,
     _nvfp4_pairs=True, _flush_grid=None, _flush_config=None, _walk=None, _weights=False, reencode_copy=False,
-    _encode_in_flush=False,
+    _encode_in_flush=False, _flush_amax=True,
 ):
     """:func:`mamba2_replay_step` with a launch-configuration override (``_config``: dict with ``block_p`` and/or
     ``num_warps``) and, for diagnostics only, ``_ticket=False`` (count read plainly and left unchanged) and
@@ -856,7 +874,9 @@ def _replay_step(
     cycle 341.0 vs 345.0 us at batch 256 (1 %) but 93.1 vs 90.6 at batch 64; as the device-phase split step 452.0 /
     440.6 us (mixed / in phase) against the fused default's 434.9 / 417.0 (the registers it saves, sm_90
     compile-only on the bench's inputs: split replay 128 -> 96, do not pay for the extra launch and its round
-    trip)."""
+    trip). ``_flush_amax`` (``reencode_copy`` with an nvfp4 copy; default on): the flush launches fold each flushing
+    row's max |new checkpoint| into a [B] scratch as they store it, and the re-encode after the step takes it
+    instead of its own amax pass over the checkpoint; off, the re-encode's two passes (the same bits)."""
     batch, heads, head_dim, d_state, groups = _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias)
     ring_size = ring_x.shape[1]
     assert ring_x.shape == (batch, ring_size, heads, head_dim), f"ring_x must be [B, R, H, P], got {ring_x.shape}"
@@ -970,7 +990,7 @@ def _replay_step(
         LAST_COMPILED["replay_phase3"] = LAST_COMPILED["flush_due"] = _mamba2_flush_due_kernel[
             (flush_grid_programs(x.device, items, flush_cfg.get("programs_per_sm")),)](
             state, ring_x, ring_dt, ring_B, origin, count,
-            x, dt, B, C, A, _optional(D, A), _optional(z, x), _optional(dt_bias, A), y,
+            x, dt, B, C, A, _optional(D, A), _optional(z, x), _optional(dt_bias, A), y, flush_amax,
             batch, heads, head_dim, d_state, ring_size, heads // groups,
             *state.stride(), *ring_x.stride(), *ring_dt.stride(), *ring_B.stride(),
             origin.stride(0), count.stride(0),
@@ -988,6 +1008,7 @@ def _replay_step(
             BLOCK_N=next_power_of_2(d_state),
             BLOCK_R=block_r,
             BLOCK_B=next_power_of_2(batch),
+            FLUSH_AMAX=flush_amax is not A,
             num_warps=flush_cfg["num_warps"],
         )
 
@@ -1006,6 +1027,7 @@ def _replay_step(
         kernel = _mamba2_replay_step_kernel[grid](
             state, ring_x, ring_dt, ring_B, *positions,
             x, dt, B, C, A, _optional(D, A), _optional(z, x), _optional(dt_bias, A), y, *read_operands[:3], weights,
+            flush_amax,
             head_dim, d_state, ring_size, heads // groups, *host,
             *state.stride(), *ring_x.stride(), *ring_dt.stride(), *ring_B.stride(),
             *position_strides,
@@ -1036,6 +1058,7 @@ def _replay_step(
             ENCODE_COPY=encode_in_flush and kernel_phase in (0, 2, 3),
             ENCODE_SCALAR_RECIPROCAL=encode_consts[0],
             ENCODE_FP8_CONVERT=encode_consts[1],
+            FLUSH_AMAX=flush_amax is not A and kernel_phase in (0, 2, 3),
             num_warps=launch_cfg["num_warps"],
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel
@@ -1050,6 +1073,13 @@ def _replay_step(
     reencode_copy = bool(reencode_copy) and read_format != "fp32" and phase != 1
     encode_in_flush = reencode_copy and flush_reads_copy and read_format == "fp8" and bool(_encode_in_flush)
     encode_consts = encode_constants(state) if encode_in_flush else (False, "soft")
+    # nvfp4: the flush launches fold each flushing row's max |new checkpoint| into a zeroed [B] scratch as they
+    # store it, and the re-encode takes it (amax=) instead of reading the checkpoint once more for it; A stands in
+    # as the unused pointer otherwise
+    flush_amax = A
+    if reencode_copy and read_format == "nvfp4" and _flush_amax:
+        flush_amax = torch.zeros(batch, dtype=torch.int32, device=state.device)
+    amax_given = {} if flush_amax is A else {"amax": flush_amax}
     with _device_guard(x):
         if _weights:  # before the step's launches: it reads the counts they read
             launch_weights()
@@ -1059,10 +1089,10 @@ def _replay_step(
             advance_counts(count, buffer_len)
         if reencode_copy and not encode_in_flush:
             if phase == 0:  # the rows whose count came back to 0
-                reencode_read_copy(state, read_copy, read_format, count == 0)
+                reencode_read_copy(state, read_copy, read_format, count == 0, **amax_given)
             else:
                 reencode_read_copy(state, read_copy, read_format,
-                                   torch.ones(batch, dtype=torch.bool, device=state.device))
+                                   torch.ones(batch, dtype=torch.bool, device=state.device), **amax_given)
     return y
 
 

@@ -199,6 +199,16 @@ def _rows_amax(
 
 
 @triton.jit
+def accumulate_row_amax(amax_ptr, b, x, mask):
+    """Fold max |x| over ``mask`` of a float32 tile of batch row b into ``amax_ptr[b]`` (int32 float bits, >= 0:
+    integer order is float order), the nvfp4 re-encode's first pass done by whoever holds the rows: a flush that
+    has just written them passes it to :func:`reencode_read_copy` (``amax=``) instead of the re-encode reading
+    the checkpoint once more for it. ``x``: the values as stored (rounded to the checkpoint's dtype)."""
+    tile_amax = tl.max(tl.max(tl.where(mask, tl.abs(x), 0.0), axis=1), axis=0)
+    tl.atomic_max(amax_ptr + b, tile_amax.to(tl.int32, bitcast=True), sem="relaxed")
+
+
+@triton.jit
 def _nvfp4_tensor_scale(amax_ptr, b, SCALAR_RECIPROCAL: tl.constexpr):
     """The sequence (tensor) scale of batch row b from its amax bits."""
     amax = tl.load(amax_ptr + b).to(tl.float32, bitcast=True)
@@ -217,13 +227,14 @@ def _nvfp4_encode_rows(
     BLOCK_NB: tl.constexpr,
     SCALAR_RECIPROCAL: tl.constexpr,
     FP8_CONVERT: tl.constexpr,
-    CONTIGUOUS_LOAD: tl.constexpr = False,
+    CONTIGUOUS_LOAD: tl.constexpr = True,
 ):
     """Packed codes and block scales of BLOCK rows under the tensor scale g."""
-    # [BLOCK, BLOCK_NB, 8] tiles of the even and odd elements: element c = 16 nb + 2 p (+ 1). CONTIGUOUS_LOAD: one
-    # [BLOCK, BLOCK_NB, 16] load split into even / odd elements (tl.reshape + tl.split), 8 vector loads per thread
-    # instead of 32 scalar ones (sm_90 SASS); 8-15 % faster host cycles on the H200 (run 166), but its CUDA tests
-    # failed there while the block scales still took the hardware conversion (run 167): off until it passes them
+    # [BLOCK, BLOCK_NB, 8] tiles of the even and odd elements: element c = 16 nb + 2 p (+ 1). CONTIGUOUS_LOAD (the
+    # default): one [BLOCK, BLOCK_NB, 16] load split into even / odd elements (tl.reshape + tl.split), 8 vector loads
+    # per thread instead of 32 scalar ones (sm_90 SASS); 8-15 % faster host cycles on the H200 (run 166); bit-identical
+    # to the codec there with the integer block-scale rounding (run 171; its failures in run 167 came from the
+    # hardware conversion); the strided pair of loads stays as the fallback
     offs_nb = tl.arange(0, BLOCK_NB)
     offs_p = tl.arange(0, 8)
     rows3 = row_mask[:, None, None]
@@ -321,7 +332,7 @@ def _nvfp4_encode_kernel(
     BLOCK_NB: tl.constexpr,
     SCALAR_RECIPROCAL: tl.constexpr,
     FP8_CONVERT: tl.constexpr,
-    CONTIGUOUS_LOAD: tl.constexpr = False,
+    CONTIGUOUS_LOAD: tl.constexpr = True,
 ):
     pid_a = tl.program_id(0)
     h = tl.program_id(1)
@@ -406,7 +417,7 @@ def _nvfp4_encode_compact_kernel(
     BLOCK_NB: tl.constexpr,
     SCALAR_RECIPROCAL: tl.constexpr,
     FP8_CONVERT: tl.constexpr,
-    CONTIGUOUS_LOAD: tl.constexpr = False,
+    CONTIGUOUS_LOAD: tl.constexpr = True,
 ):
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -454,18 +465,30 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
                        _block_a: int | None = None, _scalar_reciprocal: bool | None = None,
                        _fp8_convert: str | None = None,
                        _programs_per_row: int | None = COMPACT_PROGRAMS_PER_ROW,
-                       _nvfp4_scale_convert: str | None = None, _nvfp4_contiguous_load: bool = False) -> None:
+                       _nvfp4_scale_convert: str | None = None, _nvfp4_contiguous_load: bool = True,
+                       amax: torch.Tensor | None = None) -> None:
     """Rewrite in place the read copy of the batch rows ``b`` with ``select[b] != 0`` from the checkpoint ``state``
     [B, H, A, C]: bit-identical to ``get_format(read_format).encode(state)`` for those rows; other rows' bytes are
-    untouched. No host sync. Private overrides (tests): ``_block_a`` rows per program tile (default grid: of the
-    encode launches; compact grid: of every launch, over the flattened H A rows), ``_scalar_reciprocal`` (default:
-    the state is on CUDA), ``_fp8_convert`` "hw" / "soft" (default: "hw" on sm_89+ GPUs), ``_programs_per_row`` P:
-    compact grids of ``(min(P, tiles), B)`` programs looping over a batch row's tiles (default
-    :data:`COMPACT_PROGRAMS_PER_ROW`; None: one program per tile, see the module docstring),
-    ``_nvfp4_scale_convert`` "hw" / "soft": the nvfp4 block scales' conversion (default "soft", or ``_fp8_convert``
-    when given), ``_nvfp4_contiguous_load``: the nvfp4 encode loads its tile contiguously and splits it (see
-    ``_nvfp4_encode_rows``; off: not yet passed on a GPU)."""
+    untouched. No host sync. ``amax`` (nvfp4 only): int32 [B] on the state's device holding, for every selected
+    row, the float32 bits of ``max |state[b]|``, as :func:`accumulate_row_amax` leaves them (e.g. from the flush
+    that just wrote those rows): the re-encode then skips its amax launch, one read of the checkpoint (a wrong
+    amax gives a wrong copy: it is the caller's promise).
+
+    Private overrides (tests): ``_block_a`` rows per program tile (default grid: of the encode launches; compact
+    grid: of every launch, over the flattened H A rows), ``_scalar_reciprocal`` (default: the state is on CUDA),
+    ``_fp8_convert`` "hw" / "soft" (default: "hw" on sm_89+ GPUs), ``_programs_per_row`` P: compact grids of
+    ``(min(P, tiles), B)`` programs looping over a batch row's tiles (default :data:`COMPACT_PROGRAMS_PER_ROW`;
+    None: one program per tile, see the module docstring), ``_nvfp4_scale_convert`` "hw" / "soft": the nvfp4 block
+    scales' conversion (default "soft", or ``_fp8_convert`` when given), ``_nvfp4_contiguous_load``: the nvfp4
+    encode loads its tile contiguously and splits it (default; False: the strided even / odd loads, see
+    ``_nvfp4_encode_rows``)."""
     fmt = check_reencode(state, read_copy, read_format, select)
+    if amax is not None:
+        if fmt != "nvfp4":
+            raise ValueError(f"amax= serves the nvfp4 re-encode (its tensor scale); got read_format {read_format!r}")
+        if amax.dtype != torch.int32 or tuple(amax.shape) != (state.shape[0],) or amax.device != state.device:
+            raise ValueError(f"amax must be int32 [{state.shape[0]}] on {state.device} (float32 bits per batch row), "
+                             f"got {amax.dtype} {tuple(amax.shape)} on {amax.device}")
     programs = _programs_per_row
     if programs is not None and (isinstance(programs, bool) or not isinstance(programs, int) or programs < 1):
         raise ValueError(f"_programs_per_row must be None or an int >= 1, got {programs!r}")
@@ -505,7 +528,9 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
         tensor_scale = read_copy["tensor_scale"]
         blocks = block_scale.shape[-1]
         block_nb = next_power_of_2(blocks)
-        amax = torch.zeros(batch, dtype=torch.int32, device=state.device)
+        amax_given = amax is not None
+        if not amax_given:
+            amax = torch.zeros(batch, dtype=torch.int32, device=state.device)
         amax_args = (state, select, amax, rows_a, rows, *state.stride(), select.stride(0))
         encode_args = (state, select, amax, packed, block_scale, tensor_scale, rows_a)
         strides = (*state.stride(), *packed.stride(), *block_scale.stride(), tensor_scale.stride(0), select.stride(0))
@@ -521,13 +546,16 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
                       CONTIGUOUS_LOAD=bool(_nvfp4_contiguous_load))
         if programs is None:
             block_r = reencode_launch_config(rows, block_c)
-            _row_amax_kernel[(cdiv(rows, block_r), batch)](
-                *amax_args, C=row, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=NUM_WARPS)
+            if not amax_given:
+                _row_amax_kernel[(cdiv(rows, block_r), batch)](
+                    *amax_args, C=row, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=NUM_WARPS)
             block_a = _block_a or reencode_launch_config(rows_a, block_nb * 16)
             _nvfp4_encode_kernel[(cdiv(rows_a, block_a), heads, batch)](
                 *encode_args, *strides, BLOCK_A=block_a, **consts)
         else:
             grid, block_r = compact(block_c)
-            _row_amax_compact_kernel[grid](*amax_args, C=row, BLOCK_R=block_r, BLOCK_C=block_c, num_warps=NUM_WARPS)
+            if not amax_given:
+                _row_amax_compact_kernel[grid](*amax_args, C=row, BLOCK_R=block_r, BLOCK_C=block_c,
+                                               num_warps=NUM_WARPS)
             grid, block_r = compact(block_nb * 16)
             _nvfp4_encode_compact_kernel[grid](*encode_args, rows, *strides, BLOCK_R=block_r, **consts)

@@ -439,8 +439,10 @@ def case_mamba2_reencode_copy(_, device):
     untouched, outputs / checkpoints / rings / counts those of the call without it. By the re-encode launch after the
     step (host positions; device positions: the rows whose count came back to 0), fp8 and nvfp4, and fp8 copies
     written by the flush from its registers (``_encode_in_flush``: host positions' flush-only launch, a split step's
-    flush launch, the fused launch); the reference the same. Row length 20 (not a power of two: masked columns) and
-    32."""
+    flush launch, the fused launch); the reference the same. nvfp4: the flush launches hand the re-encode each row's
+    amax (``_flush_amax``, default) on every flush launch (host flush-only, split, fused, the split step's
+    device-sized flush grid without ``flush_reads_copy``), and the re-encode's own amax pass (off). Row length 20
+    (not a power of two: masked columns) and 32."""
     import torch
 
     from hf_replayssm.kernels.read_copy_encode import reencode_read_copy
@@ -450,7 +452,12 @@ def case_mamba2_reencode_copy(_, device):
     for read_format, d_state, host, launch in (
             ("fp8", 20, True, {}), ("fp8", 20, True, in_flush), ("fp8", 32, True, in_flush), ("nvfp4", 20, True, {}),
             ("fp8", 20, False, {}), ("fp8", 20, False, in_flush), ("fp8", 32, False, {"_split": False, **in_flush}),
-            ("nvfp4", 32, False, {})):
+            ("nvfp4", 32, False, {}), ("nvfp4", 20, True, {"_flush_amax": False}),
+            ("nvfp4", 32, False, {"_split": False}),
+            ("nvfp4", 32, False, {"flush_reads_copy": False, "_flush_grid": "device"}),
+            ("nvfp4", 20, False, {"flush_reads_copy": False, "_flush_grid": "batch"})):
+        launch = dict(launch)
+        flush_reads_copy = launch.pop("flush_reads_copy", True)
         p = _mamba2_inputs(device, 4, seed=70 + d_state, d_state=d_state)
         copy, _ = _store_copy(p["state"], read_format)
         counts = [5] * 4 if host else [5, 2, 5, 4]
@@ -462,14 +469,14 @@ def case_mamba2_reencode_copy(_, device):
                 positions = (3, 5)
             else:
                 positions = _positions([3, 1, 0, 2] if not host else [3] * 4, counts, device)
-            y = fn(q, *positions, 6, read_copy=c, read_format=read_format, flush_reads_copy=True,
+            y = fn(q, *positions, 6, read_copy=c, read_format=read_format, flush_reads_copy=flush_reads_copy,
                    reencode_copy=option, **(launch if label != "ref" else {}))
             runs[label] = (y, q, c, positions[1])
         (y, got, got_copy, count), (y_ref, want, ref_copy, _), (y_plain, plain, plain_copy, _) = (
             runs[k] for k in ("kernel", "ref", "plain"))
         flushed = torch.tensor([n + 1 >= 6 for n in counts], device=device)
-        print(f" {read_format} N={d_state} {'host' if host else 'device'} positions {launch}, flushed "
-              f"{flushed.tolist()}")
+        print(f" {read_format} N={d_state} {'host' if host else 'device'} positions {launch}, flush_reads_copy "
+              f"{flush_reads_copy}, flushed {flushed.tolist()}")
         same = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=1e-6, atol=1e-6)  # (constexpr variants)
         torch.testing.assert_close(y, y_plain, **same)
         for n in ("state", *family.rings):

@@ -19,13 +19,14 @@ also tested in-process on CPU.
 
 from __future__ import annotations
 
+import re
 import sys
 
 import pytest
 from kernel_harness import HAS_TRITON, run_case, worker_main
 
 CASES = ["fp8_rows", "nvfp4_rows", "select_patterns", "strided", "fp8_ties", "nvfp4_ties", "cuda_arithmetic",
-         "compact_grid", "model_shapes", "bad_inputs"]
+         "compact_grid", "model_shapes", "given_amax", "bad_inputs"]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -208,15 +209,44 @@ def case_model_shapes(module, device):
     """Rows 128 wide (d_state of Nemotron-H, the value dim of Qwen3-Next / Kimi-Linear) and 32 wide, on both grids:
     the default tiles there are [32, 8] and [128, 2] scale blocks, where the hardware E4M3 conversion of the nvfp4
     block scales gave other bits than torch's for 35-45 % of the blocks on the H200 (run 169; the small tiles of the
-    other cases did not show it); the nvfp4 encode's contiguous-load option too."""
+    other cases did not show it); the nvfp4 encode's strided-load fallback too."""
     for shape in ((2, 8, 64, 128), (3, 4, 24, 32)):
         state = _state(*shape, seed=shape[-1], device=device)
         for fmt in ("fp8", "nvfp4"):
             for programs in (None, 16):
                 _check(module, state, fmt, [1] * shape[0], _programs_per_row=programs)
-        for programs in (None, 16):  # the contiguous-load option (off by default) gives the same bytes
+        for programs in (None, 16):  # the strided even / odd loads (not the default) give the same bytes
             select = [1 - b % 2 for b in range(shape[0])]  # rows not selected stay untouched
-            _check(module, state, "nvfp4", select, _programs_per_row=programs, _nvfp4_contiguous_load=True)
+            _check(module, state, "nvfp4", select, _programs_per_row=programs, _nvfp4_contiguous_load=False)
+
+
+def _row_amax_bits(state):
+    """What a flush leaves for ``amax=``: max |state[b]| per batch row as int32 float bits."""
+    import torch
+
+    return state.abs().amax(dim=(1, 2, 3)).float().view(torch.int32).contiguous()
+
+
+def case_given_amax(module, device):
+    """nvfp4 with ``amax=`` (the per-row amax from the flush that wrote the rows): the encode pass alone gives the
+    codec's bytes, on both grids, for ordinary / tiny / huge / all-zero rows; a wrong amax does change the copy (the
+    argument is what the encode reads)."""
+    import torch
+
+    for row in (24, 128):
+        state = _row_mix(device, row)
+        state[2] = 0.0  # an all-zero batch row: amax 0, tensor scale 1
+        for programs in (None, 16):
+            _check(module, state, "nvfp4", [1, 1, 1, 0, 1], amax=_row_amax_bits(state), _programs_per_row=programs)
+        print(f" C={row}: the codec's bytes from the given amax")
+    state = _row_mix(device, 24)
+    wrong = (state.abs().amax(dim=(1, 2, 3)) * 4).view(torch.int32).contiguous()
+    copy = _sentinel_copy(state, "nvfp4")
+    module.reencode_read_copy(state, copy, "nvfp4", torch.ones(5, dtype=torch.int32, device=device), amax=wrong)
+    want = _sentinel_copy(state, "nvfp4")
+    module.reencode_read_copy(state, want, "nvfp4", torch.ones(5, dtype=torch.int32, device=device))
+    assert not torch.equal(copy["tensor_scale"], want["tensor_scale"])
+    print(" a wrong amax gives another copy")
 
 
 def case_select_patterns(module, device):
@@ -428,6 +458,15 @@ def case_bad_inputs(module, device):
         module.reencode_read_copy(state, copy, "nvfp4", sel, _nvfp4_scale_convert="fast")
     _assert_reencoded(copy, state, "nvfp4", [0, 0])  # nothing written
     print(" an unknown _nvfp4_scale_convert rejected")
+    amax = _row_amax_bits(state)
+    for fmt, bad, message in (("fp8", amax, "amax= serves the nvfp4 re-encode"),
+                              ("nvfp4", amax.long(), "amax must be int32 [2]"),
+                              ("nvfp4", amax[:1], "amax must be int32 [2]")):
+        copy = _sentinel_copy(state, fmt)
+        with pytest.raises(ValueError, match=re.escape(message)):
+            module.reencode_read_copy(state, copy, fmt, sel, amax=bad)
+        _assert_reencoded(copy, state, fmt, [0, 0])  # nothing written
+    print(" amax= with fp8, another dtype or shape rejected")
 
 
 if __name__ == "__main__":

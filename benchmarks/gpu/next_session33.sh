@@ -7,8 +7,12 @@
 #   took the hardware E4M3 conversion, since replaced by the integer rounding); (b) the CUDA tests of the re-encode
 #   (model_shapes: 128-wide rows, both grids, the option too), the read-copy kernels and the GPU tests of separated
 #   precision (CUDA-graph static caches with a copy, the Triton backend's flushes).
-# If the probe's *_contig arms show 0 differing bytes and the tests pass: make _nvfp4_contiguous_load the default and
-# re-time (STAGE=3 of next_session32.sh: Mamba-2 fp8 / nvfp4, GDN / KDA nvfp4 as the cache runs them).
+# Run 171: 0 differing bytes on every *_contig arm, 14 + 21 CUDA tests passed: the contiguous load became the default.
+# STAGE=2 (about 8 minutes): (a) CUDA tests of the Mamba-2 flush handing the nvfp4 re-encode its amax (_flush_amax:
+#   every flush launch folds its rows' max |new checkpoint| into a [B] scratch, the re-encode skips its amax pass)
+#   and of reencode_read_copy(amax=); (b) Mamba-2 nvfp4 kernels at 256 (as the cache runs it: the step's re-encode
+#   with the flush's amax; "external": the two-pass re-encode launched after the flush), GDN / KDA nvfp4 as the cache
+#   runs them (read_copy_defaults.py; the contiguous-load encode now the default).
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session33; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
@@ -18,5 +22,16 @@ if [ "$STAGE" = 1 ]; then
     tests/test_kernels_read_copy.py -k "reencode or nvfp4 or flush_reads_copy"; pack
   test_job 200 test_gpu_separated tests/test_gpu.py -k "separated or read_copy"; pack
   tail -n 3 "$RES"/test_*.txt
+elif [ "$STAGE" = 2 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 240 test_kernels_flush_amax_cuda tests/test_kernels_read_copy_encode.py \
+    tests/test_kernels_read_copy.py -k "given_amax or model_shapes or bad_inputs or mamba2_reencode_copy \
+    or flush_reads_copy"; pack
+  bench_job 170 kernels_mamba2_nvfp4_flush_amax kernels --family mamba2 --shapes nemotron-h-8b --batches 256 \
+    --no-sweep --read-format nvfp4 --out "$RES/kernels_mamba2_nvfp4_flush_amax.json"; pack
+  timeout 150 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256 --specs gdn:nvfp4,kda:nvfp4 \
+    --out "$RES/read_copy_contig.json" > "$RES/read_copy_contig.txt" 2>&1
+  echo "read_copy_contig rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  tail -n 3 "$RES"/test_*.txt
+  grep -h "host-phase replay\|as the cache\|device\|^nemotron" "$RES"/kernels_*.txt; cat "$RES"/read_copy_*.txt | tail -n 6
 fi
 save_triton_cache

@@ -28,7 +28,8 @@ def main():
                 copy = {n: torch.zeros_like(t) for n, t in want.items()}
                 copy["row"] = want.get("row")
                 copy = {n: t for n, t in copy.items() if t is not None}
-                contig = scale_convert == "contig"  # the contiguous-load option (block scales "soft")
+                # the contiguous load (block scales "soft"; the default since run 171); the other arms the strided loads
+                contig = scale_convert == "contig"
                 reencode_read_copy(state, copy, fmt, select, _programs_per_row=ppr, _nvfp4_contiguous_load=contig,
                                    _nvfp4_scale_convert=None if contig else scale_convert)
                 arms[name] = copy

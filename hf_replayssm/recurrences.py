@@ -138,7 +138,8 @@ class DeltaRuleRecurrence:
 
     name = "delta_rule"
     per_token = ("q", "k", "v", "beta", "g")
-    kernel_step_reencodes_copy = False  # the caller refreshes the copy after a flush
+    # kernel_step re-encodes a flushing step's read copy itself (reencode_copy)
+    kernel_step_reencodes_copy = True
     output_like = "v"  # outputs [B, T, Hv, V] have this token input's shape
     # A record that leaves the state as it is: log decay g = 0 and corrected value d = 0 (beta = 0 where the exact
     # fold recomputes d from raw v and beta)
@@ -189,7 +190,7 @@ class DeltaRuleRecurrence:
         """One decode token through the Triton replay-or-flush kernel (``hf_replayssm.kernels.delta_rule``), written
         straight in ``out_dtype`` (no cast launch). With a read copy (separated precision) every output reads it, a
         flush step's too, and the ring's raw v / beta records let the flush recompute the corrected values against
-        the float32 checkpoint; the caller refreshes the copy after a flush."""
+        the float32 checkpoint; the step re-encodes the copy after a flush (``reencode_copy``)."""
         from .kernels.delta_rule import delta_replay_step
 
         v = tokens["v"][:, 0]
@@ -199,6 +200,7 @@ class DeltaRuleRecurrence:
             use_qk_l2norm=params.get("normalize") is not None,
             out=torch.empty(v.shape, dtype=out_dtype, device=v.device), read_copy=read_copy, read_format=read_format,
             ring_v=ring.get("v"), ring_beta=ring.get("beta"), flush_reads_copy=read_copy is not None,
+            reencode_copy=read_copy is not None,
         )
         return o[:, None]
 

@@ -262,14 +262,19 @@ class ReplayInputs:
             c["ring_v"] = torch.randn(c["ring_d"].shape, device=c["ring_d"].device).bfloat16()
             c["ring_beta"] = torch.rand(c["ring_d"].shape[:3], device=c["ring_d"].device)
 
+    # the separated policy's steps re-encode the copy in the step (reencode_copy; see device_read_copy_fn)
+    reencode_in_step = True
+
     def device_read_copy_fn(self, step, reencode, read_format: str, **launch):
         """The compiled decode step of the separated policy (``delta_replay_step_read_copy``): the device-phase
-        launch reading the copy (a flushing row's output from the copy too), then ``reencode`` (None: skipped) of
-        the copy of the rows that flushed (``count`` 0 after the step)."""
+        launch reading the copy (a flushing row's output from the copy too) and the re-encode of the copy of the
+        rows that flushed (``count`` 0 after the step): ``"step"`` by the step itself (``reencode_copy``: the op's
+        way; nvfp4 with the flush's amax), a callable as a launch after it, None skipped."""
+        in_step = reencode == "step"
         return self.fn(step, per_copy=lambda c: dict(read_copy=c["read_copy"], read_format=read_format,
                                                      flush_reads_copy=True, ring_v=c["ring_v"],
-                                                     ring_beta=c["ring_beta"]),
-                       after=None if reencode is None else
+                                                     ring_beta=c["ring_beta"], reencode_copy=in_step),
+                       after=None if reencode is None or in_step else
                        lambda c: reencode(c["state"], c["read_copy"], read_format, c["count"] == 0), **launch)
 
     def host_fn(self, step, only: int | None = None, read_format: str | None = None, flush_launch: dict | None = None,
@@ -280,7 +285,9 @@ class ReplayInputs:
         ``flush_launch``: the flush-only launch's overrides instead of ``launch`` (``{}``: its defaults, e.g. while
         a sweep varies the replay-only launches' tile). ``reencode(state, read_copy, read_format, select)``: run after
         the flush launch on every row, whose outputs then come from the copy (``flush_reads_copy``): the step as the
-        cache runs it (``CheckpointStore.refresh_read_copy``). None: a plain flush, the copy not refreshed."""
+        cache ran it before the step re-encoded the copy itself (``CheckpointStore.refresh_read_copy``); ``"step"``:
+        the flush re-encodes it (``reencode_copy``, nvfp4 with the flush's amax: as the cache runs it). None: a
+        plain flush, the copy not refreshed."""
         def run():
             for j in range(self.L):
                 i = j if only is None else only
@@ -291,11 +298,12 @@ class ReplayInputs:
                     if i + 1 < self.L:
                         read.update(read_copy=c["read_copy"], read_format=read_format)
                     elif reencode is not None:  # the cache's flush: outputs from the copy
-                        read.update(read_copy=c["read_copy"], read_format=read_format, flush_reads_copy=True)
+                        read.update(read_copy=c["read_copy"], read_format=read_format, flush_reads_copy=True,
+                                    reencode_copy=reencode == "step")
                 overrides = flush_launch if flush_launch is not None and i == self.L - 1 else launch
                 step(*[c[n] for n in RING[:4]], 0, i, *[c[n] for n in TOKEN], buffer_len=self.L, out=c["out"],
                      **overrides, **read)
-                if reencode is not None and i == self.L - 1:
+                if reencode is not None and reencode != "step" and i == self.L - 1:
                     reencode(c["state"], c["read_copy"], read_format, every_row)
 
         every_row = torch.ones(self.copies[0]["state"].shape[0], dtype=torch.bool,
@@ -679,7 +687,7 @@ def bench_family(args, device, timer, copy_bw) -> tuple[list[dict], dict, dict]:
                            replay_host_read_copy_chunked_us=chunked[best_chunked]["us"])
                 cbv, cnw, chunk = (int(x) for x in best_chunked.replace("_c", "x").split("x"))
                 # the callers' launch (streamed at serving batches) with the copy re-encoded after each flush
-                row.update(host_reencode_times(k, inputs, timer, fmt, per_step_us))
+                row.update(host_reencode_times(k, inputs, timer, fmt, per_step_us, in_step=True))
                 if not per_key:  # the best with the per-head weights pre-launch: one record-key pass per head
                     row["replay_host_read_copy_chunked_gdn_weights_us"] = per_step_us(timer(inputs.host_fn(
                         k._replay_step, read_format=fmt, _block_v=cbv, _num_warps=cnw, _chunk_k=chunk,

@@ -136,6 +136,7 @@ from hf_replayssm.kernels.read_copy import (
     load_read_tile,
     read_copy_operands,
 )
+from hf_replayssm.kernels.read_copy_encode import reencode_read_copy, store_flushed_tile
 from hf_replayssm.ops.delta_step import delta_replay_step_ref, delta_state_update_ref
 from hf_replayssm.ops.positions import host_phase
 
@@ -584,6 +585,7 @@ def _delta_replay_step_kernel(
     rc_values_ptr, rc_scales_ptr, rc_tensor_scale_ptr,  # the read copy (READ_FORMAT fp8 / nvfp4)
     ring_v_ptr, ring_beta_ptr,  # raw v and beta records (EXACT_FOLD)
     weights_ptr,  # per (row, value head): exp(c) [BLOCK_K], then the records' q and k weights [BLOCK_R] each
+    amax_ptr,  # FLUSH_AMAX: int32 [B], each flushing row's max |new checkpoint| (for the nvfp4 re-encode)
     # sizes; the host's positions (PHASE 1/2: every row at origin_host / count_host)
     K: tl.constexpr, V: tl.constexpr, ring_size, kv_ratio, scale, origin_host, count_host,
     # strides (all but the batch strides are compile-time constants: tile addresses become immediate offsets)
@@ -625,6 +627,7 @@ def _delta_replay_step_kernel(
     EXACT_SOLVE: tl.constexpr = False,  # EXACT_FOLD, scalar gates: the records' d solved at once (_exact_fold_solved)
     CHUNK_K: tl.constexpr = 0,  # PHASE 1 / 4, any READ_FORMAT: the checkpoint (or the copy) streamed CHUNK_K rows
     # of K at a time (0: the whole tile)
+    FLUSH_AMAX: tl.constexpr = False,  # PHASE 0 / 2 / 3: flushes fold max |new checkpoint| into amax_ptr[b]
 ):
     pid_v = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -777,7 +780,7 @@ def _delta_replay_step_kernel(
                                        stride_rg_r, stride_rg_k, stride_rv_r, stride_rv_v, stride_rb_r, GATE_PER_KEY,
                                        USE_QK_L2NORM)
             if EXACT_FOLD:
-                tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask_kv)
+                store_flushed_tile(s, state_ptrs, mask_kv, amax_ptr, pid_b, FLUSH_AMAX)
                 if not FLUSH_READS_COPY:
                     tl.store(o_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_v * stride_o_v,
                              o_new.to(o_ptr.dtype.element_ty), mask=mask_v)  # replaces the output stored above
@@ -815,7 +818,7 @@ def _delta_replay_step_kernel(
                             g_j = tl.load(rg_base + slot_j * stride_rg_r)
                         s += (tl.exp(seg_j) * k_j)[:, None] * d_j.to(tl.float32)[None, :]
                         seg_j += g_j.to(tl.float32)
-                tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask_kv)
+                store_flushed_tile(s, state_ptrs, mask_kv, amax_ptr, pid_b, FLUSH_AMAX)
         else:
             # Append the token's record at logical position count: d by every V tile, g by V tile 0, the raw key by
             # V tile 0 of the first value head of its key group.
@@ -927,7 +930,7 @@ def _delta_replay_walk_kernel(
 @triton.jit
 def _delta_flush_due_kernel(
     state_ptr, ring_k_ptr, ring_d_ptr, ring_g_ptr, origin_ptr, count_ptr,
-    q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, o_ptr,
+    q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, o_ptr, amax_ptr,
     batch, heads, K: tl.constexpr, V: tl.constexpr, ring_size, kv_ratio, scale,
     stride_s_b, stride_s_h: tl.constexpr, stride_s_k: tl.constexpr, stride_s_v: tl.constexpr,
     stride_rk_b, stride_rk_r: tl.constexpr, stride_rk_h: tl.constexpr, stride_rk_k: tl.constexpr,
@@ -948,6 +951,7 @@ def _delta_flush_due_kernel(
     BLOCK_R: tl.constexpr,
     BLOCK_B: tl.constexpr,
     FLUSH_PRECISION: tl.constexpr,
+    FLUSH_AMAX: tl.constexpr = False,
 ):
     """The split device-phase step's flush launch on a grid sized to the GPU (``kernels/flush_grid.py``): the
     (due row, value head, V tile) items, each folded as the replay kernel's ``PHASE`` 3 program of that tile (fp32
@@ -993,7 +997,7 @@ def _delta_flush_due_kernel(
         else:
             kw_r = k_r * w_r[:, None]
         s += tl.dot(tl.trans(kw_r), d_r, input_precision=FLUSH_PRECISION)
-        tl.store(state_ptrs, s.to(state_ptr.dtype.element_ty), mask=mask_kv)
+        store_flushed_tile(s, state_ptrs, mask_kv, amax_ptr, pid_b, FLUSH_AMAX)
 
 
 @triton.jit
@@ -1279,7 +1283,7 @@ def _replay_step(
     _flush_dot=None, _ticket=True, _ring_physical=False, _split="auto", _prefetch=True,
     _count_launch=True, flush_reads_copy=False,
     _nvfp4_pairs=True, _kda_weights=True, _gdn_weights=False, _weights_warps=None, _chunk_k=0, _flush_grid="batch",
-    _flush_config=None, _walk="auto", _exact_solve=False,
+    _flush_config=None, _walk="auto", _exact_solve=False, reencode_copy=False, _flush_amax=True,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot``; ``_split`` (device positions only): the step as a flush-only launch for the rows due (the others
@@ -1498,7 +1502,7 @@ def _replay_step(
         flush_v, flush_warps = _flush_config or flush_due_launch_config(key_dim, value_dim)
         LAST_COMPILED["replay_phase3"] = LAST_COMPILED["flush_due"] = _delta_flush_due_kernel[
             (flush_grid_programs(v.device, batch * cdiv(value_dim, flush_v) * value_heads),)](
-            state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, o,
+            state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, o, flush_amax,
             batch, value_heads, key_dim, value_dim, ring_size, value_heads // key_heads, scale,
             *state.stride(), *ring_k.stride(), *ring_d.stride(), *_ring_gate_strides(ring_g),
             origin.stride(0), count.stride(0),
@@ -1511,6 +1515,7 @@ def _replay_step(
             BLOCK_R=block_r,
             BLOCK_B=next_power_of_2(batch),
             FLUSH_PRECISION=FLUSH_PRECISION,
+            FLUSH_AMAX=flush_amax is not state,
             num_warps=flush_warps,
         )
 
@@ -1528,7 +1533,7 @@ def _replay_step(
             launch_grid = (cdiv(value_dim, launch_v), batch, value_heads)
         kernel = _delta_replay_step_kernel[launch_grid](
             state, ring_k, ring_d, ring_g, *positions, q, k, v, beta, g, o, *read_operands[:3], *raw_records[:2],
-            weights,
+            weights, flush_amax,
             key_dim, value_dim, ring_size, value_heads // key_heads, scale, *host,
             *state.stride(), *ring_k.stride(), *ring_d.stride(), *_ring_gate_strides(ring_g),
             *strides,
@@ -1554,10 +1559,20 @@ def _replay_step(
             EXACT_SOLVE=exact_solve,
             WEIGHTS_GIVEN=weighted[kernel_phase],
             CHUNK_K=_chunk_k if kernel_phase in (1, 4) else 0,
+            FLUSH_AMAX=flush_amax is not state and kernel_phase in (0, 2, 3),
             num_warps=launch_warps,
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel
 
+    # reencode_copy: a flushing row's copy re-encoded from its new checkpoint by the re-encode launch after the
+    # step; nvfp4 (_flush_amax): the flush launches fold each flushing row's max |new checkpoint| into a zeroed [B]
+    # scratch as they store it, and the re-encode takes it instead of reading the checkpoint once more for it
+    # (state stands in as the unused pointer otherwise)
+    reencode_copy = bool(reencode_copy) and read_format != "fp32" and phase != 1
+    flush_amax = state
+    if reencode_copy and read_format == "nvfp4" and _flush_amax:
+        flush_amax = torch.zeros(batch, dtype=torch.int32, device=state.device)
+    amax_given = {} if flush_amax is state else {"amax": flush_amax}
     with _device_guard(v):
         if weights is not state:  # before the step's launches: the counts they read are the old ones
             LAST_COMPILED["kda_weights"] = _kda_weights_kernel[(batch, value_heads)](
@@ -1576,6 +1591,9 @@ def _replay_step(
             launch(kernel_phase)
         if count_launch:
             advance_counts(count, buffer_len)
+        if reencode_copy:  # the rows whose count came back to 0 (device positions), or every row (a host flush)
+            select = count == 0 if phase == 0 else torch.ones(batch, dtype=torch.bool, device=state.device)
+            reencode_read_copy(state, read_copy, read_format, select, **amax_given)
     return o
 
 
@@ -1623,6 +1641,7 @@ def delta_replay_step(
     ring_v: torch.Tensor | None = None,
     ring_beta: torch.Tensor | None = None,
     flush_reads_copy: bool = False,
+    reencode_copy: bool = False,
 ) -> torch.Tensor:
     """Fused ReplaySSM decode step for a gated delta rule layer (one launch, phase decided per row on the device).
 
@@ -1646,8 +1665,12 @@ def delta_replay_step(
     in the checkpoint store's encoding (layouts in :mod:`hf_replayssm.ops.read_copy`; rows = the value dim).
     Replaying rows then take ``S0^T q`` and ``S0^T k`` from the copy, decoded in registers, and never read
     ``state``; so the corrected value ``d`` they append is the copy's. Flushing rows read and write ``state`` as
-    without a copy (folding the ring's ``d`` records as they are) and do **not** re-encode the copy: after a flush
-    the caller must refresh the copy from the new checkpoint before the next replay step.
+    without a copy (folding the ring's ``d`` records as they are) and do **not** re-encode the copy unless
+    ``reencode_copy``: after a flush the caller must refresh the copy from the new checkpoint before the next replay
+    step. ``reencode_copy`` (with a copy): a flushing row's copy is re-encoded from its new checkpoint in the same
+    call (the re-encode launch after the step's launches; nvfp4: taking the batch row's amax from the flush
+    launches, which fold it as they store), bit-identical to the store's encoding
+    (:func:`hf_replayssm.kernels.read_copy_encode.reencode_read_copy`).
 
     Exact fold (what the separated policy needs, since the ring's ``d`` then saw the copy): with ``ring_v``
     [B, R, Hv, V] (v's dtype) and ``ring_beta`` [B, R, Hv] float32, replaying rows also append the token's raw v
@@ -1658,7 +1681,8 @@ def delta_replay_step(
     unchanged.
     """
     return _replay_step(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len, use_qk_l2norm,
-                        scale, out, read_copy, read_format, ring_v, ring_beta, flush_reads_copy=flush_reads_copy)
+                        scale, out, read_copy, read_format, ring_v, ring_beta, flush_reads_copy=flush_reads_copy,
+                        reencode_copy=reencode_copy)
 
 
 def delta_state_update(

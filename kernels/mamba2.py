@@ -91,10 +91,10 @@ from hf_replayssm.kernels.flush_grid import (
 from hf_replayssm.kernels.host_math import cdiv, next_power_of_2
 from hf_replayssm.kernels.read_copy import load_nvfp4_blocks, load_read_tile, nvfp4_blocks_dot, read_copy_operands
 from hf_replayssm.kernels.read_copy_encode import (
-    accumulate_row_amax,
     encode_constants,
     fp8_encode_tile,
     reencode_read_copy,
+    store_flushed_tile,
 )
 from hf_replayssm.ops.mamba2_step import mamba2_replay_step_ref, mamba2_state_update_ref
 from hf_replayssm.ops.positions import host_phase
@@ -321,14 +321,6 @@ def _mamba2_store_y(y, x_f, D_h, z, y_ptr, pid_b, h, offs_p, mask_p, stride_y_b,
 
 
 @triton.jit
-def _mamba2_store_flushed(s, state_ptrs, mask_pn, pid_b, amax_ptr, FLUSH_AMAX: tl.constexpr):
-    stored = s.to(state_ptrs.dtype.element_ty)
-    tl.store(state_ptrs, stored, mask=mask_pn)
-    if FLUSH_AMAX:  # of the values as stored (what the re-encode would read back)
-        accumulate_row_amax(amax_ptr, pid_b, stored.to(tl.float32), mask_pn)
-
-
-@triton.jit
 def _mamba2_flushed_state(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin,
                           count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, dt_m, la_m, A_h,
                           stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
@@ -342,7 +334,7 @@ def _mamba2_flushed_state(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring
     float32 accuracy); otherwise the sequential recurrence (the standard step's arithmetic) over records read
     FOLD_UNROLL at a time: fewer registers than the closed form, but a chain of about count / FOLD_UNROLL dependent
     round trips to memory (FOLD_UNROLL >= count: one; the same arithmetic at every FOLD_UNROLL). FLUSH_AMAX: the
-    stored tile's max |s| is folded into ``amax_ptr[pid_b]`` (read_copy_encode.accumulate_row_amax), the nvfp4
+    stored tile's max |s| is folded into ``amax_ptr[pid_b]`` (read_copy_encode.store_flushed_tile), the nvfp4
     re-encode's first pass."""
     if FLUSH_DOT:
         x_r, B_r, w, lam = _mamba2_records(
@@ -351,7 +343,7 @@ def _mamba2_flushed_state(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring
             stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g, stride_rB_n, BLOCK_R, False)
         s = (s0 * tl.exp(lam) + tl.dot(tl.trans(x_r * w[:, None]), B_r, input_precision=FLUSH_PRECISION)
              + (dt_m * x_f)[:, None] * B_f[None, :])
-        _mamba2_store_flushed(s, state_ptrs, mask_pn, pid_b, amax_ptr, FLUSH_AMAX)
+        store_flushed_tile(s, state_ptrs, mask_pn, amax_ptr, pid_b, FLUSH_AMAX)
         return s
     s = s0
     for j0 in range(0, count, FOLD_UNROLL):
@@ -366,7 +358,7 @@ def _mamba2_flushed_state(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring
             dt_j = dt_j.to(tl.float32)
             s = tl.where(j < count, s * tl.exp(A_h * dt_j) + (dt_j * x_j)[:, None] * B_j[None, :], s)
     s = s * tl.exp(la_m) + (dt_m * x_f)[:, None] * B_f[None, :]
-    _mamba2_store_flushed(s, state_ptrs, mask_pn, pid_b, amax_ptr, FLUSH_AMAX)
+    store_flushed_tile(s, state_ptrs, mask_pn, amax_ptr, pid_b, FLUSH_AMAX)
     return s
 
 

@@ -269,17 +269,17 @@ def _mamba2_read_copy_step(step, state, ring_x, ring_dt, ring_B, origin, count, 
                 out=_fresh(x), read_copy=read_copy, read_format=read_format, flush_reads_copy=True, reencode_copy=True)
 
 
-def _delta_read_copy_step(step, reencode, state, ring_k, ring_d, ring_g, ring_v, ring_beta, origin, count, rc_values,
+def _delta_read_copy_step(step, state, ring_k, ring_d, ring_g, ring_v, ring_beta, origin, count, rc_values,
                           rc_scales, rc_tensor_scale, rc_row, read_format, q, k, v, beta, g, buffer_len, use_qk_l2norm,
                           scale):
-    """The separated delta-rule step (exact fold from the raw v / beta records) with ``step``, then the re-encode."""
+    """The separated delta-rule step (exact fold from the raw v / beta records) with ``step``, which also re-encodes
+    the copy of the rows that flushed (``reencode_copy``)."""
     _check_delta_replay(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len)
     _check_raw_records(ring_v, ring_beta, ring_d)
     read_copy = _read_copy(rc_values, rc_scales, rc_tensor_scale, rc_row, read_format, state)
     o = step(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, buffer_len, use_qk_l2norm, scale,
              out=_fresh(v), read_copy=read_copy, read_format=read_format, ring_v=ring_v, ring_beta=ring_beta,
-             flush_reads_copy=True)
-    reencode(state, read_copy, read_format, count == 0)
+             flush_reads_copy=True, reencode_copy=True)
     return o
 
 
@@ -313,11 +313,9 @@ def delta_replay_step_read_copy(
     """:func:`delta_replay_step` under separated precision: replaying rows read the read copy and append the raw v
     and beta, flushing rows recompute the corrected values against the float32 checkpoint (exact fold), and the copy
     of each row that flushed is re-encoded from its new checkpoint."""
-    from hf_replayssm.ops.read_copy import reencode_read_copy_ref
-
-    return _delta_read_copy_step(delta_replay_step_ref, reencode_read_copy_ref, state, ring_k, ring_d, ring_g, ring_v,
-                                 ring_beta, origin, count, rc_values, rc_scales, rc_tensor_scale, rc_row, read_format,
-                                 q, k, v, beta, g, buffer_len, use_qk_l2norm, scale)
+    return _delta_read_copy_step(delta_replay_step_ref, state, ring_k, ring_d, ring_g, ring_v, ring_beta, origin,
+                                 count, rc_values, rc_scales, rc_tensor_scale, rc_row, read_format, q, k, v, beta, g,
+                                 buffer_len, use_qk_l2norm, scale)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -370,9 +368,8 @@ def _delta_replay_step_read_copy_triton(state, ring_k, ring_d, ring_g, ring_v, r
                                         rc_scales, rc_tensor_scale, rc_row, read_format, q, k, v, beta, g,
                                         buffer_len=16, use_qk_l2norm=True, scale=None):
     from .delta_rule import delta_replay_step as kernel
-    from .read_copy_encode import reencode_read_copy
 
-    return _delta_read_copy_step(kernel, reencode_read_copy, state, ring_k, ring_d, ring_g, ring_v, ring_beta, origin,
+    return _delta_read_copy_step(kernel, state, ring_k, ring_d, ring_g, ring_v, ring_beta, origin,
                                  count, rc_values, rc_scales, rc_tensor_scale, rc_row, read_format, q, k, v, beta, g,
                                  buffer_len, use_qk_l2norm, scale)
 

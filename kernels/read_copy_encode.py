@@ -209,6 +209,17 @@ def accumulate_row_amax(amax_ptr, b, x, mask):
 
 
 @triton.jit
+def store_flushed_tile(s, ptrs, mask, amax_ptr, b, FLUSH_AMAX: tl.constexpr):
+    """A flush's store of its new checkpoint tile ``s`` (float32) at ``ptrs`` under ``mask``, rounded to the
+    checkpoint's dtype; FLUSH_AMAX: its max |value as stored| folded into ``amax_ptr[b]``
+    (:func:`accumulate_row_amax`) for the nvfp4 re-encode after the step."""
+    stored = s.to(ptrs.dtype.element_ty)
+    tl.store(ptrs, stored, mask=mask)
+    if FLUSH_AMAX:
+        accumulate_row_amax(amax_ptr, b, stored.to(tl.float32), mask)
+
+
+@triton.jit
 def _nvfp4_tensor_scale(amax_ptr, b, SCALAR_RECIPROCAL: tl.constexpr):
     """The sequence (tensor) scale of batch row b from its amax bits."""
     amax = tl.load(amax_ptr + b).to(tl.float32, bitcast=True)

@@ -25,7 +25,7 @@ from kernel_harness import assert_close as _close
 
 CASES = ["mamba2_device", "mamba2_host_phase", "gdn_device", "kda_device", "delta_host_phase", "delta_exact_fold",
          "delta_chunked", "delta_stream_default", "delta_exact_solve", "flush_reads_copy", "mamba2_reencode_copy",
-         "nvfp4_pairs",
+         "delta_reencode_copy", "nvfp4_pairs",
          "nvfp4_every_code", "bad_read_copy"]
 
 
@@ -583,6 +583,78 @@ def case_nvfp4_every_code(_, device):
         decode_kernel[(1,)](packed.to(device), block.view(torch.float8_e4m3fn).to(device), tensor_scale.to(device),
                             out, ROWS=rows, COLS=cols, WIDTH=width, FORMAT=fmt)
         assert torch.equal(out.cpu().view(torch.int32), want.view(torch.int32)), (fmt, width)
+
+
+def case_delta_reencode_copy(_, device):
+    """``reencode_copy`` (GDN / KDA): as ``mamba2_reencode_copy``, a flushing row's copy re-encoded from its new
+    checkpoint in the same call (bytes equal to the re-encode kernel's on that checkpoint, the other rows' untouched,
+    everything else that of the call without it); nvfp4 with the flush launches' amax (``_flush_amax``, default) on
+    the host flush-only launch, the fused and the split step, the device-sized flush grid (no exact fold, no
+    ``flush_reads_copy``), and without it; fp8. Value dim 24 (masked columns of nvfp4's 16-element blocks)."""
+    import torch
+
+    from hf_replayssm.kernels.read_copy_encode import reencode_read_copy
+
+    for name, read_format, host, launch in (
+            ("gdn", "nvfp4", True, {}), ("kda", "nvfp4", True, {"_flush_amax": False}), ("gdn", "fp8", False, {}),
+            ("kda", "nvfp4", False, {}), ("gdn", "nvfp4", False, {"_split": True}),
+            ("gdn", "nvfp4", False, {"exact": False, "_split": True, "_flush_grid": "device"})):
+        family = _Family(name)
+        launch = dict(launch)
+        exact = launch.pop("exact", True)  # the separated policy's exact fold and flush outputs from the copy
+        p = family.inputs(device, 4, seed=90 + len(name))
+        if exact:
+            p["ring_v"], p["ring_beta"] = _raw_rings(p)
+        copy, _ = _store_copy(p["state"], read_format)
+        counts = [5] * 4 if host else [5, 2, 5, 4]
+        runs = {}
+        for label, fn, option in (("kernel", family.kernel, True), ("ref", family.ref, True),
+                                  ("plain", family.kernel, False)):
+            q, c = _clone(p), {n: t.clone() for n, t in copy.items()}
+            raw = {n: q.pop(n) for n in ("ring_v", "ring_beta") if n in q}
+            if host and label != "ref":
+                positions = (3, 5)
+            else:
+                positions = _positions([3, 1, 0, 2] if not host else [3] * 4, counts, device)
+            family.module.LAST_COMPILED.pop("flush_due", None)
+            y = fn(q, *positions, 6, read_copy=c, read_format=read_format, flush_reads_copy=exact,
+                   reencode_copy=option, **raw, **(launch if label != "ref" else {}))
+            if label == "kernel" and "_flush_grid" in launch:  # the device-sized flush grid did serve the step
+                assert "flush_due" in family.module.LAST_COMPILED
+            runs[label] = (y, q, c, positions[1])
+        (y, got, got_copy, count), (y_ref, want, ref_copy, _), (y_plain, plain, plain_copy, _) = (
+            runs[k] for k in ("kernel", "ref", "plain"))
+        flushed = torch.tensor([n + 1 >= 6 for n in counts], device=device)
+        print(f" {name} {read_format} {'host' if host else 'device'} positions {launch}, exact fold {exact}, "
+              f"flushed {flushed.tolist()}")
+        same = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=1e-6, atol=1e-6)  # (constexpr variants)
+        torch.testing.assert_close(y, y_plain, **same)
+        for n in ("state", *family.rings):
+            torch.testing.assert_close(got[n], plain[n], **same)
+        if not host:
+            assert torch.equal(count, runs["plain"][3])
+        for n in copy:  # the plain call leaves the copy; the option rewrites exactly the flushed rows
+            assert torch.equal(plain_copy[n], copy[n]), n
+        expected = {n: t.clone() for n, t in copy.items()}
+        reencode_read_copy(got["state"], expected, read_format, flushed)
+        for n in copy:
+            if n == "row":
+                continue
+            bits = [t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+                    for t in (got_copy[n], expected[n], copy[n])]
+            assert torch.equal(bits[0], bits[1]), (name, read_format, n)
+            assert torch.equal(bits[0][~flushed], bits[2][~flushed]), n  # the other rows' bytes untouched
+            assert not torch.equal(bits[0][flushed], bits[2][flushed]), n  # (the checkpoint did change)
+        _close("y vs reference", y, y_ref, REL)
+        torch.testing.assert_close(got["state"], want["state"], rtol=2e-6, atol=2e-6)
+        # the reference re-encodes its own checkpoint: its copy is the codec's of that checkpoint
+        ref_expected = {n: t.clone() for n, t in copy.items()}
+        reencode_read_copy(want["state"], ref_expected, read_format, flushed)
+        for n in copy:
+            if n != "row":
+                assert torch.equal(ref_copy[n].view(torch.uint8) if ref_copy[n].dtype == torch.float8_e4m3fn
+                                   else ref_copy[n], ref_expected[n].view(torch.uint8)
+                                   if ref_expected[n].dtype == torch.float8_e4m3fn else ref_expected[n]), n
 
 
 def _raw_rings(p):

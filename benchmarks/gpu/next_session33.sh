@@ -12,7 +12,9 @@
 #   every flush launch folds its rows' max |new checkpoint| into a [B] scratch, the re-encode skips its amax pass)
 #   and of reencode_read_copy(amax=); (b) Mamba-2 nvfp4 kernels at 256 (as the cache runs it: the step's re-encode
 #   with the flush's amax; "external": the two-pass re-encode launched after the flush), GDN / KDA nvfp4 as the cache
-#   runs them (read_copy_defaults.py; the contiguous-load encode now the default).
+#   runs them (read_copy_defaults.py; the contiguous-load encode now the default). Run 172: 5 passed; Mamba-2 nvfp4
+#   host as the cache 367.95 us (external two-pass re-encode 376.97), GDN nvfp4 194.8, KDA nvfp4 238.0.
+# STAGE=3: the same for the delta rule (below).
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session33; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
@@ -22,6 +24,17 @@ if [ "$STAGE" = 1 ]; then
     tests/test_kernels_read_copy.py -k "reencode or nvfp4 or flush_reads_copy"; pack
   test_job 200 test_gpu_separated tests/test_gpu.py -k "separated or read_copy"; pack
   tail -n 3 "$RES"/test_*.txt
+elif [ "$STAGE" = 3 ]; then  # (about 8 minutes) GDN / KDA steps re-encode the copy themselves (reencode_copy), nvfp4
+  # with the flush launches' amax: CUDA tests (the kernels, the ops, the cache's separated GPU tests), then GDN / KDA
+  # fp8 and nvfp4 as the cache runs them at 256 (host "as the cache": the step's re-encode; "external": the two-pass
+  # re-encode launched after the flush; device arms: the step's re-encode)
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 240 test_kernels_delta_reencode_cuda tests/test_kernels_read_copy.py \
+    tests/test_kernel_ops.py -k "delta_reencode_copy or mamba2_reencode_copy or flush_reads_copy or triton_impls"; pack
+  test_job 200 test_gpu_separated tests/test_gpu.py -k "separated or read_copy"; pack
+  timeout 280 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256 --specs gdn:nvfp4,kda:nvfp4,gdn:fp8,kda:fp8 \
+    --out "$RES/read_copy_flush_amax.json" > "$RES/read_copy_flush_amax.txt" 2>&1
+  echo "read_copy_flush_amax rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  tail -n 3 "$RES"/test_*.txt; cat "$RES"/read_copy_*.txt | tail -n 6
 elif [ "$STAGE" = 2 ]; then
   REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 240 test_kernels_flush_amax_cuda tests/test_kernels_read_copy_encode.py \
     tests/test_kernels_read_copy.py -k "given_amax or model_shapes or bad_inputs or mamba2_reencode_copy \

@@ -27,7 +27,7 @@ import torch
 
 from .delta_rule import delta_fold, delta_replay, delta_step_reference
 from .positions import row_position, set_row_count
-from .read_copy import decode_read_copy
+from .read_copy import decode_read_copy, reencode_read_copy_ref
 
 L2NORM_EPS = 1e-6
 
@@ -102,6 +102,7 @@ def delta_replay_step_ref(
     ring_v: torch.Tensor | None = None,
     ring_beta: torch.Tensor | None = None,
     flush_reads_copy: bool = False,
+    reencode_copy: bool = False,
 ) -> torch.Tensor:
     """One ReplaySSM decode step per batch row (replay or flush, decided per row from ``count``).
 
@@ -125,7 +126,8 @@ def delta_replay_step_ref(
 
     ``flush_reads_copy`` (with a read copy): a flushing row's ``o`` is the replay output from the copy and the
     records (what the separated policy's flush step outputs, as ReplayCache's torch path computes it) instead of
-    ``S^T q`` of the new state; the fold is unchanged.
+    ``S^T q`` of the new state; the fold is unchanged. ``reencode_copy``: a flushing row's copy is re-encoded from
+    its new checkpoint in the same call.
     """
     if (ring_v is None) != (ring_beta is None):
         raise ValueError("ring_v and ring_beta come together (the raw records of an exact fold)")
@@ -138,6 +140,7 @@ def delta_replay_step_ref(
     kn = delta_keys(k, value_heads, use_qk_l2norm)
     g32, beta32 = g.float(), beta.float()
     read_state = decode_read_copy(read_copy, read_format, state)  # ``state`` itself without a copy
+    flushed = torch.zeros(batch, dtype=torch.bool)
     outs = []
     for b in range(batch):
         start, num = row_position(origin, b), row_position(count, b)
@@ -159,6 +162,7 @@ def delta_replay_step_ref(
                                         all_beta, all_g)
             new_state = delta_fold(state[b : b + 1], all_k, all_d, all_g)[0]
             state[b].copy_(new_state)
+            flushed[b] = True
             if flush_reads_copy and read_copy is not None:
                 o, _ = delta_replay(read_state[b : b + 1], hist_k, hist_d, hist_g, qn[b, None, None], tok_k,
                                     v[b, None, None], beta32[b, None, None], tok_g)
@@ -176,4 +180,6 @@ def delta_replay_step_ref(
                 ring_v[b, slot] = v[b].to(ring_v.dtype)
                 ring_beta[b, slot] = beta[b].to(ring_beta.dtype)
             set_row_count(count, b, num + 1)
+    if reencode_copy and read_copy is not None and bool(flushed.any()):
+        reencode_read_copy_ref(state, read_copy, read_format, flushed.to(state.device))
     return _finish(torch.stack(outs), v, out)

@@ -14,7 +14,8 @@
 #   with the flush's amax; "external": the two-pass re-encode launched after the flush), GDN / KDA nvfp4 as the cache
 #   runs them (read_copy_defaults.py; the contiguous-load encode now the default). Run 172: 5 passed; Mamba-2 nvfp4
 #   host as the cache 367.95 us (external two-pass re-encode 376.97), GDN nvfp4 194.8, KDA nvfp4 238.0.
-# STAGE=3: the same for the delta rule (below).
+# STAGE=3: the same for the delta rule (below). Run 173: 4 + 21 CUDA tests passed; GDN nvfp4 host as the cache
+#   188.6 us (external 195.0), KDA nvfp4 227.7 (238.1).
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session33; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
@@ -35,6 +36,11 @@ elif [ "$STAGE" = 3 ]; then  # (about 8 minutes) GDN / KDA steps re-encode the c
     --out "$RES/read_copy_flush_amax.json" > "$RES/read_copy_flush_amax.txt" 2>&1
   echo "read_copy_flush_amax rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   tail -n 3 "$RES"/test_*.txt; cat "$RES"/read_copy_*.txt | tail -n 6
+elif [ "$STAGE" = 4 ]; then  # (about 5 minutes) every read-copy kernel and re-encode test on CUDA, with the
+  # contiguous-load nvfp4 encode and the flushes' amax now the defaults
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 420 test_kernels_read_copy_all_cuda tests/test_kernels_read_copy.py \
+    tests/test_kernels_read_copy_encode.py; pack
+  tail -n 3 "$RES"/test_*.txt
 elif [ "$STAGE" = 2 ]; then
   REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 240 test_kernels_flush_amax_cuda tests/test_kernels_read_copy_encode.py \
     tests/test_kernels_read_copy.py -k "given_amax or model_shapes or bad_inputs or mamba2_reencode_copy \

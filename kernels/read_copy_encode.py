@@ -20,7 +20,9 @@ Launches (grid axis 2 = batch row; a program of a row not selected loads ``selec
   tensor_scale``, codes = E2M1 of ``x / block_scale`` (0 where the block scale is 0) rounded to nearest with ties to
   the even code (the comparisons below reproduce ``e2m1_encode``'s bucketize tie rule), saturating at +-6, the sign
   bit only on non-zero codes. Storage padding (C not a multiple of 16) encodes zeros. Program (0, 0, b) writes
-  ``tensor_scale[b]``.
+  ``tensor_scale[b]``. With ``amax=`` (the replay steps' ``reencode_copy``: their flush launches fold each row's
+  amax as they store the new checkpoint, :func:`store_flushed_tile`) launch (1) is skipped: one read of the
+  checkpoint instead of two.
 * Compact grids (the default, ``_programs_per_row=P`` with P = ``COMPACT_PROGRAMS_PER_ROW``; ``None`` gives the
   per-tile grids above): every launch
   above gets ``(min(P, tiles), B)`` programs instead; program p of a selected batch row loops over its tiles of

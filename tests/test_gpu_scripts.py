@@ -62,8 +62,8 @@ def test_read_copy_defaults_smoke(tmp_path):
     assert row["stream_config"] == [64, 1, 16] and row["device_stream_config"] == [64, 1, 16], row
     timed = {key: value for key, value in row.items() if key.endswith("_us")}
     assert sorted(timed) == sorted(["host_default_us", "host_default_reencode_us", "host_default_external_reencode_us",
-                                    "host_default_per_tile_reencode_us", "host_whole_tile_us", "device_mixed_default_us",
-                                    "device_mixed_fused_us", "device_in_phase_default_us",
+                                    "host_default_per_tile_reencode_us", "host_whole_tile_us",
+                                    "device_mixed_default_us", "device_mixed_fused_us", "device_in_phase_default_us",
                                     "device_in_phase_fused_us", "standard_us"]), sorted(timed)
     assert all(value > 0 for value in timed.values()), timed
     assert "gdn fp8 batch 2 (stream (64, 1, 16)" in out.stdout

@@ -445,7 +445,6 @@ def case_mamba2_reencode_copy(_, device):
     (not a power of two: masked columns) and 32."""
     import torch
 
-    from hf_replayssm.kernels.read_copy_encode import reencode_read_copy
 
     family = _Family("mamba2")
     in_flush = {"_encode_in_flush": True}
@@ -472,40 +471,44 @@ def case_mamba2_reencode_copy(_, device):
             y = fn(q, *positions, 6, read_copy=c, read_format=read_format, flush_reads_copy=flush_reads_copy,
                    reencode_copy=option, **(launch if label != "ref" else {}))
             runs[label] = (y, q, c, positions[1])
-        (y, got, got_copy, count), (y_ref, want, ref_copy, _), (y_plain, plain, plain_copy, _) = (
-            runs[k] for k in ("kernel", "ref", "plain"))
         flushed = torch.tensor([n + 1 >= 6 for n in counts], device=device)
         print(f" {read_format} N={d_state} {'host' if host else 'device'} positions {launch}, flush_reads_copy "
               f"{flush_reads_copy}, flushed {flushed.tolist()}")
-        same = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=1e-6, atol=1e-6)  # (constexpr variants)
-        torch.testing.assert_close(y, y_plain, **same)
-        for n in ("state", *family.rings):
-            torch.testing.assert_close(got[n], plain[n], **same)
-        if not host:
-            assert torch.equal(count, runs["plain"][3])
-        for n in copy:  # the plain call leaves the copy; the option rewrites exactly the flushed rows
-            assert torch.equal(plain_copy[n], copy[n]), n
+        _check_step_reencoded(family, runs, copy, flushed, read_format, host, device)
+
+
+def _check_step_reencoded(family, runs, copy, flushed, read_format, host, device):
+    """The ``*_reencode_copy`` cases' checks on ``runs`` {"kernel", "ref", "plain": (y, inputs after, copy after,
+    count)} of one step from ``copy`` with the option (kernel, reference) and without it (plain)."""
+    import torch
+
+    from hf_replayssm.kernels.read_copy_encode import reencode_read_copy
+
+    def bits(t):
+        return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+    (y, got, got_copy, count), (y_ref, want, ref_copy, _), (y_plain, plain, plain_copy, _) = (
+        runs[k] for k in ("kernel", "ref", "plain"))
+    same = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=1e-6, atol=1e-6)  # (constexpr variants)
+    torch.testing.assert_close(y, y_plain, **same)
+    for n in ("state", *family.rings):
+        torch.testing.assert_close(got[n], plain[n], **same)
+    if not host:
+        assert torch.equal(count, runs["plain"][3])
+    for n in copy:  # the plain call leaves the copy; the option rewrites exactly the flushed rows
+        assert torch.equal(plain_copy[n], copy[n]), n
+    # the kernel's copy and the reference's: the re-encode kernel's (the codec's) of their own new checkpoints
+    for label, checkpoint, step_copy in (("kernel", got["state"], got_copy), ("ref", want["state"], ref_copy)):
         expected = {n: t.clone() for n, t in copy.items()}
-        reencode_read_copy(got["state"], expected, read_format, flushed)
+        reencode_read_copy(checkpoint, expected, read_format, flushed)
         for n in copy:
-            if n == "row":
-                continue
-            bits = [t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
-                    for t in (got_copy[n], expected[n], copy[n])]
-            assert torch.equal(bits[0], bits[1]), (read_format, n)
-            assert torch.equal(bits[0][~flushed], bits[2][~flushed]), n  # the other rows' bytes untouched
-            assert not torch.equal(bits[0][flushed], bits[2][flushed]), n  # (the checkpoint did change)
-        _close("y vs reference", y, y_ref, REL)
-        torch.testing.assert_close(got["state"], want["state"], rtol=2e-6, atol=2e-6)
-        # the reference re-encodes its own checkpoint with the codec: the same copy wherever the two checkpoints
-        # agree bit for bit (on the CPU the kernel's fold and the reference's are not the same arithmetic)
-        same_rows = [b for b in range(4) if bool(flushed[b]) and torch.equal(got["state"][b], want["state"][b])]
-        for b in same_rows:
-            for n in copy:
-                if n != "row":
-                    assert torch.equal(got_copy[n][b].view(torch.uint8) if got_copy[n].dtype == torch.float8_e4m3fn
-                                       else got_copy[n][b], ref_copy[n][b].view(torch.uint8)
-                                       if ref_copy[n].dtype == torch.float8_e4m3fn else ref_copy[n][b]), n
+            if n != "row":
+                assert torch.equal(bits(step_copy[n]), bits(expected[n])), (family.name, read_format, label, n)
+                # the other rows' bytes untouched; the flushed rows' rewritten (the checkpoint did change)
+                assert torch.equal(bits(step_copy[n])[~flushed], bits(copy[n])[~flushed]), (label, n)
+                assert not torch.equal(bits(step_copy[n])[flushed], bits(copy[n])[flushed]), (label, n)
+    _close("y vs reference", y, y_ref, REL)
+    torch.testing.assert_close(got["state"], want["state"], rtol=2e-6, atol=2e-6)
 
 
 def case_nvfp4_pairs(_, device):
@@ -593,7 +596,6 @@ def case_delta_reencode_copy(_, device):
     ``flush_reads_copy``), and without it; fp8. Value dim 24 (masked columns of nvfp4's 16-element blocks)."""
     import torch
 
-    from hf_replayssm.kernels.read_copy_encode import reencode_read_copy
 
     for name, read_format, host, launch in (
             ("gdn", "nvfp4", True, {}), ("kda", "nvfp4", True, {"_flush_amax": False}), ("gdn", "fp8", False, {}),
@@ -622,39 +624,10 @@ def case_delta_reencode_copy(_, device):
             if label == "kernel" and "_flush_grid" in launch:  # the device-sized flush grid did serve the step
                 assert "flush_due" in family.module.LAST_COMPILED
             runs[label] = (y, q, c, positions[1])
-        (y, got, got_copy, count), (y_ref, want, ref_copy, _), (y_plain, plain, plain_copy, _) = (
-            runs[k] for k in ("kernel", "ref", "plain"))
         flushed = torch.tensor([n + 1 >= 6 for n in counts], device=device)
         print(f" {name} {read_format} {'host' if host else 'device'} positions {launch}, exact fold {exact}, "
               f"flushed {flushed.tolist()}")
-        same = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=1e-6, atol=1e-6)  # (constexpr variants)
-        torch.testing.assert_close(y, y_plain, **same)
-        for n in ("state", *family.rings):
-            torch.testing.assert_close(got[n], plain[n], **same)
-        if not host:
-            assert torch.equal(count, runs["plain"][3])
-        for n in copy:  # the plain call leaves the copy; the option rewrites exactly the flushed rows
-            assert torch.equal(plain_copy[n], copy[n]), n
-        expected = {n: t.clone() for n, t in copy.items()}
-        reencode_read_copy(got["state"], expected, read_format, flushed)
-        for n in copy:
-            if n == "row":
-                continue
-            bits = [t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
-                    for t in (got_copy[n], expected[n], copy[n])]
-            assert torch.equal(bits[0], bits[1]), (name, read_format, n)
-            assert torch.equal(bits[0][~flushed], bits[2][~flushed]), n  # the other rows' bytes untouched
-            assert not torch.equal(bits[0][flushed], bits[2][flushed]), n  # (the checkpoint did change)
-        _close("y vs reference", y, y_ref, REL)
-        torch.testing.assert_close(got["state"], want["state"], rtol=2e-6, atol=2e-6)
-        # the reference re-encodes its own checkpoint: its copy is the codec's of that checkpoint
-        ref_expected = {n: t.clone() for n, t in copy.items()}
-        reencode_read_copy(want["state"], ref_expected, read_format, flushed)
-        for n in copy:
-            if n != "row":
-                assert torch.equal(ref_copy[n].view(torch.uint8) if ref_copy[n].dtype == torch.float8_e4m3fn
-                                   else ref_copy[n], ref_expected[n].view(torch.uint8)
-                                   if ref_expected[n].dtype == torch.float8_e4m3fn else ref_expected[n]), n
+        _check_step_reencoded(family, runs, copy, flushed, read_format, host, device)
 
 
 def _raw_rings(p):

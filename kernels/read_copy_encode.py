@@ -380,11 +380,12 @@ def _fp8_encode_compact_kernel(
     BLOCK_C: tl.constexpr,
     SCALAR_RECIPROCAL: tl.constexpr,
     FP8_CONVERT: tl.constexpr,
+    NUM_STAGES: tl.constexpr = 1,
 ):
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     if tl.load(select_ptr + b * stride_sel) != 0:
-        for t in range(pid, tl.cdiv(rows, BLOCK_R), tl.num_programs(0)):
+        for t in tl.range(pid, tl.cdiv(rows, BLOCK_R), tl.num_programs(0), num_stages=NUM_STAGES):
             offs_r = t * BLOCK_R + tl.arange(0, BLOCK_R)
             _fp8_encode_rows(state_ptr, codes_ptr, scale_ptr, b, offs_r // A, offs_r % A, offs_r < rows,
                              stride_x_b, stride_x_h, stride_x_a, stride_x_c,
@@ -431,6 +432,7 @@ def _nvfp4_encode_compact_kernel(
     SCALAR_RECIPROCAL: tl.constexpr,
     FP8_CONVERT: tl.constexpr,
     CONTIGUOUS_LOAD: tl.constexpr = True,
+    NUM_STAGES: tl.constexpr = 1,
 ):
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -438,7 +440,7 @@ def _nvfp4_encode_compact_kernel(
         g = _nvfp4_tensor_scale(amax_ptr, b, SCALAR_RECIPROCAL)
         if pid == 0:
             tl.store(tensor_scale_ptr + b * stride_t_b, g)
-        for t in range(pid, tl.cdiv(rows, BLOCK_R), tl.num_programs(0)):
+        for t in tl.range(pid, tl.cdiv(rows, BLOCK_R), tl.num_programs(0), num_stages=NUM_STAGES):
             offs_r = t * BLOCK_R + tl.arange(0, BLOCK_R)
             _nvfp4_encode_rows(state_ptr, packed_ptr, block_scale_ptr, b, offs_r // A, offs_r % A, offs_r < rows, g,
                                stride_x_b, stride_x_h, stride_x_a, stride_x_c,
@@ -479,7 +481,7 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
                        _fp8_convert: str | None = None,
                        _programs_per_row: int | None = COMPACT_PROGRAMS_PER_ROW,
                        _nvfp4_scale_convert: str | None = None, _nvfp4_contiguous_load: bool = True,
-                       amax: torch.Tensor | None = None) -> None:
+                       amax: torch.Tensor | None = None, _num_stages: int = 1) -> None:
     """Rewrite in place the read copy of the batch rows ``b`` with ``select[b] != 0`` from the checkpoint ``state``
     [B, H, A, C]: bit-identical to ``get_format(read_format).encode(state)`` for those rows; other rows' bytes are
     untouched. No host sync. ``amax`` (nvfp4 only): int32 [B] on the state's device holding, for every selected
@@ -494,7 +496,8 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
     None: one program per tile, see the module docstring), ``_nvfp4_scale_convert`` "hw" / "soft": the nvfp4 block
     scales' conversion (default "soft", or ``_fp8_convert`` when given), ``_nvfp4_contiguous_load``: the nvfp4
     encode loads its tile contiguously and splits it (default; False: the strided even / odd loads, see
-    ``_nvfp4_encode_rows``)."""
+    ``_nvfp4_encode_rows``), ``_num_stages``: the compact encode launches' tile loop software-pipelined that deep
+    (``tl.range``; 1: not pipelined)."""
     fmt = check_reencode(state, read_copy, read_format, select)
     if amax is not None:
         if fmt != "nvfp4":
@@ -535,7 +538,7 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
                 grid, block_r = compact(block_c)
                 _fp8_encode_compact_kernel[grid](
                     state, select, codes, scale, rows_a, rows, *strides, C=row, BLOCK_R=block_r, BLOCK_C=block_c,
-                    SCALAR_RECIPROCAL=recip, FP8_CONVERT=convert, num_warps=NUM_WARPS)
+                    SCALAR_RECIPROCAL=recip, FP8_CONVERT=convert, NUM_STAGES=_num_stages, num_warps=NUM_WARPS)
             return
         packed, block_scale = read_copy["packed"], _as_bits(read_copy["block_scale"])
         tensor_scale = read_copy["tensor_scale"]
@@ -571,4 +574,5 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
                 _row_amax_compact_kernel[grid](*amax_args, C=row, BLOCK_R=block_r, BLOCK_C=block_c,
                                                num_warps=NUM_WARPS)
             grid, block_r = compact(block_nb * 16)
-            _nvfp4_encode_compact_kernel[grid](*encode_args, rows, *strides, BLOCK_R=block_r, **consts)
+            _nvfp4_encode_compact_kernel[grid](*encode_args, rows, *strides, BLOCK_R=block_r, NUM_STAGES=_num_stages,
+                                               **consts)

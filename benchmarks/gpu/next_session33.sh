@@ -43,10 +43,9 @@ elif [ "$STAGE" = 4 ]; then  # (about 5 minutes) every read-copy kernel and re-e
   tail -n 3 "$RES"/test_*.txt
 elif [ "$STAGE" = 5 ]; then  # (about 3 minutes) the re-encode alone over its launch options
   # (benchmarks/gpu/reencode_tile_probe.py: programs per row, rows per tile, warps, pipelined tile loops)
-  timeout 170 python3 "$R/benchmarks/gpu/reencode_tile_probe.py" --out "$RES/reencode_tile_probe.json" \
-    > "$RES/reencode_tile_probe.txt" 2>&1
-  echo "reencode_tile_probe rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
-  cat "$RES/reencode_tile_probe.txt"
+  timeout 170 python3 "$R/benchmarks/gpu/reencode_tile_probe.py" --out "$RES/reencode_tile_probe.json" 2>&1 \
+    | tee "$RES/reencode_tile_probe.txt"  # (on stdout too: a call that runs out of time still shows the arms)
+  echo "reencode_tile_probe rc=${PIPESTATUS[0]} $(date +%T)" | tee -a "$RES/done.txt"; pack
 elif [ "$STAGE" = 6 ]; then  # the CUDA test of the launch options' bytes (_num_stages among them)
   REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_reencode_options_cuda \
     tests/test_kernels_read_copy_encode.py -k "model_shapes or given_amax"; pack

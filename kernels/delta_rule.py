@@ -136,7 +136,7 @@ from hf_replayssm.kernels.read_copy import (
     load_read_tile,
     read_copy_operands,
 )
-from hf_replayssm.kernels.read_copy_encode import reencode_read_copy, store_flushed_tile
+from hf_replayssm.kernels.read_copy_encode import EVERY_ROW_PROGRAMS_PER_ROW, reencode_read_copy, store_flushed_tile
 from hf_replayssm.ops.delta_step import delta_replay_step_ref, delta_state_update_ref
 from hf_replayssm.ops.positions import host_phase
 
@@ -1591,9 +1591,11 @@ def _replay_step(
             launch(kernel_phase)
         if count_launch:
             advance_counts(count, buffer_len)
-        if reencode_copy:  # the rows whose count came back to 0 (device positions), or every row (a host flush)
-            select = count == 0 if phase == 0 else torch.ones(batch, dtype=torch.bool, device=state.device)
-            reencode_read_copy(state, read_copy, read_format, select, **amax_given)
+        if reencode_copy and phase == 0:  # the rows whose count came back to 0
+            reencode_read_copy(state, read_copy, read_format, count == 0, **amax_given)
+        elif reencode_copy:  # a host flush: every row
+            reencode_read_copy(state, read_copy, read_format, torch.ones(batch, dtype=torch.bool, device=state.device),
+                               _programs_per_row=EVERY_ROW_PROGRAMS_PER_ROW, **amax_given)
     return o
 
 

@@ -91,6 +91,7 @@ from hf_replayssm.kernels.flush_grid import (
 from hf_replayssm.kernels.host_math import cdiv, next_power_of_2
 from hf_replayssm.kernels.read_copy import load_nvfp4_blocks, load_read_tile, nvfp4_blocks_dot, read_copy_operands
 from hf_replayssm.kernels.read_copy_encode import (
+    EVERY_ROW_PROGRAMS_PER_ROW,
     encode_constants,
     fp8_encode_tile,
     reencode_read_copy,
@@ -1084,7 +1085,8 @@ def _replay_step(
                 reencode_read_copy(state, read_copy, read_format, count == 0, **amax_given)
             else:
                 reencode_read_copy(state, read_copy, read_format,
-                                   torch.ones(batch, dtype=torch.bool, device=state.device), **amax_given)
+                                   torch.ones(batch, dtype=torch.bool, device=state.device),
+                                   _programs_per_row=EVERY_ROW_PROGRAMS_PER_ROW, **amax_given)
     return y
 
 

@@ -66,15 +66,21 @@ import triton.language as tl
 from hf_replayssm.kernels.host_math import cdiv, next_power_of_2
 from hf_replayssm.ops.read_copy import check_reencode, reencode_read_copy_ref
 
-__all__ = ["COMPACT_PROGRAMS_PER_ROW", "encode_constants", "fp8_encode_tile", "reencode_launch_config",
-           "reencode_read_copy", "reencode_read_copy_ref"]
+__all__ = ["COMPACT_PROGRAMS_PER_ROW", "EVERY_ROW_PROGRAMS_PER_ROW", "encode_constants", "fp8_encode_tile",
+           "reencode_launch_config", "reencode_read_copy", "reencode_read_copy_ref"]
 
 TILE_ELEMENTS = 4096  # float32 elements per program tile (32 per thread at 4 warps)
 NUM_WARPS = 4
 # ``_programs_per_row`` of the default compact grids: B / 16 flushing batch rows still give a few programs per SM on
 # a 132-SM GPU (16 per row: 2 per SM at B = 256). Measured faster than the per-tile grids on an H200 with every row
-# flushing together (see the module docstring).
+# flushing together in run 30 (see the module docstring), no longer since (EVERY_ROW_PROGRAMS_PER_ROW below); the
+# compiled path's steps, whose flushing rows are any subset, keep it.
 COMPACT_PROGRAMS_PER_ROW = 16
+# ``_programs_per_row`` of a re-encode of every batch row (a flush at host positions: every row flushes together): the
+# per-tile grid. H200, Nemotron-H-8B shape [256, 128, 64, 128], every row selected, the re-encode alone (run 175,
+# ``benchmarks/gpu/reencode_tile_probe.py``): nvfp4 with the flush's amax 539 us per-tile against 595 compact
+# (575-619 at 8-64 programs per row), fp8 315 against 335 (fp8 at copy bandwidth either way).
+EVERY_ROW_PROGRAMS_PER_ROW = None
 
 
 def _float32_reciprocal(d: float) -> float:
@@ -380,12 +386,11 @@ def _fp8_encode_compact_kernel(
     BLOCK_C: tl.constexpr,
     SCALAR_RECIPROCAL: tl.constexpr,
     FP8_CONVERT: tl.constexpr,
-    NUM_STAGES: tl.constexpr = 1,
 ):
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
     if tl.load(select_ptr + b * stride_sel) != 0:
-        for t in tl.range(pid, tl.cdiv(rows, BLOCK_R), tl.num_programs(0), num_stages=NUM_STAGES):
+        for t in range(pid, tl.cdiv(rows, BLOCK_R), tl.num_programs(0)):
             offs_r = t * BLOCK_R + tl.arange(0, BLOCK_R)
             _fp8_encode_rows(state_ptr, codes_ptr, scale_ptr, b, offs_r // A, offs_r % A, offs_r < rows,
                              stride_x_b, stride_x_h, stride_x_a, stride_x_c,
@@ -432,7 +437,6 @@ def _nvfp4_encode_compact_kernel(
     SCALAR_RECIPROCAL: tl.constexpr,
     FP8_CONVERT: tl.constexpr,
     CONTIGUOUS_LOAD: tl.constexpr = True,
-    NUM_STAGES: tl.constexpr = 1,
 ):
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -440,7 +444,7 @@ def _nvfp4_encode_compact_kernel(
         g = _nvfp4_tensor_scale(amax_ptr, b, SCALAR_RECIPROCAL)
         if pid == 0:
             tl.store(tensor_scale_ptr + b * stride_t_b, g)
-        for t in tl.range(pid, tl.cdiv(rows, BLOCK_R), tl.num_programs(0), num_stages=NUM_STAGES):
+        for t in range(pid, tl.cdiv(rows, BLOCK_R), tl.num_programs(0)):
             offs_r = t * BLOCK_R + tl.arange(0, BLOCK_R)
             _nvfp4_encode_rows(state_ptr, packed_ptr, block_scale_ptr, b, offs_r // A, offs_r % A, offs_r < rows, g,
                                stride_x_b, stride_x_h, stride_x_a, stride_x_c,
@@ -481,7 +485,7 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
                        _fp8_convert: str | None = None,
                        _programs_per_row: int | None = COMPACT_PROGRAMS_PER_ROW,
                        _nvfp4_scale_convert: str | None = None, _nvfp4_contiguous_load: bool = True,
-                       amax: torch.Tensor | None = None, _num_stages: int = 1) -> None:
+                       amax: torch.Tensor | None = None) -> None:
     """Rewrite in place the read copy of the batch rows ``b`` with ``select[b] != 0`` from the checkpoint ``state``
     [B, H, A, C]: bit-identical to ``get_format(read_format).encode(state)`` for those rows; other rows' bytes are
     untouched. No host sync. ``amax`` (nvfp4 only): int32 [B] on the state's device holding, for every selected
@@ -496,8 +500,7 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
     None: one program per tile, see the module docstring), ``_nvfp4_scale_convert`` "hw" / "soft": the nvfp4 block
     scales' conversion (default "soft", or ``_fp8_convert`` when given), ``_nvfp4_contiguous_load``: the nvfp4
     encode loads its tile contiguously and splits it (default; False: the strided even / odd loads, see
-    ``_nvfp4_encode_rows``), ``_num_stages``: the compact encode launches' tile loop software-pipelined that deep
-    (``tl.range``; 1: not pipelined)."""
+    ``_nvfp4_encode_rows``)."""
     fmt = check_reencode(state, read_copy, read_format, select)
     if amax is not None:
         if fmt != "nvfp4":
@@ -538,7 +541,7 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
                 grid, block_r = compact(block_c)
                 _fp8_encode_compact_kernel[grid](
                     state, select, codes, scale, rows_a, rows, *strides, C=row, BLOCK_R=block_r, BLOCK_C=block_c,
-                    SCALAR_RECIPROCAL=recip, FP8_CONVERT=convert, NUM_STAGES=_num_stages, num_warps=NUM_WARPS)
+                    SCALAR_RECIPROCAL=recip, FP8_CONVERT=convert, num_warps=NUM_WARPS)
             return
         packed, block_scale = read_copy["packed"], _as_bits(read_copy["block_scale"])
         tensor_scale = read_copy["tensor_scale"]
@@ -574,5 +577,4 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
                 _row_amax_compact_kernel[grid](*amax_args, C=row, BLOCK_R=block_r, BLOCK_C=block_c,
                                                num_warps=NUM_WARPS)
             grid, block_r = compact(block_nb * 16)
-            _nvfp4_encode_compact_kernel[grid](*encode_args, rows, *strides, BLOCK_R=block_r, NUM_STAGES=_num_stages,
-                                               **consts)
+            _nvfp4_encode_compact_kernel[grid](*encode_args, rows, *strides, BLOCK_R=block_r, **consts)

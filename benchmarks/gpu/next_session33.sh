@@ -42,14 +42,18 @@ elif [ "$STAGE" = 4 ]; then  # (about 5 minutes) every read-copy kernel and re-e
     tests/test_kernels_read_copy_encode.py; pack
   tail -n 3 "$RES"/test_*.txt
 elif [ "$STAGE" = 5 ]; then  # (about 3 minutes) the re-encode alone over its launch options
-  # (benchmarks/gpu/reencode_tile_probe.py: programs per row, rows per tile, warps, pipelined tile loops)
+  # (benchmarks/gpu/reencode_tile_probe.py: programs per row, rows per tile, warps, pipelined tile loops). Run 175.
   timeout 170 python3 "$R/benchmarks/gpu/reencode_tile_probe.py" --out "$RES/reencode_tile_probe.json" 2>&1 \
     | tee "$RES/reencode_tile_probe.txt"  # (on stdout too: a call that runs out of time still shows the arms)
   echo "reencode_tile_probe rc=${PIPESTATUS[0]} $(date +%T)" | tee -a "$RES/done.txt"; pack
-elif [ "$STAGE" = 6 ]; then  # the CUDA test of the launch options' bytes (_num_stages among them)
-  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_reencode_options_cuda \
-    tests/test_kernels_read_copy_encode.py -k "model_shapes or given_amax"; pack
-  tail -n 3 "$RES"/test_*.txt
+elif [ "$STAGE" = 6 ]; then  # (about 4 minutes) host flushes re-encode every row on the per-tile grid (run 175):
+  # Mamba-2 nvfp4 at 256, GDN / KDA nvfp4 and fp8 as the cache runs them
+  bench_job 120 kernels_mamba2_nvfp4_every_row kernels --family mamba2 --shapes nemotron-h-8b --batches 256 \
+    --no-sweep --read-format nvfp4 --out "$RES/kernels_mamba2_nvfp4_every_row.json"; pack
+  grep -h "host-phase replay\|as the cache\|device\|^nemotron" "$RES"/kernels_*.txt
+  timeout 100 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256 --specs gdn:nvfp4,kda:nvfp4,gdn:fp8,kda:fp8 \
+    --out "$RES/read_copy_every_row.json" 2>&1 | tee "$RES/read_copy_every_row.txt"
+  echo "read_copy_every_row rc=${PIPESTATUS[0]} $(date +%T)" | tee -a "$RES/done.txt"; pack
 elif [ "$STAGE" = 2 ]; then
   REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 240 test_kernels_flush_amax_cuda tests/test_kernels_read_copy_encode.py \
     tests/test_kernels_read_copy.py -k "given_amax or model_shapes or bad_inputs or mamba2_reencode_copy \

@@ -221,6 +221,10 @@ def print_read_copy_rows(r: dict, pad: int) -> None:
                          f"{r['replay_host_read_copy_external_per_tile_reencode_us']:.2f})"
                          if "replay_host_read_copy_external_reencode_us" in r else
                          f" (per-tile grid {r['replay_host_read_copy_per_tile_reencode_us']:.2f} us)"), flush=True)
+    if "replay_host_read_copy_flush_product_us" in r:
+        print(f"{'':<{pad}}{'':>6} | the flush launches taking the copy's product with C as stored "
+              f"(_flush_copy_product): host as the cache runs it {r['replay_host_read_copy_flush_product_us']:.2f} "
+              f"us, device, in phase {r['replay_in_phase_read_copy_flush_product_us']:.2f} us", flush=True)
     if "replay_in_phase_read_copy_split_us" in r:
         print(f"{'':<{pad}}{'':>6} | device, in phase, two launches (flushes, then replays): "
               f"{r['replay_in_phase_read_copy_split_us']:.2f} us", flush=True)

@@ -418,6 +418,10 @@ def _mamba2_replay_step_kernel(
     ENCODE_SCALAR_RECIPROCAL: tl.constexpr = False,
     ENCODE_FP8_CONVERT: tl.constexpr = "soft",
     FLUSH_AMAX: tl.constexpr = False,  # PHASE 0 / 2 / 3: see _mamba2_flushed_state
+    # PHASE 2 / 3 with FLUSH_READS_COPY and READ_FORMAT "nvfp4_pairs" / "fp8" (_flush_copy_product, off: not yet
+    # timed): the outputs take the copy's product with C as stored, as the replay launches do, instead of the
+    # decoded tile
+    FLUSH_COPY_PRODUCT: tl.constexpr = False,
 ):
     pid_p = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -460,14 +464,16 @@ def _mamba2_replay_step_kernel(
             s0 = s_pre.to(tl.float32)
         elif READ_FORMAT == "fp32" or ((PHASE == 2 or PHASE == 3) and not FLUSH_READS_COPY):
             s0 = tl.load(state_ptrs, mask=mask_pn, other=0.0).to(tl.float32)
-        elif (PHASE == 1 or PHASE == 4) and READ_FORMAT == "nvfp4_pairs":  # as stored: only S0 C is needed
+        elif (PHASE == 1 or PHASE == 4 or FLUSH_COPY_PRODUCT) and READ_FORMAT == "nvfp4_pairs":  # as stored: only
+            # S0 C is needed
             copy_bytes, copy_scales = load_nvfp4_blocks(
                 rc_values_ptr + pid_b * stride_rcv_b + h * stride_rcv_h,
                 rc_scales_ptr + pid_b * stride_rcs_b + h * stride_rcs_h, offs_p, mask_p, tl.arange(0, BLOCK_N // 16),
                 N, stride_rcv_p,
                 stride_rcv_n, stride_rcs_p, stride_rcs_n)
             copy_tensor_scale = tl.load(rc_tensor_scale_ptr + pid_b * stride_rct_b)
-        elif (PHASE == 1 or PHASE == 4) and READ_FORMAT == "fp8":  # as stored: the row scale multiplies S0 C's sums
+        elif (PHASE == 1 or PHASE == 4 or FLUSH_COPY_PRODUCT) and READ_FORMAT == "fp8":  # as stored: the row scale
+            # multiplies S0 C's sums
             copy_codes = tl.load(rc_values_ptr + pid_b * stride_rcv_b + h * stride_rcv_h
                                  + offs_p[:, None] * stride_rcv_p + offs_n[None, :] * stride_rcv_n, mask=mask_pn,
                                  other=0.0)
@@ -522,7 +528,13 @@ def _mamba2_replay_step_kernel(
             # flushing row appends nothing and folds into the checkpoint, read now, instead. (PHASE 3, the split
             # step's flush launch: only flushing rows run; PHASE 2, the host positions' flush-only launch: every row.)
             # The decoded tile is reduced before the records' loads here: this launch was timed so (runs 144 / 148).
-            y = _mamba2_replay_math(tl.sum(s0 * C_f[None, :], axis=1), ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h,
+            if FLUSH_COPY_PRODUCT and READ_FORMAT == "nvfp4_pairs":
+                s0_c = copy_tensor_scale * nvfp4_blocks_dot(copy_bytes, copy_scales, C_f, BLOCK_N)
+            elif FLUSH_COPY_PRODUCT and READ_FORMAT == "fp8":
+                s0_c = copy_row_scale * tl.sum(copy_codes.to(tl.float32) * C_f[None, :], axis=1)
+            else:
+                s0_c = tl.sum(s0 * C_f[None, :], axis=1)
+            y = _mamba2_replay_math(s0_c, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h,
                                     group, pid_p, origin, count, ring_size, heads_per_group, offs_p, offs_n, mask_p,
                                     mask_n, x_m, B_m, x_f, B_f, C_f, dt_m, la_m, A_h, stride_rx_b, stride_rx_r,
                                     stride_rx_h, stride_rx_p, stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b,
@@ -829,7 +841,7 @@ def _replay_step(
     dt_softplus=False, buffer_len=16, out=None, read_copy=None, read_format=None, _config=None, _ticket=True,
     _ring_physical=None, _split=None, _prefetch=False, _count_launch=False, flush_reads_copy=False,
     _nvfp4_pairs=True, _flush_grid=None, _flush_config=None, _walk=None, _weights=False, reencode_copy=False,
-    _encode_in_flush=False, _flush_amax=True,
+    _encode_in_flush=False, _flush_amax=True, _flush_copy_product=False,
 ):
     """:func:`mamba2_replay_step` with a launch-configuration override (``_config``: dict with ``block_p`` and/or
     ``num_warps``) and, for diagnostics only, ``_ticket=False`` (count read plainly and left unchanged) and
@@ -869,7 +881,11 @@ def _replay_step(
     compile-only on the bench's inputs: split replay 128 -> 96, do not pay for the extra launch and its round
     trip). ``_flush_amax`` (``reencode_copy`` with an nvfp4 copy; default on): the flush launches fold each flushing
     row's max |new checkpoint| into a [B] scratch as they store it, and the re-encode after the step takes it
-    instead of its own amax pass over the checkpoint; off, the re-encode's two passes (the same bits)."""
+    instead of its own amax pass over the checkpoint; off, the re-encode's two passes (the same bits).
+    ``_flush_copy_product`` (``flush_reads_copy`` with an fp8 / nvfp4 copy; off, not yet timed): the flush-only
+    launches (host positions, a split step's flush launch) take the copy's product with C as stored for the
+    outputs, as the replay launches do, instead of decoding the whole tile (the same terms summed in another
+    order)."""
     batch, heads, head_dim, d_state, groups = _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias)
     ring_size = ring_x.shape[1]
     assert ring_x.shape == (batch, ring_size, heads, head_dim), f"ring_x must be [B, R, H, P], got {ring_x.shape}"
@@ -1052,6 +1068,8 @@ def _replay_step(
             ENCODE_SCALAR_RECIPROCAL=encode_consts[0],
             ENCODE_FP8_CONVERT=encode_consts[1],
             FLUSH_AMAX=flush_amax is not A and kernel_phase in (0, 2, 3),
+            FLUSH_COPY_PRODUCT=(bool(_flush_copy_product) and flush_reads_copy and kernel_phase in (2, 3)
+                                and kernel_read_format in ("nvfp4_pairs", "fp8")),
             num_warps=launch_cfg["num_warps"],
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel

@@ -369,7 +369,8 @@ def case_flush_reads_copy(_, device):
     copy, its checkpoint folded as without the option; kernel == reference, mixed phases on device positions and
     every row flushing on host positions, every family (the delta rule with the exact fold's raw records); flush
     rows' outputs differ from the default's (from the new state), replay rows', checkpoints, rings and counts do
-    not."""
+    not. Mamba-2's flush launches taking the copy's product with C as stored (``_flush_copy_product``) give the
+    same outputs within float32 reordering, the rest bit for bit."""
     import torch
 
     for name, read_format in (("mamba2", "fp8"), ("mamba2", "nvfp4"), ("gdn", "fp8"), ("kda", "nvfp4")):
@@ -386,6 +387,8 @@ def case_flush_reads_copy(_, device):
         # the other launch layout: Mamba-2's default is two launches (flushing rows, then replaying rows), the
         # delta rule's one fused launch
         arms.append(("other", family.kernel, True, {"_split": name != "mamba2"}))
+        if name == "mamba2":  # the split step's flush launch taking the copy's product with C as stored
+            arms.append(("product", family.kernel, True, {"_flush_copy_product": True}))
         for label, fn, option, launch in arms:
             q = _clone(p)
             raw = {n: q.pop(n) for n in ("ring_v", "ring_beta") if n in q}
@@ -403,6 +406,12 @@ def case_flush_reads_copy(_, device):
             assert torch.equal(count_split, count)
             for n in ("state", *family.rings):
                 torch.testing.assert_close(split[n], got[n], **exact)
+        if "product" in runs:  # the same terms summed in another order; the rest bit for bit
+            y_prod, prod, count_prod = runs["product"]
+            torch.testing.assert_close(y_prod, y, **_reordered_tol(y))
+            assert torch.equal(count_prod, count)
+            for n in ("state", *family.rings):
+                assert torch.equal(prod[n], got[n]), n
         _close("y vs reference", y, y_ref, REL)
         assert torch.equal(count, count_ref) and torch.equal(count, count_def)
         # the option is a constexpr: on a GPU the two compiled kernels may contract FMAs differently
@@ -417,15 +426,23 @@ def case_flush_reads_copy(_, device):
         # for the outputs and the checkpoint for the fold; eager decoding's flush step): against the reference with
         # the same positions per row, and against the launch without the option
         runs = {}
-        for label, fn, option in (("kernel", family.kernel, True), ("ref", family.ref, True),
-                                  ("default", family.kernel, False)):
+        host_arms = [("kernel", family.kernel, True, {}), ("ref", family.ref, True, {}),
+                     ("default", family.kernel, False, {})]
+        if name == "mamba2":  # the flush-only launch taking the copy's product with C as stored
+            host_arms.append(("product", family.kernel, True, {"_flush_copy_product": True}))
+        for label, fn, option, launch in host_arms:
             q = _clone(p)
             raw = {n: q.pop(n) for n in ("ring_v", "ring_beta") if n in q}
             positions = (3, 5) if label != "ref" else _positions([3] * 4, [5] * 4, device)
             runs[label] = (fn(q, *positions, 6, read_copy={n: t.clone() for n, t in copy.items()},
-                              read_format=read_format, flush_reads_copy=option, **raw), q)
+                              read_format=read_format, flush_reads_copy=option, **raw, **launch), q)
         print(f" {name} {read_format} flush_reads_copy, host positions")
         (y, got), (y_ref, want), (y_def, default) = runs["kernel"], runs["ref"], runs["default"]
+        if "product" in runs:
+            y_prod, prod = runs["product"]
+            torch.testing.assert_close(y_prod, y, **_reordered_tol(y))
+            for n in ("state", *family.rings):
+                assert torch.equal(prod[n], got[n]), n
         _close("y vs reference (host)", y, y_ref, REL)
         for n in ("state", *family.rings):
             torch.testing.assert_close(got[n], want[n], rtol=2e-6, atol=2e-6)

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# GPU calls prepared in the thirty-third session for the next one. Every job packs what it wrote into $OUT.
+# Call: run(command="STAGE=N bash benchmarks/gpu/next_session34.sh", carry=[".whl/fla", ".triton_cache"],
+#   timeout_s=600)
+# STAGE=1 (about 6 minutes): most of what a read copy adds to a host flush is the flush launch giving its outputs
+#   from the copy (run 175 / 176: Mamba-2 nvfp4 1200 us per flush, the re-encode 540 of it): (a) the CUDA test of
+#   Mamba-2's flush launches taking the copy's product with C as stored (_flush_copy_product, as the replay launches
+#   read it) instead of the decoded tile; (b) Mamba-2 nvfp4 and fp8 at 256 with its arms ("the flush launches taking
+#   the copy's product": host as the cache runs it, device in phase), against the default's.
+# If it pays: make it the default, then the same for the delta rule's flush (kernels/delta_rule.py, FLUSH_READS_COPY).
+source benchmarks/gpu/install.sh || exit 1
+session_results next_session34; cd /tmp/w
+if [ "$STAGE" = 1 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 200 test_kernels_flush_product_cuda tests/test_kernels_read_copy.py \
+    -k "flush_reads_copy or mamba2_reencode_copy"; pack
+  bench_job 130 kernels_mamba2_nvfp4_flush_product kernels --family mamba2 --shapes nemotron-h-8b --batches 256 \
+    --no-sweep --read-format nvfp4 --out "$RES/kernels_mamba2_nvfp4_flush_product.json"; pack
+  bench_job 120 kernels_mamba2_fp8_flush_product kernels --family mamba2 --shapes nemotron-h-8b --batches 256 \
+    --no-sweep --read-format fp8 --out "$RES/kernels_mamba2_fp8_flush_product.json"; pack
+  tail -n 3 "$RES"/test_*.txt
+  grep -h "host-phase replay\|as the cache\|product\|device\|^nemotron" "$RES"/kernels_*.txt
+fi
+save_triton_cache

@@ -47,7 +47,8 @@ def test_bench_smoke(tmp_path, family):
         keys += ["replay_in_phase_read_copy_no_reencode_us", "speedup_replay_mixed_read_copy_vs_standard",
                  "replay_mixed_read_copy_per_tile_reencode_us", "replay_in_phase_read_copy_per_tile_reencode_us",
                  "replay_in_phase_read_copy_split_us", "replay_host_read_copy_reencode_us",
-                 "replay_host_read_copy_per_tile_reencode_us"]
+                 "replay_host_read_copy_external_reencode_us", "replay_host_read_copy_external_per_tile_reencode_us",
+                 "replay_in_phase_read_copy_external_reencode_us"]
     if read == "nvfp4":
         keys += ["replay_host_read_copy_nvfp4_nibbles_us", "replay_in_phase_read_copy_nvfp4_nibbles_us"]
     if read == "fp8":  # the replay-only launches streaming the copy (_chunk_k): the host cycle, single launches, split

@@ -31,8 +31,6 @@ class Mamba2Recurrence:
 
     name = "mamba2"
     per_token = ("x", "dt", "B", "C")
-    # kernel_step re-encodes a flushing step's read copy itself (reencode_copy)
-    kernel_step_reencodes_copy = True
     output_like = "x"  # outputs [B, T, H, P] have this token input's shape
     record_fields = ("x", "dt", "B")
     # A record that leaves the state as it is: dt = 0 decays by exp(0) = 1 and adds dt * x B^T = 0 (exactly)
@@ -138,8 +136,6 @@ class DeltaRuleRecurrence:
 
     name = "delta_rule"
     per_token = ("q", "k", "v", "beta", "g")
-    # kernel_step re-encodes a flushing step's read copy itself (reencode_copy)
-    kernel_step_reencodes_copy = True
     output_like = "v"  # outputs [B, T, Hv, V] have this token input's shape
     # A record that leaves the state as it is: log decay g = 0 and corrected value d = 0 (beta = 0 where the exact
     # fold recomputes d from raw v and beta)

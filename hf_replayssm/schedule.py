@@ -272,7 +272,7 @@ class ReplaySchedule:
     def _kernel_applies(self) -> bool:
         # Separated precision: every step's output reads the fp8 / nvfp4 copy in the kernel, a flush step's too (the
         # reference's semantics; the flush-only launch then reads the copy for the outputs and folds into the fp32
-        # checkpoint), and the copy is refreshed after the flush (_kernel_step: by the Mamba-2 kernel step itself).
+        # checkpoint), and the kernel step re-encodes the copy after the flush (reencode_copy, every family).
         return self._kernel_operands("kernel_step") is not None
 
     def _kernel_step(self, tokens, out_dtype: torch.dtype) -> torch.Tensor:
@@ -284,9 +284,8 @@ class ReplaySchedule:
                                         self.buffer_len, out_dtype, read_copy=read_copy, read_format=read_format)
         if ring.num_committed + 1 < self.buffer_len:
             ring.num_committed += 1
-        else:  # the kernel flushed: records and token folded into the checkpoint in place
-            if read_copy is not None and not self.recurrence.kernel_step_reencodes_copy:
-                self.store.refresh_read_copy(_kernel_reencode if state.is_cuda else None)
+        else:  # the kernel flushed: records and token folded into the checkpoint in place (and the read copy
+            # re-encoded by the step, reencode_copy)
             self.kernel_flushes += 1
             ring.restart()
             self.checkpoint_position += self.buffer_len
@@ -684,12 +683,3 @@ def _staged_tensors(staged) -> Iterator[torch.Tensor]:
         for encoding in encodings:
             if encoding:
                 yield from encoding.values()
-
-
-def _kernel_reencode(state: torch.Tensor, read_copy: dict, read_format: str) -> None:
-    """Every batch row's read copy re-encoded from ``state`` by the Triton re-encode (one launch on CUDA, fp8; two,
-    nvfp4)."""
-    from .kernels.read_copy_encode import reencode_read_copy
-
-    reencode_read_copy(state, read_copy, read_format, torch.ones(state.shape[0], dtype=torch.bool,
-                                                                 device=state.device))

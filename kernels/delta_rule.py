@@ -136,7 +136,7 @@ from hf_replayssm.kernels.read_copy import (
     load_read_tile,
     read_copy_operands,
 )
-from hf_replayssm.kernels.read_copy_encode import EVERY_ROW_PROGRAMS_PER_ROW, reencode_read_copy, store_flushed_tile
+from hf_replayssm.kernels.read_copy_encode import reencode_flushed_rows, store_flushed_tile
 from hf_replayssm.ops.delta_step import delta_replay_step_ref, delta_state_update_ref
 from hf_replayssm.ops.positions import host_phase
 
@@ -1572,7 +1572,6 @@ def _replay_step(
     flush_amax = state
     if reencode_copy and read_format == "nvfp4" and _flush_amax:
         flush_amax = torch.zeros(batch, dtype=torch.int32, device=state.device)
-    amax_given = {} if flush_amax is state else {"amax": flush_amax}
     with _device_guard(v):
         if weights is not state:  # before the step's launches: the counts they read are the old ones
             LAST_COMPILED["kda_weights"] = _kda_weights_kernel[(batch, value_heads)](
@@ -1591,11 +1590,9 @@ def _replay_step(
             launch(kernel_phase)
         if count_launch:
             advance_counts(count, buffer_len)
-        if reencode_copy and phase == 0:  # the rows whose count came back to 0
-            reencode_read_copy(state, read_copy, read_format, count == 0, **amax_given)
-        elif reencode_copy:  # a host flush: every row
-            reencode_read_copy(state, read_copy, read_format, torch.ones(batch, dtype=torch.bool, device=state.device),
-                               _programs_per_row=EVERY_ROW_PROGRAMS_PER_ROW, **amax_given)
+        if reencode_copy:
+            reencode_flushed_rows(state, read_copy, read_format, count if phase == 0 else None,
+                                  None if flush_amax is state else flush_amax)
     return o
 
 

@@ -91,10 +91,9 @@ from hf_replayssm.kernels.flush_grid import (
 from hf_replayssm.kernels.host_math import cdiv, next_power_of_2
 from hf_replayssm.kernels.read_copy import load_nvfp4_blocks, load_read_tile, nvfp4_blocks_dot, read_copy_operands
 from hf_replayssm.kernels.read_copy_encode import (
-    EVERY_ROW_PROGRAMS_PER_ROW,
     encode_constants,
     fp8_encode_tile,
-    reencode_read_copy,
+    reencode_flushed_rows,
     store_flushed_tile,
 )
 from hf_replayssm.ops.mamba2_step import mamba2_replay_step_ref, mamba2_state_update_ref
@@ -1090,7 +1089,6 @@ def _replay_step(
     flush_amax = A
     if reencode_copy and read_format == "nvfp4" and _flush_amax:
         flush_amax = torch.zeros(batch, dtype=torch.int32, device=state.device)
-    amax_given = {} if flush_amax is A else {"amax": flush_amax}
     with _device_guard(x):
         if _weights:  # before the step's launches: it reads the counts they read
             launch_weights()
@@ -1099,12 +1097,8 @@ def _replay_step(
         if count_launch:
             advance_counts(count, buffer_len)
         if reencode_copy and not encode_in_flush:
-            if phase == 0:  # the rows whose count came back to 0
-                reencode_read_copy(state, read_copy, read_format, count == 0, **amax_given)
-            else:
-                reencode_read_copy(state, read_copy, read_format,
-                                   torch.ones(batch, dtype=torch.bool, device=state.device),
-                                   _programs_per_row=EVERY_ROW_PROGRAMS_PER_ROW, **amax_given)
+            reencode_flushed_rows(state, read_copy, read_format, count if phase == 0 else None,
+                                  None if flush_amax is A else flush_amax)
     return y
 
 

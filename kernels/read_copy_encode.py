@@ -67,7 +67,7 @@ from hf_replayssm.kernels.host_math import cdiv, next_power_of_2
 from hf_replayssm.ops.read_copy import check_reencode, reencode_read_copy_ref
 
 __all__ = ["COMPACT_PROGRAMS_PER_ROW", "EVERY_ROW_PROGRAMS_PER_ROW", "encode_constants", "fp8_encode_tile",
-           "reencode_launch_config", "reencode_read_copy", "reencode_read_copy_ref"]
+           "reencode_flushed_rows", "reencode_launch_config", "reencode_read_copy", "reencode_read_copy_ref"]
 
 TILE_ELEMENTS = 4096  # float32 elements per program tile (32 per thread at 4 warps)
 NUM_WARPS = 4
@@ -207,13 +207,18 @@ def _rows_amax(
 
 
 @triton.jit
+def _merge_amax(amax_ptr, b, amax):
+    """``amax_ptr[b] = max(itself, amax)`` on the int32 bits of a float32 amax >= 0 (integer order is float order)."""
+    tl.atomic_max(amax_ptr + b, amax.to(tl.int32, bitcast=True), sem="relaxed")
+
+
+@triton.jit
 def accumulate_row_amax(amax_ptr, b, x, mask):
     """Fold max |x| over ``mask`` of a float32 tile of batch row b into ``amax_ptr[b]`` (int32 float bits, >= 0:
     integer order is float order), the nvfp4 re-encode's first pass done by whoever holds the rows: a flush that
     has just written them passes it to :func:`reencode_read_copy` (``amax=``) instead of the re-encode reading
     the checkpoint once more for it. ``x``: the values as stored (rounded to the checkpoint's dtype)."""
-    tile_amax = tl.max(tl.max(tl.where(mask, tl.abs(x), 0.0), axis=1), axis=0)
-    tl.atomic_max(amax_ptr + b, tile_amax.to(tl.int32, bitcast=True), sem="relaxed")
+    _merge_amax(amax_ptr, b, tl.max(tl.max(tl.where(mask, tl.abs(x), 0.0), axis=1), axis=0))
 
 
 @triton.jit
@@ -333,7 +338,7 @@ def _row_amax_kernel(
         offs_r = pid_r * BLOCK_R + tl.arange(0, BLOCK_R)
         amax = _rows_amax(state_ptr, b, offs_r, A, rows, stride_x_b, stride_x_h, stride_x_a, stride_x_c,
                           C, BLOCK_C)
-        tl.atomic_max(amax_ptr + b, amax.to(tl.int32, bitcast=True), sem="relaxed")
+        _merge_amax(amax_ptr, b, amax)
 
 
 @triton.jit
@@ -418,7 +423,7 @@ def _row_amax_compact_kernel(
             offs_r = t * BLOCK_R + tl.arange(0, BLOCK_R)
             amax = tl.maximum(amax, _rows_amax(state_ptr, b, offs_r, A, rows, stride_x_b, stride_x_h, stride_x_a,
                                                stride_x_c, C, BLOCK_C))
-        tl.atomic_max(amax_ptr + b, amax.to(tl.int32, bitcast=True), sem="relaxed")
+        _merge_amax(amax_ptr, b, amax)
 
 
 @triton.jit
@@ -478,6 +483,22 @@ def _device_guard(t: torch.Tensor):
 
 def _as_bits(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype in (torch.float8_e4m3fn, torch.bool) else t
+
+
+def reencode_flushed_rows(state: torch.Tensor, read_copy: dict, read_format: str, count: torch.Tensor | None,
+                          amax: torch.Tensor | None = None) -> None:
+    """The re-encode after a replay step's flushes folded into ``state`` (the steps' ``reencode_copy``): with device
+    positions (``count`` [B], after the step) the rows whose count came back to 0, on the default (compact) grid;
+    with host positions (``count`` None: every row flushed together) every row, on the per-tile grid
+    (:data:`EVERY_ROW_PROGRAMS_PER_ROW`). ``amax``: the flush launches' per-row amax (nvfp4), as
+    :func:`reencode_read_copy` takes it."""
+    given = {} if amax is None else {"amax": amax}
+    if count is not None:
+        reencode_read_copy(state, read_copy, read_format, count == 0, **given)
+    else:
+        reencode_read_copy(state, read_copy, read_format, torch.ones(state.shape[0], dtype=torch.bool,
+                                                                     device=state.device),
+                           _programs_per_row=EVERY_ROW_PROGRAMS_PER_ROW, **given)
 
 
 def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, select: torch.Tensor, *,

@@ -481,10 +481,7 @@ def case_mamba2_reencode_copy(_, device):
         for label, fn, option in (("kernel", family.kernel, True), ("ref", family.ref, True),
                                   ("plain", family.kernel, False)):
             q, c = _clone(p), {n: t.clone() for n, t in copy.items()}
-            if host and label != "ref":
-                positions = (3, 5)
-            else:
-                positions = _positions([3, 1, 0, 2] if not host else [3] * 4, counts, device)
+            positions = _reencode_case_positions(host, label, counts, device)
             y = fn(q, *positions, 6, read_copy=c, read_format=read_format, flush_reads_copy=flush_reads_copy,
                    reencode_copy=option, **(launch if label != "ref" else {}))
             runs[label] = (y, q, c, positions[1])
@@ -492,6 +489,14 @@ def case_mamba2_reencode_copy(_, device):
         print(f" {read_format} N={d_state} {'host' if host else 'device'} positions {launch}, flush_reads_copy "
               f"{flush_reads_copy}, flushed {flushed.tolist()}")
         _check_step_reencoded(family, runs, copy, flushed, read_format, host, device)
+
+
+def _reencode_case_positions(host, label, counts, device):
+    """The ``*_reencode_copy`` cases' positions: host ints (origin 3, count 5: every row flushes) for the kernel
+    calls with host positions, else per-row tensors (the reference takes the host case's as tensors)."""
+    if host and label != "ref":
+        return 3, 5
+    return _positions([3, 1, 0, 2] if not host else [3] * 4, counts, device)
 
 
 def _check_step_reencoded(family, runs, copy, flushed, read_format, host, device):
@@ -631,10 +636,7 @@ def case_delta_reencode_copy(_, device):
                                   ("plain", family.kernel, False)):
             q, c = _clone(p), {n: t.clone() for n, t in copy.items()}
             raw = {n: q.pop(n) for n in ("ring_v", "ring_beta") if n in q}
-            if host and label != "ref":
-                positions = (3, 5)
-            else:
-                positions = _positions([3, 1, 0, 2] if not host else [3] * 4, counts, device)
+            positions = _reencode_case_positions(host, label, counts, device)
             family.module.LAST_COMPILED.pop("flush_due", None)
             y = fn(q, *positions, 6, read_copy=c, read_format=read_format, flush_reads_copy=exact,
                    reencode_copy=option, **raw, **(launch if label != "ref" else {}))

@@ -148,6 +148,66 @@ def _e2m1_codes(x):
     return tl.where((x < 0) & (code != 0), code + 8, code)
 
 
+@triton.jit
+def _e2m1_codes_rounded(q):
+    """:func:`_e2m1_codes` by rounding the float's bits instead of seven comparisons (E2M1 is a float format with one
+    mantissa bit, normals >= 1, subnormal step 1/2; its codes are its bit patterns, so ties to the even code are the
+    float's ties to even). |q| >= 1: drop 22 mantissa bits rounding to nearest even (a carry bumps the exponent),
+    rebias (1.0 -> code 2), saturate at 7 (+-6). |q| < 1: the FADD of 2^22 (ulp 1/2) rounds |q| to a multiple of 1/2,
+    ties to even, and its low bits count the halves (0, 1, 2)."""
+    u = q.to(tl.int32, bitcast=True)
+    mag = u & 0x7FFFFFFF
+    normal = tl.minimum(((mag + 0x1FFFFF + ((mag >> 22) & 1)) >> 22) - 252, 7)
+    small = (tl.abs(q) + 4194304.0).to(tl.int32, bitcast=True) - 0x4A800000
+    code = tl.where(mag >= 0x3F800000, normal, small)
+    return tl.where((u < 0) & (code != 0), code | 8, code)
+
+
+@triton.jit
+def _quotient_by_reciprocal(x, d, r):
+    """RN(x / d) (IEEE division, as ``tl.div_rn``) from ``r = RN(1 / d)``, with d > 0 and no under- or overflow
+    around the quotient: x r is within two ulps of x / d; a Newton correction with the fma's residual
+    ``x - q d`` makes it faithful, a second one correctly rounded (Markstein's theorem: r within half an ulp of
+    1 / d and q within one ulp of x / d give RN(q + (x - q d) r) = RN(x / d), the residual exact in one fma). One
+    multiply and four fmas instead of a division each; ``r`` is one division per 16-element block."""
+    q = x * r
+    q = tl.fma(tl.fma(-q, d, x), r, q)
+    return tl.fma(tl.fma(-q, d, x), r, q)
+
+
+@triton.jit
+def _e2m1_pair_bytes(x_even, x_odd, block_scale, divisor, reciprocal, BY_RECIPROCAL: tl.constexpr):
+    """Bytes ``code(x_even / block_scale) | code(x_odd / block_scale) << 4`` (codes 0 where the block scale is 0),
+    ``x_*`` [BLOCK, BLOCK_NB, n], the block values [BLOCK, BLOCK_NB, 1]. BY_RECIPROCAL: quotients from the block's
+    reciprocal (:func:`_quotient_by_reciprocal`) and codes by rounding (:func:`_e2m1_codes_rounded`); otherwise the
+    division and the comparisons. The same bits either way."""
+    if BY_RECIPROCAL:
+        d = tl.broadcast_to(divisor, x_even.shape)
+        r = tl.broadcast_to(reciprocal, x_even.shape)
+        code_even = _e2m1_codes_rounded(_quotient_by_reciprocal(x_even, d, r))
+        code_odd = _e2m1_codes_rounded(_quotient_by_reciprocal(x_odd, d, r))
+    else:
+        d = tl.broadcast_to(divisor, x_even.shape)
+        zero = block_scale == 0  # (block scales are >= 0)
+        code_even = _e2m1_codes(tl.where(zero, 0.0, tl.div_rn(x_even, d)))
+        code_odd = _e2m1_codes(tl.where(zero, 0.0, tl.div_rn(x_odd, d)))
+    return (code_even | (code_odd << 4)).to(tl.uint8)
+
+
+@triton.jit
+def _store_e2m1_pairs(ptrs, mask, x_even, x_odd, block_scale, divisor, reciprocal, fast,
+                      RECIPROCAL_QUOTIENT: tl.constexpr):
+    """Store :func:`_e2m1_pair_bytes`: by the reciprocal where RECIPROCAL_QUOTIENT and the tile allows it (``fast``,
+    a runtime scalar), by the division otherwise."""
+    if RECIPROCAL_QUOTIENT:
+        if fast:
+            tl.store(ptrs, _e2m1_pair_bytes(x_even, x_odd, block_scale, divisor, reciprocal, True), mask=mask)
+        else:
+            tl.store(ptrs, _e2m1_pair_bytes(x_even, x_odd, block_scale, divisor, reciprocal, False), mask=mask)
+    else:
+        tl.store(ptrs, _e2m1_pair_bytes(x_even, x_odd, block_scale, divisor, reciprocal, False), mask=mask)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # per-tile math, shared by the two grids: a tile is BLOCK rows of batch row b given by their head h and index a
 # (h a scalar in the default grid, a vector in the compact one); row_mask marks the rows that exist
@@ -252,6 +312,8 @@ def _nvfp4_encode_rows(
     SCALAR_RECIPROCAL: tl.constexpr,
     FP8_CONVERT: tl.constexpr,
     CONTIGUOUS_LOAD: tl.constexpr = True,
+    RECIPROCAL_QUOTIENT: tl.constexpr = False,
+    BLOCK_PER_THREAD: tl.constexpr = False,
 ):
     """Packed codes and block scales of BLOCK rows under the tensor scale g."""
     # [BLOCK, BLOCK_NB, 8] tiles of the even and odd elements: element c = 16 nb + 2 p (+ 1). CONTIGUOUS_LOAD (the
@@ -264,27 +326,60 @@ def _nvfp4_encode_rows(
     rows3 = row_mask[:, None, None]
     x_row = h * stride_x_h + a * stride_x_a
     x_base = state_ptr + b * stride_x_b + x_row[:, None, None]
-    if CONTIGUOUS_LOAD:
-        c = offs_nb[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]
-        x = tl.load(x_base + c * stride_x_c, mask=rows3 & (c < C), other=0.0).to(tl.float32)
-        x_even, x_odd = tl.split(tl.reshape(x, [BLOCK, BLOCK_NB, 8, 2]))
+    p_base = packed_ptr + b * stride_p_b + (h * stride_p_h + a * stride_p_a)[:, None, None]
+    in_row = rows3 & (offs_nb[None, :, None] < NB)
+    if BLOCK_PER_THREAD:
+        # four [BLOCK, BLOCK_NB, 4] loads (16 bytes per thread each, elements 16 nb + 4 k + 0..3): a thread holds
+        # whole blocks, so the block math below runs once per block instead of once per thread holding a part
+        c4 = offs_nb[None, :, None] * 16 + tl.arange(0, 4)[None, None, :]
+        x0 = tl.load(x_base + c4 * stride_x_c, mask=rows3 & (c4 < C), other=0.0).to(tl.float32)
+        x1 = tl.load(x_base + (c4 + 4) * stride_x_c, mask=rows3 & (c4 + 4 < C), other=0.0).to(tl.float32)
+        x2 = tl.load(x_base + (c4 + 8) * stride_x_c, mask=rows3 & (c4 + 8 < C), other=0.0).to(tl.float32)
+        x3 = tl.load(x_base + (c4 + 12) * stride_x_c, mask=rows3 & (c4 + 12 < C), other=0.0).to(tl.float32)
+        block_amax = tl.max(tl.maximum(tl.maximum(tl.abs(x0), tl.abs(x1)), tl.maximum(tl.abs(x2), tl.abs(x3))),
+                            axis=2)
     else:
-        c_even = offs_nb[None, :, None] * 16 + 2 * offs_p[None, None, :]
-        x_even = tl.load(x_base + c_even * stride_x_c, mask=rows3 & (c_even < C), other=0.0).to(tl.float32)
-        x_odd = tl.load(x_base + (c_even + 1) * stride_x_c, mask=rows3 & (c_even + 1 < C), other=0.0).to(tl.float32)
-    block_amax = tl.maximum(tl.max(tl.abs(x_even), axis=2), tl.max(tl.abs(x_odd), axis=2))  # [BLOCK, BLOCK_NB]
+        if CONTIGUOUS_LOAD:
+            c = offs_nb[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]
+            x = tl.load(x_base + c * stride_x_c, mask=rows3 & (c < C), other=0.0).to(tl.float32)
+            x_even, x_odd = tl.split(tl.reshape(x, [BLOCK, BLOCK_NB, 8, 2]))
+        else:
+            c_even = offs_nb[None, :, None] * 16 + 2 * offs_p[None, None, :]
+            x_even = tl.load(x_base + c_even * stride_x_c, mask=rows3 & (c_even < C), other=0.0).to(tl.float32)
+            x_odd = tl.load(x_base + (c_even + 1) * stride_x_c, mask=rows3 & (c_even + 1 < C),
+                            other=0.0).to(tl.float32)
+        block_amax = tl.maximum(tl.max(tl.abs(x_even), axis=2), tl.max(tl.abs(x_odd), axis=2))  # [BLOCK, BLOCK_NB]
     t = _div_const(block_amax, 6.0, _INV_SIX, SCALAR_RECIPROCAL)
     bits = _e4m3_bits(tl.div_rn(t, tl.broadcast_to(g, (BLOCK, BLOCK_NB))), FP8_CONVERT)
     block_scale = (_e4m3_value(bits) * g)[:, :, None]
-    divisor = tl.broadcast_to(tl.where(block_scale > 0, block_scale, 1.0), (BLOCK, BLOCK_NB, 8))
-    zero = block_scale == 0  # (block scales are >= 0)
-    code_even = _e2m1_codes(tl.where(zero, 0.0, tl.div_rn(x_even, divisor)))
-    code_odd = _e2m1_codes(tl.where(zero, 0.0, tl.div_rn(x_odd, divisor)))
-
-    p_row = h * stride_p_h + a * stride_p_a
-    byte = offs_nb[None, :, None] * 8 + offs_p[None, None, :]
-    tl.store(packed_ptr + b * stride_p_b + p_row[:, None, None] + byte * stride_p_c,
-             (code_even | (code_odd << 4)).to(tl.uint8), mask=rows3 & (offs_nb[None, :, None] < NB))
+    divisor = tl.where(block_scale > 0, block_scale, 1.0)
+    if RECIPROCAL_QUOTIENT:
+        # x / block_scale by the block's reciprocal (:func:`_quotient_by_reciprocal`); a block scale of 0 gets the
+        # reciprocal 0 with the divisor 1, so its quotients are 0 as the codec's. A tile with a block scale below
+        # 2^-100 (rows of magnitudes about 1e-27) divides: the theorem needs the products q d normal for |q| >= 1/4,
+        # the smallest quotient whose code is not 0
+        reciprocal = tl.where(block_scale > 0, tl.div_rn(tl.full(divisor.shape, 1.0, tl.float32), divisor), 0.0)
+        fast = tl.min(tl.min(tl.min(divisor, axis=2), axis=1), axis=0) >= 7.888609052210118e-31  # 2^-100
+    else:
+        reciprocal = divisor
+        fast = False
+    if BLOCK_PER_THREAD:
+        pair = p_base + (offs_nb[None, :, None] * 8 + tl.arange(0, 2)[None, None, :]) * stride_p_c
+        x_even, x_odd = tl.split(tl.reshape(x0, [BLOCK, BLOCK_NB, 2, 2]))
+        _store_e2m1_pairs(pair, in_row, x_even, x_odd, block_scale, divisor, reciprocal, fast, RECIPROCAL_QUOTIENT)
+        x_even, x_odd = tl.split(tl.reshape(x1, [BLOCK, BLOCK_NB, 2, 2]))
+        _store_e2m1_pairs(pair + 2 * stride_p_c, in_row, x_even, x_odd, block_scale, divisor, reciprocal, fast,
+                          RECIPROCAL_QUOTIENT)
+        x_even, x_odd = tl.split(tl.reshape(x2, [BLOCK, BLOCK_NB, 2, 2]))
+        _store_e2m1_pairs(pair + 4 * stride_p_c, in_row, x_even, x_odd, block_scale, divisor, reciprocal, fast,
+                          RECIPROCAL_QUOTIENT)
+        x_even, x_odd = tl.split(tl.reshape(x3, [BLOCK, BLOCK_NB, 2, 2]))
+        _store_e2m1_pairs(pair + 6 * stride_p_c, in_row, x_even, x_odd, block_scale, divisor, reciprocal, fast,
+                          RECIPROCAL_QUOTIENT)
+    else:
+        byte = offs_nb[None, :, None] * 8 + offs_p[None, None, :]
+        _store_e2m1_pairs(p_base + byte * stride_p_c, in_row, x_even, x_odd, block_scale, divisor, reciprocal, fast,
+                          RECIPROCAL_QUOTIENT)
     bs_row = h * stride_bs_h + a * stride_bs_a
     tl.store(block_scale_ptr + b * stride_bs_b + bs_row[:, None] + offs_nb[None, :] * stride_bs_c, bits.to(tl.uint8),
              mask=row_mask[:, None] & (offs_nb[None, :] < NB))
@@ -357,6 +452,8 @@ def _nvfp4_encode_kernel(
     SCALAR_RECIPROCAL: tl.constexpr,
     FP8_CONVERT: tl.constexpr,
     CONTIGUOUS_LOAD: tl.constexpr = True,
+    RECIPROCAL_QUOTIENT: tl.constexpr = False,
+    BLOCK_PER_THREAD: tl.constexpr = False,
 ):
     pid_a = tl.program_id(0)
     h = tl.program_id(1)
@@ -370,7 +467,8 @@ def _nvfp4_encode_kernel(
                            stride_x_b, stride_x_h, stride_x_a, stride_x_c,
                            stride_p_b, stride_p_h, stride_p_a, stride_p_c,
                            stride_bs_b, stride_bs_h, stride_bs_a, stride_bs_c,
-                           C, NB, BLOCK_A, BLOCK_NB, SCALAR_RECIPROCAL, FP8_CONVERT, CONTIGUOUS_LOAD)
+                           C, NB, BLOCK_A, BLOCK_NB, SCALAR_RECIPROCAL, FP8_CONVERT, CONTIGUOUS_LOAD,
+                           RECIPROCAL_QUOTIENT, BLOCK_PER_THREAD)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -442,6 +540,8 @@ def _nvfp4_encode_compact_kernel(
     SCALAR_RECIPROCAL: tl.constexpr,
     FP8_CONVERT: tl.constexpr,
     CONTIGUOUS_LOAD: tl.constexpr = True,
+    RECIPROCAL_QUOTIENT: tl.constexpr = False,
+    BLOCK_PER_THREAD: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -455,7 +555,8 @@ def _nvfp4_encode_compact_kernel(
                                stride_x_b, stride_x_h, stride_x_a, stride_x_c,
                                stride_p_b, stride_p_h, stride_p_a, stride_p_c,
                                stride_bs_b, stride_bs_h, stride_bs_a, stride_bs_c,
-                               C, NB, BLOCK_R, BLOCK_NB, SCALAR_RECIPROCAL, FP8_CONVERT, CONTIGUOUS_LOAD)
+                               C, NB, BLOCK_R, BLOCK_NB, SCALAR_RECIPROCAL, FP8_CONVERT, CONTIGUOUS_LOAD,
+                           RECIPROCAL_QUOTIENT, BLOCK_PER_THREAD)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -506,7 +607,8 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
                        _fp8_convert: str | None = None,
                        _programs_per_row: int | None = COMPACT_PROGRAMS_PER_ROW,
                        _nvfp4_scale_convert: str | None = None, _nvfp4_contiguous_load: bool = True,
-                       amax: torch.Tensor | None = None) -> None:
+                       _nvfp4_reciprocal_quotient: bool = True,
+                       _nvfp4_block_per_thread: bool = True, amax: torch.Tensor | None = None) -> None:
     """Rewrite in place the read copy of the batch rows ``b`` with ``select[b] != 0`` from the checkpoint ``state``
     [B, H, A, C]: bit-identical to ``get_format(read_format).encode(state)`` for those rows; other rows' bytes are
     untouched. No host sync. ``amax`` (nvfp4 only): int32 [B] on the state's device holding, for every selected
@@ -520,9 +622,14 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
     ``(min(P, tiles), B)`` programs looping over a batch row's tiles (default :data:`COMPACT_PROGRAMS_PER_ROW`;
     None: one program per tile, see the module docstring), ``_nvfp4_scale_convert`` "hw" / "soft": the nvfp4 block
     scales' conversion (default "soft", or ``_fp8_convert`` when given), ``_nvfp4_contiguous_load``: the nvfp4
-    encode loads its tile contiguously and splits it (default; False: the strided even / odd loads, see
-    ``_nvfp4_encode_rows``)."""
+    encode loads its tile contiguously and splits it (False: the strided even / odd loads, see
+    ``_nvfp4_encode_rows``; both only without ``_nvfp4_block_per_thread``), ``_nvfp4_reciprocal_quotient`` /
+    ``_nvfp4_block_per_thread``: the nvfp4 encode's quotients by each block's reciprocal with codes by rounding, and
+    four loads that give a thread whole blocks (default both; the same bits, fewer instructions)."""
     fmt = check_reencode(state, read_copy, read_format, select)
+    if _nvfp4_block_per_thread and not _nvfp4_contiguous_load:
+        raise ValueError("_nvfp4_contiguous_load=False (the strided loads) needs _nvfp4_block_per_thread=False: a "
+                         "thread holding whole blocks loads them its own way")
     if amax is not None:
         if fmt != "nvfp4":
             raise ValueError(f"amax= serves the nvfp4 re-encode (its tensor scale); got read_format {read_format!r}")
@@ -583,7 +690,9 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
             raise ValueError(f"_nvfp4_scale_convert must be 'hw' or 'soft', got {scale_convert!r}")
         consts = dict(C=row, NB=blocks, BLOCK_NB=block_nb, SCALAR_RECIPROCAL=recip, FP8_CONVERT=scale_convert,
                       num_warps=NUM_WARPS,
-                      CONTIGUOUS_LOAD=bool(_nvfp4_contiguous_load))
+                      CONTIGUOUS_LOAD=bool(_nvfp4_contiguous_load),
+                      RECIPROCAL_QUOTIENT=bool(_nvfp4_reciprocal_quotient),
+                      BLOCK_PER_THREAD=bool(_nvfp4_block_per_thread))
         if programs is None:
             block_r = reencode_launch_config(rows, block_c)
             if not amax_given:

@@ -26,7 +26,7 @@ import pytest
 from kernel_harness import HAS_TRITON, run_case, worker_main
 
 CASES = ["fp8_rows", "nvfp4_rows", "select_patterns", "strided", "fp8_ties", "nvfp4_ties", "cuda_arithmetic",
-         "compact_grid", "model_shapes", "given_amax", "bad_inputs"]
+         "compact_grid", "model_shapes", "given_amax", "reciprocal_quotient", "bad_inputs"]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -217,7 +217,8 @@ def case_model_shapes(module, device):
                 _check(module, state, fmt, [1] * shape[0], _programs_per_row=programs)
         for programs in (None, 16):  # the strided even / odd loads (not the default) give the same bytes
             select = [1 - b % 2 for b in range(shape[0])]  # rows not selected stay untouched
-            _check(module, state, "nvfp4", select, _programs_per_row=programs, _nvfp4_contiguous_load=False)
+            _check(module, state, "nvfp4", select, _programs_per_row=programs, _nvfp4_contiguous_load=False,
+                   _nvfp4_block_per_thread=False)
 
 
 def _row_amax_bits(state):
@@ -247,6 +248,73 @@ def case_given_amax(module, device):
     module.reencode_read_copy(state, want, "nvfp4", torch.ones(5, dtype=torch.int32, device=device))
     assert not torch.equal(copy["tensor_scale"], want["tensor_scale"])
     print(" a wrong amax gives another copy")
+
+
+def _threshold_state(device, seed=11):
+    """[2, 4, 16, 128]: every 16-element block's element 0 is its amax (so the block scales d are fixed), the other
+    15 lie within 3 ulps of t d for the E2M1 rounding thresholds t = 0.25 .. 5 and 6-7 (saturation), of both signs:
+    the quotients x / d whose code flips when the division is off by one ulp. Exact products t d (ties) included."""
+    import torch
+
+    from hf_replayssm.precision.formats import e4m3_decode, get_format
+
+    gen = torch.Generator().manual_seed(seed)
+    state = torch.randn(2, 4, 16, 128, generator=gen) * torch.tensor([1.0, 3e-7]).view(-1, 1, 1, 1)
+    blocks = state.unflatten(-1, (8, 16))
+    amax = blocks.abs().amax(dim=-1, keepdim=True) * (1 + torch.rand(*blocks.shape[:-1], 1, generator=gen))
+    blocks[..., :1] = amax  # element 0: the block amax, above the random values it replaces
+    encoded = get_format("nvfp4").encode(state.to(device))
+    d = (e4m3_decode(encoded["block_scale"]).float() * encoded["tensor_scale"].view(-1, 1, 1, 1)).cpu()  # [B, H, A, 8]
+    thresholds = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0, 7.0])
+    pick = torch.randint(0, len(thresholds), (*blocks.shape[:-1], 15), generator=gen)
+    steps = torch.randint(-3, 4, pick.shape, generator=gen)
+    x = thresholds[pick] * d[..., None]  # float32 products: t d rounded (exact for some)
+    bits = x.view(torch.int32) + steps.to(torch.int32)  # +-3 ulps (positive floats order like their bits)
+    x = bits.view(torch.float32)
+    sign = torch.where(torch.rand(pick.shape, generator=gen) < 0.5, -1.0, 1.0)
+    blocks[..., 1:] = torch.minimum(x, amax.expand_as(x)) * sign  # (never above the block amax)
+    return state.contiguous().to(device)
+
+
+def case_reciprocal_quotient(module, device):
+    """``_nvfp4_reciprocal_quotient`` (x / block scale by the block's reciprocal and two Markstein corrections, codes
+    by rounding the float's bits) and ``_nvfp4_block_per_thread`` (a thread loads whole blocks), both (the default),
+    either, neither (the division and the comparisons):
+    the codec's bytes, as the division does, on quotients next to every E2M1 threshold (which one ulp changes), ties,
+    the row mix (tiny rows take the division fallback), rows of 24 (padding) and 128, both grids, the CUDA-eager
+    arithmetic."""
+    import torch
+
+    from hf_replayssm.precision.formats import e2m1_encode
+
+    q = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0])
+    below = (q.view(torch.int32) - 1).view(torch.float32)
+    assert not torch.equal(e2m1_encode(q), e2m1_encode(below)), "one ulp below a threshold must change some codes"
+    threshold, ties = _threshold_state(device), _nvfp4_tie_state(device)
+    model = _state(2, 8, 64, 128, seed=5, device=device)
+    # rows of magnitudes 1e-36 / 1e-38: block scales (tensor scale 1e-39 / 1e-41 times E4M3 values) subnormal, where
+    # the reciprocal overflows: the tiles take the division
+    subnormal = _state(2, 2, 4, 128, seed=9, scales=[1e-36, 1e-38], device=device)
+    for quotient, per_thread in ((True, True), (True, False), (False, True), (False, False)):
+        opt = dict(_nvfp4_reciprocal_quotient=quotient, _nvfp4_block_per_thread=per_thread)
+        for programs in (None, 16):
+            _check(module, threshold, "nvfp4", [1, 1], _programs_per_row=programs, **opt)
+            _check(module, threshold, "nvfp4", [1, 1], want=_cuda_eager_encode(threshold, "nvfp4"),
+                   _scalar_reciprocal=True, _programs_per_row=programs, **opt)
+            _check(module, model, "nvfp4", [0, 1], _programs_per_row=programs, **opt)
+            if not per_thread:  # the strided loads
+                _check(module, model, "nvfp4", [1, 0], _programs_per_row=programs, _nvfp4_contiguous_load=False,
+                       **opt)
+            _check(module, subnormal, "nvfp4", [1, 1], _programs_per_row=programs, **opt)
+        for row in (24, 128):
+            state = _row_mix(device, row)
+            for programs in (None, 16):
+                _check(module, state, "nvfp4", [1, 1, 0, 1, 1], _programs_per_row=programs, **opt)
+                _check(module, state, "nvfp4", [1, 1, 1, 1, 1], amax=_row_amax_bits(state),
+                       _programs_per_row=programs, **opt)
+        _check(module, ties, "nvfp4", [1, 1], **opt)
+        _check(module, ties, "nvfp4", [1, 1], want=_cuda_eager_encode(ties, "nvfp4"), _scalar_reciprocal=True, **opt)
+        print(f" {opt}: threshold quotients, row mix (tiny rows: the division fallback), ties, model shape")
 
 
 def case_select_patterns(module, device):
@@ -467,6 +535,11 @@ def case_bad_inputs(module, device):
             module.reencode_read_copy(state, copy, fmt, sel, amax=bad)
         _assert_reencoded(copy, state, fmt, [0, 0])  # nothing written
     print(" amax= with fp8, another dtype or shape rejected")
+    copy = _sentinel_copy(state, "nvfp4")
+    with pytest.raises(ValueError, match="needs _nvfp4_block_per_thread=False"):
+        module.reencode_read_copy(state, copy, "nvfp4", sel, _nvfp4_contiguous_load=False)
+    _assert_reencoded(copy, state, "nvfp4", [0, 0])
+    print(" the strided loads with whole blocks per thread rejected")
 
 
 if __name__ == "__main__":

@@ -8,6 +8,10 @@
 #   read it) instead of the decoded tile; (b) Mamba-2 nvfp4 and fp8 at 256 with its arms ("the flush launches taking
 #   the copy's product": host as the cache runs it, device in phase), against the default's.
 # If it pays: make it the default, then the same for the delta rule's flush (kernels/delta_rule.py, FLUSH_READS_COPY).
+# STAGE=2 (about 7 minutes): the nvfp4 encode with fewer instructions (quotients by each block's reciprocal with two
+#   Markstein corrections, codes by rounding the float's bits, a thread loading whole blocks; the default now, sm_90
+#   SASS 2160 -> 1056 instructions): (a) CUDA tests of the re-encode and of every flush that re-encodes, bit for bit
+#   against the codec; (b) the re-encode alone against the previous arithmetic; (c) Mamba-2 / GDN / KDA nvfp4 at 256.
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session34; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
@@ -19,5 +23,19 @@ if [ "$STAGE" = 1 ]; then
     --no-sweep --read-format fp8 --out "$RES/kernels_mamba2_fp8_flush_product.json"; pack
   tail -n 3 "$RES"/test_*.txt
   grep -h "host-phase replay\|as the cache\|product\|device\|^nemotron" "$RES"/kernels_*.txt
+elif [ "$STAGE" = 2 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 240 test_kernels_encode_cuda tests/test_kernels_read_copy_encode.py \
+    tests/test_kernels_read_copy.py -k "not fp8_rows and (reencode or nvfp4 or flush or given_amax or model_shapes \
+    or bad_inputs or reciprocal_quotient or ties or compact_grid or strided or select_patterns)"; pack
+  tail -n 3 "$RES"/test_*.txt; grep -h "^FAILED\|Error" "$RES"/test_*.txt | head -20
+  timeout 100 python3 "$R/benchmarks/gpu/reencode_tile_probe.py" --out "$RES/reencode_tile_probe.json" 2>&1 \
+    | tee "$RES/reencode_tile_probe.txt"
+  echo "reencode_tile_probe rc=${PIPESTATUS[0]} $(date +%T)" | tee -a "$RES/done.txt"; pack
+  bench_job 120 kernels_mamba2_nvfp4_fast_encode kernels --family mamba2 --shapes nemotron-h-8b --batches 256 \
+    --no-sweep --read-format nvfp4 --out "$RES/kernels_mamba2_nvfp4_fast_encode.json"; pack
+  grep -h "host-phase replay\|as the cache\|product\|device\|^nemotron" "$RES"/kernels_*.txt
+  timeout 100 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256 --specs gdn:nvfp4,kda:nvfp4 \
+    --out "$RES/read_copy_fast_encode.json" > "$RES/read_copy_fast_encode.txt" 2>&1
+  echo "read_copy_fast_encode rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack; tail -n 8 "$RES"/read_copy_*.txt
 fi
 save_triton_cache

@@ -547,12 +547,17 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                                                _config=read_cfg, flush_launch={}))
                 row.update(device_read_copy_times(k, inputs, timer, args.read_format, "in_phase", per_step_us,
                                                    _config=read_cfg))
-                # the flush launches taking the copy's product with C as stored (_flush_copy_product, off)
-                row["replay_host_read_copy_flush_product_us"] = per_step_us(timer(inputs.host_fn(
+                # the flush launches decoding the whole copy tile for their outputs (_flush_copy_product=False; the
+                # default takes the copy's product with C as stored, as the replay launches do)
+                row["replay_host_read_copy_flush_decoded_us"] = per_step_us(timer(inputs.host_fn(
                     k._replay_step, read_format=args.read_format, reencode="step", _config=read_cfg,
-                    flush_launch={"_flush_copy_product": True})))
-                row["replay_in_phase_read_copy_flush_product_us"] = per_step_us(timer(inputs.device_read_copy_fn(
-                    k._replay_step, "step", args.read_format, _config=read_cfg, _flush_copy_product=True)))
+                    flush_launch={"_flush_copy_product": False})))
+                row["replay_in_phase_read_copy_flush_decoded_us"] = per_step_us(timer(inputs.device_read_copy_fn(
+                    k._replay_step, "step", args.read_format, _config=read_cfg, _flush_copy_product=False)))
+                # the host flush step's outputs by a replay-only launch appending nothing, then the plain flush
+                row["replay_host_read_copy_flush_outputs_launch_us"] = per_step_us(timer(inputs.host_fn(
+                    k._replay_step, read_format=args.read_format, reencode="step", _config=read_cfg,
+                    flush_launch={"_flush_outputs_launch": True})))
                 # the former default: one fused launch carrying both the replay and the flush code
                 fused = device_read_copy_times(k, inputs, timer, args.read_format, "in_phase", per_step_us,
                                                compact=False, _config=read_cfg, _split=False)

@@ -221,10 +221,14 @@ def print_read_copy_rows(r: dict, pad: int) -> None:
                          f"{r['replay_host_read_copy_external_per_tile_reencode_us']:.2f})"
                          if "replay_host_read_copy_external_reencode_us" in r else
                          f" (per-tile grid {r['replay_host_read_copy_per_tile_reencode_us']:.2f} us)"), flush=True)
-    if "replay_host_read_copy_flush_product_us" in r:
-        print(f"{'':<{pad}}{'':>6} | the flush launches taking the copy's product with C as stored "
-              f"(_flush_copy_product): host as the cache runs it {r['replay_host_read_copy_flush_product_us']:.2f} "
-              f"us, device, in phase {r['replay_in_phase_read_copy_flush_product_us']:.2f} us", flush=True)
+    if "replay_host_read_copy_flush_decoded_us" in r:
+        print(f"{'':<{pad}}{'':>6} | the flush launches decoding the whole copy tile (_flush_copy_product=False, "
+              f"before run 177): host as the cache runs it {r['replay_host_read_copy_flush_decoded_us']:.2f} us, "
+              f"device, in phase {r['replay_in_phase_read_copy_flush_decoded_us']:.2f} us", flush=True)
+    if "replay_host_read_copy_flush_outputs_launch_us" in r:
+        print(f"{'':<{pad}}{'':>6} | the host flush step's outputs by a replay-only launch, then the plain flush "
+              f"(_flush_outputs_launch): as the cache runs it {r['replay_host_read_copy_flush_outputs_launch_us']:.2f}"
+              f" us", flush=True)
     if "replay_in_phase_read_copy_split_us" in r:
         print(f"{'':<{pad}}{'':>6} | device, in phase, two launches (flushes, then replays): "
               f"{r['replay_in_phase_read_copy_split_us']:.2f} us", flush=True)

@@ -417,10 +417,13 @@ def _mamba2_replay_step_kernel(
     ENCODE_SCALAR_RECIPROCAL: tl.constexpr = False,
     ENCODE_FP8_CONVERT: tl.constexpr = "soft",
     FLUSH_AMAX: tl.constexpr = False,  # PHASE 0 / 2 / 3: see _mamba2_flushed_state
-    # PHASE 2 / 3 with FLUSH_READS_COPY and READ_FORMAT "nvfp4_pairs" / "fp8" (_flush_copy_product, off: not yet
-    # timed): the outputs take the copy's product with C as stored, as the replay launches do, instead of the
-    # decoded tile
+    # PHASE 2 / 3 with FLUSH_READS_COPY and READ_FORMAT "nvfp4_pairs" / "fp8" (_flush_copy_product, default): the
+    # outputs take the copy's product with C as stored, as the replay launches do, instead of the decoded tile
     FLUSH_COPY_PRODUCT: tl.constexpr = False,
+    # PHASE 1 (_flush_outputs_launch: the host flush step's outputs from the copy, a launch before the plain flush):
+    # every row at its flush position gives its output by the replay arithmetic and appends no record
+    OUTPUTS_ONLY: tl.constexpr = False,
+    STORE_Y: tl.constexpr = True,  # PHASE 2 False: the flush-only launch after OUTPUTS_ONLY stores no output
 ):
     pid_p = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -512,6 +515,7 @@ def _mamba2_replay_step_kernel(
                                     dt_m, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
                                     stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g,
                                     stride_rB_n, BLOCK_R, PHASE == 4 and RING_PHYSICAL,
+                                    append=not OUTPUTS_ONLY,
                                     w_base=weights_ptr + (pid_b * tl.num_programs(2) + h) * (BLOCK_R + 2),
                                     WEIGHTS_GIVEN=WEIGHTS_GIVEN,
                                     S0_IS_PRODUCT=READ_FORMAT == "nvfp4_pairs" or READ_FORMAT == "fp8")
@@ -570,8 +574,9 @@ def _mamba2_replay_step_kernel(
                                         stride_rx_p, stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b,
                                         stride_rB_r, stride_rB_g, stride_rB_n, BLOCK_R, RING_PHYSICAL)
 
-        _mamba2_store_y(y, x_f, D_h, z, y_ptr, pid_b, h, offs_p, mask_p, stride_y_b, stride_y_h, stride_y_p, HAS_D,
-                        HAS_Z)
+        if STORE_Y:
+            _mamba2_store_y(y, x_f, D_h, z, y_ptr, pid_b, h, offs_p, mask_p, stride_y_b, stride_y_h, stride_y_p, HAS_D,
+                            HAS_Z)
 
     if (PHASE == 0 or PHASE == 4) and TICKET:
         # Take a ticket; the program that drew the row's last one (every program of the row has read the count by
@@ -840,7 +845,8 @@ def _replay_step(
     dt_softplus=False, buffer_len=16, out=None, read_copy=None, read_format=None, _config=None, _ticket=True,
     _ring_physical=None, _split=None, _prefetch=False, _count_launch=False, flush_reads_copy=False,
     _nvfp4_pairs=True, _flush_grid=None, _flush_config=None, _walk=None, _weights=False, reencode_copy=False,
-    _encode_in_flush=False, _flush_amax=True, _flush_copy_product=False,
+    _encode_in_flush=False, _flush_amax=True, _flush_copy_product=True,
+    _flush_outputs_launch=False,
 ):
     """:func:`mamba2_replay_step` with a launch-configuration override (``_config``: dict with ``block_p`` and/or
     ``num_warps``) and, for diagnostics only, ``_ticket=False`` (count read plainly and left unchanged) and
@@ -881,10 +887,15 @@ def _replay_step(
     trip). ``_flush_amax`` (``reencode_copy`` with an nvfp4 copy; default on): the flush launches fold each flushing
     row's max |new checkpoint| into a [B] scratch as they store it, and the re-encode after the step takes it
     instead of its own amax pass over the checkpoint; off, the re-encode's two passes (the same bits).
-    ``_flush_copy_product`` (``flush_reads_copy`` with an fp8 / nvfp4 copy; off, not yet timed): the flush-only
-    launches (host positions, a split step's flush launch) take the copy's product with C as stored for the
-    outputs, as the replay launches do, instead of decoding the whole tile (the same terms summed in another
-    order)."""
+    ``_flush_copy_product`` (``flush_reads_copy`` with an fp8 / nvfp4 copy; default on): the flush-only launches
+    (host positions, a split step's flush launch) take the copy's product with C as stored for the outputs, as the
+    replay launches do, instead of decoding the whole tile (the same terms summed in another order; H200 run 177,
+    batch 256, Nemotron-H-8B: host cycle as the cache runs it nvfp4 396.4 -> 392.8 us, fp8 298.8 -> 298.2, device
+    positions in phase 473.9 -> 472.2 / 373.4 -> 371.4). ``_flush_outputs_launch`` (host positions, a flush step
+    with ``flush_reads_copy``; off, not yet timed): the outputs from the copy by the replay-only launch appending
+    nothing, then the plain flush-only launch on the fp32 checkpoint storing no output, instead of one flush launch
+    reading both (the replay arithmetic on the copy's product, as ``_flush_copy_product``; the checkpoint bit for
+    bit)."""
     batch, heads, head_dim, d_state, groups = _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias)
     ring_size = ring_x.shape[1]
     assert ring_x.shape == (batch, ring_size, heads, head_dim), f"ring_x must be [B, R, H, P], got {ring_x.shape}"
@@ -930,7 +941,11 @@ def _replay_step(
     # launch is then the host-phase replay reading the copy (80 registers for fp8 at 32 x 2 on sm_90, the fused
     # launch 200; nvfp4 237 vs 255 with 200 B spilled): split by default as for fp32 (not yet timed on a GPU)
     split = phase == 0 and (_split is None or bool(_split))
-    launches = (3, 4) if split else (phase,)
+    # _flush_outputs_launch (host positions, a flush step reading the copy): the outputs by a replay-only launch that
+    # appends nothing (PHASE 1, OUTPUTS_ONLY), then the plain flush-only launch (PHASE 2 on the fp32 checkpoint, no
+    # output stored), instead of one flush launch that does both
+    outputs_launch = phase == 2 and flush_reads_copy and bool(_flush_outputs_launch)
+    launches = (3, 4) if split else ((1, 2) if outputs_launch else (phase,))
     count_launch = phase == 0 and bool(_count_launch) and bool(_ticket)
 
     flush_grid = default_flush_grid(batch) if _flush_grid is None else _flush_grid
@@ -1058,17 +1073,19 @@ def _replay_step(
             BLOCK_R=max(16, next_power_of_2(ring_size)) if flush_dot else block_r,
             # a flush-only launch (host phase 2, a split step's 3) reads the copy only for a flushing row's output
             # (flush_reads_copy)
-            READ_FORMAT=kernel_read_format if kernel_phase in (0, 1, 4) or (kernel_phase in (2, 3) and flush_reads_copy)
-            else "fp32",
+            READ_FORMAT=kernel_read_format if kernel_phase in (0, 1, 4) or (kernel_phase in (2, 3) and flush_reads_copy
+                                                                            and not outputs_launch) else "fp32",
             PREFETCH_STATE=kernel_phase == 4 and read_format == "fp32" and bool(_prefetch),
-            FLUSH_READS_COPY=flush_reads_copy and kernel_phase in (0, 2, 3),
+            FLUSH_READS_COPY=flush_reads_copy and kernel_phase in (0, 2, 3) and not outputs_launch,
             WEIGHTS_GIVEN=bool(_weights) and kernel_phase in (1, 4),
             ENCODE_COPY=encode_in_flush and kernel_phase in (0, 2, 3),
             ENCODE_SCALAR_RECIPROCAL=encode_consts[0],
             ENCODE_FP8_CONVERT=encode_consts[1],
             FLUSH_AMAX=flush_amax is not A and kernel_phase in (0, 2, 3),
             FLUSH_COPY_PRODUCT=(bool(_flush_copy_product) and flush_reads_copy and kernel_phase in (2, 3)
-                                and kernel_read_format in ("nvfp4_pairs", "fp8")),
+                                and kernel_read_format in ("nvfp4_pairs", "fp8") and not outputs_launch),
+            OUTPUTS_ONLY=outputs_launch and kernel_phase == 1,
+            STORE_Y=not (outputs_launch and kernel_phase == 2),
             num_warps=launch_cfg["num_warps"],
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel
@@ -1082,6 +1099,9 @@ def _replay_step(
     # against 410.3 (the encode's divisions in the flush programs, at their occupancy)
     reencode_copy = bool(reencode_copy) and read_format != "fp32" and phase != 1
     encode_in_flush = reencode_copy and flush_reads_copy and read_format == "fp8" and bool(_encode_in_flush)
+    if encode_in_flush and outputs_launch:
+        raise ValueError("_encode_in_flush writes the copy from the flush launch that reads it; with "
+                         "_flush_outputs_launch the flush reads no copy: pass one of them")
     encode_consts = encode_constants(state) if encode_in_flush else (False, "soft")
     # nvfp4: the flush launches fold each flushing row's max |new checkpoint| into a zeroed [B] scratch as they
     # store it, and the re-encode takes it (amax=) instead of reading the checkpoint once more for it; A stands in

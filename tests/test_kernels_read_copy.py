@@ -369,8 +369,10 @@ def case_flush_reads_copy(_, device):
     copy, its checkpoint folded as without the option; kernel == reference, mixed phases on device positions and
     every row flushing on host positions, every family (the delta rule with the exact fold's raw records); flush
     rows' outputs differ from the default's (from the new state), replay rows', checkpoints, rings and counts do
-    not. Mamba-2's flush launches taking the copy's product with C as stored (``_flush_copy_product``) give the
-    same outputs within float32 reordering, the rest bit for bit."""
+    not. Mamba-2's flush launches decoding the whole copy tile (``_flush_copy_product=False``) instead of taking
+    the copy's product with C as stored (the default), and at host positions the outputs by a replay-only launch
+    before a plain flush (``_flush_outputs_launch``), give the same outputs within float32 reordering, the rest bit
+    for bit."""
     import torch
 
     for name, read_format in (("mamba2", "fp8"), ("mamba2", "nvfp4"), ("gdn", "fp8"), ("kda", "nvfp4")):
@@ -387,8 +389,8 @@ def case_flush_reads_copy(_, device):
         # the other launch layout: Mamba-2's default is two launches (flushing rows, then replaying rows), the
         # delta rule's one fused launch
         arms.append(("other", family.kernel, True, {"_split": name != "mamba2"}))
-        if name == "mamba2":  # the split step's flush launch taking the copy's product with C as stored
-            arms.append(("product", family.kernel, True, {"_flush_copy_product": True}))
+        if name == "mamba2":  # the split step's flush launch decoding the whole copy tile
+            arms.append(("product", family.kernel, True, {"_flush_copy_product": False}))
         for label, fn, option, launch in arms:
             q = _clone(p)
             raw = {n: q.pop(n) for n in ("ring_v", "ring_beta") if n in q}
@@ -428,8 +430,10 @@ def case_flush_reads_copy(_, device):
         runs = {}
         host_arms = [("kernel", family.kernel, True, {}), ("ref", family.ref, True, {}),
                      ("default", family.kernel, False, {})]
-        if name == "mamba2":  # the flush-only launch taking the copy's product with C as stored
-            host_arms.append(("product", family.kernel, True, {"_flush_copy_product": True}))
+        if name == "mamba2":  # the flush-only launch decoding the whole copy tile; the outputs by a replay-only
+            # launch appending nothing, then the plain flush storing none
+            host_arms.append(("product", family.kernel, True, {"_flush_copy_product": False}))
+            host_arms.append(("outputs", family.kernel, True, {"_flush_outputs_launch": True}))
         for label, fn, option, launch in host_arms:
             q = _clone(p)
             raw = {n: q.pop(n) for n in ("ring_v", "ring_beta") if n in q}
@@ -438,11 +442,12 @@ def case_flush_reads_copy(_, device):
                               read_format=read_format, flush_reads_copy=option, **raw, **launch), q)
         print(f" {name} {read_format} flush_reads_copy, host positions")
         (y, got), (y_ref, want), (y_def, default) = runs["kernel"], runs["ref"], runs["default"]
-        if "product" in runs:
-            y_prod, prod = runs["product"]
-            torch.testing.assert_close(y_prod, y, **_reordered_tol(y))
-            for n in ("state", *family.rings):
-                assert torch.equal(prod[n], got[n]), n
+        for arm in ("product", "outputs"):
+            if arm in runs:
+                y_arm, arm_got = runs[arm]
+                torch.testing.assert_close(y_arm, y, **_reordered_tol(y))
+                for n in ("state", *family.rings):
+                    assert torch.equal(arm_got[n], got[n]), (arm, n)
         _close("y vs reference (host)", y, y_ref, REL)
         for n in ("state", *family.rings):
             torch.testing.assert_close(got[n], want[n], rtol=2e-6, atol=2e-6)

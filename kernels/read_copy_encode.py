@@ -18,11 +18,11 @@ Launches (grid axis 2 = batch row; a program of a row not selected loads ``selec
   ``[BLOCK_A, nb, 16]`` loaded as even / odd elements (the two nibbles of a byte): ``tensor_scale = amax / 2688``
   (or 1), per 16-element block ``bits = E4M3(block amax / 6 / tensor_scale)``, ``block_scale = decode(bits) *
   tensor_scale``, codes = E2M1 of ``x / block_scale`` (0 where the block scale is 0) rounded to nearest with ties to
-  the even code (the comparisons below reproduce ``e2m1_encode``'s bucketize tie rule), saturating at +-6, the sign
-  bit only on non-zero codes. Storage padding (C not a multiple of 16) encodes zeros. Program (0, 0, b) writes
-  ``tensor_scale[b]``. With ``amax=`` (the replay steps' ``reencode_copy``: their flush launches fold each row's
-  amax as they store the new checkpoint, :func:`store_flushed_tile`) launch (1) is skipped: one read of the
-  checkpoint instead of two.
+  the even code (``e2m1_encode``'s bucketize tie rule; by rounding the quotient's float bits, or by comparisons),
+  saturating at +-6, the sign bit only on non-zero codes. Storage padding (C not a multiple of 16) encodes zeros.
+  Program (0, 0, b) writes ``tensor_scale[b]``. With ``amax=`` (the replay steps' ``reencode_copy``: their flush
+  launches fold each row's amax as they store the new checkpoint, :func:`store_flushed_tile`) launch (1) is skipped:
+  one read of the checkpoint instead of two.
 * Compact grids (the default, ``_programs_per_row=P`` with P = ``COMPACT_PROGRAMS_PER_ROW``; ``None`` gives the
   per-tile grids above): every launch
   above gets ``(min(P, tiles), B)`` programs instead; program p of a selected batch row loops over its tiles of
@@ -32,7 +32,9 @@ Launches (grid axis 2 = batch row; a program of a row not selected loads ``selec
 
 Bit identity with torch (the arithmetic is the encoders' operation for operation):
 
-* Divisions by tensors use ``tl.div_rn`` (IEEE round to nearest, as torch; Triton's ``/`` is approximate on GPUs).
+* Divisions by tensors use ``tl.div_rn`` (IEEE round to nearest, as torch; Triton's ``/`` is approximate on GPUs),
+  except nvfp4's element quotients: each block's reciprocal (one ``div_rn``) and two Markstein corrections by fma give
+  the correctly rounded quotient, the same bits (``_quotient_by_reciprocal``).
 * Divisions by Python constants (448, 6, 2688) differ by device in eager torch: on CPU a true division, on CUDA a
   multiplication by the float32 reciprocal (ATen's ``div_true_kernel_cuda`` does this for CPU-scalar divisors, which
   changes the last bit in about half the cases). ``SCALAR_RECIPROCAL`` (constexpr) follows the state's device.
@@ -312,8 +314,7 @@ def _nvfp4_encode_rows(
     SCALAR_RECIPROCAL: tl.constexpr,
     FP8_CONVERT: tl.constexpr,
     CONTIGUOUS_LOAD: tl.constexpr = True,
-    RECIPROCAL_QUOTIENT: tl.constexpr = False,
-    BLOCK_PER_THREAD: tl.constexpr = False,
+    RECIPROCAL_QUOTIENT: tl.constexpr = True,
 ):
     """Packed codes and block scales of BLOCK rows under the tensor scale g."""
     # [BLOCK, BLOCK_NB, 8] tiles of the even and odd elements: element c = 16 nb + 2 p (+ 1). CONTIGUOUS_LOAD (the
@@ -328,58 +329,37 @@ def _nvfp4_encode_rows(
     x_base = state_ptr + b * stride_x_b + x_row[:, None, None]
     p_base = packed_ptr + b * stride_p_b + (h * stride_p_h + a * stride_p_a)[:, None, None]
     in_row = rows3 & (offs_nb[None, :, None] < NB)
-    if BLOCK_PER_THREAD:
-        # four [BLOCK, BLOCK_NB, 4] loads (16 bytes per thread each, elements 16 nb + 4 k + 0..3): a thread holds
-        # whole blocks, so the block math below runs once per block instead of once per thread holding a part
-        c4 = offs_nb[None, :, None] * 16 + tl.arange(0, 4)[None, None, :]
-        x0 = tl.load(x_base + c4 * stride_x_c, mask=rows3 & (c4 < C), other=0.0).to(tl.float32)
-        x1 = tl.load(x_base + (c4 + 4) * stride_x_c, mask=rows3 & (c4 + 4 < C), other=0.0).to(tl.float32)
-        x2 = tl.load(x_base + (c4 + 8) * stride_x_c, mask=rows3 & (c4 + 8 < C), other=0.0).to(tl.float32)
-        x3 = tl.load(x_base + (c4 + 12) * stride_x_c, mask=rows3 & (c4 + 12 < C), other=0.0).to(tl.float32)
-        block_amax = tl.max(tl.maximum(tl.maximum(tl.abs(x0), tl.abs(x1)), tl.maximum(tl.abs(x2), tl.abs(x3))),
-                            axis=2)
+    if CONTIGUOUS_LOAD:
+        c = offs_nb[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]
+        x = tl.load(x_base + c * stride_x_c, mask=rows3 & (c < C), other=0.0).to(tl.float32)
+        x_even, x_odd = tl.split(tl.reshape(x, [BLOCK, BLOCK_NB, 8, 2]))
     else:
-        if CONTIGUOUS_LOAD:
-            c = offs_nb[None, :, None] * 16 + tl.arange(0, 16)[None, None, :]
-            x = tl.load(x_base + c * stride_x_c, mask=rows3 & (c < C), other=0.0).to(tl.float32)
-            x_even, x_odd = tl.split(tl.reshape(x, [BLOCK, BLOCK_NB, 8, 2]))
-        else:
-            c_even = offs_nb[None, :, None] * 16 + 2 * offs_p[None, None, :]
-            x_even = tl.load(x_base + c_even * stride_x_c, mask=rows3 & (c_even < C), other=0.0).to(tl.float32)
-            x_odd = tl.load(x_base + (c_even + 1) * stride_x_c, mask=rows3 & (c_even + 1 < C),
-                            other=0.0).to(tl.float32)
-        block_amax = tl.maximum(tl.max(tl.abs(x_even), axis=2), tl.max(tl.abs(x_odd), axis=2))  # [BLOCK, BLOCK_NB]
+        c_even = offs_nb[None, :, None] * 16 + 2 * offs_p[None, None, :]
+        x_even = tl.load(x_base + c_even * stride_x_c, mask=rows3 & (c_even < C), other=0.0).to(tl.float32)
+        x_odd = tl.load(x_base + (c_even + 1) * stride_x_c, mask=rows3 & (c_even + 1 < C),
+                        other=0.0).to(tl.float32)
+    block_amax = tl.maximum(tl.max(tl.abs(x_even), axis=2), tl.max(tl.abs(x_odd), axis=2))  # [BLOCK, BLOCK_NB]
     t = _div_const(block_amax, 6.0, _INV_SIX, SCALAR_RECIPROCAL)
     bits = _e4m3_bits(tl.div_rn(t, tl.broadcast_to(g, (BLOCK, BLOCK_NB))), FP8_CONVERT)
     block_scale = (_e4m3_value(bits) * g)[:, :, None]
     divisor = tl.where(block_scale > 0, block_scale, 1.0)
     if RECIPROCAL_QUOTIENT:
-        # x / block_scale by the block's reciprocal (:func:`_quotient_by_reciprocal`); a block scale of 0 gets the
-        # reciprocal 0 with the divisor 1, so its quotients are 0 as the codec's. A tile with a block scale below
-        # 2^-100 (rows of magnitudes about 1e-27) divides: the theorem needs the products q d normal for |q| >= 1/4,
-        # the smallest quotient whose code is not 0
+        # x / block_scale by the block's reciprocal (:func:`_quotient_by_reciprocal`), codes by rounding: sm_90 SASS
+        # of the per-tile encode 2160 -> 1584 instructions, the re-encode alone 540 -> 481 us (H200 run 178,
+        # Nemotron-H-8B checkpoint at batch 256, amax given; bit-identical to the codec there). A block scale of 0
+        # gets the reciprocal 0 with the divisor 1, so its quotients are 0 as the codec's. A tile with a block scale
+        # below 2^-100 (rows of magnitudes about 1e-27) divides: the theorem needs the products q d normal for
+        # |q| >= 1/4, the smallest quotient whose code is not 0. (Four 16-byte loads per thread holding whole blocks,
+        # so that the block math, now a third of the instructions, ran once per block instead of once per thread of
+        # a block: 1056 instructions but 918-1022 us, the loads 64 bytes apart; run 178, dropped.)
         reciprocal = tl.where(block_scale > 0, tl.div_rn(tl.full(divisor.shape, 1.0, tl.float32), divisor), 0.0)
         fast = tl.min(tl.min(tl.min(divisor, axis=2), axis=1), axis=0) >= 7.888609052210118e-31  # 2^-100
     else:
         reciprocal = divisor
         fast = False
-    if BLOCK_PER_THREAD:
-        pair = p_base + (offs_nb[None, :, None] * 8 + tl.arange(0, 2)[None, None, :]) * stride_p_c
-        x_even, x_odd = tl.split(tl.reshape(x0, [BLOCK, BLOCK_NB, 2, 2]))
-        _store_e2m1_pairs(pair, in_row, x_even, x_odd, block_scale, divisor, reciprocal, fast, RECIPROCAL_QUOTIENT)
-        x_even, x_odd = tl.split(tl.reshape(x1, [BLOCK, BLOCK_NB, 2, 2]))
-        _store_e2m1_pairs(pair + 2 * stride_p_c, in_row, x_even, x_odd, block_scale, divisor, reciprocal, fast,
-                          RECIPROCAL_QUOTIENT)
-        x_even, x_odd = tl.split(tl.reshape(x2, [BLOCK, BLOCK_NB, 2, 2]))
-        _store_e2m1_pairs(pair + 4 * stride_p_c, in_row, x_even, x_odd, block_scale, divisor, reciprocal, fast,
-                          RECIPROCAL_QUOTIENT)
-        x_even, x_odd = tl.split(tl.reshape(x3, [BLOCK, BLOCK_NB, 2, 2]))
-        _store_e2m1_pairs(pair + 6 * stride_p_c, in_row, x_even, x_odd, block_scale, divisor, reciprocal, fast,
-                          RECIPROCAL_QUOTIENT)
-    else:
-        byte = offs_nb[None, :, None] * 8 + offs_p[None, None, :]
-        _store_e2m1_pairs(p_base + byte * stride_p_c, in_row, x_even, x_odd, block_scale, divisor, reciprocal, fast,
-                          RECIPROCAL_QUOTIENT)
+    byte = offs_nb[None, :, None] * 8 + offs_p[None, None, :]
+    _store_e2m1_pairs(p_base + byte * stride_p_c, in_row, x_even, x_odd, block_scale, divisor, reciprocal, fast,
+                      RECIPROCAL_QUOTIENT)
     bs_row = h * stride_bs_h + a * stride_bs_a
     tl.store(block_scale_ptr + b * stride_bs_b + bs_row[:, None] + offs_nb[None, :] * stride_bs_c, bits.to(tl.uint8),
              mask=row_mask[:, None] & (offs_nb[None, :] < NB))
@@ -452,8 +432,7 @@ def _nvfp4_encode_kernel(
     SCALAR_RECIPROCAL: tl.constexpr,
     FP8_CONVERT: tl.constexpr,
     CONTIGUOUS_LOAD: tl.constexpr = True,
-    RECIPROCAL_QUOTIENT: tl.constexpr = False,
-    BLOCK_PER_THREAD: tl.constexpr = False,
+    RECIPROCAL_QUOTIENT: tl.constexpr = True,
 ):
     pid_a = tl.program_id(0)
     h = tl.program_id(1)
@@ -468,7 +447,7 @@ def _nvfp4_encode_kernel(
                            stride_p_b, stride_p_h, stride_p_a, stride_p_c,
                            stride_bs_b, stride_bs_h, stride_bs_a, stride_bs_c,
                            C, NB, BLOCK_A, BLOCK_NB, SCALAR_RECIPROCAL, FP8_CONVERT, CONTIGUOUS_LOAD,
-                           RECIPROCAL_QUOTIENT, BLOCK_PER_THREAD)
+                           RECIPROCAL_QUOTIENT)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -540,8 +519,7 @@ def _nvfp4_encode_compact_kernel(
     SCALAR_RECIPROCAL: tl.constexpr,
     FP8_CONVERT: tl.constexpr,
     CONTIGUOUS_LOAD: tl.constexpr = True,
-    RECIPROCAL_QUOTIENT: tl.constexpr = False,
-    BLOCK_PER_THREAD: tl.constexpr = False,
+    RECIPROCAL_QUOTIENT: tl.constexpr = True,
 ):
     pid = tl.program_id(0)
     b = tl.program_id(1).to(tl.int64)
@@ -556,7 +534,7 @@ def _nvfp4_encode_compact_kernel(
                                stride_p_b, stride_p_h, stride_p_a, stride_p_c,
                                stride_bs_b, stride_bs_h, stride_bs_a, stride_bs_c,
                                C, NB, BLOCK_R, BLOCK_NB, SCALAR_RECIPROCAL, FP8_CONVERT, CONTIGUOUS_LOAD,
-                           RECIPROCAL_QUOTIENT, BLOCK_PER_THREAD)
+                           RECIPROCAL_QUOTIENT)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -607,8 +585,7 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
                        _fp8_convert: str | None = None,
                        _programs_per_row: int | None = COMPACT_PROGRAMS_PER_ROW,
                        _nvfp4_scale_convert: str | None = None, _nvfp4_contiguous_load: bool = True,
-                       _nvfp4_reciprocal_quotient: bool = True,
-                       _nvfp4_block_per_thread: bool = True, amax: torch.Tensor | None = None) -> None:
+                       _nvfp4_reciprocal_quotient: bool = True, amax: torch.Tensor | None = None) -> None:
     """Rewrite in place the read copy of the batch rows ``b`` with ``select[b] != 0`` from the checkpoint ``state``
     [B, H, A, C]: bit-identical to ``get_format(read_format).encode(state)`` for those rows; other rows' bytes are
     untouched. No host sync. ``amax`` (nvfp4 only): int32 [B] on the state's device holding, for every selected
@@ -623,13 +600,9 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
     None: one program per tile, see the module docstring), ``_nvfp4_scale_convert`` "hw" / "soft": the nvfp4 block
     scales' conversion (default "soft", or ``_fp8_convert`` when given), ``_nvfp4_contiguous_load``: the nvfp4
     encode loads its tile contiguously and splits it (False: the strided even / odd loads, see
-    ``_nvfp4_encode_rows``; both only without ``_nvfp4_block_per_thread``), ``_nvfp4_reciprocal_quotient`` /
-    ``_nvfp4_block_per_thread``: the nvfp4 encode's quotients by each block's reciprocal with codes by rounding, and
-    four loads that give a thread whole blocks (default both; the same bits, fewer instructions)."""
+    ``_nvfp4_encode_rows``), ``_nvfp4_reciprocal_quotient``: the nvfp4 encode's quotients by each block's
+    reciprocal with codes by rounding (default; False: a division per element and the comparisons; the same bits)."""
     fmt = check_reencode(state, read_copy, read_format, select)
-    if _nvfp4_block_per_thread and not _nvfp4_contiguous_load:
-        raise ValueError("_nvfp4_contiguous_load=False (the strided loads) needs _nvfp4_block_per_thread=False: a "
-                         "thread holding whole blocks loads them its own way")
     if amax is not None:
         if fmt != "nvfp4":
             raise ValueError(f"amax= serves the nvfp4 re-encode (its tensor scale); got read_format {read_format!r}")
@@ -691,8 +664,7 @@ def reencode_read_copy(state: torch.Tensor, read_copy: dict, read_format: str, s
         consts = dict(C=row, NB=blocks, BLOCK_NB=block_nb, SCALAR_RECIPROCAL=recip, FP8_CONVERT=scale_convert,
                       num_warps=NUM_WARPS,
                       CONTIGUOUS_LOAD=bool(_nvfp4_contiguous_load),
-                      RECIPROCAL_QUOTIENT=bool(_nvfp4_reciprocal_quotient),
-                      BLOCK_PER_THREAD=bool(_nvfp4_block_per_thread))
+                      RECIPROCAL_QUOTIENT=bool(_nvfp4_reciprocal_quotient))
         if programs is None:
             block_r = reencode_launch_config(rows, block_c)
             if not amax_given:

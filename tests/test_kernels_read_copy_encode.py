@@ -217,8 +217,7 @@ def case_model_shapes(module, device):
                 _check(module, state, fmt, [1] * shape[0], _programs_per_row=programs)
         for programs in (None, 16):  # the strided even / odd loads (not the default) give the same bytes
             select = [1 - b % 2 for b in range(shape[0])]  # rows not selected stay untouched
-            _check(module, state, "nvfp4", select, _programs_per_row=programs, _nvfp4_contiguous_load=False,
-                   _nvfp4_block_per_thread=False)
+            _check(module, state, "nvfp4", select, _programs_per_row=programs, _nvfp4_contiguous_load=False)
 
 
 def _row_amax_bits(state):
@@ -277,12 +276,12 @@ def _threshold_state(device, seed=11):
 
 
 def case_reciprocal_quotient(module, device):
-    """``_nvfp4_reciprocal_quotient`` (x / block scale by the block's reciprocal and two Markstein corrections, codes
-    by rounding the float's bits) and ``_nvfp4_block_per_thread`` (a thread loads whole blocks), both (the default),
-    either, neither (the division and the comparisons):
-    the codec's bytes, as the division does, on quotients next to every E2M1 threshold (which one ulp changes), ties,
-    the row mix (tiny rows take the division fallback), rows of 24 (padding) and 128, both grids, the CUDA-eager
-    arithmetic."""
+    """``_nvfp4_reciprocal_quotient`` (the default: x / block scale by the block's reciprocal and two Markstein
+    corrections, codes by rounding the float's bits) and without it (a division per element, the comparisons): the
+    codec's bytes on quotients next to every E2M1 threshold (which one ulp changes), ties, rows whose block scales are
+    subnormal (their tiles take the division), the row mix, rows of 24 (padding) and 128, both grids, the contiguous
+    and the strided loads, the CUDA-eager arithmetic. (One Markstein correction instead of two agreed with the
+    division on 1.2e8 random quotients, but is not proven correctly rounded, so no test here can tell it apart.)"""
     import torch
 
     from hf_replayssm.precision.formats import e2m1_encode
@@ -295,16 +294,15 @@ def case_reciprocal_quotient(module, device):
     # rows of magnitudes 1e-36 / 1e-38: block scales (tensor scale 1e-39 / 1e-41 times E4M3 values) subnormal, where
     # the reciprocal overflows: the tiles take the division
     subnormal = _state(2, 2, 4, 128, seed=9, scales=[1e-36, 1e-38], device=device)
-    for quotient, per_thread in ((True, True), (True, False), (False, True), (False, False)):
-        opt = dict(_nvfp4_reciprocal_quotient=quotient, _nvfp4_block_per_thread=per_thread)
+    for quotient in (True, False):
+        opt = dict(_nvfp4_reciprocal_quotient=quotient)
         for programs in (None, 16):
             _check(module, threshold, "nvfp4", [1, 1], _programs_per_row=programs, **opt)
             _check(module, threshold, "nvfp4", [1, 1], want=_cuda_eager_encode(threshold, "nvfp4"),
                    _scalar_reciprocal=True, _programs_per_row=programs, **opt)
             _check(module, model, "nvfp4", [0, 1], _programs_per_row=programs, **opt)
-            if not per_thread:  # the strided loads
-                _check(module, model, "nvfp4", [1, 0], _programs_per_row=programs, _nvfp4_contiguous_load=False,
-                       **opt)
+            _check(module, model, "nvfp4", [1, 0], _programs_per_row=programs, _nvfp4_contiguous_load=False,
+                   **opt)  # the strided loads
             _check(module, subnormal, "nvfp4", [1, 1], _programs_per_row=programs, **opt)
         for row in (24, 128):
             state = _row_mix(device, row)
@@ -535,11 +533,6 @@ def case_bad_inputs(module, device):
             module.reencode_read_copy(state, copy, fmt, sel, amax=bad)
         _assert_reencoded(copy, state, fmt, [0, 0])  # nothing written
     print(" amax= with fp8, another dtype or shape rejected")
-    copy = _sentinel_copy(state, "nvfp4")
-    with pytest.raises(ValueError, match="needs _nvfp4_block_per_thread=False"):
-        module.reencode_read_copy(state, copy, "nvfp4", sel, _nvfp4_contiguous_load=False)
-    _assert_reencoded(copy, state, "nvfp4", [0, 0])
-    print(" the strided loads with whole blocks per thread rejected")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,10 @@
 #   Markstein corrections, codes by rounding the float's bits, a thread loading whole blocks; the default now, sm_90
 #   SASS 2160 -> 1056 instructions): (a) CUDA tests of the re-encode and of every flush that re-encodes, bit for bit
 #   against the codec; (b) the re-encode alone against the previous arithmetic; (c) Mamba-2 / GDN / KDA nvfp4 at 256.
+# STAGE=3 (about 7 minutes): Mamba-2's host flush step with its outputs by a replay-only launch appending nothing,
+#   then the plain fp32 flush (_flush_outputs_launch, off): its CUDA test, and Mamba-2 nvfp4 / fp8 at 256; the nvfp4
+#   encode by reciprocals alone (run 178: a thread loading whole blocks was 1.9x slower; dropped): the re-encode
+#   tests on CUDA, GDN / KDA nvfp4 as the cache runs them.
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session34; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
@@ -37,5 +41,17 @@ elif [ "$STAGE" = 2 ]; then
   timeout 100 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256 --specs gdn:nvfp4,kda:nvfp4 \
     --out "$RES/read_copy_fast_encode.json" > "$RES/read_copy_fast_encode.txt" 2>&1
   echo "read_copy_fast_encode rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack; tail -n 8 "$RES"/read_copy_*.txt
+elif [ "$STAGE" = 3 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 280 test_kernels_flush_outputs_cuda tests/test_kernels_read_copy.py \
+    tests/test_kernels_read_copy_encode.py -k "flush_reads_copy or reencode or not read_copy_kernel"; pack
+  tail -n 3 "$RES"/test_*.txt; grep -h "^FAILED\|Error" "$RES"/test_*.txt | head -20
+  for fmt in nvfp4 fp8; do
+    bench_job 130 kernels_mamba2_${fmt}_flush_outputs kernels --family mamba2 --shapes nemotron-h-8b --batches 256 \
+      --no-sweep --read-format $fmt --out "$RES/kernels_mamba2_${fmt}_flush_outputs.json"; pack
+  done
+  grep -h "host-phase replay\|as the cache\|decoding the whole\|outputs by\|device\|^nemotron" "$RES"/kernels_*.txt
+  timeout 100 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256 --specs gdn:nvfp4,kda:nvfp4 \
+    --out "$RES/read_copy_reciprocal.json" > "$RES/read_copy_reciprocal.txt" 2>&1
+  echo "read_copy_reciprocal rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack; tail -n 8 "$RES"/read_copy_*.txt
 fi
 save_triton_cache

@@ -31,7 +31,6 @@ def main():
                 # the contiguous load (block scales "soft"; the default since run 171); the other arms the strided loads
                 contig = scale_convert == "contig"
                 reencode_read_copy(state, copy, fmt, select, _programs_per_row=ppr, _nvfp4_contiguous_load=contig,
-                                   _nvfp4_block_per_thread=False,
                                    _nvfp4_scale_convert=None if contig else scale_convert)
                 arms[name] = copy
             torch.cuda.synchronize()

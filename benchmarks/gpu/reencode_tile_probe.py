@@ -1,7 +1,7 @@
 """How fast is the read copy's re-encode alone, and over which launch? Times ``reencode_read_copy`` of a
 Nemotron-H-8B-shaped checkpoint [256, 128, 64, 128] float32 with every row selected: fp8; nvfp4 with its own amax
 pass and with the amax given (what the replay steps' flushes now hand it), over the grids, warps, the strided loads
-and the encode's arithmetic (quotients by the block's reciprocal, a thread loading whole blocks); against a clone of
+and the encode's arithmetic (quotients by the block's reciprocal or divisions); against a clone of
 the checkpoint and a torch amax of it (copy and read bandwidth). Prints us per call (cold L2, CUDA graph) and the
 GB/s of the bytes each must move. (Run 175 also timed the compact loops software-pipelined 2 / 3 deep, ``tl.range``:
 nvfp4 659 / 636 us against 595, fp8 371 / 363 against 335, dropped; and 8-64 programs per row, 8-64 rows per tile:
@@ -54,15 +54,11 @@ def main() -> None:
     copy = copies["nvfp4"]
     moved = state_bytes + copy_bytes["nvfp4"]
     variants = [("amax given", {}), ("amax given, per-tile grid", dict(_programs_per_row=None))]
-    variants += [("amax given, strided loads", dict(_nvfp4_contiguous_load=False, _nvfp4_block_per_thread=False))]
-    # the encode's arithmetic (default: quotients by the block's reciprocal + codes by rounding, a thread loading
-    # whole blocks; sm_90 SASS of the per-tile kernel 1056 instructions against 2160 without either)
-    for label, quotient, per_thread in (("division + comparisons (run 175's)", False, False),
-                                         ("reciprocal quotient only", True, False),
-                                         ("block per thread only", False, True)):
-        options = dict(_nvfp4_reciprocal_quotient=quotient, _nvfp4_block_per_thread=per_thread)
-        variants += [(f"amax given, {label}", options),
-                     (f"amax given, per-tile grid, {label}", dict(options, _programs_per_row=None))]
+    variants += [("amax given, strided loads", dict(_nvfp4_contiguous_load=False))]
+    # the encode's arithmetic: a division per element and the comparisons (before run 178), both grids
+    variants += [("amax given, division + comparisons", dict(_nvfp4_reciprocal_quotient=False)),
+                 ("amax given, per-tile grid, division + comparisons",
+                  dict(_nvfp4_reciprocal_quotient=False, _programs_per_row=None))]
     for name, options in variants:
         arm(f"nvfp4 {name}", lambda options=options: enc.reencode_read_copy(state, copy, "nvfp4", select, amax=amax,
                                                                             **options), moved)

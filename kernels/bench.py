@@ -490,6 +490,9 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
             if args.read_format is not None:
                 row.update(device_read_copy_times(k, inputs, timer, args.read_format, "mixed", per_step_us,
                                                    _config=best))
+                # the flushing rows' outputs by the split step's replay launch, their fold by a plain flush launch
+                row["replay_mixed_read_copy_flush_outputs_launch_us"] = per_step_us(timer(inputs.device_read_copy_fn(
+                    k._replay_step, "step", args.read_format, _config=best, _flush_outputs_launch=True)))
             del inputs
             # replay, all rows in phase
             inputs = ReplayInputs(batch, heads, head_dim, d_state, groups, L, device, gen, "in_phase", cuda)
@@ -558,6 +561,9 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                 row["replay_host_read_copy_flush_outputs_launch_us"] = per_step_us(timer(inputs.host_fn(
                     k._replay_step, read_format=args.read_format, reencode="step", _config=read_cfg,
                     flush_launch={"_flush_outputs_launch": True})))
+                row["replay_in_phase_read_copy_flush_outputs_launch_us"] = per_step_us(timer(
+                    inputs.device_read_copy_fn(k._replay_step, "step", args.read_format, _config=read_cfg,
+                                               _flush_outputs_launch=True)))
                 # the former default: one fused launch carrying both the replay and the flush code
                 fused = device_read_copy_times(k, inputs, timer, args.read_format, "in_phase", per_step_us,
                                                compact=False, _config=read_cfg, _split=False)

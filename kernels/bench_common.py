@@ -226,9 +226,11 @@ def print_read_copy_rows(r: dict, pad: int) -> None:
               f"before run 177): host as the cache runs it {r['replay_host_read_copy_flush_decoded_us']:.2f} us, "
               f"device, in phase {r['replay_in_phase_read_copy_flush_decoded_us']:.2f} us", flush=True)
     if "replay_host_read_copy_flush_outputs_launch_us" in r:
-        print(f"{'':<{pad}}{'':>6} | the host flush step's outputs by a replay-only launch, then the plain flush "
-              f"(_flush_outputs_launch): as the cache runs it {r['replay_host_read_copy_flush_outputs_launch_us']:.2f}"
-              f" us", flush=True)
+        print(f"{'':<{pad}}{'':>6} | the flush step's outputs by a replay launch, the fold by a plain flush "
+              f"(_flush_outputs_launch): host as the cache runs it "
+              f"{r['replay_host_read_copy_flush_outputs_launch_us']:.2f} us, device, in phase "
+              f"{r['replay_in_phase_read_copy_flush_outputs_launch_us']:.2f}, mixed "
+              f"{r['replay_mixed_read_copy_flush_outputs_launch_us']:.2f}", flush=True)
     if "replay_in_phase_read_copy_split_us" in r:
         print(f"{'':<{pad}}{'':>6} | device, in phase, two launches (flushes, then replays): "
               f"{r['replay_in_phase_read_copy_split_us']:.2f} us", flush=True)

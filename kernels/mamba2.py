@@ -420,10 +420,12 @@ def _mamba2_replay_step_kernel(
     # PHASE 2 / 3 with FLUSH_READS_COPY and READ_FORMAT "nvfp4_pairs" / "fp8" (_flush_copy_product, default): the
     # outputs take the copy's product with C as stored, as the replay launches do, instead of the decoded tile
     FLUSH_COPY_PRODUCT: tl.constexpr = False,
-    # PHASE 1 (_flush_outputs_launch: the host flush step's outputs from the copy, a launch before the plain flush):
-    # every row at its flush position gives its output by the replay arithmetic and appends no record
+    # _flush_outputs_launch (a flush step's outputs from the copy by a replay launch, the flush itself plain): PHASE 1
+    # (host positions, every row at its flush position) gives the outputs by the replay arithmetic and appends no
+    # record; PHASE 4 (a split step's replay launch, after the flush launch) runs the flushing rows too, which append
+    # nothing
     OUTPUTS_ONLY: tl.constexpr = False,
-    STORE_Y: tl.constexpr = True,  # PHASE 2 False: the flush-only launch after OUTPUTS_ONLY stores no output
+    STORE_Y: tl.constexpr = True,  # PHASE 2 / 3 False: the plain flush launch beside OUTPUTS_ONLY stores no output
 ):
     pid_p = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -449,10 +451,10 @@ def _mamba2_replay_step_kernel(
         origin = tl.load(origin_ptr + pid_b * stride_origin)
         if PHASE == 3:
             run = (count_raw & 0xFFFF) + 1 >= BUFFER_LEN
-        elif PHASE == 4:
+        elif PHASE == 4 and not OUTPUTS_ONLY:
             run = (count_raw & 0xFFFF) + 1 < BUFFER_LEN
         else:
-            run = PHASE < 3
+            run = PHASE != 3
     state_ptrs = (state_ptr + pid_b * stride_s_b + h * stride_s_h
                   + offs_p[:, None] * stride_s_p + offs_n[None, :] * stride_s_n)
     if PREFETCH_STATE:  # PHASE 4, fp32: the tile's load is not held back by the phase test (see delta_rule.py)
@@ -506,6 +508,10 @@ def _mamba2_replay_step_kernel(
         count = count_raw & 0xFFFF
 
         if PHASE == 1 or PHASE == 4:
+            if OUTPUTS_ONLY and PHASE == 4:  # noqa: SIM108 (constexpr: a flushing row gives its output only)
+                append_record = count + 1 < BUFFER_LEN
+            else:
+                append_record = not OUTPUTS_ONLY
             if READ_FORMAT == "nvfp4_pairs":  # (PREFETCH_STATE is fp32-only)
                 s0 = copy_tensor_scale * nvfp4_blocks_dot(copy_bytes, copy_scales, C_f, BLOCK_N)
             elif READ_FORMAT == "fp8":  # one product per row, not per element
@@ -515,7 +521,7 @@ def _mamba2_replay_step_kernel(
                                     dt_m, la_m, A_h, stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
                                     stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r, stride_rB_g,
                                     stride_rB_n, BLOCK_R, PHASE == 4 and RING_PHYSICAL,
-                                    append=not OUTPUTS_ONLY,
+                                    append=append_record,
                                     w_base=weights_ptr + (pid_b * tl.num_programs(2) + h) * (BLOCK_R + 2),
                                     WEIGHTS_GIVEN=WEIGHTS_GIVEN,
                                     S0_IS_PRODUCT=READ_FORMAT == "nvfp4_pairs" or READ_FORMAT == "fp8")
@@ -891,11 +897,12 @@ def _replay_step(
     (host positions, a split step's flush launch) take the copy's product with C as stored for the outputs, as the
     replay launches do, instead of decoding the whole tile (the same terms summed in another order; H200 run 177,
     batch 256, Nemotron-H-8B: host cycle as the cache runs it nvfp4 396.4 -> 392.8 us, fp8 298.8 -> 298.2, device
-    positions in phase 473.9 -> 472.2 / 373.4 -> 371.4). ``_flush_outputs_launch`` (host positions, a flush step
-    with ``flush_reads_copy``; off, not yet timed): the outputs from the copy by the replay-only launch appending
-    nothing, then the plain flush-only launch on the fp32 checkpoint storing no output, instead of one flush launch
+    positions in phase 473.9 -> 472.2 / 373.4 -> 371.4). ``_flush_outputs_launch`` (``flush_reads_copy``; off, not
+    yet timed): a flushing row's output from the copy by the replay launch, in which it appends nothing (host
+    positions: a replay-only launch before the flush; a split step: its replay launch runs the flushing rows too),
+    and its fold by the plain flush launch on the fp32 checkpoint storing no output, instead of one flush launch
     reading both (the replay arithmetic on the copy's product, as ``_flush_copy_product``; the checkpoint bit for
-    bit)."""
+    bit). Not with the fused device-positions launch (``_split=False``)."""
     batch, heads, head_dim, d_state, groups = _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias)
     ring_size = ring_x.shape[1]
     assert ring_x.shape == (batch, ring_size, heads, head_dim), f"ring_x must be [B, R, H, P], got {ring_x.shape}"
@@ -941,10 +948,14 @@ def _replay_step(
     # launch is then the host-phase replay reading the copy (80 registers for fp8 at 32 x 2 on sm_90, the fused
     # launch 200; nvfp4 237 vs 255 with 200 B spilled): split by default as for fp32 (not yet timed on a GPU)
     split = phase == 0 and (_split is None or bool(_split))
-    # _flush_outputs_launch (host positions, a flush step reading the copy): the outputs by a replay-only launch that
-    # appends nothing (PHASE 1, OUTPUTS_ONLY), then the plain flush-only launch (PHASE 2 on the fp32 checkpoint, no
-    # output stored), instead of one flush launch that does both
-    outputs_launch = phase == 2 and flush_reads_copy and bool(_flush_outputs_launch)
+    # _flush_outputs_launch (a flush step reading the copy): the outputs by a replay launch in which flushing rows
+    # append nothing (host positions: a PHASE 1 launch before the flush, every row; a split step: its PHASE 4 launch,
+    # after the flush launch, runs the flushing rows too), the fold by the plain flush launch on the fp32 checkpoint
+    # storing no output (PHASE 2 / 3), instead of one flush launch that does both
+    outputs_launch = flush_reads_copy and bool(_flush_outputs_launch) and (phase == 2 or split)
+    if _flush_outputs_launch and phase == 0 and not split:
+        raise ValueError("_flush_outputs_launch serves host positions and the split device-positions step; the fused "
+                         "launch (_split=False) gives a flushing row's output and its fold in one program")
     launches = (3, 4) if split else ((1, 2) if outputs_launch else (phase,))
     count_launch = phase == 0 and bool(_count_launch) and bool(_ticket)
 
@@ -1084,8 +1095,8 @@ def _replay_step(
             FLUSH_AMAX=flush_amax is not A and kernel_phase in (0, 2, 3),
             FLUSH_COPY_PRODUCT=(bool(_flush_copy_product) and flush_reads_copy and kernel_phase in (2, 3)
                                 and kernel_read_format in ("nvfp4_pairs", "fp8") and not outputs_launch),
-            OUTPUTS_ONLY=outputs_launch and kernel_phase == 1,
-            STORE_Y=not (outputs_launch and kernel_phase == 2),
+            OUTPUTS_ONLY=outputs_launch and kernel_phase in (1, 4),
+            STORE_Y=not (outputs_launch and kernel_phase in (2, 3)),
             num_warps=launch_cfg["num_warps"],
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel

@@ -389,8 +389,10 @@ def case_flush_reads_copy(_, device):
         # the other launch layout: Mamba-2's default is two launches (flushing rows, then replaying rows), the
         # delta rule's one fused launch
         arms.append(("other", family.kernel, True, {"_split": name != "mamba2"}))
-        if name == "mamba2":  # the split step's flush launch decoding the whole copy tile
+        if name == "mamba2":  # the split step's flush launch decoding the whole copy tile; the flushing rows'
+            # outputs by the replay launch (which runs them too) and their fold by a plain flush launch
             arms.append(("product", family.kernel, True, {"_flush_copy_product": False}))
+            arms.append(("outputs", family.kernel, True, {"_flush_outputs_launch": True}))
         for label, fn, option, launch in arms:
             q = _clone(p)
             raw = {n: q.pop(n) for n in ("ring_v", "ring_beta") if n in q}
@@ -408,12 +410,13 @@ def case_flush_reads_copy(_, device):
             assert torch.equal(count_split, count)
             for n in ("state", *family.rings):
                 torch.testing.assert_close(split[n], got[n], **exact)
-        if "product" in runs:  # the same terms summed in another order; the rest bit for bit
-            y_prod, prod, count_prod = runs["product"]
-            torch.testing.assert_close(y_prod, y, **_reordered_tol(y))
-            assert torch.equal(count_prod, count)
-            for n in ("state", *family.rings):
-                assert torch.equal(prod[n], got[n]), n
+        for arm in ("product", "outputs"):  # the same terms summed in another order; the rest bit for bit
+            if arm in runs:
+                y_arm, arm_got, count_arm = runs[arm]
+                torch.testing.assert_close(y_arm, y, **_reordered_tol(y))
+                assert torch.equal(count_arm, count), arm
+                for n in ("state", *family.rings):
+                    assert torch.equal(arm_got[n], got[n]), (arm, n)
         _close("y vs reference", y, y_ref, REL)
         assert torch.equal(count, count_ref) and torch.equal(count, count_def)
         # the option is a constexpr: on a GPU the two compiled kernels may contract FMAs differently

@@ -490,9 +490,10 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
             if args.read_format is not None:
                 row.update(device_read_copy_times(k, inputs, timer, args.read_format, "mixed", per_step_us,
                                                    _config=best))
-                # the flushing rows' outputs by the split step's replay launch, their fold by a plain flush launch
-                row["replay_mixed_read_copy_flush_outputs_launch_us"] = per_step_us(timer(inputs.device_read_copy_fn(
-                    k._replay_step, "step", args.read_format, _config=best, _flush_outputs_launch=True)))
+                # a flushing row's output and fold in one flush launch (_flush_outputs_launch=False; the default
+                # gives its output by the split step's replay launch and folds by a plain flush launch)
+                row["replay_mixed_read_copy_one_flush_launch_us"] = per_step_us(timer(inputs.device_read_copy_fn(
+                    k._replay_step, "step", args.read_format, _config=best, _flush_outputs_launch=False)))
             del inputs
             # replay, all rows in phase
             inputs = ReplayInputs(batch, heads, head_dim, d_state, groups, L, device, gen, "in_phase", cuda)
@@ -550,20 +551,16 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                                                _config=read_cfg, flush_launch={}))
                 row.update(device_read_copy_times(k, inputs, timer, args.read_format, "in_phase", per_step_us,
                                                    _config=read_cfg))
-                # the flush launches decoding the whole copy tile for their outputs (_flush_copy_product=False; the
-                # default takes the copy's product with C as stored, as the replay launches do)
-                row["replay_host_read_copy_flush_decoded_us"] = per_step_us(timer(inputs.host_fn(
-                    k._replay_step, read_format=args.read_format, reencode="step", _config=read_cfg,
-                    flush_launch={"_flush_copy_product": False})))
-                row["replay_in_phase_read_copy_flush_decoded_us"] = per_step_us(timer(inputs.device_read_copy_fn(
-                    k._replay_step, "step", args.read_format, _config=read_cfg, _flush_copy_product=False)))
-                # the host flush step's outputs by a replay-only launch appending nothing, then the plain flush
-                row["replay_host_read_copy_flush_outputs_launch_us"] = per_step_us(timer(inputs.host_fn(
-                    k._replay_step, read_format=args.read_format, reencode="step", _config=read_cfg,
-                    flush_launch={"_flush_outputs_launch": True})))
-                row["replay_in_phase_read_copy_flush_outputs_launch_us"] = per_step_us(timer(
-                    inputs.device_read_copy_fn(k._replay_step, "step", args.read_format, _config=read_cfg,
-                                               _flush_outputs_launch=True)))
+                # a flushing row's output and fold in one flush launch (_flush_outputs_launch=False, before run 179),
+                # taking the copy's product with C as stored (run 177) or decoding the whole copy tile (before)
+                one = {"_flush_outputs_launch": False}
+                decoded = {**one, "_flush_copy_product": False}
+                for name, options in (("one_flush_launch", one), ("flush_decoded", decoded)):
+                    row[f"replay_host_read_copy_{name}_us"] = per_step_us(timer(inputs.host_fn(
+                        k._replay_step, read_format=args.read_format, reencode="step", _config=read_cfg,
+                        flush_launch=options)))
+                    row[f"replay_in_phase_read_copy_{name}_us"] = per_step_us(timer(inputs.device_read_copy_fn(
+                        k._replay_step, "step", args.read_format, _config=read_cfg, **options)))
                 # the former default: one fused launch carrying both the replay and the flush code
                 fused = device_read_copy_times(k, inputs, timer, args.read_format, "in_phase", per_step_us,
                                                compact=False, _config=read_cfg, _split=False)

@@ -221,16 +221,13 @@ def print_read_copy_rows(r: dict, pad: int) -> None:
                          f"{r['replay_host_read_copy_external_per_tile_reencode_us']:.2f})"
                          if "replay_host_read_copy_external_reencode_us" in r else
                          f" (per-tile grid {r['replay_host_read_copy_per_tile_reencode_us']:.2f} us)"), flush=True)
-    if "replay_host_read_copy_flush_decoded_us" in r:
-        print(f"{'':<{pad}}{'':>6} | the flush launches decoding the whole copy tile (_flush_copy_product=False, "
-              f"before run 177): host as the cache runs it {r['replay_host_read_copy_flush_decoded_us']:.2f} us, "
-              f"device, in phase {r['replay_in_phase_read_copy_flush_decoded_us']:.2f} us", flush=True)
-    if "replay_host_read_copy_flush_outputs_launch_us" in r:
-        print(f"{'':<{pad}}{'':>6} | the flush step's outputs by a replay launch, the fold by a plain flush "
-              f"(_flush_outputs_launch): host as the cache runs it "
-              f"{r['replay_host_read_copy_flush_outputs_launch_us']:.2f} us, device, in phase "
-              f"{r['replay_in_phase_read_copy_flush_outputs_launch_us']:.2f}, mixed "
-              f"{r['replay_mixed_read_copy_flush_outputs_launch_us']:.2f}", flush=True)
+    if "replay_host_read_copy_one_flush_launch_us" in r:
+        print(f"{'':<{pad}}{'':>6} | a flushing row's output and fold in one flush launch (_flush_outputs_launch="
+              f"False, before run 179): host as the cache runs it {r['replay_host_read_copy_one_flush_launch_us']:.2f}"
+              f" us, device, in phase {r['replay_in_phase_read_copy_one_flush_launch_us']:.2f}, mixed "
+              f"{r['replay_mixed_read_copy_one_flush_launch_us']:.2f}; its outputs decoding the whole copy tile "
+              f"(_flush_copy_product=False, before run 177): host {r['replay_host_read_copy_flush_decoded_us']:.2f} "
+              f"us, in phase {r['replay_in_phase_read_copy_flush_decoded_us']:.2f}", flush=True)
     if "replay_in_phase_read_copy_split_us" in r:
         print(f"{'':<{pad}}{'':>6} | device, in phase, two launches (flushes, then replays): "
               f"{r['replay_in_phase_read_copy_split_us']:.2f} us", flush=True)

@@ -852,7 +852,7 @@ def _replay_step(
     _ring_physical=None, _split=None, _prefetch=False, _count_launch=False, flush_reads_copy=False,
     _nvfp4_pairs=True, _flush_grid=None, _flush_config=None, _walk=None, _weights=False, reencode_copy=False,
     _encode_in_flush=False, _flush_amax=True, _flush_copy_product=True,
-    _flush_outputs_launch=False,
+    _flush_outputs_launch=None,
 ):
     """:func:`mamba2_replay_step` with a launch-configuration override (``_config``: dict with ``block_p`` and/or
     ``num_warps``) and, for diagnostics only, ``_ticket=False`` (count read plainly and left unchanged) and
@@ -897,12 +897,14 @@ def _replay_step(
     (host positions, a split step's flush launch) take the copy's product with C as stored for the outputs, as the
     replay launches do, instead of decoding the whole tile (the same terms summed in another order; H200 run 177,
     batch 256, Nemotron-H-8B: host cycle as the cache runs it nvfp4 396.4 -> 392.8 us, fp8 298.8 -> 298.2, device
-    positions in phase 473.9 -> 472.2 / 373.4 -> 371.4). ``_flush_outputs_launch`` (``flush_reads_copy``; off, not
-    yet timed): a flushing row's output from the copy by the replay launch, in which it appends nothing (host
-    positions: a replay-only launch before the flush; a split step: its replay launch runs the flushing rows too),
-    and its fold by the plain flush launch on the fp32 checkpoint storing no output, instead of one flush launch
-    reading both (the replay arithmetic on the copy's product, as ``_flush_copy_product``; the checkpoint bit for
-    bit). Not with the fused device-positions launch (``_split=False``)."""
+    positions in phase 473.9 -> 472.2 / 373.4 -> 371.4). ``_flush_outputs_launch`` (``flush_reads_copy``; None, the
+    default: wherever it applies): a flushing row's output from the copy by the replay launch, in which it appends
+    nothing (host positions: a replay-only launch before the flush; a split step: its replay launch runs the
+    flushing rows too), and its fold by the plain flush launch on the fp32 checkpoint storing no output, instead of
+    one flush launch reading both (False; the outputs by the same replay arithmetic on the copy's product, the
+    checkpoint the same fold: bit for bit on the CPU, within 1e-6 on a GPU). H200 run 179, batch 256, Nemotron-H-8B,
+    host cycle as the cache runs it: nvfp4 359.3 -> 335.6 us, fp8 297.7 -> 273.7. Not with the fused
+    device-positions launch (``_split=False``) or ``_encode_in_flush`` (True there is refused)."""
     batch, heads, head_dim, d_state, groups = _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias)
     ring_size = ring_x.shape[1]
     assert ring_x.shape == (batch, ring_size, heads, head_dim), f"ring_x must be [B, R, H, P], got {ring_x.shape}"
@@ -952,10 +954,14 @@ def _replay_step(
     # append nothing (host positions: a PHASE 1 launch before the flush, every row; a split step: its PHASE 4 launch,
     # after the flush launch, runs the flushing rows too), the fold by the plain flush launch on the fp32 checkpoint
     # storing no output (PHASE 2 / 3), instead of one flush launch that does both
-    outputs_launch = flush_reads_copy and bool(_flush_outputs_launch) and (phase == 2 or split)
-    if _flush_outputs_launch and phase == 0 and not split:
-        raise ValueError("_flush_outputs_launch serves host positions and the split device-positions step; the fused "
-                         "launch (_split=False) gives a flushing row's output and its fold in one program")
+    # (None: wherever it applies; not with the fused launch or _encode_in_flush, whose flush launch writes the copy)
+    outputs_launch = (flush_reads_copy and _flush_outputs_launch is not False and (phase == 2 or split)
+                      and not _encode_in_flush)
+    if _flush_outputs_launch is True and ((phase == 0 and not split) or _encode_in_flush):
+        raise ValueError("_flush_outputs_launch=True serves host positions and the split device-positions step "
+                         "without _encode_in_flush; the fused launch (_split=False) gives a flushing row's output and "
+                         "its fold in one program, and _encode_in_flush writes the copy from the flush launch that "
+                         "reads it")
     launches = (3, 4) if split else ((1, 2) if outputs_launch else (phase,))
     count_launch = phase == 0 and bool(_count_launch) and bool(_ticket)
 
@@ -1110,9 +1116,6 @@ def _replay_step(
     # against 410.3 (the encode's divisions in the flush programs, at their occupancy)
     reencode_copy = bool(reencode_copy) and read_format != "fp32" and phase != 1
     encode_in_flush = reencode_copy and flush_reads_copy and read_format == "fp8" and bool(_encode_in_flush)
-    if encode_in_flush and outputs_launch:
-        raise ValueError("_encode_in_flush writes the copy from the flush launch that reads it; with "
-                         "_flush_outputs_launch the flush reads no copy: pass one of them")
     encode_consts = encode_constants(state) if encode_in_flush else (False, "soft")
     # nvfp4: the flush launches fold each flushing row's max |new checkpoint| into a zeroed [B] scratch as they
     # store it, and the re-encode takes it (amax=) instead of reading the checkpoint once more for it; A stands in

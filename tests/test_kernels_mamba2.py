@@ -55,16 +55,16 @@ def test_bench_smoke(tmp_path):
                 "replay_host_read_copy_external_reencode_us", "replay_host_read_copy_external_per_tile_reencode_us",
                 "replay_in_phase_read_copy_external_reencode_us", "replay_mixed_read_copy_external_reencode_us",
                 "replay_host_read_copy_flush_decoded_us", "replay_in_phase_read_copy_flush_decoded_us",
-                "replay_host_read_copy_flush_outputs_launch_us", "replay_in_phase_read_copy_flush_outputs_launch_us",
-                "replay_mixed_read_copy_flush_outputs_launch_us"):
+                "replay_host_read_copy_one_flush_launch_us", "replay_in_phase_read_copy_one_flush_launch_us",
+                "replay_mixed_read_copy_one_flush_launch_us"):
         assert row[key] > 0, (key, row)
     assert data["checks"]["smoke"]["read_copy_mixed_ok"] and data["checks"]["smoke"]["ok"], data["checks"]
     assert data["checks"]["smoke"]["read_copy_nvfp4_nibbles_rel_err"] < 1e-6, data["checks"]
     assert "replay step" in stdout and "device-phase, mixed replay reading a nvfp4 copy" in stdout
     assert "one fused launch (the former default)" in stdout
     assert "as the cache runs it (the flush's outputs from the copy, the copy re-encoded after it)" in stdout
-    assert "the flush launches decoding the whole copy tile (_flush_copy_product=False" in stdout
-    assert "the fold by a plain flush (_flush_outputs_launch): host as the cache runs it" in stdout
+    assert "a flushing row's output and fold in one flush launch (_flush_outputs_launch=False" in stdout
+    assert "its outputs decoding the whole copy tile (_flush_copy_product=False" in stdout
     # the host-phase flush launch runs at its own tile (host_flush_launch_config), printed with the host arm
     from hf_replayssm.kernels.mamba2 import host_flush_launch_config
 

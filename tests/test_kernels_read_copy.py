@@ -369,14 +369,15 @@ def case_flush_reads_copy(_, device):
     copy, its checkpoint folded as without the option; kernel == reference, mixed phases on device positions and
     every row flushing on host positions, every family (the delta rule with the exact fold's raw records); flush
     rows' outputs differ from the default's (from the new state), replay rows', checkpoints, rings and counts do
-    not. Mamba-2's flush launches decoding the whole copy tile (``_flush_copy_product=False``) instead of taking
-    the copy's product with C as stored (the default), and at host positions the outputs by a replay-only launch
-    before a plain flush (``_flush_outputs_launch``), give the same outputs within float32 reordering, the rest bit
-    for bit."""
+    not. Mamba-2 gives a flushing row's output by a replay launch and folds it by a plain flush launch (the
+    default); its one flush launch reading both (``_flush_outputs_launch=False``), taking the copy's product with C
+    as stored or decoding the whole copy tile (``_flush_copy_product=False``), gives the same outputs within float32
+    reordering, the rest bit for bit (the checkpoint within 1e-6 on a GPU)."""
     import torch
 
     for name, read_format in (("mamba2", "fp8"), ("mamba2", "nvfp4"), ("gdn", "fp8"), ("kda", "nvfp4")):
         family = _Family(name)
+        same_fold = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=1e-6, atol=1e-6)
         p = family.inputs(device, 4, seed=40)
         if name != "mamba2":
             p["ring_v"], p["ring_beta"] = _raw_rings(p)
@@ -391,8 +392,9 @@ def case_flush_reads_copy(_, device):
         arms.append(("other", family.kernel, True, {"_split": name != "mamba2"}))
         if name == "mamba2":  # the split step's flush launch decoding the whole copy tile; the flushing rows'
             # outputs by the replay launch (which runs them too) and their fold by a plain flush launch
-            arms.append(("product", family.kernel, True, {"_flush_copy_product": False}))
-            arms.append(("outputs", family.kernel, True, {"_flush_outputs_launch": True}))
+            arms.append(("one launch", family.kernel, True, {"_flush_outputs_launch": False}))
+            arms.append(("decoded", family.kernel, True, {"_flush_outputs_launch": False,
+                                                          "_flush_copy_product": False}))
         for label, fn, option, launch in arms:
             q = _clone(p)
             raw = {n: q.pop(n) for n in ("ring_v", "ring_beta") if n in q}
@@ -410,12 +412,14 @@ def case_flush_reads_copy(_, device):
             assert torch.equal(count_split, count)
             for n in ("state", *family.rings):
                 torch.testing.assert_close(split[n], got[n], **exact)
-        for arm in ("product", "outputs"):  # the same terms summed in another order; the rest bit for bit
+        for arm in ("one launch", "decoded"):  # the same terms summed in another order; the rest bit for bit (the
+            # checkpoint within 1e-6 on a GPU: another compiled flush launch may contract FMAs differently)
             if arm in runs:
                 y_arm, arm_got, count_arm = runs[arm]
                 torch.testing.assert_close(y_arm, y, **_reordered_tol(y))
                 assert torch.equal(count_arm, count), arm
-                for n in ("state", *family.rings):
+                torch.testing.assert_close(arm_got["state"], got["state"], **same_fold)
+                for n in family.rings:
                     assert torch.equal(arm_got[n], got[n]), (arm, n)
         _close("y vs reference", y, y_ref, REL)
         assert torch.equal(count, count_ref) and torch.equal(count, count_def)
@@ -435,8 +439,9 @@ def case_flush_reads_copy(_, device):
                      ("default", family.kernel, False, {})]
         if name == "mamba2":  # the flush-only launch decoding the whole copy tile; the outputs by a replay-only
             # launch appending nothing, then the plain flush storing none
-            host_arms.append(("product", family.kernel, True, {"_flush_copy_product": False}))
-            host_arms.append(("outputs", family.kernel, True, {"_flush_outputs_launch": True}))
+            host_arms.append(("one launch", family.kernel, True, {"_flush_outputs_launch": False}))
+            host_arms.append(("decoded", family.kernel, True, {"_flush_outputs_launch": False,
+                                                               "_flush_copy_product": False}))
         for label, fn, option, launch in host_arms:
             q = _clone(p)
             raw = {n: q.pop(n) for n in ("ring_v", "ring_beta") if n in q}
@@ -445,11 +450,12 @@ def case_flush_reads_copy(_, device):
                               read_format=read_format, flush_reads_copy=option, **raw, **launch), q)
         print(f" {name} {read_format} flush_reads_copy, host positions")
         (y, got), (y_ref, want), (y_def, default) = runs["kernel"], runs["ref"], runs["default"]
-        for arm in ("product", "outputs"):
+        for arm in ("one launch", "decoded"):
             if arm in runs:
                 y_arm, arm_got = runs[arm]
                 torch.testing.assert_close(y_arm, y, **_reordered_tol(y))
-                for n in ("state", *family.rings):
+                torch.testing.assert_close(arm_got["state"], got["state"], **same_fold)
+                for n in family.rings:
                     assert torch.equal(arm_got[n], got[n]), (arm, n)
         _close("y vs reference (host)", y, y_ref, REL)
         for n in ("state", *family.rings):

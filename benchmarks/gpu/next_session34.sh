@@ -16,6 +16,8 @@
 #   then the plain fp32 flush (_flush_outputs_launch, off): its CUDA test, and Mamba-2 nvfp4 / fp8 at 256; the nvfp4
 #   encode by reciprocals alone (run 178: a thread loading whole blocks was 1.9x slower; dropped): the re-encode
 #   tests on CUDA, GDN / KDA nvfp4 as the cache runs them.
+# STAGE=4 (about 5 minutes): _flush_outputs_launch on device positions too (the split step's replay launch runs the
+#   flushing rows, its flush launch folds plainly): its CUDA test, Mamba-2 nvfp4 / fp8 at 256 with every arm.
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session34; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
@@ -53,5 +55,14 @@ elif [ "$STAGE" = 3 ]; then
   timeout 100 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256 --specs gdn:nvfp4,kda:nvfp4 \
     --out "$RES/read_copy_reciprocal.json" > "$RES/read_copy_reciprocal.txt" 2>&1
   echo "read_copy_reciprocal rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack; tail -n 8 "$RES"/read_copy_*.txt
+elif [ "$STAGE" = 4 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 200 test_kernels_flush_outputs_device_cuda tests/test_kernels_read_copy.py \
+    -k "flush_reads_copy or mamba2_reencode_copy"; pack
+  tail -n 3 "$RES"/test_*.txt; grep -h "^FAILED\|Error" "$RES"/test_*.txt | head -20
+  for fmt in nvfp4 fp8; do
+    bench_job 130 kernels_mamba2_${fmt}_outputs_launch kernels --family mamba2 --shapes nemotron-h-8b --batches 256 \
+      --no-sweep --read-format $fmt --out "$RES/kernels_mamba2_${fmt}_outputs_launch.json"; pack
+  done
+  grep -h "host-phase replay\|as the cache\|decoding the whole\|outputs by\|device\|^nemotron" "$RES"/kernels_*.txt
 fi
 save_triton_cache

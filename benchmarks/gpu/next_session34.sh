@@ -17,7 +17,8 @@
 #   encode by reciprocals alone (run 178: a thread loading whole blocks was 1.9x slower; dropped): the re-encode
 #   tests on CUDA, GDN / KDA nvfp4 as the cache runs them.
 # STAGE=4 (about 5 minutes): _flush_outputs_launch on device positions too (the split step's replay launch runs the
-#   flushing rows, its flush launch folds plainly): its CUDA test, Mamba-2 nvfp4 / fp8 at 256 with every arm.
+#   flushing rows, its flush launch folds plainly; now the default): its CUDA test, the separated policies' model
+#   tests on CUDA, Mamba-2 nvfp4 / fp8 at 256 with every arm.
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session34; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
@@ -58,6 +59,8 @@ elif [ "$STAGE" = 3 ]; then
 elif [ "$STAGE" = 4 ]; then
   REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 200 test_kernels_flush_outputs_device_cuda tests/test_kernels_read_copy.py \
     -k "flush_reads_copy or mamba2_reencode_copy"; pack
+  test_job 150 test_gpu_separated tests/test_gpu.py -k "separated_flushes_in_the_kernel or static_cache_with_a_read_copy \
+    or exact_separated"; pack
   tail -n 3 "$RES"/test_*.txt; grep -h "^FAILED\|Error" "$RES"/test_*.txt | head -20
   for fmt in nvfp4 fp8; do
     bench_job 130 kernels_mamba2_${fmt}_outputs_launch kernels --family mamba2 --shapes nemotron-h-8b --batches 256 \

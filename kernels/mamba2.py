@@ -897,14 +897,16 @@ def _replay_step(
     (host positions, a split step's flush launch) take the copy's product with C as stored for the outputs, as the
     replay launches do, instead of decoding the whole tile (the same terms summed in another order; H200 run 177,
     batch 256, Nemotron-H-8B: host cycle as the cache runs it nvfp4 396.4 -> 392.8 us, fp8 298.8 -> 298.2, device
-    positions in phase 473.9 -> 472.2 / 373.4 -> 371.4). ``_flush_outputs_launch`` (``flush_reads_copy``; None, the
-    default: wherever it applies): a flushing row's output from the copy by the replay launch, in which it appends
-    nothing (host positions: a replay-only launch before the flush; a split step: its replay launch runs the
-    flushing rows too), and its fold by the plain flush launch on the fp32 checkpoint storing no output, instead of
-    one flush launch reading both (False; the outputs by the same replay arithmetic on the copy's product, the
-    checkpoint the same fold: bit for bit on the CPU, within 1e-6 on a GPU). H200 run 179, batch 256, Nemotron-H-8B,
-    host cycle as the cache runs it: nvfp4 359.3 -> 335.6 us, fp8 297.7 -> 273.7. Not with the fused
-    device-positions launch (``_split=False``) or ``_encode_in_flush`` (True there is refused)."""
+    positions in phase 473.9 -> 472.2 / 373.4 -> 371.4). ``_flush_outputs_launch`` (``flush_reads_copy``): a
+    flushing row's output from the copy by the replay launch, in which it appends nothing (host positions: a
+    replay-only launch before the flush; a split step: its replay launch runs the flushing rows too), and its fold
+    by the plain flush launch on the fp32 checkpoint storing no output, instead of one flush launch reading both
+    (False; the outputs by the same replay arithmetic on the copy's product, the checkpoint the same fold: bit for
+    bit on the CPU, within 1e-6 on a GPU). None (the default): host positions, and split steps reading an nvfp4 copy
+    (H200 runs 179 / 180, batch 256, Nemotron-H-8B, against the one flush launch: host cycle as the cache runs it
+    nvfp4 358.1 -> 335.5 us, fp8 298.2 -> 273.7; split step nvfp4 in phase / mixed 438.0 / 523.0 -> 436.9 / 509.2,
+    fp8 370.8 / 406.6 -> 385.4 / 422.4, slower). Not with the fused device-positions launch (``_split=False``) or
+    ``_encode_in_flush`` (True there is refused)."""
     batch, heads, head_dim, d_state, groups = _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias)
     ring_size = ring_x.shape[1]
     assert ring_x.shape == (batch, ring_size, heads, head_dim), f"ring_x must be [B, R, H, P], got {ring_x.shape}"
@@ -954,9 +956,15 @@ def _replay_step(
     # append nothing (host positions: a PHASE 1 launch before the flush, every row; a split step: its PHASE 4 launch,
     # after the flush launch, runs the flushing rows too), the fold by the plain flush launch on the fp32 checkpoint
     # storing no output (PHASE 2 / 3), instead of one flush launch that does both
-    # (None: wherever it applies; not with the fused launch or _encode_in_flush, whose flush launch writes the copy)
-    outputs_launch = (flush_reads_copy and _flush_outputs_launch is not False and (phase == 2 or split)
-                      and not _encode_in_flush)
+    # (None: host positions, and a split step reading an nvfp4 copy; never with the fused launch or _encode_in_flush,
+    # whose flush launch writes the copy. H200 run 180, batch 256, per step, against the one flush launch: host nvfp4
+    # 358.1 -> 335.5 us, fp8 298.2 -> 273.7; split step nvfp4 in phase 438.0 -> 436.9, mixed 523.0 -> 509.2; fp8 in
+    # phase 370.8 -> 385.4, mixed 406.6 -> 422.4: slower, so fp8's split step keeps the one flush launch)
+    if _flush_outputs_launch is None:
+        outputs_launch = phase == 2 or (split and read_format == "nvfp4")
+    else:
+        outputs_launch = bool(_flush_outputs_launch) and (phase == 2 or split)
+    outputs_launch = outputs_launch and flush_reads_copy and not _encode_in_flush
     if _flush_outputs_launch is True and ((phase == 0 and not split) or _encode_in_flush):
         raise ValueError("_flush_outputs_launch=True serves host positions and the split device-positions step "
                          "without _encode_in_flush; the fused launch (_split=False) gives a flushing row's output and "

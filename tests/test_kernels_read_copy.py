@@ -369,10 +369,11 @@ def case_flush_reads_copy(_, device):
     copy, its checkpoint folded as without the option; kernel == reference, mixed phases on device positions and
     every row flushing on host positions, every family (the delta rule with the exact fold's raw records); flush
     rows' outputs differ from the default's (from the new state), replay rows', checkpoints, rings and counts do
-    not. Mamba-2 gives a flushing row's output by a replay launch and folds it by a plain flush launch (the
-    default); its one flush launch reading both (``_flush_outputs_launch=False``), taking the copy's product with C
-    as stored or decoding the whole copy tile (``_flush_copy_product=False``), gives the same outputs within float32
-    reordering, the rest bit for bit (the checkpoint within 1e-6 on a GPU)."""
+    not. Mamba-2 gives a flushing row's output by a replay launch and folds it by a plain flush launch (the default
+    at host positions and for nvfp4 split steps; ``_flush_outputs_launch=True`` for fp8 ones); its one flush launch
+    reading both (``_flush_outputs_launch=False``), taking the copy's product with C as stored or decoding the whole
+    copy tile (``_flush_copy_product=False``), gives the same outputs within float32 reordering, the rest bit for
+    bit (the checkpoint within 1e-6 on a GPU)."""
     import torch
 
     for name, read_format in (("mamba2", "fp8"), ("mamba2", "nvfp4"), ("gdn", "fp8"), ("kda", "nvfp4")):
@@ -393,6 +394,7 @@ def case_flush_reads_copy(_, device):
         if name == "mamba2":  # the split step's flush launch decoding the whole copy tile; the flushing rows'
             # outputs by the replay launch (which runs them too) and their fold by a plain flush launch
             arms.append(("one launch", family.kernel, True, {"_flush_outputs_launch": False}))
+            arms.append(("two launches", family.kernel, True, {"_flush_outputs_launch": True}))
             arms.append(("decoded", family.kernel, True, {"_flush_outputs_launch": False,
                                                           "_flush_copy_product": False}))
         for label, fn, option, launch in arms:
@@ -412,8 +414,9 @@ def case_flush_reads_copy(_, device):
             assert torch.equal(count_split, count)
             for n in ("state", *family.rings):
                 torch.testing.assert_close(split[n], got[n], **exact)
-        for arm in ("one launch", "decoded"):  # the same terms summed in another order; the rest bit for bit (the
-            # checkpoint within 1e-6 on a GPU: another compiled flush launch may contract FMAs differently)
+        # the same terms summed in another order; the rest bit for bit (the checkpoint within 1e-6 on a GPU: another
+        # compiled flush launch may contract FMAs differently)
+        for arm in ("one launch", "two launches", "decoded"):
             if arm in runs:
                 y_arm, arm_got, count_arm = runs[arm]
                 torch.testing.assert_close(y_arm, y, **_reordered_tol(y))

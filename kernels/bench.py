@@ -561,6 +561,10 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                         flush_launch=options)))
                     row[f"replay_in_phase_read_copy_{name}_us"] = per_step_us(timer(inputs.device_read_copy_fn(
                         k._replay_step, "step", args.read_format, _config=read_cfg, **options)))
+                if args.read_format == "fp8":  # the plain flush writing the fp8 copy from its registers
+                    row["replay_host_read_copy_encode_in_flush_us"] = per_step_us(timer(inputs.host_fn(
+                        k._replay_step, read_format="fp8", reencode="step", _config=read_cfg,
+                        flush_launch={"_encode_in_flush": True})))
                 # the former default: one fused launch carrying both the replay and the flush code
                 fused = device_read_copy_times(k, inputs, timer, args.read_format, "in_phase", per_step_us,
                                                compact=False, _config=read_cfg, _split=False)

@@ -221,6 +221,9 @@ def print_read_copy_rows(r: dict, pad: int) -> None:
                          f"{r['replay_host_read_copy_external_per_tile_reencode_us']:.2f})"
                          if "replay_host_read_copy_external_reencode_us" in r else
                          f" (per-tile grid {r['replay_host_read_copy_per_tile_reencode_us']:.2f} us)"), flush=True)
+    if "replay_host_read_copy_encode_in_flush_us" in r:
+        print(f"{'':<{pad}}{'':>6} | the plain flush writing the fp8 copy from its registers (_encode_in_flush): host "
+              f"as the cache runs it {r['replay_host_read_copy_encode_in_flush_us']:.2f} us", flush=True)
     if "replay_host_read_copy_one_flush_launch_us" in r:
         print(f"{'':<{pad}}{'':>6} | a flushing row's output and fold in one flush launch (_flush_outputs_launch="
               f"False, before run 179): host as the cache runs it {r['replay_host_read_copy_one_flush_launch_us']:.2f}"

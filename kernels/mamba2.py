@@ -321,6 +321,19 @@ def _mamba2_store_y(y, x_f, D_h, z, y_ptr, pid_b, h, offs_p, mask_p, stride_y_b,
 
 
 @triton.jit
+def _encode_flushed_fp8(s_new, state_ptrs, mask_pn, mask_p, rc_values_ptr, rc_scales_ptr, pid_b, h, offs_p, offs_n,
+                        stride_rcv_b, stride_rcv_h, stride_rcv_p, stride_rcv_n, stride_rcs_b, stride_rcs_h,
+                        stride_rcs_p, ENCODE_SCALAR_RECIPROCAL: tl.constexpr, ENCODE_FP8_CONVERT: tl.constexpr):
+    """_encode_in_flush: the fp8 copy of a flush's new checkpoint tile from its registers (whole rows: N <= BLOCK_N),
+    of the values as stored (rounded to the checkpoint's dtype): the re-encode's bits."""
+    fp8_encode_tile(s_new.to(state_ptrs.dtype.element_ty).to(tl.float32), mask_pn, mask_p,
+                    rc_values_ptr + pid_b * stride_rcv_b + h * stride_rcv_h + offs_p[:, None] * stride_rcv_p
+                    + offs_n[None, :] * stride_rcv_n,
+                    rc_scales_ptr + pid_b * stride_rcs_b + h * stride_rcs_h + offs_p * stride_rcs_p,
+                    ENCODE_SCALAR_RECIPROCAL, ENCODE_FP8_CONVERT)
+
+
+@triton.jit
 def _mamba2_flushed_state(s0, state_ptrs, mask_pn, ring_x_ptr, ring_dt_ptr, ring_B_ptr, pid_b, h, group, origin,
                           count, ring_size, offs_p, offs_n, mask_p, mask_n, x_f, B_f, dt_m, la_m, A_h,
                           stride_rx_b, stride_rx_r, stride_rx_h, stride_rx_p,
@@ -410,7 +423,8 @@ def _mamba2_replay_step_kernel(
     PREFETCH_STATE: tl.constexpr,  # PHASE 4 with READ_FORMAT "fp32" only: load the tile before the phase test
     FLUSH_READS_COPY: tl.constexpr,  # PHASE 0 / 2 / 3 with a read copy: a flushing row's y from the copy, as replays
     WEIGHTS_GIVEN: tl.constexpr = False,  # PHASE 1 / 4: record weights from _mamba2_weights_kernel
-    # PHASE 0 / 2 / 3 with FLUSH_READS_COPY and an fp8 copy (_encode_in_flush, off by default: measured slower): the
+    # PHASE 0 / 2 / 3 with FLUSH_READS_COPY, or beside OUTPUTS_ONLY, and an fp8 copy (_encode_in_flush, off by
+    # default: measured slower with the one flush launch, run 166): the
     # flush writes the copy of its new checkpoint rows too (read_copy_encode.fp8_encode_tile, bit-identical to the
     # re-encode; ENCODE_*: its device constants)
     ENCODE_COPY: tl.constexpr = False,
@@ -532,6 +546,10 @@ def _mamba2_replay_step_kernel(
                 stride_rx_h, stride_rx_p, stride_rdt_b, stride_rdt_r, stride_rdt_h, stride_rB_b, stride_rB_r,
                 stride_rB_g, stride_rB_n, FOLD_UNROLL, FLUSH_DOT, FLUSH_PRECISION, BLOCK_R, amax_ptr, FLUSH_AMAX)
             y = tl.sum(s_new * C_f[None, :], axis=1)
+            if ENCODE_COPY:  # the plain flush beside _flush_outputs_launch (its outputs came from the replay launch)
+                _encode_flushed_fp8(s_new, state_ptrs, mask_pn, mask_p, rc_values_ptr, rc_scales_ptr, pid_b, h, offs_p,
+                                    offs_n, stride_rcv_b, stride_rcv_h, stride_rcv_p, stride_rcv_n, stride_rcs_b,
+                                    stride_rcs_h, stride_rcs_p, ENCODE_SCALAR_RECIPROCAL, ENCODE_FP8_CONVERT)
         elif FLUSH_READS_COPY:
             # Every row's y from the copy by the replay arithmetic (the separated policy's flush step output); a
             # flushing row appends nothing and folds into the checkpoint, read now, instead. (PHASE 3, the split
@@ -558,12 +576,11 @@ def _mamba2_replay_step_kernel(
                     stride_rB_r, stride_rB_g, stride_rB_n, FOLD_UNROLL,
                     FLUSH_DOT if PHASE == 2 else False,  # PHASE 2: the host flush's own fold
                     FLUSH_PRECISION, BLOCK_R, amax_ptr, FLUSH_AMAX)
-                if ENCODE_COPY:  # the fp8 copy of the new checkpoint from these registers (whole rows: N <= BLOCK_N)
-                    fp8_encode_tile(s_new.to(state_ptrs.dtype.element_ty).to(tl.float32), mask_pn, mask_p,
-                                    rc_values_ptr + pid_b * stride_rcv_b + h * stride_rcv_h
-                                    + offs_p[:, None] * stride_rcv_p + offs_n[None, :] * stride_rcv_n,
-                                    rc_scales_ptr + pid_b * stride_rcs_b + h * stride_rcs_h + offs_p * stride_rcs_p,
-                                    ENCODE_SCALAR_RECIPROCAL, ENCODE_FP8_CONVERT)
+                if ENCODE_COPY:
+                    _encode_flushed_fp8(s_new, state_ptrs, mask_pn, mask_p, rc_values_ptr, rc_scales_ptr, pid_b, h,
+                                        offs_p, offs_n, stride_rcv_b, stride_rcv_h, stride_rcv_p, stride_rcv_n,
+                                        stride_rcs_b, stride_rcs_h, stride_rcs_p, ENCODE_SCALAR_RECIPROCAL,
+                                        ENCODE_FP8_CONVERT)
         else:
             is_flush = count + 1 >= BUFFER_LEN
             if is_flush:
@@ -905,8 +922,9 @@ def _replay_step(
     bit on the CPU, within 1e-6 on a GPU). None (the default): host positions, and split steps reading an nvfp4 copy
     (H200 runs 179 / 180, batch 256, Nemotron-H-8B, against the one flush launch: host cycle as the cache runs it
     nvfp4 358.1 -> 335.5 us, fp8 298.2 -> 273.7; split step nvfp4 in phase / mixed 438.0 / 523.0 -> 436.9 / 509.2,
-    fp8 370.8 / 406.6 -> 385.4 / 422.4, slower). Not with the fused device-positions launch (``_split=False``) or
-    ``_encode_in_flush`` (True there is refused)."""
+    fp8 370.8 / 406.6 -> 385.4 / 422.4, slower). Not with the fused device-positions launch (``_split=False``) nor
+    a split step with ``_encode_in_flush`` (True there is refused); at host positions with ``_encode_in_flush`` the
+    plain flush launch writes the fp8 copy."""
     batch, heads, head_dim, d_state, groups = _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias)
     ring_size = ring_x.shape[1]
     assert ring_x.shape == (batch, ring_size, heads, head_dim), f"ring_x must be [B, R, H, P], got {ring_x.shape}"
@@ -956,20 +974,23 @@ def _replay_step(
     # append nothing (host positions: a PHASE 1 launch before the flush, every row; a split step: its PHASE 4 launch,
     # after the flush launch, runs the flushing rows too), the fold by the plain flush launch on the fp32 checkpoint
     # storing no output (PHASE 2 / 3), instead of one flush launch that does both
-    # (None: host positions, and a split step reading an nvfp4 copy; never with the fused launch or _encode_in_flush,
-    # whose flush launch writes the copy. H200 run 180, batch 256, per step, against the one flush launch: host nvfp4
-    # 358.1 -> 335.5 us, fp8 298.2 -> 273.7; split step nvfp4 in phase 438.0 -> 436.9, mixed 523.0 -> 509.2; fp8 in
-    # phase 370.8 -> 385.4, mixed 406.6 -> 422.4: slower, so fp8's split step keeps the one flush launch)
+    # (None: host positions, and a split step reading an nvfp4 copy; never with the fused launch. H200 run 180, batch
+    # 256, per step, against the one flush launch: host nvfp4 358.1 -> 335.5 us, fp8 298.2 -> 273.7; split step nvfp4
+    # in phase 438.0 -> 436.9, mixed 523.0 -> 509.2; fp8 in phase 370.8 -> 385.4, mixed 406.6 -> 422.4: slower, so
+    # fp8's split step keeps the one flush launch)
     if _flush_outputs_launch is None:
         outputs_launch = phase == 2 or (split and read_format == "nvfp4")
     else:
         outputs_launch = bool(_flush_outputs_launch) and (phase == 2 or split)
-    outputs_launch = outputs_launch and flush_reads_copy and not _encode_in_flush
-    if _flush_outputs_launch is True and ((phase == 0 and not split) or _encode_in_flush):
+    # (a split step's replay launch runs after its flush launch: an fp8 copy written by the flush, _encode_in_flush,
+    # would be read new; host positions give the outputs first)
+    split_encodes = split and bool(_encode_in_flush)
+    outputs_launch = outputs_launch and flush_reads_copy and not split_encodes
+    if _flush_outputs_launch is True and phase == 0 and (not split or split_encodes):
         raise ValueError("_flush_outputs_launch=True serves host positions and the split device-positions step "
                          "without _encode_in_flush; the fused launch (_split=False) gives a flushing row's output and "
-                         "its fold in one program, and _encode_in_flush writes the copy from the flush launch that "
-                         "reads it")
+                         "its fold in one program, and a split step's flush launch writing the copy "
+                         "(_encode_in_flush) runs before the replay launch that would read it")
     launches = (3, 4) if split else ((1, 2) if outputs_launch else (phase,))
     count_launch = phase == 0 and bool(_count_launch) and bool(_ticket)
 

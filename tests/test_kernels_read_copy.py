@@ -472,8 +472,9 @@ def case_mamba2_reencode_copy(_, device):
     copy's bytes equal to the re-encode kernel's (and the codec's) on the new checkpoint, the other rows' bytes
     untouched, outputs / checkpoints / rings / counts those of the call without it. By the re-encode launch after the
     step (host positions; device positions: the rows whose count came back to 0), fp8 and nvfp4, and fp8 copies
-    written by the flush from its registers (``_encode_in_flush``: host positions' flush-only launch, a split step's
-    flush launch, the fused launch); the reference the same. nvfp4: the flush launches hand the re-encode each row's
+    written by the flush from its registers (``_encode_in_flush``: host positions' plain flush beside the outputs by
+    the replay launch (the default) and their one flush launch, a split step's flush launch either way, the fused
+    launch); the reference the same. nvfp4: the flush launches hand the re-encode each row's
     amax (``_flush_amax``, default) on every flush launch (host flush-only, split, fused, the split step's
     device-sized flush grid without ``flush_reads_copy``), and the re-encode's own amax pass (off). Row length 20
     (not a power of two: masked columns) and 32."""
@@ -484,6 +485,8 @@ def case_mamba2_reencode_copy(_, device):
     in_flush = {"_encode_in_flush": True}
     for read_format, d_state, host, launch in (
             ("fp8", 20, True, {}), ("fp8", 20, True, in_flush), ("fp8", 32, True, in_flush), ("nvfp4", 20, True, {}),
+            ("fp8", 20, True, {"_flush_outputs_launch": False, **in_flush}),
+            ("fp8", 32, False, {"_flush_outputs_launch": True}),
             ("fp8", 20, False, {}), ("fp8", 20, False, in_flush), ("fp8", 32, False, {"_split": False, **in_flush}),
             ("nvfp4", 32, False, {}), ("nvfp4", 20, True, {"_flush_amax": False}),
             ("nvfp4", 32, False, {"_split": False}),
@@ -827,6 +830,23 @@ def case_bad_read_copy(_, device):
                 else:
                     raise AssertionError(f"{family.name} {label}: no error")
         print(f" {family.name}: {len(wrong)} bad read copies rejected")
+    # Mamba-2's flush outputs by the replay launch, asked for where it cannot apply: the fused device launch, and a
+    # split step whose flush launch writes the fp8 copy before the replay launch would read it
+    import torch
+
+    family = _Family("mamba2")
+    p = family.inputs(device, 2, seed=0)
+    copy, _ = _store_copy(p["state"], "fp8")
+    for launch in ({"_split": False}, {"_encode_in_flush": True}):
+        try:
+            family.kernel(_clone(p), *_positions([1, 0], [5, 2], device), 6, read_copy=copy, read_format="fp8",
+                          flush_reads_copy=True, reencode_copy=True, _flush_outputs_launch=True, **launch)
+        except ValueError as err:
+            assert "_flush_outputs_launch=True serves host positions" in str(err), str(err)
+        else:
+            raise AssertionError(f"_flush_outputs_launch=True with {launch}: no error")
+    assert torch.equal(copy["codes"], _store_copy(p["state"], "fp8")[0]["codes"])  # nothing written
+    print(" _flush_outputs_launch=True refused with the fused launch and with _encode_in_flush on a split step")
 
 
 if __name__ == "__main__":

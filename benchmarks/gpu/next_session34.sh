@@ -19,6 +19,8 @@
 # STAGE=4 (about 5 minutes): _flush_outputs_launch on device positions too (the split step's replay launch runs the
 #   flushing rows, its flush launch folds plainly; now the default): its CUDA test, the separated policies' model
 #   tests on CUDA, Mamba-2 nvfp4 / fp8 at 256 with every arm.
+# STAGE=5 (about 4 minutes): the plain host flush writing the fp8 copy from its registers (_encode_in_flush beside
+#   the outputs by the replay launch): its CUDA tests, Mamba-2 fp8 at 256.
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session34; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
@@ -67,5 +69,12 @@ elif [ "$STAGE" = 4 ]; then
       --no-sweep --read-format $fmt --out "$RES/kernels_mamba2_${fmt}_outputs_launch.json"; pack
   done
   grep -h "host-phase replay\|as the cache\|decoding the whole\|outputs by\|device\|^nemotron" "$RES"/kernels_*.txt
+elif [ "$STAGE" = 5 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_encode_in_plain_flush_cuda tests/test_kernels_read_copy.py \
+    -k "mamba2_reencode_copy or bad_read_copy"; pack
+  tail -n 3 "$RES"/test_*.txt; grep -h "^FAILED\|Error" "$RES"/test_*.txt | head -20
+  bench_job 100 kernels_mamba2_fp8_encode_in_flush kernels --family mamba2 --shapes nemotron-h-8b --batches 256 \
+    --no-sweep --read-format fp8 --out "$RES/kernels_mamba2_fp8_encode_in_flush.json"; pack
+  grep -h "host-phase replay\|as the cache\|registers\|one flush launch\|^nemotron" "$RES"/kernels_*.txt
 fi
 save_triton_cache

@@ -423,10 +423,9 @@ def _mamba2_replay_step_kernel(
     PREFETCH_STATE: tl.constexpr,  # PHASE 4 with READ_FORMAT "fp32" only: load the tile before the phase test
     FLUSH_READS_COPY: tl.constexpr,  # PHASE 0 / 2 / 3 with a read copy: a flushing row's y from the copy, as replays
     WEIGHTS_GIVEN: tl.constexpr = False,  # PHASE 1 / 4: record weights from _mamba2_weights_kernel
-    # PHASE 0 / 2 / 3 with FLUSH_READS_COPY, or beside OUTPUTS_ONLY, and an fp8 copy (_encode_in_flush, off by
-    # default: measured slower with the one flush launch, run 166): the
-    # flush writes the copy of its new checkpoint rows too (read_copy_encode.fp8_encode_tile, bit-identical to the
-    # re-encode; ENCODE_*: its device constants)
+    # PHASE 0 / 2 / 3 with FLUSH_READS_COPY, or PHASE 2 beside OUTPUTS_ONLY, and an fp8 copy (_encode_in_flush; by
+    # default only the latter, the host flush: see _replay_step): the flush writes the copy of its new checkpoint
+    # rows too (read_copy_encode.fp8_encode_tile, bit-identical to the re-encode; ENCODE_*: its device constants)
     ENCODE_COPY: tl.constexpr = False,
     ENCODE_SCALAR_RECIPROCAL: tl.constexpr = False,
     ENCODE_FP8_CONVERT: tl.constexpr = "soft",
@@ -868,7 +867,7 @@ def _replay_step(
     dt_softplus=False, buffer_len=16, out=None, read_copy=None, read_format=None, _config=None, _ticket=True,
     _ring_physical=None, _split=None, _prefetch=False, _count_launch=False, flush_reads_copy=False,
     _nvfp4_pairs=True, _flush_grid=None, _flush_config=None, _walk=None, _weights=False, reencode_copy=False,
-    _encode_in_flush=False, _flush_amax=True, _flush_copy_product=True,
+    _encode_in_flush=None, _flush_amax=True, _flush_copy_product=True,
     _flush_outputs_launch=None,
 ):
     """:func:`mamba2_replay_step` with a launch-configuration override (``_config``: dict with ``block_p`` and/or
@@ -923,8 +922,10 @@ def _replay_step(
     (H200 runs 179 / 180, batch 256, Nemotron-H-8B, against the one flush launch: host cycle as the cache runs it
     nvfp4 358.1 -> 335.5 us, fp8 298.2 -> 273.7; split step nvfp4 in phase / mixed 438.0 / 523.0 -> 436.9 / 509.2,
     fp8 370.8 / 406.6 -> 385.4 / 422.4, slower). Not with the fused device-positions launch (``_split=False``) nor
-    a split step with ``_encode_in_flush`` (True there is refused); at host positions with ``_encode_in_flush`` the
-    plain flush launch writes the fp8 copy."""
+    a split step with ``_encode_in_flush`` (True there is refused). ``_encode_in_flush`` (an fp8 copy with
+    ``reencode_copy``; None, the default: host positions' plain flush beside ``_flush_outputs_launch``, H200 run
+    181, host cycle 274.0 -> 268.3 us): the flush launch writes the copy of its rows from its registers instead of
+    the re-encode launch after the step (the same bits)."""
     batch, heads, head_dim, d_state, groups = _check_step_inputs(state, x, dt, B, C, A, D, z, dt_bias)
     ring_size = ring_x.shape[1]
     assert ring_x.shape == (batch, ring_size, heads, head_dim), f"ring_x must be [B, R, H, P], got {ring_x.shape}"
@@ -1139,12 +1140,14 @@ def _replay_step(
     # reencode_copy: a flushing row's copy re-encoded from its new checkpoint, by the re-encode launch after the step
     # (its default grid; see read_copy_encode). _encode_in_flush (fp8 with flush_reads_copy): the flush writes it
     # from its registers instead (a program holds whole rows; host phase 2, a split step's flush launch 3, the fused
-    # launch 0), which
-    # saves the re-encode's read of the checkpoint but measured slower: H200, Nemotron-H-8B shape, batch 256 (run
-    # 166), host cycle 304.1 us against 299.0-299.9, device step in phase 381.9 against 373.2, mixed phases 439.0
-    # against 410.3 (the encode's divisions in the flush programs, at their occupancy)
+    # launch 0), which saves the re-encode's read of the checkpoint. With the one flush launch reading the copy it
+    # measured slower (H200, Nemotron-H-8B shape, batch 256, run 166: host cycle 304.1 us against 299.0-299.9, device
+    # step in phase 381.9 against 373.2, mixed phases 439.0 against 410.3: the encode's divisions in the flush
+    # programs, at their occupancy); in the plain host flush beside the outputs by the replay launch faster (run 181:
+    # 273.98 -> 268.34 us), so None (the default) means there
     reencode_copy = bool(reencode_copy) and read_format != "fp32" and phase != 1
-    encode_in_flush = reencode_copy and flush_reads_copy and read_format == "fp8" and bool(_encode_in_flush)
+    in_flush = outputs_launch and phase == 2 if _encode_in_flush is None else bool(_encode_in_flush)
+    encode_in_flush = reencode_copy and flush_reads_copy and read_format == "fp8" and in_flush
     encode_consts = encode_constants(state) if encode_in_flush else (False, "soft")
     # nvfp4: the flush launches fold each flushing row's max |new checkpoint| into a zeroed [B] scratch as they
     # store it, and the re-encode takes it (amax=) instead of reading the checkpoint once more for it; A stands in

@@ -470,14 +470,14 @@ def case_flush_reads_copy(_, device):
 def case_mamba2_reencode_copy(_, device):
     """``reencode_copy`` (Mamba-2): a flushing row's copy is re-encoded from its new checkpoint in the same call, the
     copy's bytes equal to the re-encode kernel's (and the codec's) on the new checkpoint, the other rows' bytes
-    untouched, outputs / checkpoints / rings / counts those of the call without it. By the re-encode launch after the
-    step (host positions; device positions: the rows whose count came back to 0), fp8 and nvfp4, and fp8 copies
-    written by the flush from its registers (``_encode_in_flush``: host positions' plain flush beside the outputs by
-    the replay launch (the default) and their one flush launch, a split step's flush launch either way, the fused
-    launch); the reference the same. nvfp4: the flush launches hand the re-encode each row's
-    amax (``_flush_amax``, default) on every flush launch (host flush-only, split, fused, the split step's
-    device-sized flush grid without ``flush_reads_copy``), and the re-encode's own amax pass (off). Row length 20
-    (not a power of two: masked columns) and 32."""
+    untouched, outputs / checkpoints / rings / counts those of the call without it. By the re-encode launch after
+    the step (host positions; device positions: the rows whose count came back to 0), fp8 and nvfp4, and fp8
+    copies written by the flush from its registers (``_encode_in_flush``: host positions' plain flush beside the
+    outputs by the replay launch (the default there) and their one flush launch, a split step's flush launch, the
+    fused launch; host positions with the re-encode launch instead); the reference the same. nvfp4: the flush
+    launches hand the re-encode each row's amax (``_flush_amax``, default) on every flush launch (host
+    flush-only, split, fused, the split step's device-sized flush grid without ``flush_reads_copy``), and the
+    re-encode's own amax pass (off). Row length 20 (not a power of two: masked columns) and 32."""
     import torch
 
 
@@ -486,6 +486,7 @@ def case_mamba2_reencode_copy(_, device):
     for read_format, d_state, host, launch in (
             ("fp8", 20, True, {}), ("fp8", 20, True, in_flush), ("fp8", 32, True, in_flush), ("nvfp4", 20, True, {}),
             ("fp8", 20, True, {"_flush_outputs_launch": False, **in_flush}),
+            ("fp8", 32, True, {"_encode_in_flush": False}),
             ("fp8", 32, False, {"_flush_outputs_launch": True}),
             ("fp8", 20, False, {}), ("fp8", 20, False, in_flush), ("fp8", 32, False, {"_split": False, **in_flush}),
             ("nvfp4", 32, False, {}), ("nvfp4", 20, True, {"_flush_amax": False}),

@@ -971,14 +971,10 @@ def _replay_step(
     # launch is then the host-phase replay reading the copy (80 registers for fp8 at 32 x 2 on sm_90, the fused
     # launch 200; nvfp4 237 vs 255 with 200 B spilled): split by default as for fp32 (not yet timed on a GPU)
     split = phase == 0 and (_split is None or bool(_split))
-    # _flush_outputs_launch (a flush step reading the copy): the outputs by a replay launch in which flushing rows
-    # append nothing (host positions: a PHASE 1 launch before the flush, every row; a split step: its PHASE 4 launch,
-    # after the flush launch, runs the flushing rows too), the fold by the plain flush launch on the fp32 checkpoint
-    # storing no output (PHASE 2 / 3), instead of one flush launch that does both
-    # (None: host positions, and a split step reading an nvfp4 copy; never with the fused launch. H200 run 180, batch
-    # 256, per step, against the one flush launch: host nvfp4 358.1 -> 335.5 us, fp8 298.2 -> 273.7; split step nvfp4
-    # in phase 438.0 -> 436.9, mixed 523.0 -> 509.2; fp8 in phase 370.8 -> 385.4, mixed 406.6 -> 422.4: slower, so
-    # fp8's split step keeps the one flush launch)
+    # _flush_outputs_launch (see the docstring for its defaults and timings): the outputs by a replay launch in which
+    # flushing rows append nothing (host positions: a PHASE 1 launch before the flush; a split step: its PHASE 4
+    # launch, after the flush launch, runs the flushing rows too), the fold by the plain flush launch storing no
+    # output (PHASE 2 / 3)
     if _flush_outputs_launch is None:
         outputs_launch = phase == 2 or (split and read_format == "nvfp4")
     else:

@@ -183,13 +183,12 @@ def _e2m1_pair_bytes(x_even, x_odd, block_scale, divisor, reciprocal, BY_RECIPRO
     ``x_*`` [BLOCK, BLOCK_NB, n], the block values [BLOCK, BLOCK_NB, 1]. BY_RECIPROCAL: quotients from the block's
     reciprocal (:func:`_quotient_by_reciprocal`) and codes by rounding (:func:`_e2m1_codes_rounded`); otherwise the
     division and the comparisons. The same bits either way."""
+    d = tl.broadcast_to(divisor, x_even.shape)
     if BY_RECIPROCAL:
-        d = tl.broadcast_to(divisor, x_even.shape)
         r = tl.broadcast_to(reciprocal, x_even.shape)
         code_even = _e2m1_codes_rounded(_quotient_by_reciprocal(x_even, d, r))
         code_odd = _e2m1_codes_rounded(_quotient_by_reciprocal(x_odd, d, r))
     else:
-        d = tl.broadcast_to(divisor, x_even.shape)
         zero = block_scale == 0  # (block scales are >= 0)
         code_even = _e2m1_codes(tl.where(zero, 0.0, tl.div_rn(x_even, d)))
         code_odd = _e2m1_codes(tl.where(zero, 0.0, tl.div_rn(x_odd, d)))

@@ -344,7 +344,9 @@ def _nvfp4_encode_rows(
     divisor = tl.where(block_scale > 0, block_scale, 1.0)
     if RECIPROCAL_QUOTIENT:
         # x / block_scale by the block's reciprocal (:func:`_quotient_by_reciprocal`), codes by rounding: sm_90 SASS
-        # of the per-tile encode 2160 -> 1584 instructions, the re-encode alone 540 -> 481 us (H200 run 178,
+        # of the per-tile encode 2160 -> 3072 instructions static (`python -m hf_replayssm.kernels.registers
+        # --reencode`), of which a tile with normal block scales runs 1584 (counted with the division fallback
+        # branch cut from a copy of the source), the re-encode alone 540 -> 481 us (H200 run 178,
         # Nemotron-H-8B checkpoint at batch 256, amax given; bit-identical to the codec there). A block scale of 0
         # gets the reciprocal 0 with the divisor 1, so its quotients are 0 as the codec's. A tile with a block scale
         # below 2^-100 (rows of magnitudes about 1e-27) divides: the theorem needs the products q d normal for

@@ -17,6 +17,7 @@ without them raises a clear error. Command line (a table over launch configurati
 
     python -m hf_replayssm.kernels.registers --family gdn --arch 90   # or kda, mamba2
     python -m hf_replayssm.kernels.registers --family gdn --verify    # the verify kernel, both forms, batch 256
+    python -m hf_replayssm.kernels.registers --reencode               # the nvfp4 re-encode, both arithmetics
 """
 
 from __future__ import annotations
@@ -272,6 +273,33 @@ def verify_registers(family: str, batch: int = 256, window: int = 4, products: b
     return dict(row, **weights, family=family, batch=batch, window=window, products=products, steps=steps)
 
 
+def reencode_registers(arch: int = 90, batch: int = 2, grids: tuple = (None, "compact")) -> list[dict]:
+    """The nvfp4 re-encode's encode launch at a Nemotron-H-8B checkpoint's shape [B, 128, 64, 128] with the amax
+    given (as the flushes hand it) and CUDA's constants, on the per-tile grid (None) and the compact one, in each
+    arithmetic: a division per element (``_nvfp4_reciprocal_quotient=False``) and the block's reciprocal (the
+    default). Static SASS counts: the reciprocal form's include the division it falls back to for tiles with
+    subnormal block scales, so they are not what a tile executes."""
+    from hf_replayssm.kernels import read_copy_encode
+    from hf_replayssm.precision.formats import get_format
+
+    rows = []
+    for grid in grids:
+        programs = None if grid is None else read_copy_encode.COMPACT_PROGRAMS_PER_ROW
+        for quotient in (False, True):
+            def call(programs=programs, quotient=quotient):
+                state = torch.randn(batch, 128, 64, 128)
+                amax = state.abs().amax(dim=(1, 2, 3)).view(torch.int32).contiguous()
+                read_copy_encode.reencode_read_copy(
+                    state, get_format("nvfp4").encode(state), "nvfp4", torch.ones(batch, dtype=torch.bool),
+                    amax=amax, _programs_per_row=programs, _scalar_reciprocal=True,
+                    _nvfp4_reciprocal_quotient=quotient)
+
+            for r in compile_launches(read_copy_encode, ["_nvfp4_encode_kernel", "_nvfp4_encode_compact_kernel"],
+                                      call, arch):
+                rows.append(dict(r, grid="per-tile" if grid is None else "compact"))
+    return rows
+
+
 FAMILIES = {"gdn": (_gdn_call, [(64, 4), (64, 2), (32, 4), (32, 2), (16, 2)]),
             "kda": (_kda_call, [(64, 4), (32, 4), (32, 2), (16, 2), (16, 1)]),
             "mamba2": (_mamba2_call, [(32, 2), (16, 2), (16, 4), (8, 2)])}
@@ -287,12 +315,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         "products (IEEE), products (tf32x3) and (delta rule) steps")
     parser.add_argument("--batch", type=int, default=256, help="with --verify: the batch whose launch to compile")
     parser.add_argument("--windows", default="2,4,8", help="with --verify: window widths")
+    parser.add_argument("--reencode", action="store_true",
+                        help="the nvfp4 re-encode's encode launch instead, both grids, both arithmetics")
     parser.add_argument("--gdn-weights", action="store_true",
                         help="gdn replay launches with the per-head weights pre-launch (_replay_step's _gdn_weights)")
     args = parser.parse_args(argv)
     if args.gdn_weights and (args.family != "gdn" or args.verify):
         parser.error("--gdn-weights applies to the gdn replay launches only")
     rows = []
+    if args.reencode:
+        print(f"nvfp4 re-encode, Nemotron-H-8B checkpoint, sm_{args.arch}, triton {triton.__version__} (SASS: static, "
+              "the reciprocal form's division fallback included)")
+        for r in reencode_registers(args.arch):
+            arithmetic = "reciprocal" if r["RECIPROCAL_QUOTIENT"] else "division"
+            print(f"  {r['grid']:>8} grid  {arithmetic:>10}  {r['registers']:>3} registers  "
+                  f"{r['spill_store_bytes']:>4} B spilled  {r['sass_instructions'] or '-':>5} instructions", flush=True)
+        return rows
     if args.verify:
         print(f"{args.family} verify, sm_{args.arch}, triton {triton.__version__}, batch {args.batch}")
         for window in (int(w) for w in args.windows.split(",")):

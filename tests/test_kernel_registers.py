@@ -107,3 +107,30 @@ def test_verify_kernels_default_launches_at_batch_256():
         assert ("weights_registers" in r) == (r["family"] == "kda" and r["window"] >= 3), r
         assert r.get("weights_spill_store_bytes", 0) == 0, r
     assert result["restored"] == "JITFunction"
+
+
+REENCODE_WORKER = r"""
+import json
+from hf_replayssm.kernels import read_copy_encode, registers
+rows = registers.reencode_registers(grids=(None,))
+print(json.dumps(dict(rows=rows, restored=type(read_copy_encode._nvfp4_encode_kernel).__name__)))
+"""
+
+
+@pytest.mark.skipif(not _ptxas_available(), reason="triton bundles no ptxas here")
+def test_registers_of_the_nvfp4_reencode():
+    """``--reencode``: the per-tile encode launch compiled in both arithmetics, at the Nemotron-H-8B checkpoint's
+    tile, without spills; the module's kernel restored afterwards."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["OMP_NUM_THREADS"] = "1"
+    done = subprocess.run([sys.executable, "-c", REENCODE_WORKER], env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    rows = result["rows"]
+    assert [(r["kernel"], r["RECIPROCAL_QUOTIENT"], r["grid"]) for r in rows] == [
+        ("_nvfp4_encode_kernel", False, "per-tile"), ("_nvfp4_encode_kernel", True, "per-tile")]
+    for r in rows:
+        assert 16 <= r["registers"] <= 255 and r["spill_store_bytes"] == 0, r
+        assert r["sass_instructions"] is None or 200 <= r["sass_instructions"] <= 20000, r
+    assert result["restored"] == "JITFunction"

@@ -1002,10 +1002,10 @@ def _replay_step(
                              f"{dict(_walk)} at host phase {phase} (0: device positions), split {split}, count launch "
                              f"{count_launch}, read format {read_format}")
 
-    if _weights and (_walk is not None or not (phase == 1 or split) or read_format != "fp32"):
-        raise ValueError("_weights serves the per-tile replay-only launches reading the fp32 checkpoint: host "
-                         "positions, or a split step (device positions, _split not False); got host phase "
-                         f"{phase} (0: device positions), split {split}, _walk {_walk}, read format {read_format}")
+    if _weights and (_walk is not None or not (phase == 1 or split or outputs_launch)):
+        raise ValueError("_weights serves the per-tile replay-only launches: host positions, or a split step (device "
+                         f"positions, _split not False); got host phase {phase} (0: device positions), split {split}, "
+                         f"_walk {_walk}")
     weights = A  # (unused pointer)
     if _weights:
         weights = torch.empty((batch, heads, block_r + 2), dtype=torch.float32, device=x.device)

@@ -26,6 +26,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--formats", default="fp8,nvfp4")
     parser.add_argument("--counts", default="0,8,14")
+    parser.add_argument("--configs", default="", help="PxWxU tiles instead of the built-in list, comma-separated")
+    parser.add_argument("--no-weights", action="store_true", help="skip the coefficients pre-launch arms")
+    parser.add_argument("--device-steps", action="store_true",
+                        help="also the compiled path's split step (rows in phase / mixed) at each replay tile, its "
+                             "flush launch kept at the default tile")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
     device = torch.device("cuda")
@@ -34,7 +39,11 @@ def main() -> None:
     shape = bench.MAMBA2_SHAPES["nemotron-h-8b"]
     gen = torch.Generator(device=device).manual_seed(args.batch)
     inputs = bench.ReplayInputs(args.batch, *shape, L, device, gen, "in_phase", True)
-    counts = [int(c) for c in args.counts.split(",")]
+    counts = [int(c) for c in args.counts.split(",") if c]
+    configs = [tuple(int(n) for n in c.split("x")) for c in args.configs.split(",")] if args.configs else CONFIGS
+    flush_cfg = mamba2.replay_launch_config(args.batch, *shape[:3])
+    steps = {phase: bench.ReplayInputs(args.batch, *shape, L, device, gen, phase, True)
+             for phase in (("in_phase", "mixed") if args.device_steps else ())}
     results = {}
 
     def per_step(fn):
@@ -48,22 +57,33 @@ def main() -> None:
         read = None if fmt == "fp32" else fmt
         if read is not None:
             inputs.add_read_copies(fmt)
-        for p, w, u in CONFIGS:
+            for step_inputs in steps.values():
+                step_inputs.add_read_copies(fmt)
+        for p, w, u in configs:
             cfg = dict(block_p=p, num_warps=w, fold_unroll=u)
             name = f"{fmt} p{p}w{w}u{u}"
             cells = {}
-            for weights in (False, True):
+            for weights in (False,) if args.no_weights else (False, True):
                 for count in counts:
                     try:
                         cells[f"count{count}{'_weights' if weights else ''}"] = per_step(inputs.host_fn(
                             mamba2._replay_step, only=count, read_format=read, _config=cfg, _weights=weights))
                     except Exception as error:  # out of resources for this tile
                         cells[f"count{count}{'_weights' if weights else ''}"] = f"{type(error).__name__}: {error}"[:80]
-            if read is not None:
-                for weights in (False, True):
-                    cells[f"cycle_as_cache{'_weights' if weights else ''}"] = per_step(inputs.host_fn(
+            for weights in (False,) if args.no_weights else (False, True):
+                name_w = "_weights" if weights else ""
+                if read is not None:
+                    cells[f"cycle_as_cache{name_w}"] = per_step(inputs.host_fn(
                         mamba2._replay_step, read_format=read, reencode="step", _config=cfg, flush_launch={},
                         _weights=weights))
+                else:
+                    cells[f"cycle{name_w}"] = per_step(inputs.host_fn(mamba2._replay_step, _config=cfg,
+                                                                      flush_launch={}, _weights=weights))
+                for phase, step_inputs in steps.items():
+                    launch = dict(_config=cfg, _flush_config=flush_cfg, _weights=weights)
+                    fn = (step_inputs.fn(mamba2._replay_step, **launch) if read is None
+                          else step_inputs.device_read_copy_fn(mamba2._replay_step, "step", read, **launch))
+                    cells[f"device_{phase}{name_w}"] = per_step(fn)
             regs = getattr(mamba2.LAST_COMPILED.get("replay_phase1"), "n_regs", None)
             results[name] = dict(cells, n_regs_phase1=regs)
             print(f"{name:<18} " + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"

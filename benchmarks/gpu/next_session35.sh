@@ -5,11 +5,19 @@
 # STAGE=1 (about 5 minutes): where Mamba-2's replay-only launch reading a copy spends its time
 #   (benchmarks/gpu/copy_replay_probe.py: counts 0 / 8 / 14 per tile, with and without the record coefficients from
 #   a pre-launch, fp32 / fp8 / nvfp4; the host cycle as the cache runs it per tile).
+# STAGE=2 (about 6 minutes): run 182 found the copy launches far faster on other tiles (fp8 [64, 128] x 2 warps: host
+#   cycle 268.3 -> 193.0 us; nvfp4 [32, 128] x 1 warp with the coefficients pre-launch 335.8 -> 267.2; the fp32
+#   replay launch at count 8 333.5 -> 297.6 on one warp): the candidate tiles at count 8, the host cycle and the
+#   compiled path's split step (in phase / mixed) for each format.
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session35; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
   timeout 420 python3 "$R/benchmarks/gpu/copy_replay_probe.py" --out "$RES/copy_replay_probe.json" 2>&1 \
     | tee "$RES/copy_replay_probe.txt"
   echo "copy_replay_probe rc=${PIPESTATUS[0]} $(date +%T)" | tee -a "$RES/done.txt"; pack
+elif [ "$STAGE" = 2 ]; then
+  timeout 500 python3 "$R/benchmarks/gpu/copy_replay_probe.py" --counts 8 --configs 32x2x4,32x1x4,64x1x4,64x2x4,16x1x4 \
+    --device-steps --out "$RES/copy_replay_tiles.json" 2>&1 | tee "$RES/copy_replay_tiles.txt"
+  echo "copy_replay_tiles rc=${PIPESTATUS[0]} $(date +%T)" | tee -a "$RES/done.txt"; pack
 fi
 save_triton_cache

@@ -466,7 +466,17 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
 
             # replay, mixed phases: default config and sweep
             inputs = ReplayInputs(batch, heads, head_dim, d_state, groups, L, device, gen, "mixed", cuda)
-            default_cfg = tuple(k.replay_launch_config(batch, heads, head_dim, d_state)[key] for key in CONFIG_KEYS)
+            # the split step's replay-launch tile (device positions, the fp32 checkpoint); host positions and read
+            # copies take their own defaults (replay_launch_config)
+            default_cfg = tuple(k.replay_launch_config(batch, heads, head_dim, d_state, device_phase=True)[key]
+                                for key in CONFIG_KEYS)
+            host_default_cfg = tuple(k.replay_launch_config(batch, heads, head_dim, d_state)[key]
+                                     for key in CONFIG_KEYS)
+            if args.read_format is not None:  # the split step reading a copy: its replay launch at the format's
+                # default, its flush launch at the fp32 tile (what the defaults give; explicit for the sweeps)
+                read_device = dict(
+                    _config=k.replay_launch_config(batch, heads, head_dim, d_state, args.read_format, True),
+                    _flush_config=_cfg_dict(default_cfg))
             sweep, configs = {}, {}
             for cfg in dict.fromkeys([default_cfg, *replay_sweep]):
                 t = timer(inputs.fn(k._replay_step, _config=_cfg_dict(cfg)))
@@ -489,11 +499,11 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                 row["diag_replay_phase_us"] = _phase_times(k, inputs, timer, L, best)
             if args.read_format is not None:
                 row.update(device_read_copy_times(k, inputs, timer, args.read_format, "mixed", per_step_us,
-                                                   _config=best))
+                                                   **read_device))
                 # a flushing row's output and fold in one flush launch (_flush_outputs_launch=False; the default
                 # gives its output by the split step's replay launch and folds by a plain flush launch)
                 row["replay_mixed_read_copy_one_flush_launch_us"] = per_step_us(timer(inputs.device_read_copy_fn(
-                    k._replay_step, "step", args.read_format, _config=best, _flush_outputs_launch=False)))
+                    k._replay_step, "step", args.read_format, **read_device, _flush_outputs_launch=False)))
             del inputs
             # replay, all rows in phase
             inputs = ReplayInputs(batch, heads, head_dim, d_state, groups, L, device, gen, "in_phase", cuda)
@@ -510,13 +520,15 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
             flush_cfg = k.host_flush_launch_config(batch, heads, head_dim, d_state)
             row["host_flush_default_config"] = f"p{flush_cfg['block_p']}w{flush_cfg['num_warps']}"
             sweep = {}
-            for cfg in dict.fromkeys([default_cfg, *replay_sweep]):
+            for cfg in dict.fromkeys([host_default_cfg, *replay_sweep]):
                 t = timer(inputs.host_fn(k._replay_step, _config=_cfg_dict(cfg), flush_launch={}))
                 sweep[_cfg_name(cfg)] = dict(us=per_step_us(t), **t, **_compiled_info(k, "replay"))
+                configs[_cfg_name(cfg)] = cfg
             best_host = min(sweep, key=lambda c: sweep[c]["us"])
-            best_host_cfg = configs.get(best_host, default_cfg)
+            best_host_cfg = configs[best_host]
             row.update(replay_host_sweep=sweep, replay_host_best_config=best_host,
-                       replay_host_us=sweep[best_host]["us"], replay_host_default_us=sweep[default_key]["us"])
+                       replay_host_us=sweep[best_host]["us"],
+                       replay_host_default_us=sweep[_cfg_name(host_default_cfg)]["us"])
             # the record coefficients once per (row, head) by a pre-launch (_weights), at the best host tile
             row["replay_host_weights_us"] = per_step_us(timer(inputs.host_fn(
                 k._replay_step, _config=_cfg_dict(best_host_cfg), flush_launch={}, _weights=True)))
@@ -537,8 +549,9 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
             if args.read_format is not None:  # separated precision: replay launches read the low-precision copy
                 inputs.add_read_copies(args.read_format)
                 row["read_format"] = args.read_format
-                read_sweep, read_cfgs = {}, {}  # the fp32 host-phase best, and with --read-copy-sweep the sweep
-                for cfg in dict.fromkeys([best_host_cfg, *(REPLAY_SWEEP if args.read_copy_sweep else [])]):
+                read_sweep, read_cfgs = {}, {}  # the format's default tile, and with --read-copy-sweep the sweep
+                read_default = tuple(read_device["_config"][key] for key in CONFIG_KEYS)
+                for cfg in dict.fromkeys([read_default, *(REPLAY_SWEEP if args.read_copy_sweep else [])]):
                     t = timer(inputs.host_fn(k._replay_step, read_format=args.read_format, _config=_cfg_dict(cfg),
                                              flush_launch={}))
                     read_sweep[_cfg_name(cfg)] = dict(us=per_step_us(t), **t, **_compiled_info(k, "replay_phase1"))
@@ -547,10 +560,11 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                 row.update(replay_host_read_copy_sweep=read_sweep, replay_host_read_copy_best_config=best_read,
                            replay_host_read_copy_us=read_sweep[best_read]["us"])
                 read_cfg = _cfg_dict(read_cfgs[best_read])
+                read_device["_config"] = read_cfg
                 row.update(host_reencode_times(k, inputs, timer, args.read_format, per_step_us, in_step=True,
                                                _config=read_cfg, flush_launch={}))
                 row.update(device_read_copy_times(k, inputs, timer, args.read_format, "in_phase", per_step_us,
-                                                   _config=read_cfg))
+                                                   **read_device))
                 # a flushing row's output and fold in one flush launch (_flush_outputs_launch=False, before run 179),
                 # taking the copy's product with C as stored (run 177) or decoding the whole copy tile (before)
                 one = {"_flush_outputs_launch": False}
@@ -560,14 +574,14 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                         k._replay_step, read_format=args.read_format, reencode="step", _config=read_cfg,
                         flush_launch=options)))
                     row[f"replay_in_phase_read_copy_{name}_us"] = per_step_us(timer(inputs.device_read_copy_fn(
-                        k._replay_step, "step", args.read_format, _config=read_cfg, **options)))
+                        k._replay_step, "step", args.read_format, **read_device, **options)))
                 if args.read_format == "fp8":  # the plain flush writing the fp8 copy from its registers
                     row["replay_host_read_copy_encode_in_flush_us"] = per_step_us(timer(inputs.host_fn(
                         k._replay_step, read_format="fp8", reencode="step", _config=read_cfg,
                         flush_launch={"_encode_in_flush": True})))
                 # the former default: one fused launch carrying both the replay and the flush code
                 fused = device_read_copy_times(k, inputs, timer, args.read_format, "in_phase", per_step_us,
-                                               compact=False, _config=read_cfg, _split=False)
+                                               compact=False, _config=_cfg_dict(default_cfg), _split=False)
                 row.update(suffixed(fused, "fused"))
                 if args.read_format == "nvfp4":  # the former load: a byte load per nibble
                     row["replay_host_read_copy_nvfp4_nibbles_us"] = per_step_us(timer(inputs.host_fn(
@@ -575,7 +589,7 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                         flush_launch={})))
                     row["replay_host_read_copy_nvfp4_nibbles_kernel"] = _compiled_info(k, "replay_phase1")
                     nibbles = device_read_copy_times(k, inputs, timer, "nvfp4", "in_phase", per_step_us,
-                                                      compact=False, _config=read_cfg, _nvfp4_pairs=False)
+                                                      compact=False, **read_device, _nvfp4_pairs=False)
                     row.update(suffixed(nibbles, "nvfp4_nibbles"))
             del inputs
             # standard kernel

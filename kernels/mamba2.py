@@ -797,17 +797,34 @@ def _mamba2_state_update_kernel(
 # launch configuration
 
 
-def replay_launch_config(batch: int, heads: int, head_dim: int, d_state: int) -> dict:
+def replay_launch_config(batch: int, heads: int, head_dim: int, d_state: int, read_format: str | None = None,
+                         device_phase: bool = False) -> dict:
     """``block_p`` (P tile), ``num_warps`` and ``fold_unroll`` (records folded per loop iteration on a flush) of
     the replay step. Measured on an H200 (benchmark sweep, Nemotron-H shapes, batch 1-512): few warps with many
     state elements per thread were fastest, since each thread then has many independent 16-byte loads in flight
     and the per-program reductions synchronise fewer warps: [32, 128] tiles on 2 warps from batch * heads >= 2048,
     [16, 128] on 2 warps below. ``fold_unroll`` only matters to the fused device-phase kernel (the flush-only kernel
     folds with a tl.dot): 4 compiles the fused kernel to 168 registers instead of 252 and was 1.26x faster at
-    batch 256 (484 vs 613 us per step)."""
+    batch 256 (484 vs 613 us per step).
+
+    From batch * heads >= 2048, the replay-only launches take one warp where they read a low-precision copy
+    (``read_format`` fp8 / nvfp4: a whole head of up to 64 rows, [64, 128], host or device positions) or the fp32
+    checkpoint at host positions ([32, 128]): each program's record work (the records' B [R, N] against C, per P
+    tile) then runs once per head or on fewer threads. H200, Nemotron-H-8B, batch 256, run 183
+    (``benchmarks/gpu/copy_replay_probe.py``), against [32, 128] x 2: host cycle fp32 348.6 -> 321.8 us, fp8 as
+    the cache runs it 267.5 -> 193.5, nvfp4 335.2 -> 266.7; the compiled path's split step (rows in phase / mixed)
+    fp8 369.3 / 407.8 -> 270.3 / 310.5, nvfp4 436.9 / 509.5 -> 364.6 / 440.2 (its fp32 replay launch keeps [32,
+    128] x 2: 434.8 / 456.6 on one warp against 417.6 / 433.6). ``device_phase`` (a split step's replay launch)
+    picks for device positions; the fused launch and the split step's batch-grid flush launch take the fp32
+    device-positions tile."""
     block_n = next_power_of_2(d_state)
-    elements = 4096 if batch * heads >= 2048 else 2048
-    block_p = min(next_power_of_2(head_dim), max(1, elements // block_n))
+    large = batch * heads >= 2048
+    block_p = min(next_power_of_2(head_dim), max(1, (4096 if large else 2048) // block_n))
+    reads_copy = read_format not in (None, "fp32")
+    if large and reads_copy:
+        return dict(block_p=min(next_power_of_2(head_dim), max(1, 8192 // block_n)), num_warps=1, fold_unroll=4)
+    if large and not device_phase:
+        return dict(block_p=block_p, num_warps=1, fold_unroll=4)
     return dict(block_p=block_p, num_warps=2, fold_unroll=4)
 
 
@@ -866,7 +883,7 @@ def _replay_step(
     state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=None, z=None, dt_bias=None,
     dt_softplus=False, buffer_len=16, out=None, read_copy=None, read_format=None, _config=None, _ticket=True,
     _ring_physical=None, _split=None, _prefetch=False, _count_launch=False, flush_reads_copy=False,
-    _nvfp4_pairs=True, _flush_grid=None, _flush_config=None, _walk=None, _weights=False, reencode_copy=False,
+    _nvfp4_pairs=True, _flush_grid=None, _flush_config=None, _walk=None, _weights=None, reencode_copy=False,
     _encode_in_flush=None, _flush_amax=True, _flush_copy_product=True,
     _flush_outputs_launch=None,
 ):
@@ -897,18 +914,19 @@ def _replay_step(
     as ``_mamba2_replay_walk_kernel``, a device-sized grid whose programs walk the tiles with their loads pipelined
     ``num_stages`` deep (H200, batch 256, host cycle: 377-745 us over ten walks against the per-tile 345-349, runs
     116-120; the delta rule's walk won, see ``kernels/delta_rule.py``). ``_weights`` (the per-tile replay-only
-    launches reading the fp32 checkpoint: host positions, or a split step's replay launch; off by default): a small
-    launch first
+    launches: host positions, a flush step's outputs launch, or a split step's replay launch): a small launch first
     computes each (row, head)'s record coefficients ``w_j (B_j . C_m)``, ``exp(lam)`` and the token's
     ``dt_m (B_m . C_m)`` once (``_mamba2_weights_kernel``), which the replay programs of its P tiles read instead of
     each loading the records' B [R, N] (shared by the group's heads) and reducing it against C; those programs then
-    read the records in logical order. It stays off: H200, Nemotron-H-8B shape (run 124, ``bench kernels``), host
-    cycle 341.0 vs 345.0 us at batch 256 (1 %) but 93.1 vs 90.6 at batch 64; as the device-phase split step 452.0 /
-    440.6 us (mixed / in phase) against the fused default's 434.9 / 417.0 (the registers it saves, sm_90
-    compile-only on the bench's inputs: split replay 128 -> 96, do not pay for the extra launch and its round
-    trip). ``_flush_amax`` (``reencode_copy`` with an nvfp4 copy; default on): the flush launches fold each flushing
-    row's max |new checkpoint| into a [B] scratch as they store it, and the re-encode after the step takes it
-    instead of its own amax pass over the checkpoint; off, the re-encode's two passes (the same bits).
+    read the records in logical order. None (the default): on for a split step's replay launch reading a copy from
+    batch * heads >= 2048 (H200, Nemotron-H-8B, batch 256, run 183, rows in phase / mixed: fp8 270.3 / 310.5 ->
+    266.3 / 304.3 us, nvfp4 364.6 / 440.2 -> 354.5 / 429.6; the extra launch costs nothing inside the compiled
+    path's CUDA graph), off elsewhere: the host cycle gained too (fp8 193.5 -> 186.8, nvfp4 266.7 -> 263.0) but an
+    eager step, host-bound at these batches, would pay the launch on the CPU; with the fp32 checkpoint it does not
+    pay (run 124: host cycle 341.0 vs 345.0 us at batch 256, 93.1 vs 90.6 at 64; split step 452.0 / 440.6 against
+    434.9 / 417.0). ``_flush_amax`` (``reencode_copy`` with an nvfp4 copy; default on): the flush launches fold
+    each flushing row's max |new checkpoint| into a [B] scratch as they store it, and the re-encode after the step
+    takes it instead of its own amax pass over the checkpoint; off, the re-encode's two passes (the same bits).
     ``_flush_copy_product`` (``flush_reads_copy`` with an fp8 / nvfp4 copy; default on): the flush-only launches
     (host positions, a split step's flush launch) take the copy's product with C as stored for the outputs, as the
     replay launches do, instead of decoding the whole tile (the same terms summed in another order; H200 run 177,
@@ -945,8 +963,12 @@ def _replay_step(
     kernel_read_format = "nvfp4_pairs" if read_format == "nvfp4" and pairs else read_format
     y = torch.empty_like(x) if out is None else out
     assert y.shape == x.shape
-    cfg = dict(replay_launch_config(batch, heads, head_dim, d_state), **(_config or {}))
-    assert cdiv(head_dim, cfg["block_p"]) * heads < (1 << (31 - _TICKET_SHIFT)), (
+    # the replay-only launches' tile by what they read and where their positions live; the fused launch (0) and a
+    # split step's batch-grid flush launch (3) take the fp32 device-positions tile (see replay_launch_config)
+    cfg = dict(replay_launch_config(batch, heads, head_dim, d_state, read_format, device_phase=phase == 0),
+               **(_config or {}))
+    device_cfg = dict(replay_launch_config(batch, heads, head_dim, d_state, device_phase=True), **(_config or {}))
+    assert cdiv(head_dim, min(cfg["block_p"], device_cfg["block_p"])) * heads < (1 << (31 - _TICKET_SHIFT)), (
         "too many programs per row for the count ticket")
 
     def launch_config(kernel_phase):
@@ -955,7 +977,9 @@ def _replay_step(
         if kernel_phase == 2:
             return {**cfg, **(host_flush_launch_config(batch, heads, head_dim, d_state) if _config is None else {}),
                     **(_flush_config or {})}
-        return {**cfg, **(_flush_config or {})} if kernel_phase == 3 else cfg
+        if kernel_phase == 3:
+            return {**device_cfg, **(_flush_config or {})}
+        return device_cfg if kernel_phase == 0 else cfg
     # The device-phase kernel reads every physical ring slot (addresses that need not wait for origin/count) when
     # the ring is no larger than the record tile anyway.
     block_r = next_power_of_2(max(buffer_len - 1, 1))
@@ -1002,6 +1026,8 @@ def _replay_step(
                              f"{dict(_walk)} at host phase {phase} (0: device positions), split {split}, count launch "
                              f"{count_launch}, read format {read_format}")
 
+    if _weights is None:  # the default: a split step's replay launch reading a copy (see the docstring)
+        _weights = split and read_format != "fp32" and _walk is None and batch * heads >= 2048
     if _weights and (_walk is not None or not (phase == 1 or split or outputs_launch)):
         raise ValueError("_weights serves the per-tile replay-only launches: host positions, or a split step (device "
                          f"positions, _split not False); got host phase {phase} (0: device positions), split {split}, "

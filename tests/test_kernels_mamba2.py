@@ -27,6 +27,31 @@ def test_kernel_matches_reference(case):
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_replay_launch_config():
+    """The measured replay tiles (H200, Nemotron-H-8B, run 183): from batch x heads >= 2048 the replay-only launches
+    take one warp, a whole head of 64 rows where they read a copy (host or device positions), [32, 128] on the fp32
+    checkpoint at host positions; device positions on the fp32 checkpoint keep [32, 128] x 2, small grids [16, 128] x
+    2 whatever they read."""
+    from hf_replayssm.kernels.mamba2 import replay_launch_config
+
+    shape = (256, 128, 64, 128)
+
+    def tile(*args, **kwargs):
+        cfg = replay_launch_config(*args, **kwargs)
+        return cfg["block_p"], cfg["num_warps"]
+
+    assert tile(*shape) == tile(*shape, read_format="fp32") == (32, 1)
+    assert tile(*shape, device_phase=True) == (32, 2)
+    for read_format in ("fp8", "nvfp4"):
+        assert tile(*shape, read_format=read_format) == tile(*shape, read_format=read_format,
+                                                              device_phase=True) == (64, 1)
+        assert tile(8, 128, 64, 128, read_format=read_format) == (16, 2)  # 1024 (row, head) pairs: small
+    assert tile(16, 128, 64, 128, read_format="fp8") == (64, 1)  # 2048 pairs
+    assert tile(8, 128, 64, 128) == tile(8, 128, 64, 128, device_phase=True) == (16, 2)
+    assert tile(256, 128, 64, 256, read_format="fp8") == (32, 1)  # d_state 256: 8192 elements
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_host_flush_launch_config():
     """The host-phase flush tile: 2048 elements on 2 warps ([16, 128] for Nemotron-H), never below the tl.dot's 16
     rows of P where the head has them (d_state 256), whatever the batch."""
@@ -590,7 +615,8 @@ def case_replay_weights(k, device):
     the outputs and rings of the launch without it, bit for bit on the CPU (within 2e-6 on CUDA), bf16 with D / z /
     dt_bias and without them, two P tiles per head (the last masked): host positions at every replaying count, and a
     split step with rows in mixed phases (some due, NaN in uncommitted slots, ring wrap-around) with count tickets
-    and with the count launch, also against the reference; the launches it cannot serve are refused."""
+    and with the count launch, also against the reference; the launches it cannot serve are refused. (With a read
+    copy: ``tests/test_kernels_read_copy.py``, case ``mamba2_copy_tiles``.)"""
     import torch
 
     L, R, batch = 6, 5, 3
@@ -617,16 +643,6 @@ def case_replay_weights(k, device):
         args, kw = _replay_args(p, *positions)
         with pytest.raises(ValueError, match="_weights"):
             k._replay_step(*args, **kw, buffer_len=L, _weights=True, **extra)
-    from hf_replayssm.precision.policy import PrecisionPolicy
-    from hf_replayssm.precision.store import CheckpointStore
-
-    store = CheckpointStore(PrecisionPolicy("fp32", read_format="fp8"))  # a read copy: not served
-    store.allocate(tuple(p["state"].shape), p["state"].device)
-    store.write(p["state"], position=0)
-    args, kw = _replay_args(p, 0, 1)
-    with pytest.raises(ValueError, match="_weights"):
-        k._replay_step(*args, **kw, buffer_len=L, _weights=True, read_copy=store.slots[0].read_copy,
-                       read_format="fp8")
 
 
 def case_replay_walk(k, device):

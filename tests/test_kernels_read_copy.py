@@ -23,7 +23,7 @@ import pytest
 from kernel_harness import HAS_TRITON, RecordedKernel, load_kernel_module, run_case, worker_main
 from kernel_harness import assert_close as _close
 
-CASES = ["mamba2_device", "mamba2_host_phase", "gdn_device", "kda_device", "delta_host_phase", "delta_exact_fold",
+CASES = ["mamba2_device", "mamba2_host_phase", "mamba2_copy_tiles", "gdn_device", "kda_device", "delta_host_phase", "delta_exact_fold",
          "delta_chunked", "delta_stream_default", "delta_exact_solve", "flush_reads_copy", "mamba2_reencode_copy",
          "delta_reencode_copy", "nvfp4_pairs",
          "nvfp4_every_code", "bad_read_copy"]
@@ -184,13 +184,14 @@ def _reordered_tol(y):
     return dict(rtol=1e-6, atol=1e-6 * max(1.0, y.abs().max().item()))
 
 
-def _check(family, device, read_format, origins, counts, buffer_len, seed, launch=None):
+def _check(family, device, read_format, origins, counts, buffer_len, seed, launch=None, batch=3):
     """One launch with a read copy against (a) the reference with the copy, (b) the kernel without a copy whose
     checkpoint is the decoded copy on replay rows. ``origins``/``counts``: per-row lists (device phase) or ints.
-    ``launch``: overrides for the kernel with the copy (then (b) holds within float32 rounding, not bit for bit)."""
+    ``launch``: overrides for the kernel with the copy (then (b) holds within float32 rounding, not bit for bit).
+    ``batch``: the rows of host positions."""
     import torch
 
-    batch = len(counts) if isinstance(counts, list) else 3
+    batch = len(counts) if isinstance(counts, list) else batch
     row_counts = counts if isinstance(counts, list) else [counts] * batch
     replay = torch.tensor([c + 1 < buffer_len for c in row_counts], device=device)
     p = family.inputs(device, batch, seed)
@@ -251,6 +252,30 @@ def case_mamba2_host_phase(_, device):
     for read_format in ("fp8", "nvfp4"):
         for count in (3, 5):  # replay-only with records, flush-only
             _check(family, device, read_format, origins=(2 * count + 1) % 5, counts=count, buffer_len=6, seed=count)
+
+
+def case_mamba2_copy_tiles(_, device):
+    """The launches large batches take by default with a copy (one program per head, ``replay_launch_config``; the
+    records' coefficients from the pre-launch, ``_weights``), forced on these small shapes: host positions (a replay
+    with records, from none, and the flush step as the cache runs it is in ``case_flush_reads_copy``) and device
+    positions (a split step, rows in mixed phases), both formats, each against the reference and the decoded-copy
+    semantics. On CUDA also at a batch whose defaults are those (batch x heads >= 2048)."""
+    family = _Family("mamba2")
+    head = dict(block_p=32, num_warps=1)  # head_dim 24: the whole head in one program
+    for launch in (dict(_weights=True), dict(_config=head), dict(_config=head, _weights=True)):
+        for read_format in ("fp8", "nvfp4"):
+            for count in (0, 3):
+                _check(family, device, read_format, origins=(2 * count + 1) % 5, counts=count, buffer_len=6,
+                       seed=count, launch=launch)
+            _check(family, device, read_format, origins=[4, 0, 2, 1], counts=[3, 5, 0, 4], buffer_len=6, seed=7,
+                   launch=dict(launch, _split=True))
+    if device == "cuda":
+        k = family.module
+        assert k.replay_launch_config(512, 4, 24, 20, "fp8")["num_warps"] == 1
+        origins, counts = [b % 5 for b in range(512)], [(3 * b) % 6 for b in range(512)]
+        for read_format in ("fp8", "nvfp4"):
+            _check(family, device, read_format, origins=origins, counts=counts, buffer_len=6, seed=8)
+            _check(family, device, read_format, origins=1, counts=3, buffer_len=6, seed=9, batch=512)
 
 
 def case_gdn_device(_, device):

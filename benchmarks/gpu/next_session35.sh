@@ -9,6 +9,10 @@
 #   cycle 268.3 -> 193.0 us; nvfp4 [32, 128] x 1 warp with the coefficients pre-launch 335.8 -> 267.2; the fp32
 #   replay launch at count 8 333.5 -> 297.6 on one warp): the candidate tiles at count 8, the host cycle and the
 #   compiled path's split step (in phase / mixed) for each format.
+# STAGE=3 (about 8 minutes): run 183's tiles as the defaults (replay_launch_config by read format and positions;
+#   the coefficients pre-launch on for a split step reading a copy): the CUDA tests of the copy launches (the new
+#   case at a batch whose defaults they are), the flush and re-encode cases, tests/test_gpu.py's separated-policy
+#   model tests; Mamba-2 fp8 and nvfp4 at 64 and 256 (bench kernels, --no-sweep).
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session35; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
@@ -19,5 +23,16 @@ elif [ "$STAGE" = 2 ]; then
   timeout 500 python3 "$R/benchmarks/gpu/copy_replay_probe.py" --counts 8 --configs 32x2x4,32x1x4,64x1x4,64x2x4,16x1x4 \
     --device-steps --out "$RES/copy_replay_tiles.json" 2>&1 | tee "$RES/copy_replay_tiles.txt"
   echo "copy_replay_tiles rc=${PIPESTATUS[0]} $(date +%T)" | tee -a "$RES/done.txt"; pack
+elif [ "$STAGE" = 3 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 200 test_kernels_copy_tiles_cuda tests/test_kernels_read_copy.py \
+    -k "mamba2 or flush_reads_copy or bad_read_copy"; pack
+  test_job 150 test_gpu_separated tests/test_gpu.py -k "separated_flushes_in_the_kernel or static_cache_with_a_read_copy \
+    or exact_separated"; pack
+  tail -n 3 "$RES"/test_*.txt; grep -h "^FAILED\|Error" "$RES"/test_*.txt | head -20
+  for fmt in fp8 nvfp4; do
+    bench_job 150 kernels_mamba2_${fmt}_tiles kernels --family mamba2 --shapes nemotron-h-8b --batches 64,256 \
+      --no-sweep --read-format $fmt --out "$RES/kernels_mamba2_${fmt}_tiles.json"; pack
+  done
+  grep -h "check\|host-phase replay\|as the cache\|device\|^nemotron\|^ *256\|^ *64" "$RES"/kernels_*.txt | cut -c1-400
 fi
 save_triton_cache

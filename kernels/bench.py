@@ -569,11 +569,11 @@ def bench_mamba2(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
                 # taking the copy's product with C as stored (run 177) or decoding the whole copy tile (before)
                 one = {"_flush_outputs_launch": False}
                 decoded = {**one, "_flush_copy_product": False}
-                for name, options in (("one_flush_launch", one), ("flush_decoded", decoded)):
-                    row[f"replay_host_read_copy_{name}_us"] = per_step_us(timer(inputs.host_fn(
+                for arm, options in (("one_flush_launch", one), ("flush_decoded", decoded)):
+                    row[f"replay_host_read_copy_{arm}_us"] = per_step_us(timer(inputs.host_fn(
                         k._replay_step, read_format=args.read_format, reencode="step", _config=read_cfg,
                         flush_launch=options)))
-                    row[f"replay_in_phase_read_copy_{name}_us"] = per_step_us(timer(inputs.device_read_copy_fn(
+                    row[f"replay_in_phase_read_copy_{arm}_us"] = per_step_us(timer(inputs.device_read_copy_fn(
                         k._replay_step, "step", args.read_format, **read_device, **options)))
                 if args.read_format == "fp8":  # the plain flush writing the fp8 copy from its registers
                     row["replay_host_read_copy_encode_in_flush_us"] = per_step_us(timer(inputs.host_fn(

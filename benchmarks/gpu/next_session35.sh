@@ -13,6 +13,8 @@
 #   the coefficients pre-launch on for a split step reading a copy): the CUDA tests of the copy launches (the new
 #   case at a batch whose defaults they are), the flush and re-encode cases, tests/test_gpu.py's separated-policy
 #   model tests; Mamba-2 fp8 and nvfp4 at 64 and 256 (bench kernels, --no-sweep).
+# STAGE=4 (about 8 minutes): the delta rule's streamed copy launches on other tiles (read_copy_defaults.py
+#   --stream-tiles), GDN and KDA, fp8 and nvfp4, batch 256: host cycle as the cache runs it, split step in phase.
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session35; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
@@ -34,5 +36,11 @@ elif [ "$STAGE" = 3 ]; then
       --no-sweep --read-format $fmt --out "$RES/kernels_mamba2_${fmt}_tiles.json"; pack
   done
   grep -h "check\|host-phase replay\|as the cache\|device\|^nemotron\|^ *256\|^ *64" "$RES"/kernels_*.txt | cut -c1-400
+elif [ "$STAGE" = 4 ]; then
+  timeout 560 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256 --stream-tiles \
+    --tiles 64x1x16,128x1x16,128x2x16,64x2x16,64x1x32,32x1x16 --specs gdn:nvfp4,kda:nvfp4,gdn:fp8,kda:fp8 \
+    --out "$RES/read_copy_stream_tiles.json" > "$RES/read_copy_stream_tiles.txt" 2>&1
+  echo "read_copy_stream_tiles rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  cut -c1-1500 "$RES/read_copy_stream_tiles.txt"
 fi
 save_triton_cache

@@ -28,6 +28,11 @@ SHAPE_NAMES = {"gdn": "qwen3-next", "kda": "kimi-linear"}
 STREAM_CANDIDATES = [(32, 1, 16), (64, 1, 16)]
 # --flush-tiles: the host-phase flush-only launch with the exact fold (BLOCK_V, num_warps)
 FLUSH_TILES = [(64, 4), (64, 2), (64, 1), (32, 2), (32, 1), (16, 1)]
+# --stream-tiles: the streamed replay launches on other tiles (BLOCK_V, num_warps, CHUNK_K), host cycle as the cache
+# runs it and the split step in phase (its flush launch at its default); Mamba-2's copy launches were 1.3-1.4x faster
+# on one warp over a whole head (run 183), and these tiles date from before the as-stored nvfp4 read (runs 130-135)
+STREAM_TILES = [(64, 1, 16), (128, 1, 16), (128, 2, 16), (64, 2, 16), (64, 1, 32), (32, 1, 16), (32, 1, 32),
+                (128, 1, 32), (16, 1, 16)]
 # --device-flush-tiles: a split step's flush launch (exact fold, flushing rows' outputs from the copy) on other tiles
 DEVICE_FLUSH_TILES = [(16, 1), (64, 2)]
 # the arms every row has, each also as a ratio to our standard step (x_std_<arm>), in the printed order
@@ -36,7 +41,7 @@ ARMS = ("host_default", "host_default_reencode", "host_whole_tile", "device_mixe
 
 
 def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: torch.device, smoke: bool,
-             flush_tiles: bool = False, device_flush_tiles: bool = False) -> dict:
+             flush_tiles: bool = False, device_flush_tiles: bool = False, stream_tiles: bool = False) -> dict:
     per_key = family == "kda"
     shape = bench_delta.SMOKE_SHAPES[family]["smoke"] if smoke else bench_delta.SHAPES[family][SHAPE_NAMES[family]]
     Hv, _, K, V = shape
@@ -91,6 +96,19 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
                 row[f"device_{phase}_flush_{fbv}x{fnw}_us"] = us(inputs.device_read_copy_fn(
                     step, encode, read_format, _split=True, _block_v=cbv, _num_warps=cnw, _chunk_k=chunk,
                     _flush_config=(fbv, fnw)))
+        if stream_tiles and phase == "in_phase":
+            for cbv, cnw, chunk in STREAM_TILES:
+                if cbv > max(16, 1 << (V - 1).bit_length()) or chunk > max(16, 1 << (K - 1).bit_length()):
+                    continue
+                tag, tile = f"tile_{cbv}x{cnw}_c{chunk}", dict(_block_v=cbv, _num_warps=cnw, _chunk_k=chunk)
+                try:
+                    row[f"host_{tag}_us"] = us(inputs.host_fn(step, read_format=read_format, reencode="step",
+                                                              flush_launch={}, **tile))
+                    row[f"device_in_phase_{tag}_us"] = us(inputs.device_read_copy_fn(
+                        step, encode, read_format, _split=True,
+                        _flush_config=delta_rule.read_copy_split_flush_config(V, per_key, read_format), **tile))
+                except Exception as error:  # out of resources for this tile
+                    row[f"host_{tag}_error"] = f"{type(error).__name__}: {error}"[:120]
         if row["stream_config"] is None:  # not streamed by default (KDA nvfp4): the candidates, asked for
             for cbv, cnw, chunk in STREAM_CANDIDATES:
                 tag = f"stream_{cbv}x{cnw}_c{chunk}"
@@ -121,7 +139,13 @@ def main() -> None:
                         help="also time the host-phase flush-only launch (exact fold) at several tiles")
     parser.add_argument("--device-flush-tiles", action="store_true",
                         help="also time the split device step with its flush launch on other tiles")
+    parser.add_argument("--stream-tiles", action="store_true",
+                        help="also time the streamed replay launches on other tiles (host cycle as the cache runs it, "
+                             "split step in phase)")
+    parser.add_argument("--tiles", default="", help="VxWxC tiles for --stream-tiles instead of the built-in list")
     args = parser.parse_args()
+    if args.tiles:
+        STREAM_TILES[:] = [tuple(int(n) for n in tile.split("x")) for tile in args.tiles.split(",")]
     device = torch.device("cpu" if args.smoke else "cuda")
     global L
     if args.smoke:  # the smoke's batch takes the streamed launches too; a 4-step cycle has every launch kind of 16's
@@ -133,7 +157,7 @@ def main() -> None:
         for spec in args.specs.split(","):
             family, read_format = spec.split(":")
             row = rows_for(family, read_format, batch, timer, device, args.smoke, args.flush_tiles,
-                           args.device_flush_tiles)
+                           args.device_flush_tiles, args.stream_tiles)
             rows.append(row)
             print(f"{family} {read_format} batch {batch} (stream {row['stream_config']}, device "
                   f"{row['device_stream_config']}): "

@@ -1155,12 +1155,13 @@ READ_COPY_STREAM_MIN_BATCH = 64
 
 
 def read_copy_stream_config(batch: int, key_dim: int, per_key_gate: bool, read_format: str,
-                            device_phase: bool = False) -> tuple[int, int, int] | None:
+                            device_phase: bool = False, value_dim: int = 128) -> tuple[int, int, int] | None:
     """(BLOCK_V, num_warps, CHUNK_K) of the replay-only launches reading a read copy when they stream it K rows at a
     time (``_chunk_k``: an fp8 copy's row scales folded into q and k, an nvfp4 copy's scales too, its nibbles
     accumulated apart: :func:`_chunked_checkpoint_products`), or None
     (the whole-tile launch). From :data:`READ_COPY_STREAM_MIN_BATCH` rows, up to 128 key channels, in chunks of 16:
-    GDN on [K, 64] x 1, KDA on [K, 32] x 1, fp8 and nvfp4, with host positions and with device positions
+    GDN on [K, V] x 1 (V up to 128: a whole head per program), KDA fp8 on [K, V] x 1 and nvfp4 on [K, 32] x 1,
+    with host positions and with device positions
     (``device_phase``: the replay launch of a split step, whose flush launch takes
     :func:`read_copy_split_flush_config`'s tile). H200, batch 256, per step (``bench_delta --read-format``; the
     device step is the separated policy's, re-encode included, rows in phase; runs 134 / 135 from
@@ -1181,10 +1182,18 @@ def read_copy_stream_config(batch: int, key_dim: int, per_key_gate: bool, read_f
     At batch 64 (runs 134 / 135) every streamed host cycle and in-phase device step is faster too (GDN fp8 51.7 /
     66.8 us against 74.0 / 95.1); in mixed phases KDA's split loses a little (fp8 151.3 against the fused 133.3,
     nvfp4 230.8 against 219.2) where GDN's wins (fp8 116.7 against 125.4): plain batched decoding keeps its rows in
-    phase."""
+    phase.
+
+    A whole head per program since run 185 (``read_copy_defaults.py --stream-tiles``, batch 256, host cycle as the
+    cache runs it / split step in phase, against the former [K, 64] x 1 for GDN and [K, 32] x 1 for KDA): Qwen3-Next
+    fp8 218.7 / 236.0 -> 199.0 / 215.8 us, nvfp4 185.1 / 236.8 -> 181.2 / 233.7; Kimi-Linear fp8 255.1 / 289.1 ->
+    247.7 / 276.5; Kimi-Linear nvfp4 keeps [K, 32] (230.0 / 297.1 on [K, 128] against 224.2 / 295.7). Two warps, or
+    chunks of 32 key rows, were slower on every shape (e.g. GDN fp8 [K, 128] x 2 270.5, [K, 64] x 1 in chunks of 32
+    224.3)."""
     if batch < READ_COPY_STREAM_MIN_BATCH or key_dim > 128 or read_format not in ("fp8", "nvfp4"):
         return None
-    return (32, 1, 16) if per_key_gate else (64, 1, 16)
+    whole_head = min(128, max(16, next_power_of_2(value_dim)))
+    return (32, 1, 16) if per_key_gate and read_format == "nvfp4" else (whole_head, 1, 16)
 
 
 def read_copy_split_flush_config(value_dim: int, per_key_gate: bool = False,
@@ -1399,7 +1408,8 @@ def _replay_step(
     stream = None  # a read copy's replay-only launches streaming it (read_copy_stream_config)
     stream_flush_tile = None  # ... and a split step's flush launch then (read_copy_split_flush_config)
     if read_format != "fp32" and not _chunk_k and _block_v is None and _num_warps is None and _walk is None:
-        stream = read_copy_stream_config(batch, key_dim, per_key, read_format, device_phase=phase == 0)
+        stream = read_copy_stream_config(batch, key_dim, per_key, read_format, device_phase=phase == 0,
+                                         value_dim=value_dim)
     if stream is not None and phase == 1:
         block_v, num_warps, _chunk_k = stream
     elif (stream is not None and phase == 0 and _split in ("auto", True) and bool(_count_launch) and bool(_ticket)

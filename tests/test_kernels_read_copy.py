@@ -23,10 +23,9 @@ import pytest
 from kernel_harness import HAS_TRITON, RecordedKernel, load_kernel_module, run_case, worker_main
 from kernel_harness import assert_close as _close
 
-CASES = ["mamba2_device", "mamba2_host_phase", "mamba2_copy_tiles", "gdn_device", "kda_device", "delta_host_phase", "delta_exact_fold",
-         "delta_chunked", "delta_stream_default", "delta_exact_solve", "flush_reads_copy", "mamba2_reencode_copy",
-         "delta_reencode_copy", "nvfp4_pairs",
-         "nvfp4_every_code", "bad_read_copy"]
+CASES = ["mamba2_device", "mamba2_host_phase", "mamba2_copy_tiles", "gdn_device", "kda_device", "delta_host_phase",
+         "delta_exact_fold", "delta_chunked", "delta_stream_default", "delta_exact_solve", "flush_reads_copy",
+         "mamba2_reencode_copy", "delta_reencode_copy", "nvfp4_pairs", "nvfp4_every_code", "bad_read_copy"]
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
@@ -323,8 +322,13 @@ def case_delta_stream_default(_, device):
         module.READ_COPY_STREAM_MIN_BATCH = 1
         for fmt in ("fp8", "nvfp4"):
             for device_phase in (False, True):
-                assert module.read_copy_stream_config(3, 20, False, fmt, device_phase) == (64, 1, 16)
-                assert module.read_copy_stream_config(3, 20, True, fmt, device_phase) == (32, 1, 16)
+                # a whole head of V up to 128 (run 185), KDA's nvfp4 copy on [K, 32]
+                assert module.read_copy_stream_config(3, 20, False, fmt, device_phase) == (128, 1, 16)
+                assert module.read_copy_stream_config(3, 20, False, fmt, device_phase, value_dim=24) == (32, 1, 16)
+                assert module.read_copy_stream_config(3, 20, False, fmt, device_phase, value_dim=256) == (128, 1, 16)
+                assert module.read_copy_stream_config(3, 20, True, fmt, device_phase) == (
+                    (32, 1, 16) if fmt == "nvfp4" else (128, 1, 16))
+                assert module.read_copy_stream_config(3, 20, True, fmt, device_phase, value_dim=8) == (16, 1, 16)
             assert module.read_copy_stream_config(3, 256, False, fmt) is None  # past 128 key channels
         assert module.read_copy_split_flush_config(24) == (32, 1)
         assert module.read_copy_split_flush_config(8) == (16, 1)
@@ -353,13 +357,13 @@ def case_delta_stream_default(_, device):
         host, mixed = (1, 2), ([4, 0, 2], [3, 5, 1])
         split = dict(_split=True, _flush_config=(32, 1))
         for name, fmt, (origin, count), want, explicit in (
-                ("gdn", "fp8", host, [(1, 16, 64, 1)], dict(_block_v=64, _num_warps=1, _chunk_k=16)),
-                ("gdn", "nvfp4", host, [(1, 16, 64, 1)], dict(_block_v=64, _num_warps=1, _chunk_k=16)),
+                ("gdn", "fp8", host, [(1, 16, 32, 1)], dict(_block_v=32, _num_warps=1, _chunk_k=16)),
+                ("gdn", "nvfp4", host, [(1, 16, 32, 1)], dict(_block_v=32, _num_warps=1, _chunk_k=16)),
                 ("kda", "fp8", host, [(1, 16, 32, 1)], dict(_block_v=32, _num_warps=1, _chunk_k=16)),
-                ("gdn", "fp8", mixed, [(3, 0, 32, 1), (4, 16, 64, 1)],
-                 dict(_block_v=64, _num_warps=1, _chunk_k=16, **split)),
-                ("gdn", "nvfp4", mixed, [(3, 0, 16, 1), (4, 16, 64, 1)],
-                 dict(_block_v=64, _num_warps=1, _chunk_k=16, _split=True, _flush_config=(16, 1))),
+                ("gdn", "fp8", mixed, [(3, 0, 32, 1), (4, 16, 32, 1)],
+                 dict(_block_v=32, _num_warps=1, _chunk_k=16, **split)),
+                ("gdn", "nvfp4", mixed, [(3, 0, 16, 1), (4, 16, 32, 1)],
+                 dict(_block_v=32, _num_warps=1, _chunk_k=16, _split=True, _flush_config=(16, 1))),
                 ("kda", "nvfp4", host, [(1, 16, 32, 1)], dict(_block_v=32, _num_warps=1, _chunk_k=16)),
                 ("kda", "fp8", mixed, [(3, 0, 32, 1), (4, 16, 32, 1)],
                  dict(_block_v=32, _num_warps=1, _chunk_k=16, **split)),
@@ -384,7 +388,7 @@ def case_delta_stream_default(_, device):
         assert launched(*host, _block_v=16)[3][0][:3] == (1, 0, 16)  # a forced tile: the whole tile
         assert launched(*mixed, _split=False)[3][0][:2] == (0, 0)  # one fused launch
         # an explicit flush tile wins over the streamed copy's
-        assert launched(*mixed, _flush_config=(16, 2))[3] == [(3, 0, 16, 2), (4, 16, 64, 1)]
+        assert launched(*mixed, _flush_config=(16, 2))[3] == [(3, 0, 16, 2), (4, 16, 32, 1)]
     finally:
         module.READ_COPY_STREAM_MIN_BATCH, module._delta_replay_step_kernel = saved
 

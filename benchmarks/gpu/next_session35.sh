@@ -15,6 +15,8 @@
 #   model tests; Mamba-2 fp8 and nvfp4 at 64 and 256 (bench kernels, --no-sweep).
 # STAGE=4 (about 8 minutes): the delta rule's streamed copy launches on other tiles (read_copy_defaults.py
 #   --stream-tiles), GDN and KDA, fp8 and nvfp4, batch 256: host cycle as the cache runs it, split step in phase.
+# STAGE=5 (about 6 minutes): run 185's whole-head streamed tiles as the delta rule's defaults (GDN both formats, KDA
+#   fp8): the CUDA tests of the delta copy launches, and read_copy_defaults.py at 64 and 256 (every default arm).
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session35; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
@@ -42,5 +44,13 @@ elif [ "$STAGE" = 4 ]; then
     --out "$RES/read_copy_stream_tiles.json" > "$RES/read_copy_stream_tiles.txt" 2>&1
   echo "read_copy_stream_tiles rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   cut -c1-1500 "$RES/read_copy_stream_tiles.txt"
+elif [ "$STAGE" = 5 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 200 test_kernels_delta_copy_cuda tests/test_kernels_read_copy.py \
+    -k "delta or gdn or kda or flush_reads_copy"; pack
+  tail -n 3 "$RES"/test_*.txt; grep -h "^FAILED\|Error" "$RES"/test_*.txt | head -20
+  timeout 330 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256,64 \
+    --out "$RES/read_copy_defaults_whole_head.json" > "$RES/read_copy_defaults_whole_head.txt" 2>&1
+  echo "read_copy_defaults_whole_head rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  cut -c1-1200 "$RES/read_copy_defaults_whole_head.txt"
 fi
 save_triton_cache

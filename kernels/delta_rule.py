@@ -1193,7 +1193,7 @@ def read_copy_stream_config(batch: int, key_dim: int, per_key_gate: bool, read_f
     if batch < READ_COPY_STREAM_MIN_BATCH or key_dim > 128 or read_format not in ("fp8", "nvfp4"):
         return None
     whole_head = min(128, max(16, next_power_of_2(value_dim)))
-    return (32, 1, 16) if per_key_gate and read_format == "nvfp4" else (whole_head, 1, 16)
+    return (min(32, whole_head), 1, 16) if per_key_gate and read_format == "nvfp4" else (whole_head, 1, 16)
 
 
 def read_copy_split_flush_config(value_dim: int, per_key_gate: bool = False,

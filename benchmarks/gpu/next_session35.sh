@@ -17,6 +17,9 @@
 #   --stream-tiles), GDN and KDA, fp8 and nvfp4, batch 256: host cycle as the cache runs it, split step in phase.
 # STAGE=5 (about 6 minutes): run 185's whole-head streamed tiles as the delta rule's defaults (GDN both formats, KDA
 #   fp8): the CUDA tests of the delta copy launches, and read_copy_defaults.py at 64 and 256 (every default arm).
+# STAGE=6 (about 4 minutes): the stream-default case on CUDA again (run 186 stopped at a wrong launch-rule assertion,
+#   fixed); where GDN's fp8 host flush goes (read_copy_defaults.py at 256: the flush's outputs from the copy without
+#   the re-encode beside the plain flush and the cache's flush).
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session35; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
@@ -52,5 +55,13 @@ elif [ "$STAGE" = 5 ]; then
     --out "$RES/read_copy_defaults_whole_head.json" > "$RES/read_copy_defaults_whole_head.txt" 2>&1
   echo "read_copy_defaults_whole_head rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   cut -c1-1200 "$RES/read_copy_defaults_whole_head.txt"
+elif [ "$STAGE" = 6 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_delta_stream_cuda tests/test_kernels_read_copy.py \
+    -k "delta_stream_default or mamba2_copy_tiles"; pack
+  tail -n 3 "$RES"/test_*.txt; grep -h "^FAILED\|Error" "$RES"/test_*.txt | head -20
+  timeout 200 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256 --specs gdn:fp8,gdn:nvfp4,kda:fp8 \
+    --out "$RES/read_copy_flush_parts.json" > "$RES/read_copy_flush_parts.txt" 2>&1
+  echo "read_copy_flush_parts rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  cut -c1-900 "$RES/read_copy_flush_parts.txt"
 fi
 save_triton_cache

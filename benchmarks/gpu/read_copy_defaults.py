@@ -66,6 +66,10 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
             # with the copy re-encoded after the flush, as the cache runs it: by the step (reencode_copy; nvfp4 with
             # the flush's amax), and as a launch after it (default compact grid / per-tile grid)
             row["host_default_reencode_us"] = us(inputs.host_fn(step, read_format=read_format, reencode="step"))
+            # the flush's outputs from the copy without any re-encode (a no-op after the flush): what the outputs
+            # cost beside the plain flush, apart from the re-encode
+            row["host_flush_reads_copy_only_us"] = us(inputs.host_fn(
+                step, read_format=read_format, reencode=lambda *_: None))
             row["host_default_external_reencode_us"] = us(inputs.host_fn(
                 step, read_format=read_format, reencode=read_copy_encode.reencode_read_copy))
             row["host_default_per_tile_reencode_us"] = us(inputs.host_fn(

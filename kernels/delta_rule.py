@@ -628,6 +628,9 @@ def _delta_replay_step_kernel(
     CHUNK_K: tl.constexpr = 0,  # PHASE 1 / 4, any READ_FORMAT: the checkpoint (or the copy) streamed CHUNK_K rows
     # of K at a time (0: the whole tile)
     FLUSH_AMAX: tl.constexpr = False,  # PHASE 0 / 2 / 3: flushes fold max |new checkpoint| into amax_ptr[b]
+    # an fp8 copy's decoded tile takes one scale load per row instead of one per element (_flush_scale_per_row:
+    # the flush-only launches reading the copy for their outputs)
+    COPY_SCALE_PER_ROW: tl.constexpr = False,
 ):
     pid_v = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -704,7 +707,8 @@ def _delta_replay_step_kernel(
                                  read_mask, read_rows, pid_v * BLOCK_V, V,
                                  stride_rcv_b, stride_rcv_h, stride_rcv_k, stride_rcv_v,
                                  stride_rcs_b, stride_rcs_h, stride_rcs_k, stride_rcs_v, stride_rct_b,
-                                 READ_FORMAT, BLOCK_V, False)  # fp8 scales per element (faster here)
+                                 READ_FORMAT, BLOCK_V, COPY_SCALE_PER_ROW)  # fp8 scales per element unless
+            # asked (faster for the replay tiles, run 26; the flush launches: _flush_scale_per_row)
 
         k_raw, q_t, k_t, v_t, beta_t, g_t = _load_token(
             q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, pid_b, pid_h, hk, offs_k, mask_k, offs_v, mask_v, scale,
@@ -1293,6 +1297,7 @@ def _replay_step(
     _count_launch=True, flush_reads_copy=False,
     _nvfp4_pairs=True, _kda_weights=True, _gdn_weights=False, _weights_warps=None, _chunk_k=0, _flush_grid="batch",
     _flush_config=None, _walk="auto", _exact_solve=False, reencode_copy=False, _flush_amax=True,
+    _flush_scale_per_row=True,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot``; ``_split`` (device positions only): the step as a flush-only launch for the rows due (the others
@@ -1570,6 +1575,7 @@ def _replay_step(
             WEIGHTS_GIVEN=weighted[kernel_phase],
             CHUNK_K=_chunk_k if kernel_phase in (1, 4) else 0,
             FLUSH_AMAX=flush_amax is not state and kernel_phase in (0, 2, 3),
+            COPY_SCALE_PER_ROW=bool(_flush_scale_per_row) and kernel_phase in (2, 3),
             num_warps=launch_warps,
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel

@@ -20,6 +20,9 @@
 # STAGE=6 (about 4 minutes): the stream-default case on CUDA again (run 186 stopped at a wrong launch-rule assertion,
 #   fixed); where GDN's fp8 host flush goes (read_copy_defaults.py at 256: the flush's outputs from the copy without
 #   the re-encode beside the plain flush and the cache's flush).
+# STAGE=7 (about 5 minutes): run 187 found GDN's fp8 flush giving its outputs from the copy 26.9 us per step dearer
+#   than the plain flush (nvfp4: 1.2): the flush launches now load the fp8 copy's scales once per row instead of once
+#   per element (_flush_scale_per_row): the flush CUDA test, GDN / KDA fp8 at 256 with both.
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session35; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
@@ -63,5 +66,13 @@ elif [ "$STAGE" = 6 ]; then
     --out "$RES/read_copy_flush_parts.json" > "$RES/read_copy_flush_parts.txt" 2>&1
   echo "read_copy_flush_parts rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   cut -c1-900 "$RES/read_copy_flush_parts.txt"
+elif [ "$STAGE" = 7 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_flush_scale_cuda tests/test_kernels_read_copy.py \
+    -k "flush_reads_copy"; pack
+  tail -n 3 "$RES"/test_*.txt; grep -h "^FAILED\|Error" "$RES"/test_*.txt | head -20
+  timeout 200 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256 --specs gdn:fp8,kda:fp8 \
+    --out "$RES/read_copy_flush_scale.json" > "$RES/read_copy_flush_scale.txt" 2>&1
+  echo "read_copy_flush_scale rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  cut -c1-1100 "$RES/read_copy_flush_scale.txt"
 fi
 save_triton_cache

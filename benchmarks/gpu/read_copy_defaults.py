@@ -70,6 +70,9 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
             # cost beside the plain flush, apart from the re-encode
             row["host_flush_reads_copy_only_us"] = us(inputs.host_fn(
                 step, read_format=read_format, reencode=lambda *_: None))
+            if read_format == "fp8":  # the flush launch's decoded copy with a scale load per element (before run 188)
+                row["host_flush_scale_per_element_us"] = us(inputs.host_fn(
+                    step, read_format=read_format, reencode="step", flush_launch=dict(_flush_scale_per_row=False)))
             row["host_default_external_reencode_us"] = us(inputs.host_fn(
                 step, read_format=read_format, reencode=read_copy_encode.reencode_read_copy))
             row["host_default_per_tile_reencode_us"] = us(inputs.host_fn(
@@ -94,6 +97,9 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
         encode = "step"  # the step re-encodes the flushed rows' copy (reencode_copy), as the compiled op does
         row[f"device_{phase}_default_us"] = us(inputs.device_read_copy_fn(step, encode, read_format))
         row[f"device_{phase}_fused_us"] = us(inputs.device_read_copy_fn(step, encode, read_format, _split=False))
+        if read_format == "fp8":  # the split step's flush launch with a scale load per element (before run 188)
+            row[f"device_{phase}_flush_scale_per_element_us"] = us(inputs.device_read_copy_fn(
+                step, encode, read_format, _flush_scale_per_row=False))
         if device_flush_tiles and row["device_stream_config"] is not None:
             cbv, cnw, chunk = row["device_stream_config"]
             for fbv, fnw in DEVICE_FLUSH_TILES:

@@ -629,7 +629,7 @@ def _delta_replay_step_kernel(
     # of K at a time (0: the whole tile)
     FLUSH_AMAX: tl.constexpr = False,  # PHASE 0 / 2 / 3: flushes fold max |new checkpoint| into amax_ptr[b]
     # an fp8 copy's decoded tile takes one scale load per row instead of one per element (_flush_scale_per_row:
-    # the flush-only launches reading the copy for their outputs)
+    # the host-positions flush-only launch reading the copy for its outputs)
     COPY_SCALE_PER_ROW: tl.constexpr = False,
 ):
     pid_v = tl.program_id(0)
@@ -1354,7 +1354,13 @@ def _replay_step(
     a time over its state tile, its flush launches (host positions, or a split step's) on
     :func:`host_flush_launch_config`'s tile for it. It stays off: slower (H200, Qwen3-Next batch 256, run 131, fp8
     copy: the flush-only launch 1403.6 us at its best tile against the stepped fold's 1015.1; batch 64 360.1 against
-    267.3): the three small products and the [R, R] inverse cost more than the 2 x 15 passes they replace."""
+    267.3): the three small products and the [R, R] inverse cost more than the 2 x 15 passes they replace.
+    ``_flush_scale_per_row`` (default on; ``flush_reads_copy`` with an fp8 copy): the host-positions flush-only
+    launch decodes the copy's tile with one scale load per row instead of one per element (H200, batch 256, run 188,
+    host cycle as the cache runs it: Qwen3-Next 201.6 -> 200.0 us, Kimi-Linear 250.7 -> 245.8); a split step's flush
+    launch keeps the per-element loads (per row it measured slower: in phase 218.5 -> 220.5 / 279.6 -> 285.7, mixed
+    300.8 -> 303.4 / 353.4 -> 367.9). Either way GDN's flush giving its outputs from an fp8 copy costs 25 us per
+    step more than the plain flush (nvfp4 1.2; run 187), not yet explained."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -1575,7 +1581,7 @@ def _replay_step(
             WEIGHTS_GIVEN=weighted[kernel_phase],
             CHUNK_K=_chunk_k if kernel_phase in (1, 4) else 0,
             FLUSH_AMAX=flush_amax is not state and kernel_phase in (0, 2, 3),
-            COPY_SCALE_PER_ROW=bool(_flush_scale_per_row) and kernel_phase in (2, 3),
+            COPY_SCALE_PER_ROW=bool(_flush_scale_per_row) and kernel_phase == 2,
             num_warps=launch_warps,
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel

@@ -50,23 +50,51 @@ def test_read_probe_smoke(tmp_path):
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_read_copy_defaults_smoke(tmp_path):
-    """The read-copy defaults script times every arm (GDN fp8 on the smoke's shape, streaming lowered to its batch)
-    and reports the streamed launches it timed."""
+    """The read-copy defaults script times every arm (GDN fp8 on the smoke's shape, streaming lowered to its batch),
+    the streamed launches on a tile asked for (``--stream-tiles --tiles``), and reports the streamed launches it
+    timed."""
     _interpreter_usable()
     result = tmp_path / "defaults.json"
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "read_copy_defaults.py"), "--smoke",
-                          "--batches", "2", "--specs", "gdn:fp8", "--out", str(result)], cwd=ROOT,
-                         env=subprocess_env(), capture_output=True, text=True, timeout=900)
+                          "--batches", "2", "--specs", "gdn:fp8", "--stream-tiles", "--tiles", "16x1x16,256x1x16",
+                          "--out", str(result)], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
+                         timeout=900)
     assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
     (row,) = json.loads(result.read_text())
-    assert row["stream_config"] == [64, 1, 16] and row["device_stream_config"] == [64, 1, 16], row
+    # a whole head of the smoke's V = 16 (read_copy_stream_config)
+    assert row["stream_config"] == [16, 1, 16] and row["device_stream_config"] == [16, 1, 16], row
     timed = {key: value for key, value in row.items() if key.endswith("_us")}
-    assert sorted(timed) == sorted(["host_default_us", "host_default_reencode_us", "host_default_external_reencode_us",
-                                    "host_default_per_tile_reencode_us", "host_whole_tile_us",
-                                    "device_mixed_default_us", "device_mixed_fused_us", "device_in_phase_default_us",
-                                    "device_in_phase_fused_us", "standard_us"]), sorted(timed)
+    assert sorted(timed) == sorted([
+        "host_default_us", "host_default_reencode_us", "host_flush_reads_copy_only_us",
+        "host_flush_scale_per_element_us", "host_default_external_reencode_us", "host_default_per_tile_reencode_us",
+        "host_whole_tile_us", "device_mixed_default_us", "device_mixed_fused_us",
+        "device_mixed_flush_scale_per_element_us", "device_in_phase_default_us", "device_in_phase_fused_us",
+        "device_in_phase_flush_scale_per_element_us", "host_tile_16x1_c16_us", "device_in_phase_tile_16x1_c16_us",
+        "standard_us"]), sorted(timed)  # (the 256-wide tile: wider than the head, skipped)
     assert all(value > 0 for value in timed.values()), timed
-    assert "gdn fp8 batch 2 (stream (64, 1, 16)" in out.stdout
+    assert "gdn fp8 batch 2 (stream (16, 1, 16)" in out.stdout
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_copy_replay_probe_smoke(tmp_path):
+    """The Mamba-2 copy-launch probe times every arm (a launch at a record count, the host cycle, the split step in
+    phase and mixed, each with and without the coefficients pre-launch) for fp32, fp8 and nvfp4 on a tiny shape."""
+    _interpreter_usable()
+    result = tmp_path / "probe.json"
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "copy_replay_probe.py"), "--smoke",
+                          "--device-steps", "--out", str(result)], cwd=ROOT, env=subprocess_env(),
+                         capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
+    results = json.loads(result.read_text())["results"]
+    assert results["standard_us"] > 0
+    arms = ["count1", "device_in_phase", "device_mixed"]
+    for fmt in ("fp32", "fp8", "nvfp4"):
+        cells = results[f"{fmt} p16w1u4"]
+        want = [*arms, "cycle" if fmt == "fp32" else "cycle_as_cache"]
+        want += [f"{arm}_weights" for arm in want]
+        timed = {key: value for key, value in cells.items() if key != "n_regs_phase1"}
+        assert sorted(timed) == sorted(want), (fmt, sorted(timed))
+        assert all(isinstance(value, float) and value > 0 for value in timed.values()), (fmt, timed)
 
 
 def test_prune_triton_cache(tmp_path):

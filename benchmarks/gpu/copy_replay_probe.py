@@ -6,6 +6,7 @@ fp32 one, but each of its programs still loads the records' B [R, N] (twice the 
 against C, work the fp32 launch hides behind its larger tile read.
 
     python3 benchmarks/gpu/copy_replay_probe.py [--batch 256] [--formats fp8,nvfp4] --out RESULT.json
+    python3 benchmarks/gpu/copy_replay_probe.py --smoke --out RESULT.json   # CPU, TRITON_INTERPRET=1, tiny shapes
 """
 
 from __future__ import annotations
@@ -31,25 +32,29 @@ def main() -> None:
     parser.add_argument("--device-steps", action="store_true",
                         help="also the compiled path's split step (rows in phase / mixed) at each replay tile, its "
                              "flush launch kept at the default tile")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU (one tile, one count)")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
-    device = torch.device("cuda")
-    timer = Timer(device, reps=None, budget_ms=60.0)
-    L = 16
-    shape = bench.MAMBA2_SHAPES["nemotron-h-8b"]
+    cuda = not args.smoke
+    device = torch.device("cuda" if cuda else "cpu")
+    timer = Timer(device, reps=None if cuda else 1, budget_ms=60.0)
+    L = 16 if cuda else 4
+    shape = bench.MAMBA2_SHAPES["nemotron-h-8b"] if cuda else (2, 16, 16, 1)
+    if args.smoke:
+        args.batch, args.counts, args.configs = 2, "1", args.configs or "16x1x4"
     gen = torch.Generator(device=device).manual_seed(args.batch)
-    inputs = bench.ReplayInputs(args.batch, *shape, L, device, gen, "in_phase", True)
+    inputs = bench.ReplayInputs(args.batch, *shape, L, device, gen, "in_phase", cuda)
     counts = [int(c) for c in args.counts.split(",") if c]
     configs = [tuple(int(n) for n in c.split("x")) for c in args.configs.split(",")] if args.configs else CONFIGS
     flush_cfg = mamba2.replay_launch_config(args.batch, *shape[:3])
-    steps = {phase: bench.ReplayInputs(args.batch, *shape, L, device, gen, phase, True)
+    steps = {phase: bench.ReplayInputs(args.batch, *shape, L, device, gen, phase, cuda)
              for phase in (("in_phase", "mixed") if args.device_steps else ())}
     results = {}
 
     def per_step(fn):
         return timer(fn)["ms"] * 1e3 / L
 
-    standard = bench.StepInputs(args.batch, *shape, L, device, gen, True)
+    standard = bench.StepInputs(args.batch, *shape, L, device, gen, cuda)
     results["standard_us"] = per_step(standard.kernel_fn(mamba2._state_update))
     print(f"standard step {results['standard_us']:.1f} us", flush=True)
     del standard
@@ -88,10 +93,12 @@ def main() -> None:
             results[name] = dict(cells, n_regs_phase1=regs)
             print(f"{name:<18} " + ", ".join(f"{k} {v:.1f}" if isinstance(v, float) else f"{k} {v}"
                                              for k, v in cells.items()), flush=True)
-            torch.cuda.empty_cache()
+            if cuda:
+                torch.cuda.empty_cache()
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), batch=args.batch, results=results), f, indent=1)
+            json.dump(dict(device=torch.cuda.get_device_name() if cuda else "cpu", batch=args.batch, results=results),
+                      f, indent=1)
 
 
 if __name__ == "__main__":

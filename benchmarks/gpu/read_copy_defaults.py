@@ -48,8 +48,8 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
     cuda = device.type == "cuda"
     row = {"family": family, "shape": "smoke" if smoke else SHAPE_NAMES[family], "read_format": read_format,
            "batch": batch,
-           "stream_config": delta_rule.read_copy_stream_config(batch, K, per_key, read_format),
-           "device_stream_config": delta_rule.read_copy_stream_config(batch, K, per_key, read_format, True),
+           "stream_config": delta_rule.read_copy_stream_config(batch, K, per_key, read_format, value_dim=V),
+           "device_stream_config": delta_rule.read_copy_stream_config(batch, K, per_key, read_format, True, V),
            "whole_tile_config": delta_rule.replay_launch_config(batch, Hv, K, V, per_key, read_format)}
 
     def us(fn):

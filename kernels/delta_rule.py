@@ -708,7 +708,7 @@ def _delta_replay_step_kernel(
                                  stride_rcv_b, stride_rcv_h, stride_rcv_k, stride_rcv_v,
                                  stride_rcs_b, stride_rcs_h, stride_rcs_k, stride_rcs_v, stride_rct_b,
                                  READ_FORMAT, BLOCK_V, COPY_SCALE_PER_ROW)  # fp8 scales per element unless
-            # asked (faster for the replay tiles, run 26; the flush launches: _flush_scale_per_row)
+            # asked (faster for the whole-tile replay launches, see load_read_tile; the host flush: per row)
 
         k_raw, q_t, k_t, v_t, beta_t, g_t = _load_token(
             q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, pid_b, pid_h, hk, offs_k, mask_k, offs_v, mask_v, scale,

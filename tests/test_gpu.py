@@ -153,17 +153,28 @@ def test_cuda_triton_backend_matches_stock_and_reference(model_type):
         assert triton_cache.stats() == torch_cache.stats()
 
 
+@pytest.mark.parametrize("rows", [2, 256])
 @pytest.mark.parametrize("policy", ["separated-fp8", "separated-nvfp4"])
 @pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text", "kimi_linear"])
-def test_cuda_triton_backend_separated_flushes_in_the_kernel(model_type, policy):
+def test_cuda_triton_backend_separated_flushes_in_the_kernel(model_type, policy, rows):
     """Eager separated precision on the GPU: flush steps run the step kernel (outputs from the copy, the fold into
     the fp32 checkpoint) and the Triton re-encode refreshes the copy; against the torch backend with the same policy
     (summation order can flip one code of a later layer's copy: 2e-3 for fp8; nvfp4's E2M1 steps are up to a third of
     a block's scale, so 3e-2, run 142 measured 1.2e-2 on Kimi-Linear; the format's own error against fp32 is 0.13-10),
-    the same flush schedule, the copy the store's codec gives for the final checkpoint."""
+    the same flush schedule, the copy the store's codec gives for the final checkpoint. 256 rows: the copy launches'
+    large-batch defaults (Mamba-2 one warp over a whole head, the delta rule's streamed whole-head tile)."""
     pytest.importorskip("triton")
     model = _cuda(model_type)
-    prompt = torch.randint(3, 120, (2, 9), device="cuda")
+    if rows == 256:
+        from hf_replayssm.kernels import delta_rule, mamba2
+
+        fmt, c = policy.removeprefix("separated-"), model.config
+        if model_type == "nemotron_h":
+            assert mamba2.replay_launch_config(rows, c.mamba_num_heads, c.mamba_head_dim, c.ssm_state_size,
+                                               fmt)["num_warps"] == 1
+        else:
+            assert delta_rule.read_copy_stream_config(rows, 16, model_type == "kimi_linear", fmt) is not None
+    prompt = torch.randint(3, 120, (rows, 9), device="cuda")
     kw = dict(GREEDY, max_new_tokens=24, min_new_tokens=24)
     fused = ReplayCache(buffer_len=5, precision=policy, backend="triton")
     reference = ReplayCache(buffer_len=5, precision=policy, backend="torch")
@@ -207,19 +218,21 @@ def test_cuda_compiled_static_cache_with_cuda_graphs(model_type):
     assert max_logit_diff(out.logits, stock.logits) < 1e-4
 
 
+@pytest.mark.parametrize("rows", [2, 256])
 @pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text", "kimi_linear"])
 @pytest.mark.parametrize("policy", ["separated-fp8", "separated-nvfp4"])
-def test_cuda_static_cache_with_a_read_copy(model_type, policy):
+def test_cuda_static_cache_with_a_read_copy(model_type, policy, rows):
     """Separated precision in a static cache on CUDA (the decode op's Triton kernels, the read copy re-encoded on the
     device for the rows that flush): the same tokens as a dynamic cache with the same policy, eager and compiled
     (CUDA graphs), logits within 2e-3, and the copy afterwards the encoding of the checkpoint as torch computes it on
-    CUDA (whose division by a Python scalar is a reciprocal multiply, which the kernel reproduces)."""
+    CUDA (whose division by a Python scalar is a reciprocal multiply, which the kernel reproduces). 256 rows: the
+    split step's large-batch launches (Mamba-2: one warp over a whole head, the coefficients pre-launch)."""
     pytest.importorskip("triton")
     from hf_replayssm.precision.formats import get_format
 
     get_model(model_type)
     model = tiny_model(model_type, seed=0, initializer_range=0.2).cuda()  # logit gaps well above the tolerance
-    prompt = torch.randint(3, 120, (2, 9), device="cuda")
+    prompt = torch.randint(3, 120, (rows, 9), device="cuda")
     kw = dict(GREEDY, max_new_tokens=40, min_new_tokens=40)
     dynamic = model.generate(prompt, past_key_values=ReplayCache(16, precision=policy), **kw)
     eager = model.generate(prompt, past_key_values=ReplayCache(16, precision=policy, max_cache_len=49),

@@ -32,7 +32,7 @@ def _bf16(*shape, device):
 
 
 def delta_arms(batch: int, per_key: bool, device, weights_warps: tuple[int, ...] = (),
-               chunks: tuple[tuple[int, int, int], ...] = ()) -> dict:
+               chunks: tuple[tuple[int, int, int], ...] = (), flush_copies: tuple[str, ...] = ()) -> dict:
     heads, key_heads, dim = 32, 32 if per_key else 16, 128
     gate = (heads, dim) if per_key else (heads,)
     state = torch.randn(batch, heads, dim, dim, device=device) * 0.1
@@ -67,6 +67,18 @@ def delta_arms(batch: int, per_key: bool, device, weights_warps: tuple[int, ...]
         arms[f"replay_device_split_flush_grid{tag}"] = (lambda launch=launch: delta_rule._replay_step(
             state, *rings, origin, counts, *t, buffer_len=RING, out=out, _split=True, _flush_grid="device",
             **launch), 1 + 2 / RING)
+    if flush_copies:  # the separated policy's host flush (exact fold from the raw records), plain and giving its
+        # outputs from the copy: run 187 found GDN's fp8 outputs 27 us a step dearer than nvfp4's 1.2
+        from hf_replayssm.precision.formats import get_format
+
+        raw = dict(ring_v=_bf16(batch, RING, heads, dim, device=device),
+                   ring_beta=torch.rand(batch, RING, heads, device=device))
+        for fmt in flush_copies:
+            read = dict(read_copy=get_format(fmt).encode(state), read_format=fmt, **raw)
+            for outputs in (False, True):
+                arms[f"flush15_{fmt}_{'copy_outputs' if outputs else 'plain'}"] = (
+                    lambda read=read, outputs=outputs: delta_rule._replay_step(
+                        state, *rings, 0, 15, *t, buffer_len=RING, out=out, flush_reads_copy=outputs, **read), 2)
     return arms, state.numel() * 4
 
 
@@ -111,6 +123,8 @@ def main(argv=None) -> None:
                         "replay-only step streaming the checkpoint (_chunk_k), added as arms")
     parser.add_argument("--kda-weights-warps", default="", help="comma-separated warp counts of KDA's weights "
                         "pre-launch to add as arms beside the default (4)")
+    parser.add_argument("--flush-copies", default="", help="comma-separated read formats (fp8, nvfp4): the GDN / KDA "
+                        "host flush with the exact fold, plain and giving its outputs from the copy, added as arms")
     args = parser.parse_args(argv)
     weights_warps = tuple(int(w) for w in args.kda_weights_warps.split(",") if w)
     chunks = tuple(tuple(int(n) for n in c.split(":")) for c in args.chunks.split(",") if c)
@@ -119,7 +133,8 @@ def main(argv=None) -> None:
     arms = {}
     for family in args.families.split(","):
         built, state_bytes = (mamba2_arms(args.batch, device) if family == "mamba2"
-                              else delta_arms(args.batch, family == "kda", device, weights_warps, chunks))
+                              else delta_arms(args.batch, family == "kda", device, weights_warps, chunks,
+                                              tuple(f for f in args.flush_copies.split(",") if f)))
         for name, (fn, passes) in built.items():
             arms[f"{family}_{name}"] = (fn, passes * state_bytes)
     for fn, _ in arms.values():  # compile and warm every kernel before the profiled window

@@ -59,7 +59,9 @@ def main() -> None:
                     step = delta_rule._replay_step
                 cells = []
                 for label, launch in launches:
-                    fn = inputs.fn(step, **launch) if phase == "mixed" else inputs.host_fn(step, **launch)
+                    # host positions: the flush-only launch at its own default tile, only the replay launches vary
+                    fn = (inputs.fn(step, **launch) if phase == "mixed"
+                          else inputs.host_fn(step, flush_launch={}, **launch))
                     try:
                         us = timer(fn)["ms"] * 1e3 / L
                     except Exception as error:  # out of resources for this tile

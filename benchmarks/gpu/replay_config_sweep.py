@@ -42,8 +42,8 @@ def main() -> None:
                     name, shape = "nemotron-h-8b", bench.MAMBA2_SHAPES["nemotron-h-8b"]
                     inputs = bench.ReplayInputs(batch, *shape, L, device, gen, "mixed" if phase == "mixed"
                                                 else "in_phase", True)
-                    default = mamba2.replay_launch_config(batch, *shape[:3])
-                    launches = [("default", dict(_config=default))] + [
+                    # "default": no launch argument (what callers get: the tile by positions, the walks)
+                    launches = [("default", {})] + [
                         (f"p{p}w{w}u{u}", dict(_config=dict(block_p=p, num_warps=w, fold_unroll=u)))
                         for p, w, u in configs[family]]
                     step = mamba2._replay_step
@@ -51,10 +51,7 @@ def main() -> None:
                     name, shape = next(iter(bench_delta.SHAPES[family].items()))
                     inputs = bench_delta.ReplayInputs(batch, shape, family == "kda", L, device, gen,
                                                       "mixed" if phase == "mixed" else "in_phase", True)
-                    Hv, _, K, V = shape
-                    block_v, warps = delta_rule.replay_launch_config(batch, Hv, K, V, per_key_gate=family == "kda",
-                                                                     device_phase=phase == "mixed")
-                    launches = [("default", dict(_block_v=block_v, _num_warps=warps))] + [
+                    launches = [("default", {})] + [
                         (f"v{v}w{w}", dict(_block_v=v, _num_warps=w)) for v, w in configs[family]]
                     step = delta_rule._replay_step
                 cells = []

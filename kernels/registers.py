@@ -326,7 +326,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.reencode:
         print(f"nvfp4 re-encode, Nemotron-H-8B checkpoint, sm_{args.arch}, triton {triton.__version__} (SASS: static, "
               "the reciprocal form's division fallback included)")
-        for r in reencode_registers(args.arch):
+        rows = reencode_registers(args.arch)
+        for r in rows:
             arithmetic = "reciprocal" if r["RECIPROCAL_QUOTIENT"] else "division"
             print(f"  {r['grid']:>8} grid  {arithmetic:>10}  {r['registers']:>3} registers  "
                   f"{r['spill_store_bytes']:>4} B spilled  {r['sass_instructions'] or '-':>5} instructions", flush=True)

@@ -46,7 +46,8 @@ def main() -> None:
     inputs = bench.ReplayInputs(args.batch, *shape, L, device, gen, "in_phase", cuda)
     counts = [int(c) for c in args.counts.split(",") if c]
     configs = [tuple(int(n) for n in c.split("x")) for c in args.configs.split(",")] if args.configs else CONFIGS
-    flush_cfg = mamba2.replay_launch_config(args.batch, *shape[:3])
+    # the split step's flush launch at its default tile (the fp32 device-positions one) while the replay tile varies
+    flush_cfg = mamba2.replay_launch_config(args.batch, *shape[:3], device_phase=True)
     steps = {phase: bench.ReplayInputs(args.batch, *shape, L, device, gen, phase, cuda)
              for phase in (("in_phase", "mixed") if args.device_steps else ())}
     results = {}

@@ -12,6 +12,8 @@
 #   (ncu_kernels.py --flush-copies), GDN and KDA.
 # STAGE=3 (about 6 minutes): the fp32 replay tiles of GDN / KDA again (the Mamba-2 host replay gained 8 % on one
 #   warp, run 183; the delta rule's fp32 tiles date from runs 81-86): replay_config_sweep.py at 256.
+# STAGE=4 (about 9 minutes; thirty-sixth session): the 256-row model tests again after their large-batch tolerance
+#   (assert_rows_agree: run 189 failed 7 of them on a few rows' flipped codes, run 190 measured it), then STAGE=3.
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session36; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
@@ -35,8 +37,13 @@ for row in rows[1:]:
         print(record.get("NVTX Range", record.get("ID", "")), record.get("Metric Name"), record.get("Metric Value"))
 PY
   pack
-elif [ "$STAGE" = 3 ]; then
-  timeout 400 python3 "$R/benchmarks/gpu/replay_config_sweep.py" --batches 256 --families gdn,kda \
+elif [ "$STAGE" = 4 ]; then
+  test_job 200 test_gpu_separated_rows tests/test_gpu.py -k "separated_flushes_in_the_kernel or \
+    static_cache_with_a_read_copy"; pack
+  tail -n 3 "$RES"/test_*.txt; grep -h "^FAILED\|Error" "$RES"/test_*.txt | head -20
+fi
+if [ "$STAGE" = 3 ] || [ "$STAGE" = 4 ]; then
+  timeout 370 python3 "$R/benchmarks/gpu/replay_config_sweep.py" --batches 256 --families gdn,kda \
     --configs 128x1,64x1,32x1,128x2,64x2 > "$RES/delta_fp32_tiles.txt" 2>&1
   echo "delta_fp32_tiles rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack; cat "$RES/delta_fp32_tiles.txt"
 fi

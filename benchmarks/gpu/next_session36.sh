@@ -14,6 +14,8 @@
 #   warp, run 183; the delta rule's fp32 tiles date from runs 81-86): replay_config_sweep.py at 256.
 # STAGE=4 (about 9 minutes; thirty-sixth session): the 256-row model tests again after their large-batch tolerance
 #   (assert_rows_agree: run 189 failed 7 of them on a few rows' flipped codes, run 190 measured it), then STAGE=3.
+# STAGE=5 (about 9 minutes): compiled `generate` at batch 256 with every precision arm, Nemotron-H-like (prompt 128)
+#   and Qwen3.5-like (prompt 512), as run 146 (twenty-sixth session) did before the copy kernels of sessions 31-35.
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session36; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
@@ -41,6 +43,14 @@ elif [ "$STAGE" = 4 ]; then
   test_job 200 test_gpu_separated_rows tests/test_gpu.py -k "separated_flushes_in_the_kernel or \
     static_cache_with_a_read_copy"; pack
   tail -n 3 "$RES"/test_*.txt; grep -h "^FAILED\|Error" "$RES"/test_*.txt | head -20
+elif [ "$STAGE" = 5 ]; then
+  for model in nemotron_h qwen3_5; do
+    prompt=$([ $model = nemotron_h ] && echo 128 || echo 512)
+    bench_job 275 generate_compiled_${model}_separated generate --models $model --batches 256 \
+      --arms stock-static-compiled,replay-compiled,replay-fp8-compiled,replay-nvfp4-compiled --prompt $prompt \
+      --new 128 --repeats 1 --out "$RES/generate_compiled_${model}_separated.json"; pack
+    grep -v "^ *$" "$RES/generate_compiled_${model}_separated.txt" | tail -8
+  done
 fi
 if [ "$STAGE" = 3 ] || [ "$STAGE" = 4 ]; then
   timeout 370 python3 "$R/benchmarks/gpu/replay_config_sweep.py" --batches 256 --families gdn,kda \

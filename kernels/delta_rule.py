@@ -631,6 +631,9 @@ def _delta_replay_step_kernel(
     # an fp8 copy's decoded tile takes one scale load per row instead of one per element (_flush_scale_per_row:
     # the host-positions flush-only launch reading the copy for its outputs)
     COPY_SCALE_PER_ROW: tl.constexpr = False,
+    # PHASE 2 / 3 reading an fp8 copy: its codes loaded at most CODE_VECTOR to a vector (0: the compiler's widest);
+    # see _replay_step's _flush_code_vector
+    CODE_VECTOR: tl.constexpr = 0,
 ):
     pid_v = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -707,7 +710,7 @@ def _delta_replay_step_kernel(
                                  read_mask, read_rows, pid_v * BLOCK_V, V,
                                  stride_rcv_b, stride_rcv_h, stride_rcv_k, stride_rcv_v,
                                  stride_rcs_b, stride_rcs_h, stride_rcs_k, stride_rcs_v, stride_rct_b,
-                                 READ_FORMAT, BLOCK_V, COPY_SCALE_PER_ROW)  # fp8 scales per element unless
+                                 READ_FORMAT, BLOCK_V, COPY_SCALE_PER_ROW, CODE_VECTOR)  # fp8 scales per element unless
             # asked (faster for the whole-tile replay launches, see load_read_tile; the host flush: per row)
 
         k_raw, q_t, k_t, v_t, beta_t, g_t = _load_token(
@@ -1297,7 +1300,7 @@ def _replay_step(
     _count_launch=True, flush_reads_copy=False,
     _nvfp4_pairs=True, _kda_weights=True, _gdn_weights=False, _weights_warps=None, _chunk_k=0, _flush_grid="batch",
     _flush_config=None, _walk="auto", _exact_solve=False, reencode_copy=False, _flush_amax=True,
-    _flush_scale_per_row=True,
+    _flush_scale_per_row=True, _flush_code_vector=4, _split_flush_code_vector=0,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot``; ``_split`` (device positions only): the step as a flush-only launch for the rows due (the others
@@ -1359,8 +1362,18 @@ def _replay_step(
     launch decodes the copy's tile with one scale load per row instead of one per element (H200, batch 256, run 188,
     host cycle as the cache runs it: Qwen3-Next 201.6 -> 200.0 us, Kimi-Linear 250.7 -> 245.8); a split step's flush
     launch keeps the per-element loads (per row it measured slower: in phase 218.5 -> 220.5 / 279.6 -> 285.7, mixed
-    300.8 -> 303.4 / 353.4 -> 367.9). Either way GDN's flush giving its outputs from an fp8 copy costs 25 us per
-    step more than the plain flush (nvfp4 1.2; run 187), not yet explained."""
+    300.8 -> 303.4 / 353.4 -> 367.9). Either way GDN's flush giving its outputs from an fp8 copy cost 25 us per
+    step more than the plain flush (nvfp4 1.2; run 187). ``_flush_code_vector`` (default 4; 0: off) is why, found
+    offline: Nsight Compute (run 192, batch 256) put that launch at 1.24 ms against the plain flush's 0.80 (nvfp4
+    0.85 / 0.85), with twice the shared-memory pipe load and 512 bytes of shared memory against 256. Triton 3.6 loads
+    the [K, 16] fp8 codes 16 bytes to a thread (sizePerThread [1, 16]: one thread per key row), and that layout
+    carried over to the exact fold, whose reductions over the keys then take warp shuffles where the plain flush
+    reduces in registers, then a conversion at the store; loading the codes 4 to a vector keeps the fold in the
+    plain flush's layout (offline, sm_90, batch 256: PTX shuffles 486 -> 350 as nvfp4's, SASS 3336 -> 2880
+    instructions, the plain flush 2360; KDA 1444 -> 1332 and 6720 -> 6224). Not yet timed on the H200.
+    ``_split_flush_code_vector`` (default 0: off) does the same for a split step's flush launch (phase 3) reading an
+    fp8 copy; offline, batch 256: GDN shuffles 622 -> 510, SASS 4912 -> 4552; KDA 940 -> 852, 5920 -> 5832 but spills
+    308 -> 468 bytes. Untimed, so off."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -1582,6 +1595,8 @@ def _replay_step(
             CHUNK_K=_chunk_k if kernel_phase in (1, 4) else 0,
             FLUSH_AMAX=flush_amax is not state and kernel_phase in (0, 2, 3),
             COPY_SCALE_PER_ROW=bool(_flush_scale_per_row) and kernel_phase == 2,
+            CODE_VECTOR=int({2: _flush_code_vector, 3: _split_flush_code_vector}.get(kernel_phase) or 0)
+            if flush_reads_copy and kernel_read_format == "fp8" else 0,
             num_warps=launch_warps,
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel

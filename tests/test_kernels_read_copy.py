@@ -385,6 +385,15 @@ def case_delta_stream_default(_, device):
             families[name].kernel(p, 2, 5, 6)
             assert [(kw["PHASE"], kw["BLOCK_V"], kw["num_warps"]) for kw in recorded.launches] == [(2, tile, 1)], (
                 name, recorded.launches)
+        # the host flush giving its outputs from an fp8 copy loads the codes 4 to a vector (_flush_code_vector);
+        # nothing else asks for it
+        for fmt, option, want in (("fp8", True, 4), ("fp8", False, 0), ("nvfp4", True, 0)):
+            p = families["gdn"].inputs(device, 3, 8)
+            p["ring_v"], p["ring_beta"] = _raw_rings(p)
+            copy, _ = _store_copy(p["state"], fmt)
+            recorded.launches.clear()
+            families["gdn"].kernel(p, 2, 5, 6, read_copy=copy, read_format=fmt, flush_reads_copy=option)
+            assert [kw["CODE_VECTOR"] for kw in recorded.launches] == [want], (fmt, option, recorded.launches)
         assert launched(*host, _block_v=16)[3][0][:3] == (1, 0, 16)  # a forced tile: the whole tile
         assert launched(*mixed, _split=False)[3][0][:2] == (0, 0)  # one fused launch
         # an explicit flush tile wins over the streamed copy's
@@ -426,6 +435,8 @@ def case_flush_reads_copy(_, device):
             arms.append(("two launches", family.kernel, True, {"_flush_outputs_launch": True}))
             arms.append(("decoded", family.kernel, True, {"_flush_outputs_launch": False,
                                                           "_flush_copy_product": False}))
+        if name != "mamba2" and read_format == "fp8":  # the split step's flush launch loading codes 4 to a vector
+            arms.append(("code vector", family.kernel, True, {"_split": True, "_split_flush_code_vector": 4}))
         for label, fn, option, launch in arms:
             q = _clone(p)
             raw = {n: q.pop(n) for n in ("ring_v", "ring_beta") if n in q}
@@ -445,7 +456,7 @@ def case_flush_reads_copy(_, device):
                 torch.testing.assert_close(split[n], got[n], **exact)
         # the same terms summed in another order; the rest bit for bit (the checkpoint within 1e-6 on a GPU: another
         # compiled flush launch may contract FMAs differently)
-        for arm in ("one launch", "two launches", "decoded"):
+        for arm in ("one launch", "two launches", "decoded", "code vector"):
             if arm in runs:
                 y_arm, arm_got, count_arm = runs[arm]
                 torch.testing.assert_close(y_arm, y, **_reordered_tol(y))
@@ -469,6 +480,8 @@ def case_flush_reads_copy(_, device):
         runs = {}
         host_arms = [("kernel", family.kernel, True, {}), ("ref", family.ref, True, {}),
                      ("default", family.kernel, False, {})]
+        if name != "mamba2" and read_format == "fp8":  # the codes at the compiler's widest vector (16 to a thread)
+            host_arms.append(("codes 16 to a vector", family.kernel, True, {"_flush_code_vector": 0}))
         if name == "mamba2":  # the flush-only launch decoding the whole copy tile; the outputs by a replay-only
             # launch appending nothing, then the plain flush storing none
             host_arms.append(("one launch", family.kernel, True, {"_flush_outputs_launch": False}))
@@ -482,7 +495,7 @@ def case_flush_reads_copy(_, device):
                               read_format=read_format, flush_reads_copy=option, **raw, **launch), q)
         print(f" {name} {read_format} flush_reads_copy, host positions")
         (y, got), (y_ref, want), (y_def, default) = runs["kernel"], runs["ref"], runs["default"]
-        for arm in ("one launch", "decoded"):
+        for arm in ("one launch", "decoded", "codes 16 to a vector"):
             if arm in runs:
                 y_arm, arm_got = runs[arm]
                 torch.testing.assert_close(y_arm, y, **_reordered_tol(y))

@@ -68,7 +68,8 @@ def delta_arms(batch: int, per_key: bool, device, weights_warps: tuple[int, ...]
             state, *rings, origin, counts, *t, buffer_len=RING, out=out, _split=True, _flush_grid="device",
             **launch), 1 + 2 / RING)
     if flush_copies:  # the separated policy's host flush (exact fold from the raw records), plain and giving its
-        # outputs from the copy: run 187 found GDN's fp8 outputs 27 us a step dearer than nvfp4's 1.2
+        # outputs from the copy: run 187 found GDN's fp8 outputs 27 us a step dearer than nvfp4's 1.2 (run 192: the
+        # codes' 16-byte loads set the exact fold's layout; _flush_code_vector)
         from hf_replayssm.precision.formats import get_format
 
         raw = dict(ring_v=_bf16(batch, RING, heads, dim, device=device),
@@ -79,6 +80,10 @@ def delta_arms(batch: int, per_key: bool, device, weights_warps: tuple[int, ...]
                 arms[f"flush15_{fmt}_{'copy_outputs' if outputs else 'plain'}"] = (
                     lambda read=read, outputs=outputs: delta_rule._replay_step(
                         state, *rings, 0, 15, *t, buffer_len=RING, out=out, flush_reads_copy=outputs, **read), 2)
+            if fmt == "fp8":  # the codes at the compiler's widest vector, as before _flush_code_vector (run 192)
+                arms["flush15_fp8_copy_outputs_codes16"] = (lambda read=read: delta_rule._replay_step(
+                    state, *rings, 0, 15, *t, buffer_len=RING, out=out, flush_reads_copy=True, _flush_code_vector=0,
+                    **read), 2)
     return arms, state.numel() * 4
 
 

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# GPU calls prepared in the thirty-sixth session for the next one. Every job packs what it wrote into $OUT.
+# Call: run(command="STAGE=N bash benchmarks/gpu/next_session37.sh", carry=[".whl/fla", ".triton_cache"],
+#   timeout_s=600)  (tracked files are ~41 MiB of the 64 MiB a call carries: keep .triton_cache/cache.tgz small)
+# STAGE=1 (about 6 minutes): the delta host flush's fp8 codes 4 to a vector (_flush_code_vector, default since the
+#   thirty-sixth session, chosen offline): the flush_reads_copy kernel case on CUDA, Nsight Compute on the host
+#   flush (plain, outputs from the copy, and the codes at the widest vector as before), then the read-copy defaults
+#   of GDN / KDA fp8 at 256 with their codes16 / split-flush code-vector arms (run 188: GDN fp8 host 200.0 us, 1.38x;
+#   KDA 245.8, 1.13x).
+# STAGE=2 (about 8 minutes): compiled `generate` at batch 256, Kimi-Linear-like (prompt 512), every precision arm,
+#   two repeats, without fla on the path (run 194 vs 193: the Qwen3.5-like ratios moved 1.37x -> 1.46x between two
+#   processes, one with fla, and the profile of run 195 did not reproduce it), then Qwen3.5-like with fla, two repeats.
+source benchmarks/gpu/install.sh || exit 1
+session_results next_session37; cd /tmp/w
+if [ "$STAGE" = 1 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_flush_code_vector_cuda tests/test_kernels_read_copy.py \
+    -k "flush_reads_copy or delta_stream_default"; pack
+  tail -n 3 "$RES"/test_*.txt; grep -h "^FAILED\|Error" "$RES"/test_*.txt | head -20
+  ncu_job 200 ncu_delta_flush_code_vector --families gdn,kda --flush-copies fp8
+  grep -h "flush15\|rc=" "$RES"/*_run.txt "$RES/done.txt" | head -20
+  timeout 200 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256 --specs gdn:fp8,kda:fp8 \
+    --out "$RES/read_copy_code_vector.json" > "$RES/read_copy_code_vector.txt" 2>&1
+  echo "read_copy_code_vector rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  cut -c1-1400 "$RES/read_copy_code_vector.txt"
+elif [ "$STAGE" = 2 ]; then
+  PYTHONPATH=/tmp/site bench_job 300 generate_compiled_kimi_linear_separated_nofla generate --models kimi_linear \
+    --batches 256 --arms stock-static-compiled,replay-compiled,replay-fp8-compiled,replay-nvfp4-compiled \
+    --prompt 512 --new 128 --repeats 2 --out "$RES/generate_compiled_kimi_linear_separated_nofla.json"; pack
+  bench_job 250 generate_compiled_qwen3_5_separated_fla generate --models qwen3_5 --batches 256 \
+    --arms stock-static-compiled,replay-compiled,replay-fp8-compiled,replay-nvfp4-compiled --prompt 512 \
+    --new 128 --repeats 2 --out "$RES/generate_compiled_qwen3_5_separated_fla.json"; pack
+  for f in "$RES"/generate_*.txt; do grep -v "^ *$" "$f" | tail -6; done
+fi
+save_triton_cache

@@ -141,3 +141,22 @@ def test_prune_triton_cache(tmp_path):
         assert not any("CCC" in m.name for m in tar.getmembers())
     with pytest.raises(SystemExit):
         prune.main(["--cache", str(cache)])  # nothing named: a usage error
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_separated_rows_probe_smoke(tmp_path):
+    """The per-row probe of two separated-precision decodings (Triton backend against torch, static against dynamic
+    cache, the fp32 policy and the format's own error as scales) runs a tiny Nemotron-H on the CPU and reports every
+    comparison and each layer's copy codes."""
+    _interpreter_usable()
+    result = tmp_path / "rows.json"
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "separated_rows_probe.py"), "--device",
+                          "cpu", "--rows", "2", "--models", "nemotron_h", "--policies", "separated-fp8", "--out",
+                          str(result)], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
+    (row,) = json.loads(result.read_text())
+    assert (row["model"], row["policy"], row["rows"], row["same_tokens"]) == ("nemotron_h", "separated-fp8", 2, True)
+    for key in ("fp32_triton_vs_torch", "triton_vs_torch", "static_vs_dynamic"):  # summation order only
+        assert row[key]["max"] < 1e-4 and row[key]["rows_over_1e4"] == 0, (key, row[key])
+    assert row["format_vs_fp32"]["p50"] > 1e-3  # the copy's own rounding shows
+    assert row["copies"] and all(layer["codes_codes"] > 0 and layer["ckpt_rel"] < 1e-4 for layer in row["copies"])

@@ -1363,17 +1363,17 @@ def _replay_step(
     host cycle as the cache runs it: Qwen3-Next 201.6 -> 200.0 us, Kimi-Linear 250.7 -> 245.8); a split step's flush
     launch keeps the per-element loads (per row it measured slower: in phase 218.5 -> 220.5 / 279.6 -> 285.7, mixed
     300.8 -> 303.4 / 353.4 -> 367.9). Either way GDN's flush giving its outputs from an fp8 copy cost 25 us per
-    step more than the plain flush (nvfp4 1.2; run 187). ``_flush_code_vector`` (default 4; 0: off) is why, found
-    offline: Nsight Compute (run 192, batch 256) put that launch at 1.24 ms against the plain flush's 0.80 (nvfp4
-    0.85 / 0.85), with twice the shared-memory pipe load and 512 bytes of shared memory against 256. Triton 3.6 loads
-    the [K, 16] fp8 codes 16 bytes to a thread (sizePerThread [1, 16]: one thread per key row), and that layout
-    carried over to the exact fold, whose reductions over the keys then take warp shuffles where the plain flush
-    reduces in registers, then a conversion at the store; loading the codes 4 to a vector keeps the fold in the
-    plain flush's layout (offline, sm_90, batch 256: PTX shuffles 486 -> 350 as nvfp4's, SASS 3336 -> 2880
-    instructions, the plain flush 2360; KDA 1444 -> 1332 and 6720 -> 6224). Not yet timed on the H200.
-    ``_split_flush_code_vector`` (default 0: off) does the same for a split step's flush launch (phase 3) reading an
-    fp8 copy; offline, batch 256: GDN shuffles 622 -> 510, SASS 4912 -> 4552; KDA 940 -> 852, 5920 -> 5832 but spills
-    308 -> 468 bytes. Untimed, so off."""
+    step more than the plain flush (nvfp4 1.2; run 187). ``_flush_code_vector`` (default 4; 0: off) answers the
+    cause found offline (the gain is not yet timed): Nsight Compute (run 192, batch 256) put that launch at 1.24 ms
+    against the plain flush's 0.80 (nvfp4 0.85 / 0.85), with twice the shared-memory pipe load and 512 bytes of
+    shared memory against 256. Triton 3.6 loads the [K, 16] fp8 codes 16 bytes to a thread (sizePerThread [1, 16]:
+    one thread per key row), and that layout carried over to the exact fold, whose reductions over the keys then
+    take warp shuffles where the plain flush reduces in registers, then a conversion at the store; loading the codes
+    4 to a vector keeps the fold in the plain flush's layout (offline, sm_90, batch 256: PTX shuffles 486 -> 350 as
+    nvfp4's, SASS 3336 -> 2880 instructions, the plain flush 2360; KDA 1444 -> 1332 and 6720 -> 6224). Not yet timed
+    on the H200. ``_split_flush_code_vector`` (default 0: off) does the same for a split step's flush launch (phase
+    3) reading an fp8 copy; offline, batch 256: GDN shuffles 622 -> 510, SASS 4912 -> 4552; KDA 940 -> 852, 5920 ->
+    5832 but spills 308 -> 468 bytes. Untimed, so off."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]

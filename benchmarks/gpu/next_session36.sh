@@ -45,7 +45,7 @@ elif [ "$STAGE" = 4 ]; then
   tail -n 3 "$RES"/test_*.txt; grep -h "^FAILED\|Error" "$RES"/test_*.txt | head -20
 elif [ "$STAGE" = 5 ]; then
   for model in nemotron_h qwen3_5; do
-    prompt=$([ $model = nemotron_h ] && echo 128 || echo 512)
+    prompt=$(shaped_prompt $model)
     bench_job 275 generate_compiled_${model}_separated generate --models $model --batches 256 \
       --arms stock-static-compiled,replay-compiled,replay-fp8-compiled,replay-nvfp4-compiled --prompt $prompt \
       --new 128 --repeats 1 --out "$RES/generate_compiled_${model}_separated.json"; pack

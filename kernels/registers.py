@@ -18,6 +18,7 @@ without them raises a clear error. Command line (a table over launch configurati
     python -m hf_replayssm.kernels.registers --family gdn --arch 90   # or kda, mamba2
     python -m hf_replayssm.kernels.registers --family gdn --verify    # the verify kernel, both forms, batch 256
     python -m hf_replayssm.kernels.registers --reencode               # the nvfp4 re-encode, both arithmetics
+    python -m hf_replayssm.kernels.registers --family gdn --host-flush  # the host flush, plain / outputs from a copy
 """
 
 from __future__ import annotations
@@ -132,6 +133,7 @@ def compile_launches(module: ModuleType, kernel_names: list[str], call: Callable
             constexprs = {k: v for k, v in kwargs.items() if k.isupper() or k == "num_warps"}
             ptx = compiled.asm["ptx"]
             results.append(dict(kernel=kernel.__name__, **constexprs, **_ptxas_report(ptx, arch),
+                                shared_bytes=getattr(compiled.metadata, "shared", None),
                                 ptx_barriers=len(re.findall(r"\bbar\.sync|\bbarrier\.sync", ptx)),
                                 ptx_shuffles=len(re.findall(r"\bshfl\.", ptx))))
     finally:
@@ -164,9 +166,12 @@ def _launch(**options) -> dict:
 
 
 def _delta_call(fmt: str, device_phase: bool, block_v: int | None = None, num_warps: int | None = None,
-                per_key: bool = False, gdn_weights: bool = False, batch: int = 2, flush: bool = False):
+                per_key: bool = False, gdn_weights: bool = False, batch: int = 2, flush: bool = False,
+                flush_outputs: bool | None = None, code_vector: int | None = None):
     """``delta_rule._replay_step`` on ``batch`` rows at a real shape (launch options None: the wrapper's defaults);
-    ``flush``: at host positions, the flush instead of a replay."""
+    ``flush``: at host positions, the flush instead of a replay. With a copy, ``flush_outputs`` (default: with device
+    positions or ``flush``) gives flushing rows' outputs from it; ``code_vector``: the host flush's
+    ``_flush_code_vector``."""
     from hf_replayssm.kernels import delta_rule
 
     # Qwen3-Next's GDN shape; Kimi-Linear's KDA: 32 heads of 128, a decay per key channel
@@ -178,14 +183,16 @@ def _delta_call(fmt: str, device_phase: bool, block_v: int | None = None, num_wa
         read = _read(state, fmt)
         if read:  # the separated policy's exact fold, and (flushes) the flush output from the copy
             read.update(ring_v=torch.randn(batch, ring, value_heads, dim).bfloat16(),
-                        ring_beta=torch.rand(batch, ring, value_heads), flush_reads_copy=device_phase or flush)
+                        ring_beta=torch.rand(batch, ring, value_heads),
+                        flush_reads_copy=(device_phase or flush) if flush_outputs is None else flush_outputs)
         delta_rule._replay_step(
             state, torch.randn(batch, ring, key_heads, dim).bfloat16(), torch.randn(batch, ring, value_heads, dim),
             -torch.rand(batch, ring, *gate), *_positions(device_phase, batch, flush),
             torch.randn(batch, key_heads, dim).bfloat16(), torch.randn(batch, key_heads, dim).bfloat16(),
             torch.randn(batch, value_heads, dim).bfloat16(), torch.rand(batch, value_heads).bfloat16(),
             -torch.rand(batch, *gate), buffer_len=16, out=torch.empty(batch, value_heads, dim),
-            **_launch(_block_v=block_v, _num_warps=num_warps, _gdn_weights=gdn_weights), **read)
+            **_launch(_block_v=block_v, _num_warps=num_warps, _gdn_weights=gdn_weights,
+                      _flush_code_vector=code_vector), **read)
 
     # the per-head weights pre-launch (per-key gates; scalar ones with gdn_weights) comes first (compiled, not run)
     return delta_rule, ["_kda_weights_kernel", "_delta_replay_step_kernel"] if per_key or gdn_weights else [
@@ -300,6 +307,24 @@ def reencode_registers(arch: int = 90, batch: int = 2, grids: tuple = (None, "co
     return rows
 
 
+def host_flush_registers(family: str, arch: int = 90, batch: int = 256) -> list[dict]:
+    """The delta rule's host flush (every row at its last position, the separated policy's exact fold) at ``batch``:
+    plain (outputs from the new checkpoint), outputs from an fp8 copy with the codes 4 to a vector (the default) and
+    at the compiler's widest (``_flush_code_vector=0``), outputs from an nvfp4 copy. Why: Nsight Compute put the fp8
+    arm at 1.24 ms against the plain flush's 0.80 (H200, GDN, run 192); the counts here show where (shuffles, shared
+    memory)."""
+    rows = []
+    for fmt, outputs, vector, arm in (("fp8", False, None, "plain"), ("fp8", True, None, "fp8 outputs"),
+                                      ("fp8", True, 0, "fp8 outputs, widest codes"),
+                                      ("nvfp4", True, None, "nvfp4 outputs")):
+        module, kernels, call = _delta_call(fmt, False, per_key=family == "kda", batch=batch, flush=True,
+                                            flush_outputs=outputs, code_vector=vector)
+        for r in compile_launches(module, kernels, call, arch, skip=("advance_counts",)):
+            if r["kernel"] == "_delta_replay_step_kernel":
+                rows.append(dict(r, arm=arm))
+    return rows
+
+
 FAMILIES = {"gdn": (_gdn_call, [(64, 4), (64, 2), (32, 4), (32, 2), (16, 2)]),
             "kda": (_kda_call, [(64, 4), (32, 4), (32, 2), (16, 2), (16, 1)]),
             "mamba2": (_mamba2_call, [(32, 2), (16, 2), (16, 4), (8, 2)])}
@@ -317,12 +342,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--windows", default="2,4,8", help="with --verify: window widths")
     parser.add_argument("--reencode", action="store_true",
                         help="the nvfp4 re-encode's encode launch instead, both grids, both arithmetics")
+    parser.add_argument("--host-flush", action="store_true",
+                        help="gdn / kda: the host flush (exact fold), plain and giving its outputs from a copy, at "
+                        "--batch")
     parser.add_argument("--gdn-weights", action="store_true",
                         help="gdn replay launches with the per-head weights pre-launch (_replay_step's _gdn_weights)")
     args = parser.parse_args(argv)
     if args.gdn_weights and (args.family != "gdn" or args.verify):
         parser.error("--gdn-weights applies to the gdn replay launches only")
     rows = []
+    if args.host_flush:
+        if args.family == "mamba2":
+            parser.error("--host-flush applies to gdn and kda")
+        print(f"{args.family} host flush, batch {args.batch}, sm_{args.arch}, triton {triton.__version__}")
+        rows = host_flush_registers(args.family, args.arch, args.batch)
+        for r in rows:
+            print(f"  {r['arm']:>26}  [{r['BLOCK_K']}, {r['BLOCK_V']}] x {r['num_warps']}  {r['registers']:>3} "
+                  f"registers  {r['spill_store_bytes']:>4} B spilled  {r['shared_bytes']:>5} B shared  "
+                  f"{r['ptx_shuffles']:>4} shuffles  {r['sass_instructions'] or '-':>5} instructions", flush=True)
+        return rows
     if args.reencode:
         print(f"nvfp4 re-encode, Nemotron-H-8B checkpoint, sm_{args.arch}, triton {triton.__version__} (SASS: static, "
               "the reciprocal form's division fallback included)")

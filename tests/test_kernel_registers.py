@@ -134,3 +134,35 @@ def test_registers_of_the_nvfp4_reencode():
         assert 16 <= r["registers"] <= 255 and r["spill_store_bytes"] == 0, r
         assert r["sass_instructions"] is None or 200 <= r["sass_instructions"] <= 20000, r
     assert result["restored"] == "JITFunction"
+
+
+HOST_FLUSH_WORKER = r"""
+import json
+from hf_replayssm.kernels import delta_rule, registers
+
+rows = registers.host_flush_registers("gdn", arch=90, batch=256)
+print(json.dumps(dict(rows=rows, restored=type(delta_rule._delta_replay_step_kernel).__name__)))
+"""
+
+
+@pytest.mark.skipif(not _ptxas_available(), reason="triton bundles no ptxas here")
+def test_host_flush_code_vector():
+    """``--host-flush``: GDN's host flush at batch 256 (exact fold, [128, 16] x 1 warp), plain and giving its outputs
+    from a copy. The fp8 arm loads its codes 4 to a vector by default and then needs fewer warp shuffles than with
+    the compiler's widest load (Triton 3.6 and 3.9: 350 against 486, as many as nvfp4's), where that load's layout
+    carried over to the fold; every arm without spills."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["OMP_NUM_THREADS"] = "1"
+    done = subprocess.run([sys.executable, "-c", HOST_FLUSH_WORKER], env=env, capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    rows = {r["arm"]: r for r in result["rows"]}
+    assert list(rows) == ["plain", "fp8 outputs", "fp8 outputs, widest codes", "nvfp4 outputs"]
+    assert [(r["PHASE"], r["BLOCK_V"], r["num_warps"], r["CODE_VECTOR"], r["FLUSH_READS_COPY"]) for r in
+            rows.values()] == [(2, 16, 1, 0, False), (2, 16, 1, 4, True), (2, 16, 1, 0, True), (2, 16, 1, 0, True)]
+    assert rows["fp8 outputs"]["ptx_shuffles"] < rows["fp8 outputs, widest codes"]["ptx_shuffles"], rows
+    assert rows["fp8 outputs"]["ptx_shuffles"] <= rows["nvfp4 outputs"]["ptx_shuffles"], rows
+    for r in rows.values():
+        assert 16 <= r["registers"] <= 255 and r["spill_store_bytes"] == 0 and r["shared_bytes"] is not None, r
+    assert result["restored"] == "JITFunction"

@@ -37,13 +37,19 @@ def _ptxas_available() -> bool:
     return any((bin_dir / name).exists() for name in ("ptxas", "ptxas-blackwell"))
 
 
-@pytest.mark.skipif(not _ptxas_available(), reason="triton bundles no ptxas here")
-def test_registers_of_the_mamba2_replay_launches():
+def _run_worker(source: str, timeout: int = 600) -> dict:
+    """Run ``source`` in a fresh interpreter without ``TRITON_INTERPRET`` (kernels must compile) and return the JSON
+    object its last output line prints."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["OMP_NUM_THREADS"] = "1"
-    done = subprocess.run([sys.executable, "-c", WORKER], env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run([sys.executable, "-c", source], env=env, capture_output=True, text=True, timeout=timeout)
     assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not _ptxas_available(), reason="triton bundles no ptxas here")
+def test_registers_of_the_mamba2_replay_launches():
+    result = _run_worker(WORKER)
     host, device = result["calls"]["host"], result["calls"]["device"]
     # host positions, a replay-only launch; device positions: two launches, the flushing rows (their output read
     # from the copy, then the fold) and the replaying rows
@@ -85,11 +91,7 @@ def test_verify_kernels_default_launches_at_batch_256():
     the steps form (one warp); tiles as chosen on the H200. They compile within 255 registers, spilling at most 512 B
     per thread: the fastest measured launches spill a little (Triton 3.6 for sm_90: 100-376 B) where the first product
     form spilled 3.6-13.2 KB."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["OMP_NUM_THREADS"] = "1"
-    done = subprocess.run([sys.executable, "-c", VERIFY_WORKER], env=env, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = _run_worker(VERIFY_WORKER)
     rows = result["rows"]
     assert [(r["family"], r["window"], r["kernel"]) for r in rows] == [
         (family, window, f"_{'mamba2' if family == 'mamba2' else 'delta'}_verify_kernel")
@@ -121,12 +123,7 @@ print(json.dumps(dict(rows=rows, restored=type(read_copy_encode._nvfp4_encode_ke
 def test_registers_of_the_nvfp4_reencode():
     """``--reencode``: the per-tile encode launch compiled in both arithmetics, at the Nemotron-H-8B checkpoint's
     tile, without spills; the module's kernel restored afterwards."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["OMP_NUM_THREADS"] = "1"
-    done = subprocess.run([sys.executable, "-c", REENCODE_WORKER], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = _run_worker(REENCODE_WORKER)
     rows = result["rows"]
     assert [(r["kernel"], r["RECIPROCAL_QUOTIENT"], r["grid"]) for r in rows] == [
         ("_nvfp4_encode_kernel", False, "per-tile"), ("_nvfp4_encode_kernel", True, "per-tile")]
@@ -151,12 +148,7 @@ def test_host_flush_code_vector():
     from a copy. The fp8 arm loads its codes 4 to a vector by default and then needs fewer warp shuffles than with
     the compiler's widest load (Triton 3.6 and 3.9: 350 against 486, as many as nvfp4's), where that load's layout
     carried over to the fold; every arm without spills."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["OMP_NUM_THREADS"] = "1"
-    done = subprocess.run([sys.executable, "-c", HOST_FLUSH_WORKER], env=env, capture_output=True, text=True,
-                          timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    result = json.loads(done.stdout.strip().splitlines()[-1])
+    result = _run_worker(HOST_FLUSH_WORKER, timeout=900)
     rows = {r["arm"]: r for r in result["rows"]}
     assert list(rows) == ["plain", "fp8 outputs", "fp8 outputs, widest codes", "nvfp4 outputs"]
     assert [(r["PHASE"], r["BLOCK_V"], r["num_warps"], r["CODE_VECTOR"], r["FLUSH_READS_COPY"]) for r in

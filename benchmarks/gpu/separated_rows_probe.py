@@ -38,6 +38,11 @@ def summary(diff: torch.Tensor, tol: float) -> dict:
                 rows_over_tol=int((rows > tol).sum()), rows_over_1e4=len(firsts), first_steps=firsts[:40])
 
 
+def _codes(t: torch.Tensor) -> torch.Tensor:
+    """fp8 codes as their bytes (compared, not computed with); other tensors as they are."""
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
 def copies(a: ReplayCache, b: ReplayCache) -> list[dict]:
     out = []
     for key in a.replay_layers:
@@ -48,16 +53,14 @@ def copies(a: ReplayCache, b: ReplayCache) -> list[dict]:
         ra, rb = sa.slots[0].read_copy, sb.slots[0].read_copy
         if ra is not None:
             for name in ra:
-                x, y = ra[name], rb[name]
-                x = x.view(torch.uint8) if x.dtype == torch.float8_e4m3fn else x
-                y = y.view(torch.uint8) if y.dtype == torch.float8_e4m3fn else y
+                x, y = _codes(ra[name]), _codes(rb[name])
                 if x.is_floating_point():  # scales: how far apart, not how many
                     rec[f"{name}_max_rel"] = ((x - y).abs().max() / y.abs().max().clamp_min(1e-30)).item()
-                elif x.shape == y.shape:
-                    rows_hit = (x != y).reshape(x.shape[0], -1).any(-1).sum().item() if x.dim() else 0
-                    rec[f"{name}_codes_differ"] = int((x != y).sum())
+                else:
+                    differ = x != y
+                    rec[f"{name}_codes_differ"] = int(differ.sum())
                     rec[f"{name}_codes"] = x.numel()
-                    rec[f"{name}_rows_differ"] = int(rows_hit)
+                    rec[f"{name}_rows_differ"] = int(differ.reshape(x.shape[0], -1).any(-1).sum()) if x.dim() else 0
         out.append(rec)
     return out
 

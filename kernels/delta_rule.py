@@ -1300,7 +1300,7 @@ def _replay_step(
     _count_launch=True, flush_reads_copy=False,
     _nvfp4_pairs=True, _kda_weights=True, _gdn_weights=False, _weights_warps=None, _chunk_k=0, _flush_grid="batch",
     _flush_config=None, _walk="auto", _exact_solve=False, reencode_copy=False, _flush_amax=True,
-    _flush_scale_per_row=True, _flush_code_vector=4, _split_flush_code_vector=0,
+    _flush_scale_per_row=True, _flush_code_vector=4, _split_flush_code_vector=4,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot``; ``_split`` (device positions only): the step as a flush-only launch for the rows due (the others
@@ -1364,16 +1364,19 @@ def _replay_step(
     launch keeps the per-element loads (per row it measured slower: in phase 218.5 -> 220.5 / 279.6 -> 285.7, mixed
     300.8 -> 303.4 / 353.4 -> 367.9). Either way GDN's flush giving its outputs from an fp8 copy cost 25 us per
     step more than the plain flush (nvfp4 1.2; run 187). ``_flush_code_vector`` (default 4; 0: off) answers the
-    cause found offline (the gain is not yet timed): Nsight Compute (run 192, batch 256) put that launch at 1.24 ms
-    against the plain flush's 0.80 (nvfp4 0.85 / 0.85), with twice the shared-memory pipe load and 512 bytes of
-    shared memory against 256. Triton 3.6 loads the [K, 16] fp8 codes 16 bytes to a thread (sizePerThread [1, 16]:
-    one thread per key row), and that layout carried over to the exact fold, whose reductions over the keys then
-    take warp shuffles where the plain flush reduces in registers, then a conversion at the store; loading the codes
-    4 to a vector keeps the fold in the plain flush's layout (offline, sm_90, batch 256: PTX shuffles 486 -> 350 as
-    nvfp4's, SASS 3336 -> 2880 instructions, the plain flush 2360; KDA 1444 -> 1332 and 6720 -> 6224). Not yet timed
-    on the H200. ``_split_flush_code_vector`` (default 0: off) does the same for a split step's flush launch (phase
-    3) reading an fp8 copy; offline, batch 256: GDN shuffles 622 -> 510, SASS 4912 -> 4552; KDA 940 -> 852, 5920 ->
-    5832 but spills 308 -> 468 bytes. Untimed, so off."""
+    cause: Nsight Compute (run 192, batch 256) put that launch at 1.24 ms against the plain flush's 0.80 (nvfp4 0.85
+    / 0.85), with twice the shared-memory pipe load and 512 bytes of shared memory against 256. Triton 3.6 loads the
+    [K, 16] fp8 codes 16 bytes to a thread (sizePerThread [1, 16]: one thread per key row), and that layout carried
+    over to the exact fold, whose reductions over the keys then take warp shuffles where the plain flush reduces in
+    registers, then a conversion at the store; loading the codes 4 to a vector keeps the fold in the plain flush's
+    layout (offline, sm_90: PTX shuffles 486 -> 350 as nvfp4's; KDA 1444 -> 1332). H200, batch 256 (run 196): that
+    launch 1240 -> 859 us (plain 807; KDA 1360 -> 1220, plain 1200); the host cycle with the flush's outputs from
+    the fp8 copy, not re-encoded, 4.0 us over the plain flush's cycle (162.2; run 188: 25.6); as the cache runs it
+    (the copy re-encoded after the flush) Qwen3-Next 197.6 -> 176.1 us (1.39x -> 1.56x our standard step),
+    Kimi-Linear 242.7 -> 234.1 (1.14x -> 1.19x). ``_split_flush_code_vector`` (default 4; 0: off) does the same for
+    a split step's flush launch (phase 3) reading an fp8 copy (offline: GDN shuffles 622 -> 510; KDA 940 -> 852
+    but spills 308 -> 468 bytes) and gains there too (run 196, device step: GDN mixed 297.2 -> 288.9 us, in phase
+    216.0 -> 211.8; KDA 349.5 -> 329.3, 276.5 -> 259.9)."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]

@@ -10,6 +10,12 @@
 # STAGE=2 (about 8 minutes): compiled `generate` at batch 256, Kimi-Linear-like (prompt 512), every precision arm,
 #   two repeats, without fla on the path (run 194 vs 193: the Qwen3.5-like ratios moved 1.37x -> 1.46x between two
 #   processes, one with fla, and the profile of run 195 did not reproduce it), then Qwen3.5-like with fla, two repeats.
+# STAGE=3 (about 8 minutes; added in the thirty-seventh session after run 196 timed the code vector and the split
+#   step's flush gained too: _split_flush_code_vector default 4): the flush_reads_copy kernel cases on CUDA with that
+#   default, the 256-row separated-precision model tests, then compiled `generate` Kimi-Linear-like at 256 with fla
+#   (run 197 without fla: transformers' torch chunk prefill asked for 128 GiB at 256 x 512, every arm), two repeats.
+# STAGE=4 (about 4 minutes): Qwen3.5-like compiled `generate` at 256 with fla, two repeats, with that default (run
+#   197 measured the former one).
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session37; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
@@ -27,6 +33,21 @@ elif [ "$STAGE" = 2 ]; then
     --batches 256 --arms stock-static-compiled,replay-compiled,replay-fp8-compiled,replay-nvfp4-compiled \
     --prompt 512 --new 128 --repeats 2 --out "$RES/generate_compiled_kimi_linear_separated_nofla.json"; pack
   bench_job 250 generate_compiled_qwen3_5_separated_fla generate --models qwen3_5 --batches 256 \
+    --arms stock-static-compiled,replay-compiled,replay-fp8-compiled,replay-nvfp4-compiled --prompt 512 \
+    --new 128 --repeats 2 --out "$RES/generate_compiled_qwen3_5_separated_fla.json"; pack
+  for f in "$RES"/generate_*.txt; do grep -v "^ *$" "$f" | tail -6; done
+elif [ "$STAGE" = 3 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_split_code_vector_cuda tests/test_kernels_read_copy.py \
+    -k "flush_reads_copy or delta_stream_default"; pack
+  test_job 220 test_gpu_separated_rows tests/test_gpu.py -k "separated_flushes_in_the_kernel or \
+    static_cache_with_a_read_copy"; pack
+  tail -n 3 "$RES"/test_*.txt; grep -h "^FAILED\|Error" "$RES"/test_*.txt | head -20
+  bench_job 300 generate_compiled_kimi_linear_separated_fla generate --models kimi_linear --batches 256 \
+    --arms stock-static-compiled,replay-compiled,replay-fp8-compiled,replay-nvfp4-compiled --prompt 512 \
+    --new 128 --repeats 2 --out "$RES/generate_compiled_kimi_linear_separated_fla.json"; pack
+  for f in "$RES"/generate_*.txt; do grep -v "^ *$" "$f" | tail -6; done
+elif [ "$STAGE" = 4 ]; then
+  bench_job 280 generate_compiled_qwen3_5_separated_fla generate --models qwen3_5 --batches 256 \
     --arms stock-static-compiled,replay-compiled,replay-fp8-compiled,replay-nvfp4-compiled --prompt 512 \
     --new 128 --repeats 2 --out "$RES/generate_compiled_qwen3_5_separated_fla.json"; pack
   for f in "$RES"/generate_*.txt; do grep -v "^ *$" "$f" | tail -6; done

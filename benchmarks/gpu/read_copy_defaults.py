@@ -103,9 +103,9 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
         if read_format == "fp8":  # the split step's flush launch with a scale load per element (before run 188)
             row[f"device_{phase}_flush_scale_per_element_us"] = us(inputs.device_read_copy_fn(
                 step, encode, read_format, _flush_scale_per_row=False))
-            # the split step's flush launch loading the codes 4 to a vector (off by default, untimed)
-            row[f"device_{phase}_split_flush_code_vector_us"] = us(inputs.device_read_copy_fn(
-                step, encode, read_format, _split_flush_code_vector=4))
+            # the split step's flush launch loading the codes at the compiler's widest vector (before run 196)
+            row[f"device_{phase}_split_flush_codes16_us"] = us(inputs.device_read_copy_fn(
+                step, encode, read_format, _split_flush_code_vector=0))
         if device_flush_tiles and row["device_stream_config"] is not None:
             cbv, cnw, chunk = row["device_stream_config"]
             for fbv, fnw in DEVICE_FLUSH_TILES:

@@ -399,12 +399,18 @@ def _decayed_with_token(s, decay, k_t, d_t, GATE_PER_KEY: tl.constexpr):
 
 @triton.jit
 def _load_chunk(s_base, scale_base, tensor_scale_base, offs_c, offs_v, mask_v, v_start, K, V, stride_s_k, stride_s_v,
-                stride_scale_k, stride_scale_v, READ_FORMAT: tl.constexpr, BLOCK_V: tl.constexpr):
+                stride_scale_k, stride_scale_v, READ_FORMAT: tl.constexpr, BLOCK_V: tl.constexpr,
+                CODE_VECTOR: tl.constexpr = 0):
     """Rows ``offs_c`` of a state tile [len(offs_c), BLOCK_V] (0 past K / V): raw for the fp32 checkpoint and an fp8
-    copy's codes (their scales are folded elsewhere), decoded for an nvfp4 copy (:func:`load_read_tile` on bases
-    already offset to the row and head)."""
+    copy's codes (their scales are folded elsewhere; ``CODE_VECTOR`` > 0: loaded at most that many to a vector, as
+    :func:`load_read_tile`'s), decoded for an nvfp4 copy (:func:`load_read_tile` on bases already offset to the row
+    and head)."""
     mask = (offs_c < K)[:, None] & mask_v[None, :]
-    if READ_FORMAT == "fp32" or READ_FORMAT == "fp8":
+    if READ_FORMAT == "fp8" and CODE_VECTOR > 0:
+        offs_codes = (offs_v // CODE_VECTOR) * CODE_VECTOR + offs_v % CODE_VECTOR
+        return tl.load(s_base + offs_c[:, None] * stride_s_k + offs_codes[None, :] * stride_s_v, mask=mask,
+                       other=0.0)
+    elif READ_FORMAT == "fp32" or READ_FORMAT == "fp8":
         return tl.load(s_base + offs_c[:, None] * stride_s_k + offs_v[None, :] * stride_s_v, mask=mask, other=0.0)
     else:
         return load_read_tile(s_base, scale_base, tensor_scale_base, 0, 0, offs_c, offs_v, mask, offs_c < K, v_start,
@@ -432,7 +438,8 @@ def _chunked_checkpoint_products(s_base, q_base, k_base, decay_base, row_scale_b
                                  v_start, decay, scale, K, V, stride_s_k, stride_s_v, stride_q_k, stride_k_k,
                                  stride_row_scale, stride_scale_v,
                                  GATE_PER_KEY: tl.constexpr, USE_QK_L2NORM: tl.constexpr, BLOCK_K: tl.constexpr,
-                                 BLOCK_V: tl.constexpr, CHUNK_K: tl.constexpr, READ_FORMAT: tl.constexpr):
+                                 BLOCK_V: tl.constexpr, CHUNK_K: tl.constexpr, READ_FORMAT: tl.constexpr,
+                                 CODE_VECTOR: tl.constexpr = 0):
     """S0^T (exp(c) q) and S0^T (exp(c) k) [BLOCK_V] with the checkpoint tile streamed CHUNK_K rows at a time
     instead of held whole in registers: a replaying program never writes the checkpoint, so these two products are
     all it needs of it. Accumulators of [CHUNK_K, BLOCK_V] elements, reduced over K once at the end; each chunk's
@@ -495,13 +502,14 @@ def _chunked_checkpoint_products(s_base, q_base, k_base, decay_base, row_scale_b
         acc_q = tl.zeros([CHUNK_K, BLOCK_V], dtype=tl.float32)
         acc_k = tl.zeros([CHUNK_K, BLOCK_V], dtype=tl.float32)
         s_next = _load_chunk(s_base, row_scale_base, tensor_scale_base, tl.arange(0, CHUNK_K), offs_v, mask_v, v_start,
-                             K, V, stride_s_k, stride_s_v, stride_row_scale, stride_scale_v, READ_FORMAT, BLOCK_V)
+                             K, V, stride_s_k, stride_s_v, stride_row_scale, stride_scale_v, READ_FORMAT, BLOCK_V,
+                             CODE_VECTOR)
         for k0 in range(0, BLOCK_K, CHUNK_K):
             # the next chunk's load is issued before this chunk's arithmetic (two chunks live: a double buffer)
             s_c = s_next.to(tl.float32)
             s_next = _load_chunk(s_base, row_scale_base, tensor_scale_base, k0 + CHUNK_K + tl.arange(0, CHUNK_K),
                                  offs_v, mask_v, v_start, K, V, stride_s_k, stride_s_v, stride_row_scale,
-                                 stride_scale_v, READ_FORMAT, BLOCK_V)
+                                 stride_scale_v, READ_FORMAT, BLOCK_V, CODE_VECTOR)
             offs_c = k0 + tl.arange(0, CHUNK_K)
             q_c, k_c = _scaled_qk_chunk(q_base, k_base, decay_base, offs_c, K, q_factor, k_factor, stride_q_k,
                                         stride_k_k, GATE_PER_KEY)
@@ -756,7 +764,7 @@ def _delta_replay_step_kernel(
                 rc_scales_ptr + pid_b * stride_rcs_b + pid_h * stride_rcs_h, rc_tensor_scale_ptr + pid_b * stride_rct_b,
                 offs_v, mask_v, pid_v * BLOCK_V, decay, scale, K, V, stride_rcv_k, stride_rcv_v, stride_q_k,
                 stride_k_k, stride_rcs_k, stride_rcs_v, GATE_PER_KEY, USE_QK_L2NORM, BLOCK_K, BLOCK_V, CHUNK_K,
-                READ_FORMAT)
+                READ_FORMAT, CODE_VECTOR)
         elif CHUNK_K > 0:
             pq, pk = _chunked_checkpoint_products(
                 state_ptr + pid_b * stride_s_b + pid_h * stride_s_h, q_ptr + pid_b * stride_q_b + hk * stride_q_h,
@@ -1106,6 +1114,18 @@ def flush_uses_dot(per_key_gate: bool) -> bool:
     return not per_key_gate
 
 
+def _code_vector(kernel_phase: int, kernel_read_format: str, flush_reads_copy: bool, streamed: bool,
+                 flush_vector, split_flush_vector, replay_vector) -> int:
+    """The launch's CODE_VECTOR: an fp8 copy's codes at most that many to a vector (0: the compiler's widest) where
+    the launch reads them, i.e. a flush launch giving its outputs from the copy (host 2, split 3) and a streamed
+    replay launch (host 1, split 4)."""
+    if kernel_read_format != "fp8":
+        return 0
+    if kernel_phase in (2, 3):
+        return int((flush_vector if kernel_phase == 2 else split_flush_vector) or 0) if flush_reads_copy else 0
+    return int(replay_vector or 0) if kernel_phase in (1, 4) and streamed else 0
+
+
 def host_flush_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: int, per_key_gate: bool = False,
                              kda_weights: bool = True, exact_fold: bool = False, exact_solve: bool = False
                              ) -> tuple[int, int, bool]:
@@ -1300,7 +1320,7 @@ def _replay_step(
     _count_launch=True, flush_reads_copy=False,
     _nvfp4_pairs=True, _kda_weights=True, _gdn_weights=False, _weights_warps=None, _chunk_k=0, _flush_grid="batch",
     _flush_config=None, _walk="auto", _exact_solve=False, reencode_copy=False, _flush_amax=True,
-    _flush_scale_per_row=True, _flush_code_vector=4, _split_flush_code_vector=4,
+    _flush_scale_per_row=True, _flush_code_vector=4, _split_flush_code_vector=4, _replay_code_vector=0,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot``; ``_split`` (device positions only): the step as a flush-only launch for the rows due (the others
@@ -1376,7 +1396,9 @@ def _replay_step(
     Kimi-Linear 242.7 -> 234.1 (1.14x -> 1.19x). ``_split_flush_code_vector`` (default 4; 0: off) does the same for
     a split step's flush launch (phase 3) reading an fp8 copy (offline: GDN shuffles 622 -> 510; KDA 940 -> 852
     but spills 308 -> 468 bytes) and gains there too (run 196, device step: GDN mixed 297.2 -> 288.9 us, in phase
-    216.0 -> 211.8; KDA 349.5 -> 329.3, 276.5 -> 259.9)."""
+    216.0 -> 211.8; KDA 349.5 -> 329.3, 276.5 -> 259.9). ``_replay_code_vector`` (default 0: off) does it for the
+    streamed replay launches reading an fp8 copy (host phase 1, a split step's 4); offline, sm_90, batch 256: KDA's
+    shuffles 143 -> 15, spills 212 -> 192 bytes; GDN's spills 292 -> 360."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -1598,8 +1620,8 @@ def _replay_step(
             CHUNK_K=_chunk_k if kernel_phase in (1, 4) else 0,
             FLUSH_AMAX=flush_amax is not state and kernel_phase in (0, 2, 3),
             COPY_SCALE_PER_ROW=bool(_flush_scale_per_row) and kernel_phase == 2,
-            CODE_VECTOR=int({2: _flush_code_vector, 3: _split_flush_code_vector}.get(kernel_phase) or 0)
-            if flush_reads_copy and kernel_read_format == "fp8" else 0,
+            CODE_VECTOR=_code_vector(kernel_phase, kernel_read_format, flush_reads_copy, bool(_chunk_k),
+                                     _flush_code_vector, _split_flush_code_vector, _replay_code_vector),
             num_warps=launch_warps,
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel

@@ -295,9 +295,12 @@ def case_delta_host_phase(_, device):
 def case_delta_chunked(_, device):
     """``_chunk_k`` with a read copy (the replay-only launches stream the copy K rows at a time: fp8 codes with the row
     scales folded into q and k, nvfp4 decoded per chunk, both nibble loads): GDN and KDA, host positions replaying
-    and flushing, a split step with rows in both phases (K = 20: the last chunk is masked)."""
+    and flushing, a split step with rows in both phases (K = 20: the last chunk is masked); fp8 also with the codes
+    loaded 4 to a vector (``_replay_code_vector``)."""
     for name, read_format, extra in (("gdn", "fp8", {}), ("kda", "fp8", {}), ("gdn", "nvfp4", {}),
-                                     ("kda", "nvfp4", dict(_nvfp4_pairs=False))):
+                                     ("kda", "nvfp4", dict(_nvfp4_pairs=False)),
+                                     ("kda", "fp8", dict(_replay_code_vector=4)),
+                                     ("gdn", "fp8", dict(_replay_code_vector=4))):
         family = _Family(name)
         for count in (2, 5):
             _check(family, device, read_format, origins=(3 * count + 2) % 5, counts=count, buffer_len=6,
@@ -394,6 +397,17 @@ def case_delta_stream_default(_, device):
             recorded.launches.clear()
             families["gdn"].kernel(p, 2, 5, 6, read_copy=copy, read_format=fmt, flush_reads_copy=option)
             assert [kw["CODE_VECTOR"] for kw in recorded.launches] == [want], (fmt, option, recorded.launches)
+        # the streamed replay launches load an fp8 copy's codes at the compiler's widest vector unless asked
+        # (_replay_code_vector); the split step's flush launch 4 to a vector (_split_flush_code_vector)
+        # (when it reads the copy: flush_reads_copy)
+        for fmt, option, outputs, (origin, count), want in (
+                ("fp8", None, False, host, [0]), ("fp8", 4, False, host, [4]), ("nvfp4", 4, False, host, [0]),
+                ("fp8", None, False, mixed, [0, 0]), ("fp8", 4, False, mixed, [0, 4]),
+                ("fp8", None, True, mixed, [4, 0]), ("fp8", 4, True, mixed, [4, 4])):
+            launch = dict(flush_reads_copy=outputs, **({} if option is None else dict(_replay_code_vector=option)))
+            phases = [c[0] for c in launched(origin, count, fmt, **launch)[3]]
+            assert phases == ([1] if (origin, count) == host else [3, 4]), phases
+            assert [kw["CODE_VECTOR"] for kw in recorded.launches] == want, (fmt, option, recorded.launches)
         assert launched(*host, _block_v=16)[3][0][:3] == (1, 0, 16)  # a forced tile: the whole tile
         assert launched(*mixed, _split=False)[3][0][:2] == (0, 0)  # one fused launch
         # an explicit flush tile wins over the streamed copy's

@@ -16,6 +16,9 @@
 #   (run 197 without fla: transformers' torch chunk prefill asked for 128 GiB at 256 x 512, every arm), two repeats.
 # STAGE=4 (about 4 minutes): Qwen3.5-like compiled `generate` at 256 with fla, two repeats, with that default (run
 #   197 measured the former one).
+# STAGE=5 (about 3 minutes): the streamed replay launches loading an fp8 copy's codes 4 to a vector
+#   (_replay_code_vector, off; offline KDA shuffles 143 -> 15): the kernel cases on CUDA, then the read-copy defaults
+#   of GDN / KDA fp8 at 256 with its arms.
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session37; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
@@ -51,5 +54,13 @@ elif [ "$STAGE" = 4 ]; then
     --arms stock-static-compiled,replay-compiled,replay-fp8-compiled,replay-nvfp4-compiled --prompt 512 \
     --new 128 --repeats 2 --out "$RES/generate_compiled_qwen3_5_separated_fla.json"; pack
   for f in "$RES"/generate_*.txt; do grep -v "^ *$" "$f" | tail -6; done
+elif [ "$STAGE" = 5 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_replay_code_vector_cuda tests/test_kernels_read_copy.py \
+    -k "delta_chunked or delta_stream_default"; pack
+  tail -n 3 "$RES"/test_*.txt; grep -h "^FAILED\|Error" "$RES"/test_*.txt | head -20
+  timeout 200 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256 --specs gdn:fp8,kda:fp8 \
+    --out "$RES/read_copy_replay_code_vector.json" > "$RES/read_copy_replay_code_vector.txt" 2>&1
+  echo "read_copy_replay_code_vector rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  cut -c1-1600 "$RES/read_copy_replay_code_vector.txt"
 fi
 save_triton_cache

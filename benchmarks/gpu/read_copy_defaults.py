@@ -76,6 +76,10 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
                 # its codes at the compiler's widest vector (before _flush_code_vector; run 192)
                 row["host_flush_codes16_us"] = us(inputs.host_fn(
                     step, read_format=read_format, reencode="step", flush_launch=dict(_flush_code_vector=0)))
+                # the streamed replay launches loading the codes 4 to a vector (_replay_code_vector; off by default:
+                # offline, sm_90, batch 256, KDA's warp shuffles 143 -> 15, GDN's spills 292 -> 360 bytes)
+                row["host_replay_code_vector_us"] = us(inputs.host_fn(
+                    step, read_format=read_format, reencode="step", flush_launch={}, _replay_code_vector=4))
             row["host_default_external_reencode_us"] = us(inputs.host_fn(
                 step, read_format=read_format, reencode=read_copy_encode.reencode_read_copy))
             row["host_default_per_tile_reencode_us"] = us(inputs.host_fn(
@@ -106,6 +110,8 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
             # the split step's flush launch loading the codes at the compiler's widest vector (before run 196)
             row[f"device_{phase}_split_flush_codes16_us"] = us(inputs.device_read_copy_fn(
                 step, encode, read_format, _split_flush_code_vector=0))
+            row[f"device_{phase}_replay_code_vector_us"] = us(inputs.device_read_copy_fn(
+                step, encode, read_format, _replay_code_vector=4))
         if device_flush_tiles and row["device_stream_config"] is not None:
             cbv, cnw, chunk = row["device_stream_config"]
             for fbv, fnw in DEVICE_FLUSH_TILES:

@@ -1398,7 +1398,10 @@ def _replay_step(
     but spills 308 -> 468 bytes) and gains there too (run 196, device step: GDN mixed 297.2 -> 288.9 us, in phase
     216.0 -> 211.8; KDA 349.5 -> 329.3, 276.5 -> 259.9). ``_replay_code_vector`` (default 0: off) does it for the
     streamed replay launches reading an fp8 copy (host phase 1, a split step's 4); offline, sm_90, batch 256: KDA's
-    shuffles 143 -> 15, spills 212 -> 192 bytes; GDN's spills 292 -> 360."""
+    shuffles 143 -> 15, spills 212 -> 192 bytes; GDN's spills 292 -> 360. Slower on the H200 (run 200, batch 256,
+    us per step: host cycle as the cache runs it GDN 176.1 -> 184.0, KDA 233.9 -> 239.9; device step in phase
+    211.7 -> 215.6, 259.9 -> 267.8; mixed 289.1 -> 292.4, 329.4 -> 338.5): the replay launches' shuffles were not
+    what held them, so it stays off."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]

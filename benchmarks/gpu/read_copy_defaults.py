@@ -76,8 +76,8 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
                 # its codes at the compiler's widest vector (before _flush_code_vector; run 192)
                 row["host_flush_codes16_us"] = us(inputs.host_fn(
                     step, read_format=read_format, reencode="step", flush_launch=dict(_flush_code_vector=0)))
-                # the streamed replay launches loading the codes 4 to a vector (_replay_code_vector; off by default:
-                # offline, sm_90, batch 256, KDA's warp shuffles 143 -> 15, GDN's spills 292 -> 360 bytes)
+                # the streamed replay launches loading the codes 4 to a vector (_replay_code_vector; off: slower in
+                # run 200 although KDA's warp shuffles fall 143 -> 15 offline)
                 row["host_replay_code_vector_us"] = us(inputs.host_fn(
                     step, read_format=read_format, reencode="step", flush_launch={}, _replay_code_vector=4))
             row["host_default_external_reencode_us"] = us(inputs.host_fn(

@@ -19,6 +19,8 @@
 # STAGE=5 (about 3 minutes): the streamed replay launches loading an fp8 copy's codes 4 to a vector
 #   (_replay_code_vector, off; offline KDA shuffles 143 -> 15): the kernel cases on CUDA, then the read-copy defaults
 #   of GDN / KDA fp8 at 256 with its arms.
+# STAGE=6 (about 4 minutes): the split step's flush tiles again (fp8, batch 256) now that its flush loads the codes 4
+#   to a vector (defaults: GDN [K, 32] x 1, KDA [K, 64] x 2; runs 141 / 143 chose them before).
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session37; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
@@ -62,5 +64,11 @@ elif [ "$STAGE" = 5 ]; then
     --out "$RES/read_copy_replay_code_vector.json" > "$RES/read_copy_replay_code_vector.txt" 2>&1
   echo "read_copy_replay_code_vector rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   cut -c1-1600 "$RES/read_copy_replay_code_vector.txt"
+elif [ "$STAGE" = 6 ]; then
+  timeout 240 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256 --specs gdn:fp8,kda:fp8 \
+    --device-flush-tiles --out "$RES/read_copy_split_flush_tiles.json" > "$RES/read_copy_split_flush_tiles.txt" 2>&1
+  echo "read_copy_split_flush_tiles rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  cut -c1-2400 "$RES/read_copy_split_flush_tiles.txt"
+  python3 -c "import json,sys; [print(r['family'], {k: round(v, 1) for k, v in r.items() if 'flush_' in k and k.endswith('_us')}) for r in json.load(open(sys.argv[1]))]" "$RES/read_copy_split_flush_tiles.json"
 fi
 save_triton_cache

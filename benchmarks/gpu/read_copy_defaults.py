@@ -34,7 +34,7 @@ FLUSH_TILES = [(64, 4), (64, 2), (64, 1), (32, 2), (32, 1), (16, 1)]
 STREAM_TILES = [(64, 1, 16), (128, 1, 16), (128, 2, 16), (64, 2, 16), (64, 1, 32), (32, 1, 16), (32, 1, 32),
                 (128, 1, 32), (16, 1, 16)]
 # --device-flush-tiles: a split step's flush launch (exact fold, flushing rows' outputs from the copy) on other tiles
-DEVICE_FLUSH_TILES = [(16, 1), (64, 2)]
+DEVICE_FLUSH_TILES = [(16, 1), (32, 1), (64, 2)]
 # the arms every row has, each also as a ratio to our standard step (x_std_<arm>), in the printed order
 ARMS = ("host_default", "host_default_reencode", "host_whole_tile", "device_mixed_default", "device_mixed_fused",
         "device_in_phase_default", "device_in_phase_fused")

@@ -1226,10 +1226,16 @@ def read_copy_stream_config(batch: int, key_dim: int, per_key_gate: bool, read_f
 def read_copy_split_flush_config(value_dim: int, per_key_gate: bool = False,
                                  read_format: str = "fp8") -> tuple[int, int]:
     """(BLOCK_V, num_warps) of a split step's flush launch when its replay launch streams a read copy
-    (:func:`read_copy_stream_config`): nvfp4 [K, 16] x 1, fp8 GDN [K, 32] x 1 and KDA [K, 64] x 2 (the flush launch
-    decodes the copy's whole tile for the due rows' outputs: a wide nvfp4 tile spills). H200, the separated policy's
-    step, re-encode included (``read_copy_defaults.py --device-flush-tiles``), us per step at batch 256 in phase /
-    mixed phases:
+    (:func:`read_copy_stream_config`): nvfp4 [K, 16] x 1, fp8 [K, 64] x 2 (the flush launch decodes the copy's whole
+    tile for the due rows' outputs: a wide nvfp4 tile spills). H200, the separated policy's step, re-encode included
+    (``read_copy_defaults.py --device-flush-tiles``), us per step at batch 256 in phase / mixed phases:
+
+    * Since the flush loads an fp8 copy's codes 4 to a vector (``_split_flush_code_vector``), run 201: Qwen3-Next fp8
+      [K, 64] x 2 206.9 / 267.5, [K, 32] x 1 (its former default) 211.5 / 289.0, [K, 16] x 1 226.6 / 265.2; batch 64
+      (run 202) 59.2 / 90.9 against 59.9 / 106.1 and 63.9 / 96.8. Kimi-Linear fp8 [K, 64] x 2 260.1 / 329.9, [K, 32]
+      x 1 268.2 / 363.8, [K, 16] x 1 296.6 / 380.0.
+
+    Before that load (GDN then on [K, 32] x 1; ``per_key_gate`` no longer changes the tile):
 
     * Qwen3-Next nvfp4 (run 143): [K, 16] x 1 334.2 / 427.3, [K, 64] x 2 339.7 / 470.7 (run 141, before the nvfp4
       fold: 368.7 / 466.4 against [K, 32] x 1's 370.0 / 508.4); batch 64 93.1 / 170.2 vs 94.2 / 183.5.
@@ -1242,10 +1248,8 @@ def read_copy_split_flush_config(value_dim: int, per_key_gate: bool = False,
       [K, 64] x 1."""
     if read_format == "nvfp4":
         return 16, 1
-    if per_key_gate:
-        block_v = min(64, max(16, next_power_of_2(value_dim)))
-        return block_v, 2 if block_v == 64 else 1
-    return min(32, max(16, next_power_of_2(value_dim))), 1
+    block_v = min(64, max(16, next_power_of_2(value_dim)))
+    return block_v, 2 if block_v == 64 else 1
 
 
 def device_walk_launch_config(batch: int, key_dim: int, per_key_gate: bool) -> dict | None:

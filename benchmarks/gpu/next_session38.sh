@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# GPU calls prepared in the thirty-seventh session for the next one. Every job packs what it wrote into $OUT.
+# Call: run(command="STAGE=N bash benchmarks/gpu/next_session38.sh", carry=[".whl/fla", ".triton_cache"],
+#   timeout_s=600)  (tracked files are ~41 MiB of the 64 MiB a call carries: keep .triton_cache/cache.tgz small;
+#   the caches the calls bring back are 22-51 MB, too large to carry)
+# STAGE=1 (about 8 minutes): GDN's fp8 split-step flush on [K, 64] x 2 (default since run 201, kernel level only):
+#   the 256-row separated-precision model tests (static cache and CUDA graphs run the split step), then compiled
+#   `generate` Qwen3.5-like at batch 256, every precision arm, fla on the path, two repeats (run 199 before the tile:
+#   1.44x / 1.43x / 1.42x).
+# STAGE=2 (about 6 minutes): the same at batch 64, Qwen3.5-like and Kimi-Linear-like (the tile gained most there at
+#   the kernel level with mixed phases: 106.1 -> 90.9 us, run 202).
+source benchmarks/gpu/install.sh || exit 1
+session_results next_session38; cd /tmp/w
+arms=stock-static-compiled,replay-compiled,replay-fp8-compiled,replay-nvfp4-compiled
+if [ "$STAGE" = 1 ]; then
+  test_job 220 test_gpu_separated_rows tests/test_gpu.py -k "separated_flushes_in_the_kernel or \
+    static_cache_with_a_read_copy"; pack
+  tail -n 3 "$RES"/test_*.txt; grep -h "^FAILED\|Error" "$RES"/test_*.txt | head -20
+  bench_job 280 generate_compiled_qwen3_5_separated_fla generate --models qwen3_5 --batches 256 --arms $arms \
+    --prompt 512 --new 128 --repeats 2 --out "$RES/generate_compiled_qwen3_5_separated_fla.json"; pack
+  for f in "$RES"/generate_*.txt; do grep -v "^ *$" "$f" | tail -6; done
+elif [ "$STAGE" = 2 ]; then
+  for model in qwen3_5 kimi_linear; do
+    bench_job 250 generate_compiled_${model}_separated_b64 generate --models $model --batches 64 --arms $arms \
+      --prompt 512 --new 128 --repeats 2 --out "$RES/generate_compiled_${model}_separated_b64.json"; pack
+  done
+  for f in "$RES"/generate_*.txt; do grep -v "^ *$" "$f" | tail -6; done
+fi
+save_triton_cache

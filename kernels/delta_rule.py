@@ -217,6 +217,28 @@ def _token_update(s, k_t, v_t, beta_t, g_t, GATE_PER_KEY: tl.constexpr):
 
 
 @triton.jit
+def _exact_fold_records(s, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k, mask_k, offs_v,
+                        mask_v, stride_rk_r, stride_rk_k, stride_rg_r, stride_rg_k, stride_rv_r, stride_rv_v,
+                        stride_rb_r, GATE_PER_KEY: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
+    """The records' part of :func:`_exact_fold` (the checkpoint tile after the ``count`` records, not the token)."""
+    for i in range(0, count):
+        slot_j = (origin + i) % ring_size
+        k_j = tl.load(rk_base + slot_j * stride_rk_r + offs_k * stride_rk_k, mask=mask_k, other=0.0).to(tl.float32)
+        if USE_QK_L2NORM:
+            k_j = k_j * tl.rsqrt(tl.sum(k_j * k_j, axis=0) + 1e-6)
+        v_j = tl.load(rv_base + slot_j * stride_rv_r + offs_v * stride_rv_v, mask=mask_v, other=0.0).to(tl.float32)
+        beta_j = tl.load(rb_base + slot_j * stride_rb_r).to(tl.float32)
+        if GATE_PER_KEY:
+            g_j = tl.load(rg_base + slot_j * stride_rg_r + offs_k * stride_rg_k, mask=mask_k, other=0.0)
+            s = s * tl.exp(g_j.to(tl.float32))[:, None]
+        else:
+            s = s * tl.exp(tl.load(rg_base + slot_j * stride_rg_r).to(tl.float32))
+        d_j = beta_j * (v_j - tl.sum(s * k_j[:, None], axis=0))
+        s += k_j[:, None] * d_j[None, :]
+    return s
+
+
+@triton.jit
 def _exact_fold(s, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k, mask_k, offs_v, mask_v,
                 q_t, k_t, v_t, beta_t, g_t, stride_rk_r, stride_rk_k, stride_rg_r, stride_rg_k, stride_rv_r,
                 stride_rv_v, stride_rb_r, GATE_PER_KEY: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
@@ -642,6 +664,9 @@ def _delta_replay_step_kernel(
     # PHASE 2 / 3 reading an fp8 copy: its codes loaded at most CODE_VECTOR to a vector (0: the compiler's widest);
     # see _replay_step's _flush_code_vector
     CODE_VECTOR: tl.constexpr = 0,
+    # EXACT_FOLD (not solved): the token's q, k, v, beta, g read again after the records' loop instead of held
+    # through it (registers; see _replay_step's _reload_token)
+    RELOAD_TOKEN: tl.constexpr = False,
 ):
     pid_v = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -789,6 +814,17 @@ def _delta_replay_step_kernel(
                                               offs_k, mask_k, offs_v, mask_v, q_t, k_t, v_t, beta_t, g_t, stride_rk_r,
                                               stride_rk_k, stride_rg_r, stride_rv_r, stride_rv_v, stride_rb_r,
                                               USE_QK_L2NORM, BLOCK_R, FLUSH_PRECISION)
+            elif EXACT_FOLD and RELOAD_TOKEN:
+                s = _exact_fold_records(s_fold, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k,
+                                        mask_k, offs_v, mask_v, stride_rk_r, stride_rk_k, stride_rg_r, stride_rg_k,
+                                        stride_rv_r, stride_rv_v, stride_rb_r, GATE_PER_KEY, USE_QK_L2NORM)
+                _, q_t, k_t, v_t, beta_t, g_t = _load_token(
+                    q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, pid_b, pid_h, hk, offs_k, mask_k, offs_v, mask_v, scale,
+                    stride_q_b, stride_q_h, stride_q_k, stride_k_b, stride_k_h, stride_k_k,
+                    stride_v_b, stride_v_h, stride_v_v, stride_beta_b, stride_beta_h, stride_g_b, stride_g_h,
+                    stride_g_k, GATE_PER_KEY, USE_QK_L2NORM)
+                s, _ = _token_update(s, k_t, v_t, beta_t, g_t, GATE_PER_KEY)
+                o_new = tl.sum(s * q_t[:, None], axis=0)
             elif EXACT_FOLD:
                 s, o_new = _exact_fold(s_fold, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k,
                                        mask_k, offs_v, mask_v, q_t, k_t, v_t, beta_t, g_t, stride_rk_r, stride_rk_k,
@@ -1325,6 +1361,7 @@ def _replay_step(
     _nvfp4_pairs=True, _kda_weights=True, _gdn_weights=False, _weights_warps=None, _chunk_k=0, _flush_grid="batch",
     _flush_config=None, _walk="auto", _exact_solve=False, reencode_copy=False, _flush_amax=True,
     _flush_scale_per_row=True, _flush_code_vector=4, _split_flush_code_vector=4, _replay_code_vector=0,
+    _reload_token=False,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot``; ``_split`` (device positions only): the step as a flush-only launch for the rows due (the others
@@ -1405,7 +1442,10 @@ def _replay_step(
     shuffles 143 -> 15, spills 212 -> 192 bytes; GDN's spills 292 -> 360. Slower on the H200 (run 200, batch 256,
     us per step: host cycle as the cache runs it GDN 176.1 -> 184.0, KDA 233.9 -> 239.9; device step in phase
     211.7 -> 215.6, 259.9 -> 267.8; mixed 289.1 -> 292.4, 329.4 -> 338.5): the replay launches' shuffles were not
-    what held them, so it stays off."""
+    what held them, so it stays off. ``_reload_token`` (default off; the exact fold, stepped): the flush reads the
+    token's q, k, v, beta, g again after the records' loop instead of holding them through it (same values, bit for
+    bit); offline, sm_90, batch 256, the host flush giving its outputs from an fp8 copy: KDA spills 336 -> 216 bytes
+    (plain 464 -> 364), GDN 168 -> 128 registers. Not yet timed."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -1629,6 +1669,7 @@ def _replay_step(
             COPY_SCALE_PER_ROW=bool(_flush_scale_per_row) and kernel_phase == 2,
             CODE_VECTOR=_code_vector(kernel_phase, kernel_read_format, flush_reads_copy, bool(_chunk_k),
                                      _flush_code_vector, _split_flush_code_vector, _replay_code_vector),
+            RELOAD_TOKEN=bool(_reload_token) and exact_fold and not exact_solve,
             num_warps=launch_warps,
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel

@@ -455,6 +455,9 @@ def case_flush_reads_copy(_, device):
             arms.append(("codes 16 to a vector", family.kernel, True, {"_split": True, "_split_flush_code_vector": 0}))
             # its default tile at real shapes (GDN and KDA: [K, 64] x 2; here past the head's V, masked)
             arms.append(("flush tile 64 x 2", family.kernel, True, {"_split": True, "_flush_config": (64, 2)}))
+        if name != "mamba2":  # the exact fold reading the token again after the records' loop (same values)
+            arms.append(("token reloaded", family.kernel, True, {"_reload_token": True}))
+            arms.append(("token reloaded, split", family.kernel, True, {"_split": True, "_reload_token": True}))
         for label, fn, option, launch in arms:
             q = _clone(p)
             raw = {n: q.pop(n) for n in ("ring_v", "ring_beta") if n in q}
@@ -499,6 +502,10 @@ def case_flush_reads_copy(_, device):
                      ("default", family.kernel, False, {})]
         if name != "mamba2" and read_format == "fp8":  # the codes at the compiler's widest vector (16 to a thread)
             host_arms.append(("codes 16 to a vector", family.kernel, True, {"_flush_code_vector": 0}))
+        if name != "mamba2":  # the exact fold reading the token again after the records' loop (same values), with
+            # the outputs from the copy and (plain: compared with "default") from the new checkpoint
+            host_arms.append(("token reloaded", family.kernel, True, {"_reload_token": True}))
+            host_arms.append(("token reloaded, plain", family.kernel, False, {"_reload_token": True}))
         if name == "mamba2":  # the flush-only launch decoding the whole copy tile; the outputs by a replay-only
             # launch appending nothing, then the plain flush storing none
             host_arms.append(("one launch", family.kernel, True, {"_flush_outputs_launch": False}))
@@ -512,12 +519,14 @@ def case_flush_reads_copy(_, device):
                               read_format=read_format, flush_reads_copy=option, **raw, **launch), q)
         print(f" {name} {read_format} flush_reads_copy, host positions")
         (y, got), (y_ref, want), (y_def, default) = runs["kernel"], runs["ref"], runs["default"]
-        for arm in sorted(runs.keys() - {"kernel", "ref", "default"}):  # every other arm
+        for arm in sorted(runs.keys() - {"kernel", "ref", "default"}):  # every other arm, against the launch with
+            # the same outputs (from the copy, or plain: from the new checkpoint)
             y_arm, arm_got = runs[arm]
-            torch.testing.assert_close(y_arm, y, **_reordered_tol(y))
-            torch.testing.assert_close(arm_got["state"], got["state"], **same_fold)
+            y_same, got_same = runs["default"] if arm.endswith("plain") else (y, got)
+            torch.testing.assert_close(y_arm, y_same, **_reordered_tol(y_same))
+            torch.testing.assert_close(arm_got["state"], got_same["state"], **same_fold)
             for n in family.rings:
-                assert torch.equal(arm_got[n], got[n]), (arm, n)
+                assert torch.equal(arm_got[n], got_same[n]), (arm, n)
         _close("y vs reference (host)", y, y_ref, REL)
         for n in ("state", *family.rings):
             torch.testing.assert_close(got[n], want[n], rtol=2e-6, atol=2e-6)

@@ -9,6 +9,10 @@
 #   1.44x / 1.43x / 1.42x).
 # STAGE=2 (about 6 minutes): the same at batch 64, Qwen3.5-like and Kimi-Linear-like (the tile gained most there at
 #   the kernel level with mixed phases: 106.1 -> 90.9 us, run 202).
+# STAGE=3 (about 4 minutes): the exact fold reading the token again after the records' loop (_reload_token, off,
+#   built offline in the thirty-seventh session: KDA's flush spills 336 -> 216 bytes, GDN's 168 -> 128 registers):
+#   the kernel cases on CUDA, then the read-copy defaults of GDN / KDA fp8 and nvfp4 at 256 with its arms
+#   (host_reload_token, device_*_reload_token). If it gains, make it the default and time it end to end.
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session38; cd /tmp/w
 arms=stock-static-compiled,replay-compiled,replay-fp8-compiled,replay-nvfp4-compiled
@@ -25,5 +29,14 @@ elif [ "$STAGE" = 2 ]; then
       --prompt 512 --new 128 --repeats 2 --out "$RES/generate_compiled_${model}_separated_b64.json"; pack
   done
   for f in "$RES"/generate_*.txt; do grep -v "^ *$" "$f" | tail -6; done
+elif [ "$STAGE" = 3 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_reload_token_cuda tests/test_kernels_read_copy.py \
+    -k "flush_reads_copy"; pack
+  tail -n 3 "$RES"/test_*.txt; grep -h "^FAILED\|Error" "$RES"/test_*.txt | head -20
+  timeout 300 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256 \
+    --specs gdn:fp8,kda:fp8,gdn:nvfp4,kda:nvfp4 --out "$RES/read_copy_reload_token.json" \
+    > "$RES/read_copy_reload_token.txt" 2>&1
+  echo "read_copy_reload_token rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  cut -c1-1800 "$RES/read_copy_reload_token.txt"
 fi
 save_triton_cache

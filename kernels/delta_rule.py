@@ -245,20 +245,9 @@ def _exact_fold(s, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size,
     """The checkpoint tile ``s`` [K, BLOCK_V] after the ``count`` records and the token, each corrected value
     recomputed from its raw (k, v, beta, g) against the state it meets (the standard step, oldest record first),
     and the token's output: what the recurrence gives, whatever the ring's ``d`` (computed from a read copy) holds."""
-    for i in range(0, count):
-        slot_j = (origin + i) % ring_size
-        k_j = tl.load(rk_base + slot_j * stride_rk_r + offs_k * stride_rk_k, mask=mask_k, other=0.0).to(tl.float32)
-        if USE_QK_L2NORM:
-            k_j = k_j * tl.rsqrt(tl.sum(k_j * k_j, axis=0) + 1e-6)
-        v_j = tl.load(rv_base + slot_j * stride_rv_r + offs_v * stride_rv_v, mask=mask_v, other=0.0).to(tl.float32)
-        beta_j = tl.load(rb_base + slot_j * stride_rb_r).to(tl.float32)
-        if GATE_PER_KEY:
-            g_j = tl.load(rg_base + slot_j * stride_rg_r + offs_k * stride_rg_k, mask=mask_k, other=0.0)
-            s = s * tl.exp(g_j.to(tl.float32))[:, None]
-        else:
-            s = s * tl.exp(tl.load(rg_base + slot_j * stride_rg_r).to(tl.float32))
-        d_j = beta_j * (v_j - tl.sum(s * k_j[:, None], axis=0))
-        s += k_j[:, None] * d_j[None, :]
+    s = _exact_fold_records(s, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k, mask_k, offs_v,
+                            mask_v, stride_rk_r, stride_rk_k, stride_rg_r, stride_rg_k, stride_rv_r, stride_rv_v,
+                            stride_rb_r, GATE_PER_KEY, USE_QK_L2NORM)
     s, _ = _token_update(s, k_t, v_t, beta_t, g_t, GATE_PER_KEY)
     return s, tl.sum(s * q_t[:, None], axis=0)
 

@@ -131,6 +131,7 @@ from hf_replayssm.kernels.flush_grid import (
 from hf_replayssm.kernels.host_math import cdiv, next_power_of_2
 from hf_replayssm.kernels.read_copy import (
     E2M1_PAIR_UNSCALE,
+    code_offsets,
     e2m1_pair_to_float,
     load_nvfp4_blocks,
     load_read_tile,
@@ -413,15 +414,13 @@ def _load_chunk(s_base, scale_base, tensor_scale_base, offs_c, offs_v, mask_v, v
                 stride_scale_k, stride_scale_v, READ_FORMAT: tl.constexpr, BLOCK_V: tl.constexpr,
                 CODE_VECTOR: tl.constexpr = 0):
     """Rows ``offs_c`` of a state tile [len(offs_c), BLOCK_V] (0 past K / V): raw for the fp32 checkpoint and an fp8
-    copy's codes (their scales are folded elsewhere; ``CODE_VECTOR`` > 0: loaded at most that many to a vector, as
-    :func:`load_read_tile`'s), decoded for an nvfp4 copy (:func:`load_read_tile` on bases already offset to the row
-    and head)."""
+    copy's codes (their scales are folded elsewhere; at most ``CODE_VECTOR`` to a vector, :func:`code_offsets`),
+    decoded for an nvfp4 copy (:func:`load_read_tile` on bases already offset to the row and head)."""
     mask = (offs_c < K)[:, None] & mask_v[None, :]
-    if READ_FORMAT == "fp8" and CODE_VECTOR > 0:
-        offs_codes = (offs_v // CODE_VECTOR) * CODE_VECTOR + offs_v % CODE_VECTOR
-        return tl.load(s_base + offs_c[:, None] * stride_s_k + offs_codes[None, :] * stride_s_v, mask=mask,
-                       other=0.0)
-    elif READ_FORMAT == "fp32" or READ_FORMAT == "fp8":
+    if READ_FORMAT == "fp8":
+        return tl.load(s_base + offs_c[:, None] * stride_s_k + code_offsets(offs_v, CODE_VECTOR)[None, :] * stride_s_v,
+                       mask=mask, other=0.0)
+    elif READ_FORMAT == "fp32":
         return tl.load(s_base + offs_c[:, None] * stride_s_k + offs_v[None, :] * stride_s_v, mask=mask, other=0.0)
     else:
         return load_read_tile(s_base, scale_base, tensor_scale_base, 0, 0, offs_c, offs_v, mask, offs_c < K, v_start,

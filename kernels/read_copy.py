@@ -93,6 +93,17 @@ def e2m1_pair_to_float(byte):
 
 
 @triton.jit
+def code_offsets(offs, CODE_VECTOR: tl.constexpr):
+    """``offs`` (contiguous offsets of fp8 codes) as equal values whose provable contiguity is ``CODE_VECTOR``
+    ((c // n) * n + c % n), so that Triton loads the codes at most that many to a vector; 0: ``offs`` itself (the
+    compiler's widest, 16 codes to a thread). The vector width sets the layout of what a kernel computes from the
+    loaded tile (``delta_rule._replay_step``'s ``_flush_code_vector``)."""
+    if CODE_VECTOR > 0:
+        return (offs // CODE_VECTOR) * CODE_VECTOR + offs % CODE_VECTOR
+    return offs
+
+
+@triton.jit
 def load_read_tile(values_ptr, scales_ptr, tensor_scale_ptr, pid_b, h, offs_a, offs_c, mask, row_mask, c_start,
                    row_len, stride_v_b, stride_v_h, stride_v_a, stride_v_c,
                    stride_s_b, stride_s_h, stride_s_a, stride_s_c, stride_t_b,
@@ -104,10 +115,7 @@ def load_read_tile(values_ptr, scales_ptr, tensor_scale_ptr, pid_b, h, offs_a, o
     length). fp8 scales: ``SCALE_PER_ROW`` loads one per row under ``row_mask`` ([BLOCK_A, 1], broadcast), else one
     per element under ``mask``. Which is faster depends on the kernel's tile layout (H200, batch 256, host-phase
     cycle: Mamba-2 257 us per row vs 361 per element; GDN 463 per row vs 311 per element), so each family picks.
-    fp8 codes: ``CODE_VECTOR`` > 0 loads them through offsets equal to ``offs_c`` whose provable contiguity is
-    ``CODE_VECTOR`` ((c // n) * n + c % n), so Triton vectorises at most that many bytes: its widest (16 codes to a
-    thread) also sets the layout of what the kernel computes from the tile afterwards (the delta rule's host flush:
-    ``delta_rule._replay_step``'s ``_flush_code_vector``).
+    fp8 codes: loaded at most ``CODE_VECTOR`` to a vector (:func:`code_offsets`; 0: the compiler's widest).
 
     "nvfp4" has each lane load the byte of its own nibble (two loads per byte, not vectorised); "nvfp4_pairs" loads
     a ``[BLOCK_A, BLOCK_C // 2]`` byte tile once (contiguous, vectorisable), decodes both nibbles and interleaves them
@@ -119,10 +127,7 @@ def load_read_tile(values_ptr, scales_ptr, tensor_scale_ptr, pid_b, h, offs_a, o
     v_base = values_ptr + pid_b * stride_v_b + h * stride_v_h + offs_a[:, None] * stride_v_a
     s_base = scales_ptr + pid_b * stride_s_b + h * stride_s_h + offs_a[:, None] * stride_s_a
     if READ_FORMAT == "fp8":
-        offs_codes = offs_c
-        if CODE_VECTOR > 0:  # equal offsets whose provable contiguity is CODE_VECTOR (see the docstring)
-            offs_codes = (offs_c // CODE_VECTOR) * CODE_VECTOR + offs_c % CODE_VECTOR
-        codes = tl.load(v_base + offs_codes[None, :] * stride_v_c, mask=mask, other=0.0)
+        codes = tl.load(v_base + code_offsets(offs_c, CODE_VECTOR)[None, :] * stride_v_c, mask=mask, other=0.0)
         if SCALE_PER_ROW:
             row_scale = tl.load(s_base, mask=row_mask[:, None], other=0.0)  # [BLOCK_A, 1]
         else:

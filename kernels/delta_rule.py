@@ -1247,8 +1247,7 @@ def read_copy_stream_config(batch: int, key_dim: int, per_key_gate: bool, read_f
     return (min(32, whole_head), 1, 16) if per_key_gate and read_format == "nvfp4" else (whole_head, 1, 16)
 
 
-def read_copy_split_flush_config(value_dim: int, per_key_gate: bool = False,
-                                 read_format: str = "fp8") -> tuple[int, int]:
+def read_copy_split_flush_config(value_dim: int, read_format: str = "fp8") -> tuple[int, int]:
     """(BLOCK_V, num_warps) of a split step's flush launch when its replay launch streams a read copy
     (:func:`read_copy_stream_config`): nvfp4 [K, 16] x 1, fp8 [K, 64] x 2 (the flush launch decodes the copy's whole
     tile for the due rows' outputs: a wide nvfp4 tile spills). H200, the separated policy's step, re-encode included
@@ -1259,7 +1258,7 @@ def read_copy_split_flush_config(value_dim: int, per_key_gate: bool = False,
       (run 202) 59.2 / 90.9 against 59.9 / 106.1 and 63.9 / 96.8. Kimi-Linear fp8 [K, 64] x 2 260.1 / 329.9, [K, 32]
       x 1 268.2 / 363.8, [K, 16] x 1 296.6 / 380.0.
 
-    Before that load (GDN then on [K, 32] x 1; ``per_key_gate`` no longer changes the tile):
+    Before that load (GDN then on [K, 32] x 1, KDA on [K, 64] x 2):
 
     * Qwen3-Next nvfp4 (run 143): [K, 16] x 1 334.2 / 427.3, [K, 64] x 2 339.7 / 470.7 (run 141, before the nvfp4
       fold: 368.7 / 466.4 against [K, 32] x 1's 370.0 / 508.4); batch 64 93.1 / 170.2 vs 94.2 / 183.5.
@@ -1499,7 +1498,7 @@ def _replay_step(
     elif (stream is not None and phase == 0 and _split in ("auto", True) and bool(_count_launch) and bool(_ticket)
           and not _ring_physical):
         block_v, num_warps, _chunk_k = stream
-        stream_flush_tile = read_copy_split_flush_config(value_dim, per_key, read_format)
+        stream_flush_tile = read_copy_split_flush_config(value_dim, read_format)
         _split = True
     if _split == "auto":
         _split = False

@@ -333,13 +333,13 @@ def case_delta_stream_default(_, device):
                     (32, 1, 16) if fmt == "nvfp4" else (128, 1, 16))
                 assert module.read_copy_stream_config(3, 20, True, fmt, device_phase, value_dim=8) == (16, 1, 16)
             assert module.read_copy_stream_config(3, 256, False, fmt) is None  # past 128 key channels
+        # (the same tiles for both families since run 201)
         assert module.read_copy_split_flush_config(24) == (32, 1)
         assert module.read_copy_split_flush_config(8) == (16, 1)
-        assert module.read_copy_split_flush_config(128, False, "nvfp4") == (16, 1)
-        assert module.read_copy_split_flush_config(128, True, "fp8") == (64, 2)
-        assert module.read_copy_split_flush_config(128, False, "fp8") == (64, 2)  # GDN too since run 201
-        assert module.read_copy_split_flush_config(24, True, "nvfp4") == (16, 1)
-        assert module.read_copy_split_flush_config(24, True, "fp8") == (32, 1)
+        assert module.read_copy_split_flush_config(128, "nvfp4") == (16, 1)
+        assert module.read_copy_split_flush_config(128, "fp8") == (64, 2)
+        assert module.read_copy_split_flush_config(24, "nvfp4") == (16, 1)
+        assert module.read_copy_split_flush_config(24, "fp8") == (32, 1)
         default = dict(_split="auto")  # the default launch (a launch argument: compared within float32 rounding)
         for name, fmt in (("gdn", "fp8"), ("gdn", "nvfp4"), ("kda", "fp8"), ("kda", "nvfp4")):
             for count in (2, 5):

@@ -134,7 +134,7 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
                                                               flush_launch={}, **tile))
                     row[f"device_in_phase_{tag}_us"] = us(inputs.device_read_copy_fn(
                         step, encode, read_format, _split=True,
-                        _flush_config=delta_rule.read_copy_split_flush_config(V, per_key, read_format), **tile))
+                        _flush_config=delta_rule.read_copy_split_flush_config(V, read_format), **tile))
                 except Exception as error:  # out of resources for this tile
                     row[f"host_{tag}_error"] = f"{type(error).__name__}: {error}"[:120]
         if row["stream_config"] is None:  # not streamed by default (KDA nvfp4): the candidates, asked for
@@ -145,7 +145,7 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
                     row[f"host_{tag}_us"] = us(inputs.host_fn(step, read_format=read_format, flush_launch={}, **tile))
                 row[f"device_{phase}_{tag}_us"] = us(inputs.device_read_copy_fn(
                     step, encode, read_format, _split=True,
-                    _flush_config=delta_rule.read_copy_split_flush_config(V, per_key, read_format),
+                    _flush_config=delta_rule.read_copy_split_flush_config(V, read_format),
                     **tile))
         del inputs
     gen = torch.Generator(device=device).manual_seed(batch)

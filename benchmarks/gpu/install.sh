@@ -49,6 +49,9 @@ session_results() {  # session_results NAME: a fresh $RES for this STAGE's files
   RES=/tmp/w/res_${1}_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; PACK=$OUT/${1}_$STAGE.tgz
 }
 pack() { tar czf "$PACK" -C "$RES" . ; }
+show_tests() {  # the test jobs' summaries and failures so far
+  tail -n 3 "$RES"/test_*.txt; grep -h "^FAILED\|Error" "$RES"/test_*.txt | head -20
+}
 shaped_prompt() {  # shaped_prompt MODEL: the prompt length every compiled run of a shaped model used (Nemotron-H-like
   # 128: its stock torch prefill of 512 tokens runs out of memory, README; the others 512)
   [ "$1" = nemotron_h ] && echo 128 || echo 512

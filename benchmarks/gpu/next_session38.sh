@@ -19,7 +19,7 @@ arms=stock-static-compiled,replay-compiled,replay-fp8-compiled,replay-nvfp4-comp
 if [ "$STAGE" = 1 ]; then
   test_job 220 test_gpu_separated_rows tests/test_gpu.py -k "separated_flushes_in_the_kernel or \
     static_cache_with_a_read_copy"; pack
-  tail -n 3 "$RES"/test_*.txt; grep -h "^FAILED\|Error" "$RES"/test_*.txt | head -20
+  show_tests
   bench_job 280 generate_compiled_qwen3_5_separated_fla generate --models qwen3_5 --batches 256 --arms $arms \
     --prompt 512 --new 128 --repeats 2 --out "$RES/generate_compiled_qwen3_5_separated_fla.json"; pack
   for f in "$RES"/generate_*.txt; do grep -v "^ *$" "$f" | tail -6; done
@@ -32,7 +32,7 @@ elif [ "$STAGE" = 2 ]; then
 elif [ "$STAGE" = 3 ]; then
   REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_reload_token_cuda tests/test_kernels_read_copy.py \
     -k "flush_reads_copy"; pack
-  tail -n 3 "$RES"/test_*.txt; grep -h "^FAILED\|Error" "$RES"/test_*.txt | head -20
+  show_tests
   timeout 300 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256 \
     --specs gdn:fp8,kda:fp8,gdn:nvfp4,kda:nvfp4 --out "$RES/read_copy_reload_token.json" \
     > "$RES/read_copy_reload_token.txt" 2>&1

@@ -1150,6 +1150,13 @@ def _code_vector(kernel_phase: int, kernel_read_format: str, flush_reads_copy: b
     return int(replay_vector or 0) if kernel_phase in (1, 4) and streamed else 0
 
 
+def reload_token_default(read_format: str | None, per_key_gate: bool, device_positions: bool) -> bool:
+    """Whether the exact fold reads the token again after the records' loop (``_replay_step``'s ``_reload_token``):
+    on, except a host-phase step of a scalar gate (GDN) reading an nvfp4 copy, the one case it was slower on the
+    H200 (run 204: 181.2 -> 183.7 us per step at batch 256)."""
+    return device_positions or per_key_gate or read_format != "nvfp4"
+
+
 def host_flush_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: int, per_key_gate: bool = False,
                              kda_weights: bool = True, exact_fold: bool = False, exact_solve: bool = False
                              ) -> tuple[int, int, bool]:
@@ -1348,7 +1355,7 @@ def _replay_step(
     _nvfp4_pairs=True, _kda_weights=True, _gdn_weights=False, _weights_warps=None, _chunk_k=0, _flush_grid="batch",
     _flush_config=None, _walk="auto", _exact_solve=False, reencode_copy=False, _flush_amax=True,
     _flush_scale_per_row=True, _flush_code_vector=4, _split_flush_code_vector=4, _replay_code_vector=0,
-    _reload_token=False,
+    _reload_token="auto",
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot``; ``_split`` (device positions only): the step as a flush-only launch for the rows due (the others
@@ -1429,10 +1436,14 @@ def _replay_step(
     shuffles 143 -> 15, spills 212 -> 192 bytes; GDN's spills 292 -> 360. Slower on the H200 (run 200, batch 256,
     us per step: host cycle as the cache runs it GDN 176.1 -> 184.0, KDA 233.9 -> 239.9; device step in phase
     211.7 -> 215.6, 259.9 -> 267.8; mixed 289.1 -> 292.4, 329.4 -> 338.5): the replay launches' shuffles were not
-    what held them, so it stays off. ``_reload_token`` (default off; the exact fold, stepped): the flush reads the
-    token's q, k, v, beta, g again after the records' loop instead of holding them through it (same values, bit for
-    bit); offline, sm_90, batch 256, the host flush giving its outputs from an fp8 copy: KDA spills 336 -> 216 bytes
-    (plain 464 -> 364), GDN 168 -> 128 registers. Not yet timed."""
+    what held them, so it stays off. ``_reload_token`` (the exact fold, stepped): the flush reads the token's q, k, v,
+    beta, g again after the records' loop instead of holding them through it (same values, bit for bit); offline,
+    sm_90, batch 256, the host flush giving its outputs from an fp8 copy: KDA spills 336 -> 216 bytes (plain
+    464 -> 364), GDN 168 -> 128 registers. H200, batch 256 (run 204, us per step): host cycle as the cache runs it
+    GDN fp8 176.0 -> 170.7, KDA fp8 234.2 -> 233.5, KDA nvfp4 224.2 -> 222.5, but GDN nvfp4 181.2 -> 183.7; device
+    step (mixed / in phase) GDN fp8 267.6 / 206.9 -> 266.6 / 206.7, KDA fp8 329.1 / 260.1 -> 326.0 / 257.0, nvfp4
+    GDN 278.1 -> 275.8 mixed, KDA 386.2 -> 384.0. ``"auto"`` (the default): on, except a host-phase step of a
+    scalar gate reading an nvfp4 copy (:func:`reload_token_default`)."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -1449,6 +1460,8 @@ def _replay_step(
     read_format, read_operands = read_copy_operands(read_copy, read_format, state)
     # the nvfp4 tile loaded byte by byte per nibble, or as whole bytes (see kernels/read_copy.py)
     kernel_read_format = "nvfp4_pairs" if read_format == "nvfp4" and _nvfp4_pairs else read_format
+    reload_token = (reload_token_default(read_format, per_key, device_positions=phase == 0)
+                    if _reload_token == "auto" else bool(_reload_token))
     exact_fold = ring_v is not None or ring_beta is not None
     if exact_fold:
         if ring_v is None or ring_beta is None:
@@ -1656,7 +1669,7 @@ def _replay_step(
             COPY_SCALE_PER_ROW=bool(_flush_scale_per_row) and kernel_phase == 2,
             CODE_VECTOR=_code_vector(kernel_phase, kernel_read_format, flush_reads_copy, bool(_chunk_k),
                                      _flush_code_vector, _split_flush_code_vector, _replay_code_vector),
-            RELOAD_TOKEN=bool(_reload_token) and exact_fold and not exact_solve,
+            RELOAD_TOKEN=reload_token and exact_fold and not exact_solve,
             num_warps=launch_warps,
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel

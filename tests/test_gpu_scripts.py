@@ -72,8 +72,8 @@ def test_read_copy_defaults_smoke(tmp_path):
         "device_in_phase_flush_scale_per_element_us", "host_tile_16x1_c16_us", "device_in_phase_tile_16x1_c16_us",
         "host_flush_codes16_us", "device_mixed_split_flush_codes16_us",
         "device_in_phase_split_flush_codes16_us", "host_replay_code_vector_us", "device_mixed_replay_code_vector_us",
-        "device_in_phase_replay_code_vector_us", "host_reload_token_us", "device_mixed_reload_token_us",
-        "device_in_phase_reload_token_us", "standard_us"]), sorted(timed)
+        "device_in_phase_replay_code_vector_us", "host_token_held_us", "host_token_reloaded_us",
+        "device_mixed_token_held_us", "device_in_phase_token_held_us", "standard_us"]), sorted(timed)
     # (the 256-wide tile: wider than the head, skipped)
     assert all(value > 0 for value in timed.values()), timed
     assert "gdn fp8 batch 2 (stream (16, 1, 16)" in out.stdout

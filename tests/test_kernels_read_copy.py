@@ -455,9 +455,10 @@ def case_flush_reads_copy(_, device):
             arms.append(("codes 16 to a vector", family.kernel, True, {"_split": True, "_split_flush_code_vector": 0}))
             # its default tile at real shapes (GDN and KDA: [K, 64] x 2; here past the head's V, masked)
             arms.append(("flush tile 64 x 2", family.kernel, True, {"_split": True, "_flush_config": (64, 2)}))
-        if name != "mamba2":  # the exact fold reading the token again after the records' loop (same values)
-            arms.append(("token reloaded", family.kernel, True, {"_reload_token": True}))
-            arms.append(("token reloaded, split", family.kernel, True, {"_split": True, "_reload_token": True}))
+        if name != "mamba2":  # the exact fold holding the token through the records' loop (its default reads it
+            # again after the loop; same values)
+            arms.append(("token held", family.kernel, True, {"_reload_token": False}))
+            arms.append(("token held, split", family.kernel, True, {"_split": True, "_reload_token": False}))
         for label, fn, option, launch in arms:
             q = _clone(p)
             raw = {n: q.pop(n) for n in ("ring_v", "ring_beta") if n in q}
@@ -502,10 +503,12 @@ def case_flush_reads_copy(_, device):
                      ("default", family.kernel, False, {})]
         if name != "mamba2" and read_format == "fp8":  # the codes at the compiler's widest vector (16 to a thread)
             host_arms.append(("codes 16 to a vector", family.kernel, True, {"_flush_code_vector": 0}))
-        if name != "mamba2":  # the exact fold reading the token again after the records' loop (same values), with
-            # the outputs from the copy and (plain: compared with "default") from the new checkpoint
-            host_arms.append(("token reloaded", family.kernel, True, {"_reload_token": True}))
-            host_arms.append(("token reloaded, plain", family.kernel, False, {"_reload_token": True}))
+        if name != "mamba2":  # the exact fold holding the token through the records' loop, and reading it again
+            # after the loop (the default but for GDN's nvfp4 host step; same values), with the outputs from the copy
+            # and (plain: compared with "default") from the new checkpoint
+            for reload in (False, True):
+                host_arms.append((f"token reload {reload}", family.kernel, True, {"_reload_token": reload}))
+                host_arms.append((f"token reload {reload}, plain", family.kernel, False, {"_reload_token": reload}))
         if name == "mamba2":  # the flush-only launch decoding the whole copy tile; the outputs by a replay-only
             # launch appending nothing, then the plain flush storing none
             host_arms.append(("one launch", family.kernel, True, {"_flush_outputs_launch": False}))

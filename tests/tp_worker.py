@@ -101,6 +101,10 @@ def main() -> None:
     torch.backends.cudnn.allow_tf32 = False
     try:
         run(out_dir, model_dirs)
+        if torch.distributed.is_initialized():
+            # both ranks done before either tears its process group down: a rank destroying gloo while its peer
+            # still sends once aborted the peer natively ("terminate called without an active exception", CI)
+            torch.distributed.barrier()
     except BaseException:
         (out_dir / f"rank{os.environ.get('RANK', 0)}.err").write_text(traceback.format_exc())
         raise

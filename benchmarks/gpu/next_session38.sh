@@ -13,6 +13,9 @@
 #   built offline in the thirty-seventh session: KDA's flush spills 336 -> 216 bytes, GDN's 168 -> 128 registers):
 #   the kernel cases on CUDA, then the read-copy defaults of GDN / KDA fp8 and nvfp4 at 256 with its arms
 #   (host_reload_token, device_*_reload_token). If it gains, make it the default and time it end to end.
+# STAGE=4 (about 8 minutes; after run 204 made _reload_token's "auto" the default): the 256-row separated-precision
+#   model tests again with a longer limit (run 205 stopped them at 220 s, 22 passed, compiling the new kernels), then
+#   the read-copy defaults of GDN fp8 / nvfp4 at 256 once more (the host step's token held and reloaded side by side).
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session38; cd /tmp/w
 arms=stock-static-compiled,replay-compiled,replay-fp8-compiled,replay-nvfp4-compiled
@@ -38,5 +41,13 @@ elif [ "$STAGE" = 3 ]; then
     > "$RES/read_copy_reload_token.txt" 2>&1
   echo "read_copy_reload_token rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   cut -c1-1800 "$RES/read_copy_reload_token.txt"
+elif [ "$STAGE" = 4 ]; then
+  test_job 360 test_gpu_separated_rows tests/test_gpu.py -v -k "separated_flushes_in_the_kernel or \
+    static_cache_with_a_read_copy"; pack
+  show_tests
+  timeout 150 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256 --specs gdn:nvfp4,gdn:fp8 \
+    --out "$RES/read_copy_token_held.json" > "$RES/read_copy_token_held.txt" 2>&1
+  echo "read_copy_token_held rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  cut -c1-1500 "$RES/read_copy_token_held.txt"
 fi
 save_triton_cache

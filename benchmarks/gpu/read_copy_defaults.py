@@ -80,9 +80,11 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
                 # run 200 although KDA's warp shuffles fall 143 -> 15 offline)
                 row["host_replay_code_vector_us"] = us(inputs.host_fn(
                     step, read_format=read_format, reencode="step", flush_launch={}, _replay_code_vector=4))
-            # the exact fold reading the token again after the records' loop (_reload_token; off, untimed: offline
-            # KDA's flush spills 336 -> 216 bytes, GDN's takes 128 registers instead of 168)
-            row["host_reload_token_us"] = us(inputs.host_fn(
+            # the exact fold holding the token through the records' loop (before run 204; _reload_token, default
+            # but for GDN's nvfp4 host step, reads it again after the loop)
+            row["host_token_held_us"] = us(inputs.host_fn(
+                step, read_format=read_format, reencode="step", flush_launch=dict(_reload_token=False)))
+            row["host_token_reloaded_us"] = us(inputs.host_fn(
                 step, read_format=read_format, reencode="step", flush_launch=dict(_reload_token=True)))
             row["host_default_external_reencode_us"] = us(inputs.host_fn(
                 step, read_format=read_format, reencode=read_copy_encode.reencode_read_copy))
@@ -116,8 +118,8 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
                 step, encode, read_format, _split_flush_code_vector=0))
             row[f"device_{phase}_replay_code_vector_us"] = us(inputs.device_read_copy_fn(
                 step, encode, read_format, _replay_code_vector=4))
-        row[f"device_{phase}_reload_token_us"] = us(inputs.device_read_copy_fn(step, encode, read_format,
-                                                                             _reload_token=True))
+        row[f"device_{phase}_token_held_us"] = us(inputs.device_read_copy_fn(step, encode, read_format,
+                                                                           _reload_token=False))
         if device_flush_tiles and row["device_stream_config"] is not None:
             cbv, cnw, chunk = row["device_stream_config"]
             for fbv, fnw in DEVICE_FLUSH_TILES:

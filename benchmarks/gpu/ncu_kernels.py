@@ -11,7 +11,7 @@ per-head weights pre-launch too). Without ncu it prints each arm's time (``trito
 bytes per second it implies, to set beside the counters.
 
     python3 benchmarks/gpu/ncu_kernels.py [--families gdn,kda,mamba2] [--batch 256] [--kda-weights-warps 1,2]
-        [--chunks 16:64:2,32:64:4]
+        [--chunks 16:64:2,32:64:4] [--flush-copies fp8,nvfp4] [--replay-copies fp8,nvfp4]
     ncu --clock-control none --profile-from-start off --set detailed -o OUT python3 benchmarks/gpu/ncu_kernels.py
 """
 
@@ -32,7 +32,8 @@ def _bf16(*shape, device):
 
 
 def delta_arms(batch: int, per_key: bool, device, weights_warps: tuple[int, ...] = (),
-               chunks: tuple[tuple[int, int, int], ...] = (), flush_copies: tuple[str, ...] = ()) -> dict:
+               chunks: tuple[tuple[int, int, int], ...] = (), flush_copies: tuple[str, ...] = (),
+               replay_copies: tuple[str, ...] = ()) -> dict:
     heads, key_heads, dim = 32, 32 if per_key else 16, 128
     gate = (heads, dim) if per_key else (heads,)
     state = torch.randn(batch, heads, dim, dim, device=device) * 0.1
@@ -84,6 +85,15 @@ def delta_arms(batch: int, per_key: bool, device, weights_warps: tuple[int, ...]
                 arms["flush15_fp8_copy_outputs_codes16"] = (lambda read=read: delta_rule._replay_step(
                     state, *rings, 0, 15, *t, buffer_len=RING, out=out, flush_reads_copy=True, _flush_code_vector=0,
                     **read), 2)
+    for fmt in replay_copies:  # the separated policy's replay-only launch (15 of the host cycle's 16 steps) at
+        # its default streamed tile, reading the copy at the cycle's most expensive position; passes: the copy's
+        # bytes (codes and scales) over the fp32 state's, so the GB/s column is the copy's
+        from hf_replayssm.precision.formats import get_format
+
+        copy = get_format(fmt).encode(state)
+        copy_passes = sum(part.numel() * part.element_size() for part in copy.values()) / (state.numel() * 4)
+        arms[f"replay_host14_{fmt}"] = (lambda copy=copy, fmt=fmt: delta_rule._replay_step(
+            state, *rings, 0, 14, *t, buffer_len=RING, out=out, read_copy=copy, read_format=fmt), copy_passes)
     return arms, state.numel() * 4
 
 
@@ -130,6 +140,8 @@ def main(argv=None) -> None:
                         "pre-launch to add as arms beside the default (4)")
     parser.add_argument("--flush-copies", default="", help="comma-separated read formats (fp8, nvfp4): the GDN / KDA "
                         "host flush with the exact fold, plain and giving its outputs from the copy, added as arms")
+    parser.add_argument("--replay-copies", default="", help="comma-separated read formats (fp8, nvfp4): the GDN / "
+                        "KDA host replay-only launch reading a copy at its default streamed tile, added as arms")
     args = parser.parse_args(argv)
     weights_warps = tuple(int(w) for w in args.kda_weights_warps.split(",") if w)
     chunks = tuple(tuple(int(n) for n in c.split(":")) for c in args.chunks.split(",") if c)
@@ -139,7 +151,8 @@ def main(argv=None) -> None:
     for family in args.families.split(","):
         built, state_bytes = (mamba2_arms(args.batch, device) if family == "mamba2"
                               else delta_arms(args.batch, family == "kda", device, weights_warps, chunks,
-                                              tuple(f for f in args.flush_copies.split(",") if f)))
+                                              tuple(f for f in args.flush_copies.split(",") if f),
+                                              tuple(f for f in args.replay_copies.split(",") if f)))
         for name, (fn, passes) in built.items():
             arms[f"{family}_{name}"] = (fn, passes * state_bytes)
     for fn, _ in arms.values():  # compile and warm every kernel before the profiled window

@@ -655,6 +655,8 @@ def _delta_replay_step_kernel(
     # EXACT_FOLD (not solved): the token's q, k, v, beta, g read again after the records' loop instead of held
     # through it (registers; see _replay_step's _reload_token)
     RELOAD_TOKEN: tl.constexpr = False,
+    # CHUNK_K: the records' values loaded after the streamed products instead of before (see _late_records)
+    LATE_RECORDS: tl.constexpr = False,
 ):
     pid_v = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -752,7 +754,8 @@ def _delta_replay_step_kernel(
             slots = (origin + offs_r) % ring_size
         if not WEIGHTS_GIVEN:
             k_r = _load_record_keys(rk_base, slots, valid, offs_k, mask_k, stride_rk_r, stride_rk_k, USE_QK_L2NORM)
-        d_r = _load_record_values(rd_base, slots, valid, offs_v, mask_v, stride_rd_r, stride_rd_v)
+        if not (LATE_RECORDS and CHUNK_K > 0):
+            d_r = _load_record_values(rd_base, slots, valid, offs_v, mask_v, stride_rd_r, stride_rd_v)
         # Decays from the gates one record later (s_r = sum_{r<i<count} g_i + g_t; c = g_0 + s_0) and the records'
         # weights: from the per-head pre-launch (WEIGHTS_GIVEN: once per (row, head), not once per V tile) or here.
         if WEIGHTS_GIVEN:
@@ -787,6 +790,8 @@ def _delta_replay_step_kernel(
                 0, 0, GATE_PER_KEY, USE_QK_L2NORM, BLOCK_K, BLOCK_V, CHUNK_K, "fp32")
         else:
             pq, pk = _checkpoint_products(s0, q_t, k_t, decay, GATE_PER_KEY)
+        if LATE_RECORDS and CHUNK_K > 0:  # the records' values read after the stream, not held through it
+            d_r = _load_record_values(rd_base, slots, valid, offs_v, mask_v, stride_rd_r, stride_rd_v)
         d_t, o = _token_output(pq, pk, wq, wk, d_r, q_t, k_t, v_t, beta_t)
         tl.store(o_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_v * stride_o_v,
                  o.to(o_ptr.dtype.element_ty), mask=mask_v)
@@ -1355,7 +1360,7 @@ def _replay_step(
     _nvfp4_pairs=True, _kda_weights=True, _gdn_weights=False, _weights_warps=None, _chunk_k=0, _flush_grid="batch",
     _flush_config=None, _walk="auto", _exact_solve=False, reencode_copy=False, _flush_amax=True,
     _flush_scale_per_row=True, _flush_code_vector=4, _split_flush_code_vector=4, _replay_code_vector=0,
-    _reload_token="auto",
+    _reload_token="auto", _late_records=False,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot``; ``_split`` (device positions only): the step as a flush-only launch for the rows due (the others
@@ -1443,7 +1448,14 @@ def _replay_step(
     GDN fp8 176.0 -> 170.7, KDA fp8 234.2 -> 233.5, KDA nvfp4 224.2 -> 222.5, but GDN nvfp4 181.2 -> 183.7; device
     step (mixed / in phase) GDN fp8 267.6 / 206.9 -> 266.6 / 206.7, KDA fp8 329.1 / 260.1 -> 326.0 / 257.0, nvfp4
     GDN 278.1 -> 275.8 mixed, KDA 386.2 -> 384.0. ``"auto"`` (the default): on, except a host-phase step of a
-    scalar gate reading an nvfp4 copy (:func:`reload_token_default`)."""
+    scalar gate reading an nvfp4 copy (:func:`reload_token_default`). ``_late_records`` (``_chunk_k`` launches; off,
+    untimed): the records' values [R, BLOCK_V] are loaded after the streamed checkpoint products instead of before,
+    so they are not held through the stream; offline, sm_90, batch 256, the host replay-only launch reading a copy
+    (registers / spilled bytes, chunks of 16 -> with it; chunks of 8; chunks of 4 with it): GDN fp8 255 / 292 ->
+    255 / 56, 254 / 0 -> 229 / 0, 160; nvfp4 255 / 516 -> 255 / 92, 254 -> 243, 161; KDA fp8 255 / 212 -> 253 / 0,
+    228 -> 185, 146; KDA nvfp4 on [K, 32] 117 -> 111, 90 -> 72, 63. Fewer registers let more programs share an SM
+    (255: 8 one-warp programs; 160: 12), while smaller chunks keep fewer bytes in flight per program: to be timed
+    (``read_copy_defaults.py --stream-tiles --stream-late``)."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -1670,6 +1682,7 @@ def _replay_step(
             CODE_VECTOR=_code_vector(kernel_phase, kernel_read_format, flush_reads_copy, bool(_chunk_k),
                                      _flush_code_vector, _split_flush_code_vector, _replay_code_vector),
             RELOAD_TOKEN=reload_token and exact_fold and not exact_solve,
+            LATE_RECORDS=bool(_late_records) and bool(_chunk_k),
             num_warps=launch_warps,
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel

@@ -51,12 +51,14 @@ def test_read_probe_smoke(tmp_path):
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_read_copy_defaults_smoke(tmp_path):
     """The read-copy defaults script times every arm (GDN fp8 on the smoke's shape, streaming lowered to its batch),
-    the streamed launches on a tile asked for (``--stream-tiles --tiles``), and reports the streamed launches it
+    the streamed launches on a tile asked for (``--stream-tiles --tiles``, with ``--stream-late`` also with the
+    records' values loaded after the stream), and reports the streamed launches it
     timed."""
     _interpreter_usable()
     result = tmp_path / "defaults.json"
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "read_copy_defaults.py"), "--smoke",
                           "--batches", "2", "--specs", "gdn:fp8", "--stream-tiles", "--tiles", "16x1x16,256x1x16",
+                          "--stream-late",
                           "--out", str(result)], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
                          timeout=900)
     assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
@@ -70,6 +72,7 @@ def test_read_copy_defaults_smoke(tmp_path):
         "host_whole_tile_us", "device_mixed_default_us", "device_mixed_fused_us",
         "device_mixed_flush_scale_per_element_us", "device_in_phase_default_us", "device_in_phase_fused_us",
         "device_in_phase_flush_scale_per_element_us", "host_tile_16x1_c16_us", "device_in_phase_tile_16x1_c16_us",
+        "host_tile_16x1_c16_late_us", "device_in_phase_tile_16x1_c16_late_us",
         "host_flush_codes16_us", "device_mixed_split_flush_codes16_us",
         "device_in_phase_split_flush_codes16_us", "host_replay_code_vector_us", "device_mixed_replay_code_vector_us",
         "device_in_phase_replay_code_vector_us", "host_token_held_us", "host_token_reloaded_us",

@@ -296,15 +296,20 @@ def case_delta_chunked(_, device):
     """``_chunk_k`` with a read copy (the replay-only launches stream the copy K rows at a time: fp8 codes with the row
     scales folded into q and k, nvfp4 decoded per chunk, both nibble loads): GDN and KDA, host positions replaying
     and flushing, a split step with rows in both phases (K = 20: the last chunk is masked); fp8 also with the codes
-    loaded 4 to a vector (``_replay_code_vector``)."""
+    loaded 4 to a vector (``_replay_code_vector``); chunks of 4 rows and the records' values loaded after the stream
+    (``_late_records``), fp8 and both nvfp4 loads."""
+    late = dict(_late_records=True)
     for name, read_format, extra in (("gdn", "fp8", {}), ("kda", "fp8", {}), ("gdn", "nvfp4", {}),
                                      ("kda", "nvfp4", dict(_nvfp4_pairs=False)),
                                      ("kda", "fp8", dict(_replay_code_vector=4)),
-                                     ("gdn", "fp8", dict(_replay_code_vector=4))):
+                                     ("gdn", "fp8", dict(_replay_code_vector=4)),
+                                     ("gdn", "fp8", late), ("kda", "nvfp4", late),
+                                     ("gdn", "nvfp4", dict(_nvfp4_pairs=False, **late))):
         family = _Family(name)
+        chunk = 4 if extra.get("_late_records") else 8
         for count in (2, 5):
             _check(family, device, read_format, origins=(3 * count + 2) % 5, counts=count, buffer_len=6,
-                   seed=20 + count, launch=dict(_chunk_k=8, **extra))
+                   seed=20 + count, launch=dict(_chunk_k=chunk, **extra))
         _check(family, device, read_format, origins=[4, 0, 2], counts=[3, 5, 1], buffer_len=6, seed=30,
                launch=dict(_chunk_k=16, _split=True, **extra))
 

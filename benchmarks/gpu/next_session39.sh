@@ -9,6 +9,11 @@
 #   occupancy, warp stalls (long scoreboard against math / MIO), spills; then the same arms timed without ncu.
 # STAGE=2 (about 4 minutes): compiled `generate` Kimi-Linear-like at 256 with four repeats: separated-nvfp4 measured
 #   1.36x / 1.38x in runs 209 / 210 against 1.47x in run 198 while its kernel-level step did not move (386 us).
+# STAGE=3 (about 9 minutes): the streamed replay launches in chunks of 16 / 8 / 4 key rows, each also with the records'
+#   values loaded after the stream (`_late_records`, new, off): offline (sm_90, batch 256) registers fall from 255
+#   (spilling) to 229 (GDN fp8, chunks of 8, late) / 160 (chunks of 4, late); KDA fp8 185 / 146. Host cycle as the
+#   cache runs it and the split step in phase, every family and format at 256 (`read_copy_defaults.py --stream-tiles
+#   --stream-late`); the interpreter tests cover chunks of 4 and the option (`delta_chunked`); on CUDA first.
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session39; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
@@ -22,5 +27,15 @@ elif [ "$STAGE" = 2 ]; then
     --arms stock-static-compiled,replay-compiled,replay-fp8-compiled,replay-nvfp4-compiled --prompt 512 \
     --new 128 --repeats 4 --out "$RES/generate_compiled_kimi_linear_separated_r4.json"; pack
   for f in "$RES"/generate_*.txt; do grep -v "^ *$" "$f" | tail -6; done
+elif [ "$STAGE" = 3 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 120 test_kernels_chunked_late_cuda tests/test_kernels_read_copy.py \
+    -k "delta_chunked"; pack
+  show_tests
+  timeout 380 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256 \
+    --specs gdn:fp8,kda:fp8,gdn:nvfp4,kda:nvfp4 --stream-tiles --stream-late \
+    --tiles 128x1x16,128x1x8,128x1x4,32x1x16,32x1x8,32x1x4 --out "$RES/read_copy_stream_late.json" \
+    > "$RES/read_copy_stream_late.txt" 2>&1
+  echo "read_copy_stream_late rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  cut -c1-2500 "$RES/read_copy_stream_late.txt"
 fi
 save_triton_cache

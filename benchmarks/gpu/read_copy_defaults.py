@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 
 import torch
@@ -41,7 +42,8 @@ ARMS = ("host_default", "host_default_reencode", "host_whole_tile", "device_mixe
 
 
 def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: torch.device, smoke: bool,
-             flush_tiles: bool = False, device_flush_tiles: bool = False, stream_tiles: bool = False) -> dict:
+             flush_tiles: bool = False, device_flush_tiles: bool = False, stream_tiles: bool = False,
+             stream_late: bool = False) -> dict:
     per_key = family == "kda"
     shape = bench_delta.SMOKE_SHAPES[family]["smoke"] if smoke else bench_delta.SHAPES[family][SHAPE_NAMES[family]]
     Hv, _, K, V = shape
@@ -127,10 +129,12 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
                     step, encode, read_format, _split=True, _block_v=cbv, _num_warps=cnw, _chunk_k=chunk,
                     _flush_config=(fbv, fnw)))
         if stream_tiles and phase == "in_phase":
-            for cbv, cnw, chunk in STREAM_TILES:
+            # stream_late: each tile also with the records' values loaded after the stream (_late_records)
+            for (cbv, cnw, chunk), late in itertools.product(STREAM_TILES, (False, True) if stream_late else (False,)):
                 if cbv > max(16, 1 << (V - 1).bit_length()) or chunk > max(16, 1 << (K - 1).bit_length()):
                     continue
-                tag, tile = f"tile_{cbv}x{cnw}_c{chunk}", dict(_block_v=cbv, _num_warps=cnw, _chunk_k=chunk)
+                tag = f"tile_{cbv}x{cnw}_c{chunk}{'_late' if late else ''}"
+                tile = dict(_block_v=cbv, _num_warps=cnw, _chunk_k=chunk, **({"_late_records": True} if late else {}))
                 try:
                     row[f"host_{tag}_us"] = us(inputs.host_fn(step, read_format=read_format, reencode="step",
                                                               flush_launch={}, **tile))
@@ -173,6 +177,8 @@ def main() -> None:
                         help="also time the streamed replay launches on other tiles (host cycle as the cache runs it, "
                              "split step in phase)")
     parser.add_argument("--tiles", default="", help="VxWxC tiles for --stream-tiles instead of the built-in list")
+    parser.add_argument("--stream-late", action="store_true",
+                        help="--stream-tiles: each tile also with the records' values loaded after the stream")
     args = parser.parse_args()
     if args.tiles:
         STREAM_TILES[:] = [tuple(int(n) for n in tile.split("x")) for tile in args.tiles.split(",")]
@@ -187,7 +193,7 @@ def main() -> None:
         for spec in args.specs.split(","):
             family, read_format = spec.split(":")
             row = rows_for(family, read_format, batch, timer, device, args.smoke, args.flush_tiles,
-                           args.device_flush_tiles, args.stream_tiles)
+                           args.device_flush_tiles, args.stream_tiles, args.stream_late)
             rows.append(row)
             print(f"{family} {read_format} batch {batch} (stream {row['stream_config']}, device "
                   f"{row['device_stream_config']}): "

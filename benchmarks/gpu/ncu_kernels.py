@@ -92,8 +92,18 @@ def delta_arms(batch: int, per_key: bool, device, weights_warps: tuple[int, ...]
 
         copy = get_format(fmt).encode(state)
         copy_passes = sum(part.numel() * part.element_size() for part in copy.values()) / (state.numel() * 4)
-        arms[f"replay_host14_{fmt}"] = (lambda copy=copy, fmt=fmt: delta_rule._replay_step(
-            state, *rings, 0, 14, *t, buffer_len=RING, out=out, read_copy=copy, read_format=fmt), copy_passes)
+
+        def replay_copy(copy=copy, fmt=fmt, **launch):
+            return lambda: delta_rule._replay_step(state, *rings, 0, 14, *t, buffer_len=RING, out=out,
+                                                   read_copy=copy, read_format=fmt, **launch)
+
+        arms[f"replay_host14_{fmt}"] = (replay_copy(), copy_passes)
+        # the same tile in chunks of 4 key rows, the records' values loaded after the stream (offline: 146-161
+        # registers against 255)
+        config = delta_rule.read_copy_stream_config(batch, dim, per_key, fmt)  # (None below the streamed batch)
+        if config is not None:
+            arms[f"replay_host14_{fmt}_c4_late"] = (replay_copy(_block_v=config[0], _num_warps=config[1], _chunk_k=4,
+                                                                _late_records=True), copy_passes)
     return arms, state.numel() * 4
 
 

@@ -6,7 +6,8 @@
 #   flush cycle in 163.8 us against the fp32 replay cycle's 176.6 (run 206 / 122): its 15 replay launches reading a
 #   quarter of the bytes barely gain. Nsight Compute on the host replay-only launch at 14 records, fp32 checkpoint
 #   and fp8 / nvfp4 copies, GDN and KDA (`ncu_kernels.py --replay-copies`, new): DRAM throughput, achieved
-#   occupancy, warp stalls (long scoreboard against math / MIO), spills; then the same arms timed without ncu.
+#   occupancy, warp stalls (long scoreboard against math / MIO), spills, each copy also in chunks of 4 with the
+#   records loaded late (offline 146-161 registers against 255); then the same arms timed without ncu.
 # STAGE=2 (about 4 minutes): compiled `generate` Kimi-Linear-like at 256 with four repeats: separated-nvfp4 measured
 #   1.36x / 1.38x in runs 209 / 210 against 1.47x in run 198 while its kernel-level step did not move (386 us).
 # STAGE=3 (about 9 minutes): the streamed replay launches in chunks of 16 / 8 / 4 key rows, each also with the records'

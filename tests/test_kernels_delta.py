@@ -29,17 +29,6 @@ def test_kernel_matches_reference(case):
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
-def test_reload_token_default():
-    # the exact fold reads the token again after its records' loop everywhere but a host-phase GDN step reading an
-    # nvfp4 copy (slower there on the H200, run 204)
-    from hf_replayssm.kernels.delta_rule import reload_token_default
-
-    for read_format, per_key, device in itertools.product(("fp8", "nvfp4", "bf16"), (False, True), (False, True)):
-        want = not (read_format == "nvfp4" and not per_key and not device)
-        assert reload_token_default(read_format, per_key, device_positions=device) == want
-
-
-@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 @pytest.mark.parametrize("family", ["gdn", "kda"])
 def test_bench_smoke(tmp_path, family):
     # the separated-precision arms: nvfp4 on one family, fp8 (its streamed replay too) with the --diag arms on the other

@@ -167,11 +167,12 @@ def _launch(**options) -> dict:
 
 def _delta_call(fmt: str, device_phase: bool, block_v: int | None = None, num_warps: int | None = None,
                 per_key: bool = False, gdn_weights: bool = False, batch: int = 2, flush: bool = False,
-                flush_outputs: bool | None = None, code_vector: int | None = None):
+                flush_outputs: bool | None = None, code_vector: int | None = None, reload_token: bool | None = None):
     """``delta_rule._replay_step`` on ``batch`` rows at a real shape (launch options None: the wrapper's defaults);
     ``flush``: at host positions, the flush instead of a replay. With a copy, ``flush_outputs`` (default: with device
     positions or ``flush``) gives flushing rows' outputs from it; ``code_vector``: the host flush's
-    ``_flush_code_vector``."""
+    ``_flush_code_vector``; ``reload_token=True``: the exact fold reads the token again after its records whatever
+    the default (``_reload_token``)."""
     from hf_replayssm.kernels import delta_rule
 
     # Qwen3-Next's GDN shape; Kimi-Linear's KDA: 32 heads of 128, a decay per key channel
@@ -192,7 +193,7 @@ def _delta_call(fmt: str, device_phase: bool, block_v: int | None = None, num_wa
             torch.randn(batch, value_heads, dim).bfloat16(), torch.rand(batch, value_heads).bfloat16(),
             -torch.rand(batch, *gate), buffer_len=16, out=torch.empty(batch, value_heads, dim),
             **_launch(_block_v=block_v, _num_warps=num_warps, _gdn_weights=gdn_weights,
-                      _flush_code_vector=code_vector), **read)
+                      _flush_code_vector=code_vector, _reload_token=reload_token), **read)
 
     # the per-head weights pre-launch (per-key gates; scalar ones with gdn_weights) comes first (compiled, not run)
     return delta_rule, ["_kda_weights_kernel", "_delta_replay_step_kernel"] if per_key or gdn_weights else [
@@ -310,15 +311,18 @@ def reencode_registers(arch: int = 90, batch: int = 2, grids: tuple = (None, "co
 def host_flush_registers(family: str, arch: int = 90, batch: int = 256) -> list[dict]:
     """The delta rule's host flush (every row at its last position, the separated policy's exact fold) at ``batch``:
     plain (outputs from the new checkpoint), outputs from an fp8 copy with the codes 4 to a vector (the default) and
-    at the compiler's widest (``_flush_code_vector=0``), outputs from an nvfp4 copy. Why: Nsight Compute put the fp8
-    arm at 1.24 ms against the plain flush's 0.80 (H200, GDN, run 192); the counts here show where (shuffles, shared
-    memory)."""
+    at the compiler's widest (``_flush_code_vector=0``), outputs from an nvfp4 copy at its default (GDN: the token
+    held through the records' loop, :func:`delta_rule.reload_token_default`) and with the token reloaded as the
+    others. Why: Nsight Compute put the fp8 arm at 1.24 ms against the plain flush's 0.80 (H200, GDN, run 192); the
+    counts here show where (shuffles, shared memory)."""
     rows = []
-    for fmt, outputs, vector, arm in (("fp8", False, None, "plain"), ("fp8", True, None, "fp8 outputs"),
-                                      ("fp8", True, 0, "fp8 outputs, widest codes"),
-                                      ("nvfp4", True, None, "nvfp4 outputs")):
+    for fmt, outputs, vector, reload, arm in (("fp8", False, None, None, "plain"),
+                                              ("fp8", True, None, None, "fp8 outputs"),
+                                              ("fp8", True, 0, None, "fp8 outputs, widest codes"),
+                                              ("nvfp4", True, None, None, "nvfp4 outputs"),
+                                              ("nvfp4", True, None, True, "nvfp4 outputs, token reloaded")):
         module, kernels, call = _delta_call(fmt, False, per_key=family == "kda", batch=batch, flush=True,
-                                            flush_outputs=outputs, code_vector=vector)
+                                            flush_outputs=outputs, code_vector=vector, reload_token=reload)
         for r in compile_launches(module, kernels, call, arch, skip=("advance_counts",)):
             if r["kernel"] == "_delta_replay_step_kernel":
                 rows.append(dict(r, arm=arm))

@@ -146,15 +146,19 @@ print(json.dumps(dict(rows=rows, restored=type(delta_rule._delta_replay_step_ker
 def test_host_flush_code_vector():
     """``--host-flush``: GDN's host flush at batch 256 (exact fold, [128, 16] x 1 warp), plain and giving its outputs
     from a copy. The fp8 arm loads its codes 4 to a vector by default and then needs fewer warp shuffles than with
-    the compiler's widest load (Triton 3.6 and 3.9: 350 against 486, as many as nvfp4's), where that load's layout
-    carried over to the fold; every arm without spills."""
+    the compiler's widest load (Triton 3.9, the token reloaded: 355 against 491; 3.6 and held: 350 against 486), as
+    many as nvfp4's with the token handled alike (its default holds it: ``reload_token_default``), where that load's
+    layout carried over to the fold; every arm without spills."""
     result = _run_worker(HOST_FLUSH_WORKER, timeout=900)
     rows = {r["arm"]: r for r in result["rows"]}
-    assert list(rows) == ["plain", "fp8 outputs", "fp8 outputs, widest codes", "nvfp4 outputs"]
-    assert [(r["PHASE"], r["BLOCK_V"], r["num_warps"], r["CODE_VECTOR"], r["FLUSH_READS_COPY"]) for r in
-            rows.values()] == [(2, 16, 1, 0, False), (2, 16, 1, 4, True), (2, 16, 1, 0, True), (2, 16, 1, 0, True)]
+    assert list(rows) == ["plain", "fp8 outputs", "fp8 outputs, widest codes", "nvfp4 outputs",
+                          "nvfp4 outputs, token reloaded"]
+    assert [(r["PHASE"], r["BLOCK_V"], r["num_warps"], r["CODE_VECTOR"], r["FLUSH_READS_COPY"], r["RELOAD_TOKEN"])
+            for r in rows.values()] == [(2, 16, 1, 0, False, True), (2, 16, 1, 4, True, True),
+                                        (2, 16, 1, 0, True, True), (2, 16, 1, 0, True, False),
+                                        (2, 16, 1, 0, True, True)]
     assert rows["fp8 outputs"]["ptx_shuffles"] < rows["fp8 outputs, widest codes"]["ptx_shuffles"], rows
-    assert rows["fp8 outputs"]["ptx_shuffles"] <= rows["nvfp4 outputs"]["ptx_shuffles"], rows
+    assert rows["fp8 outputs"]["ptx_shuffles"] <= rows["nvfp4 outputs, token reloaded"]["ptx_shuffles"], rows
     for r in rows.values():
         assert 16 <= r["registers"] <= 255 and r["spill_store_bytes"] == 0 and r["shared_bytes"] is not None, r
     assert result["restored"] == "JITFunction"

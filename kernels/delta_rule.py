@@ -218,10 +218,13 @@ def _token_update(s, k_t, v_t, beta_t, g_t, GATE_PER_KEY: tl.constexpr):
 
 
 @triton.jit
-def _exact_fold_records(s, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k, mask_k, offs_v,
-                        mask_v, stride_rk_r, stride_rk_k, stride_rg_r, stride_rg_k, stride_rv_r, stride_rv_v,
-                        stride_rb_r, GATE_PER_KEY: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
-    """The records' part of :func:`_exact_fold` (the checkpoint tile after the ``count`` records, not the token)."""
+def _exact_fold(s, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k, mask_k, offs_v, mask_v,
+                stride_rk_r, stride_rk_k, stride_rg_r, stride_rg_k, stride_rv_r, stride_rv_v, stride_rb_r,
+                GATE_PER_KEY: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
+    """The checkpoint tile ``s`` [K, BLOCK_V] after the ``count`` records, each corrected value recomputed from its
+    raw (k, v, beta, g) against the state it meets (the standard step, oldest record first): what the recurrence
+    gives, whatever the ring's ``d`` (computed from a read copy) holds. The flush then applies the token
+    (:func:`_token_update`)."""
     for i in range(0, count):
         slot_j = (origin + i) % ring_size
         k_j = tl.load(rk_base + slot_j * stride_rk_r + offs_k * stride_rk_k, mask=mask_k, other=0.0).to(tl.float32)
@@ -240,25 +243,12 @@ def _exact_fold_records(s, rk_base, rg_base, rv_base, rb_base, origin, count, ri
 
 
 @triton.jit
-def _exact_fold(s, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k, mask_k, offs_v, mask_v,
-                q_t, k_t, v_t, beta_t, g_t, stride_rk_r, stride_rk_k, stride_rg_r, stride_rg_k, stride_rv_r,
-                stride_rv_v, stride_rb_r, GATE_PER_KEY: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
-    """The checkpoint tile ``s`` [K, BLOCK_V] after the ``count`` records and the token, each corrected value
-    recomputed from its raw (k, v, beta, g) against the state it meets (the standard step, oldest record first),
-    and the token's output: what the recurrence gives, whatever the ring's ``d`` (computed from a read copy) holds."""
-    s = _exact_fold_records(s, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k, mask_k, offs_v,
-                            mask_v, stride_rk_r, stride_rk_k, stride_rg_r, stride_rg_k, stride_rv_r, stride_rv_v,
-                            stride_rb_r, GATE_PER_KEY, USE_QK_L2NORM)
-    s, _ = _token_update(s, k_t, v_t, beta_t, g_t, GATE_PER_KEY)
-    return s, tl.sum(s * q_t[:, None], axis=0)
-
-
-@triton.jit
 def _exact_fold_solved(s, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k, mask_k, offs_v,
                        mask_v, q_t, k_t, v_t, beta_t, g_t, stride_rk_r, stride_rk_k, stride_rg_r, stride_rv_r,
                        stride_rv_v, stride_rb_r, USE_QK_L2NORM: tl.constexpr, BLOCK_R: tl.constexpr,
                        FLUSH_PRECISION: tl.constexpr):
-    """:func:`_exact_fold` for a scalar gate, solved instead of stepped: the ``count`` records and the token (row
+    """:func:`_exact_fold` and the token's step for a scalar gate, solved instead of stepped: the ``count`` records and
+    the token (row
     ``count``) as one [R, K] key block, cumulative log decays G_j, and the corrected values of all at once from
     (I + A) D = diag(beta) (V - diag(exp G) K S0), A_ji = beta_j exp(G_j - G_i) (k_i . k_j) for i < j (the standard
     step's d_j = beta_j (v_j - S_{j-1}^T k_j) written out), then S = exp(G_n) S0 + sum_j exp(G_n - G_j) k_j d_j^T.
@@ -655,7 +645,8 @@ def _delta_replay_step_kernel(
     # EXACT_FOLD (not solved): the token's q, k, v, beta, g read again after the records' loop instead of held
     # through it (registers; see _replay_step's _reload_token)
     RELOAD_TOKEN: tl.constexpr = False,
-    # CHUNK_K: the records' values loaded after the streamed products instead of before (see _late_records)
+    # PHASE 1 / 4 with CHUNK_K: the records' values loaded after the streamed products instead of before (see
+    # _late_records)
     LATE_RECORDS: tl.constexpr = False,
 ):
     pid_v = tl.program_id(0)
@@ -754,7 +745,7 @@ def _delta_replay_step_kernel(
             slots = (origin + offs_r) % ring_size
         if not WEIGHTS_GIVEN:
             k_r = _load_record_keys(rk_base, slots, valid, offs_k, mask_k, stride_rk_r, stride_rk_k, USE_QK_L2NORM)
-        if not (LATE_RECORDS and CHUNK_K > 0):
+        if not LATE_RECORDS:
             d_r = _load_record_values(rd_base, slots, valid, offs_v, mask_v, stride_rd_r, stride_rd_v)
         # Decays from the gates one record later (s_r = sum_{r<i<count} g_i + g_t; c = g_0 + s_0) and the records'
         # weights: from the per-head pre-launch (WEIGHTS_GIVEN: once per (row, head), not once per V tile) or here.
@@ -790,7 +781,7 @@ def _delta_replay_step_kernel(
                 0, 0, GATE_PER_KEY, USE_QK_L2NORM, BLOCK_K, BLOCK_V, CHUNK_K, "fp32")
         else:
             pq, pk = _checkpoint_products(s0, q_t, k_t, decay, GATE_PER_KEY)
-        if LATE_RECORDS and CHUNK_K > 0:  # the records' values read after the stream, not held through it
+        if LATE_RECORDS:  # the records' values read after the stream, not held through it
             d_r = _load_record_values(rd_base, slots, valid, offs_v, mask_v, stride_rd_r, stride_rd_v)
         d_t, o = _token_output(pq, pk, wq, wk, d_r, q_t, k_t, v_t, beta_t)
         tl.store(o_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_v * stride_o_v,
@@ -807,22 +798,18 @@ def _delta_replay_step_kernel(
                                               offs_k, mask_k, offs_v, mask_v, q_t, k_t, v_t, beta_t, g_t, stride_rk_r,
                                               stride_rk_k, stride_rg_r, stride_rv_r, stride_rv_v, stride_rb_r,
                                               USE_QK_L2NORM, BLOCK_R, FLUSH_PRECISION)
-            elif EXACT_FOLD and RELOAD_TOKEN:
-                s = _exact_fold_records(s_fold, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k,
-                                        mask_k, offs_v, mask_v, stride_rk_r, stride_rk_k, stride_rg_r, stride_rg_k,
-                                        stride_rv_r, stride_rv_v, stride_rb_r, GATE_PER_KEY, USE_QK_L2NORM)
-                _, q_t, k_t, v_t, beta_t, g_t = _load_token(
-                    q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, pid_b, pid_h, hk, offs_k, mask_k, offs_v, mask_v, scale,
-                    stride_q_b, stride_q_h, stride_q_k, stride_k_b, stride_k_h, stride_k_k,
-                    stride_v_b, stride_v_h, stride_v_v, stride_beta_b, stride_beta_h, stride_g_b, stride_g_h,
-                    stride_g_k, GATE_PER_KEY, USE_QK_L2NORM)
+            elif EXACT_FOLD:
+                s = _exact_fold(s_fold, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k, mask_k,
+                                offs_v, mask_v, stride_rk_r, stride_rk_k, stride_rg_r, stride_rg_k, stride_rv_r,
+                                stride_rv_v, stride_rb_r, GATE_PER_KEY, USE_QK_L2NORM)
+                if RELOAD_TOKEN:  # read again rather than held through the records' loop (registers)
+                    _, q_t, k_t, v_t, beta_t, g_t = _load_token(
+                        q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, pid_b, pid_h, hk, offs_k, mask_k, offs_v, mask_v, scale,
+                        stride_q_b, stride_q_h, stride_q_k, stride_k_b, stride_k_h, stride_k_k,
+                        stride_v_b, stride_v_h, stride_v_v, stride_beta_b, stride_beta_h, stride_g_b, stride_g_h,
+                        stride_g_k, GATE_PER_KEY, USE_QK_L2NORM)
                 s, _ = _token_update(s, k_t, v_t, beta_t, g_t, GATE_PER_KEY)
                 o_new = tl.sum(s * q_t[:, None], axis=0)
-            elif EXACT_FOLD:
-                s, o_new = _exact_fold(s_fold, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k,
-                                       mask_k, offs_v, mask_v, q_t, k_t, v_t, beta_t, g_t, stride_rk_r, stride_rk_k,
-                                       stride_rg_r, stride_rg_k, stride_rv_r, stride_rv_v, stride_rb_r, GATE_PER_KEY,
-                                       USE_QK_L2NORM)
             if EXACT_FOLD:
                 store_flushed_tile(s, state_ptrs, mask_kv, amax_ptr, pid_b, FLUSH_AMAX)
                 if not FLUSH_READS_COPY:
@@ -1682,7 +1669,7 @@ def _replay_step(
             CODE_VECTOR=_code_vector(kernel_phase, kernel_read_format, flush_reads_copy, bool(_chunk_k),
                                      _flush_code_vector, _split_flush_code_vector, _replay_code_vector),
             RELOAD_TOKEN=reload_token and exact_fold and not exact_solve,
-            LATE_RECORDS=bool(_late_records) and bool(_chunk_k),
+            LATE_RECORDS=bool(_late_records) and bool(_chunk_k) and kernel_phase in (1, 4),
             num_warps=launch_warps,
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel

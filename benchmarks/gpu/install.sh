@@ -61,6 +61,11 @@ bench_job() {  # bench_job SECONDS NAME ARGS...: one `hf-replayssm bench ARGS` w
   timeout "$limit" python3 -m hf_replayssm.cli bench "$@" > "$RES/$name.txt" 2>&1
   echo "$name rc=$? $(date +%T)" | tee -a "$RES/done.txt"
 }
+script_job() {  # script_job SECONDS NAME SCRIPT ARGS...: benchmarks/gpu/SCRIPT with a time limit, into $RES/NAME.txt
+  local limit=$1 name=$2 script=$3; shift 3
+  timeout "$limit" python3 "$R/benchmarks/gpu/$script" "$@" > "$RES/$name.txt" 2>&1
+  echo "$name rc=$? $(date +%T)" | tee -a "$RES/done.txt"
+}
 test_job() {  # test_job SECONDS NAME PYTEST-ARGS...: pytest from a copy of tests/ (the checkout's bare hf_replayssm
   # folder would shadow the installed package), fla off the path (CPU references run inside these processes)
   local limit=$1 name=$2; shift 2

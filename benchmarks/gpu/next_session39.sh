@@ -19,10 +19,8 @@ source benchmarks/gpu/install.sh || exit 1
 session_results next_session39; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
   ncu_job 260 ncu_replay_copies --families gdn,kda --replay-copies fp8,nvfp4
-  timeout 150 python3 "$R/benchmarks/gpu/ncu_kernels.py" --families gdn,kda --replay-copies fp8,nvfp4 \
-    > "$RES/ncu_replay_copies_times.txt" 2>&1
-  echo "ncu_replay_copies_times rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
-  cat "$RES/ncu_replay_copies_times.txt" | tail -20
+  script_job 150 ncu_replay_copies_times ncu_kernels.py --families gdn,kda --replay-copies fp8,nvfp4; pack
+  tail -20 "$RES/ncu_replay_copies_times.txt"
 elif [ "$STAGE" = 2 ]; then
   bench_job 300 generate_compiled_kimi_linear_separated_r4 generate --models kimi_linear --batches 256 \
     --arms stock-static-compiled,replay-compiled,replay-fp8-compiled,replay-nvfp4-compiled --prompt 512 \
@@ -32,11 +30,9 @@ elif [ "$STAGE" = 3 ]; then
   REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 120 test_kernels_chunked_late_cuda tests/test_kernels_read_copy.py \
     -k "delta_chunked"; pack
   show_tests
-  timeout 380 python3 "$R/benchmarks/gpu/read_copy_defaults.py" --batches 256 \
+  script_job 380 read_copy_stream_late read_copy_defaults.py --batches 256 \
     --specs gdn:fp8,kda:fp8,gdn:nvfp4,kda:nvfp4 --stream-tiles --stream-late \
-    --tiles 128x1x16,128x1x8,128x1x4,32x1x16,32x1x8,32x1x4 --out "$RES/read_copy_stream_late.json" \
-    > "$RES/read_copy_stream_late.txt" 2>&1
-  echo "read_copy_stream_late rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+    --tiles 128x1x16,128x1x8,128x1x4,32x1x16,32x1x8,32x1x4 --out "$RES/read_copy_stream_late.json"; pack
   cut -c1-2500 "$RES/read_copy_stream_late.txt"
 fi
 save_triton_cache

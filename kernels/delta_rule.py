@@ -1239,11 +1239,18 @@ def read_copy_stream_config(batch: int, key_dim: int, per_key_gate: bool, read_f
     fp8 218.7 / 236.0 -> 199.0 / 215.8 us, nvfp4 185.1 / 236.8 -> 181.2 / 233.7; Kimi-Linear fp8 255.1 / 289.1 ->
     247.7 / 276.5; Kimi-Linear nvfp4 keeps [K, 32] (230.0 / 297.1 on [K, 128] against 224.2 / 295.7). Two warps, or
     chunks of 32 key rows, were slower on every shape (e.g. GDN fp8 [K, 128] x 2 270.5, [K, 64] x 1 in chunks of 32
-    224.3)."""
+    224.3).
+
+    Since run 212 these launches load the records' values after the stream (``_replay_step``'s ``_late_records``)
+    and Kimi-Linear's nvfp4 copy streams a whole head in chunks of 8 key rows (batch 256, host cycle as the cache runs
+    it / split step in phase, us per step, against the tile before with the records loaded first): Qwen3-Next fp8
+    170.8 / 206.7 -> 149.8 / 184.6, nvfp4 181.4 / 233.8 -> 161.4 / 211.0; Kimi-Linear fp8 233.4 / 256.7 -> 207.8 /
+    232.8, nvfp4 ([K, 32] in chunks of 16) 222.4 / 294.6 -> 197.7 / 274.3. Chunks of 4 or 8 (fewer registers:
+    offline 146-243 against 255) lost or tied elsewhere, as did [K, 32] tiles (``--stream-tiles --stream-late``)."""
     if batch < READ_COPY_STREAM_MIN_BATCH or key_dim > 128 or read_format not in ("fp8", "nvfp4"):
         return None
     whole_head = min(128, max(16, next_power_of_2(value_dim)))
-    return (min(32, whole_head), 1, 16) if per_key_gate and read_format == "nvfp4" else (whole_head, 1, 16)
+    return (whole_head, 1, 8) if per_key_gate and read_format == "nvfp4" else (whole_head, 1, 16)
 
 
 def read_copy_split_flush_config(value_dim: int, read_format: str = "fp8") -> tuple[int, int]:
@@ -1347,7 +1354,7 @@ def _replay_step(
     _nvfp4_pairs=True, _kda_weights=True, _gdn_weights=False, _weights_warps=None, _chunk_k=0, _flush_grid="batch",
     _flush_config=None, _walk="auto", _exact_solve=False, reencode_copy=False, _flush_amax=True,
     _flush_scale_per_row=True, _flush_code_vector=4, _split_flush_code_vector=4, _replay_code_vector=0,
-    _reload_token="auto", _late_records=False,
+    _reload_token="auto", _late_records="auto",
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot``; ``_split`` (device positions only): the step as a flush-only launch for the rows due (the others
@@ -1435,14 +1442,20 @@ def _replay_step(
     GDN fp8 176.0 -> 170.7, KDA fp8 234.2 -> 233.5, KDA nvfp4 224.2 -> 222.5, but GDN nvfp4 181.2 -> 183.7; device
     step (mixed / in phase) GDN fp8 267.6 / 206.9 -> 266.6 / 206.7, KDA fp8 329.1 / 260.1 -> 326.0 / 257.0, nvfp4
     GDN 278.1 -> 275.8 mixed, KDA 386.2 -> 384.0. ``"auto"`` (the default): on, except a host-phase step of a
-    scalar gate reading an nvfp4 copy (:func:`reload_token_default`). ``_late_records`` (``_chunk_k`` launches; off,
-    untimed): the records' values [R, BLOCK_V] are loaded after the streamed checkpoint products instead of before,
+    scalar gate reading an nvfp4 copy (:func:`reload_token_default`). ``_late_records`` (``_chunk_k`` launches;
+    ``"auto"``, the default: on for those streaming a read copy, off for the fp32 checkpoint, whose streaming was never
+    the default): the records' values [R, BLOCK_V] are loaded after the streamed checkpoint products instead of before,
     so they are not held through the stream; offline, sm_90, batch 256, the host replay-only launch reading a copy
     (registers / spilled bytes, chunks of 16 -> with it; chunks of 8; chunks of 4 with it): GDN fp8 255 / 292 ->
     255 / 56, 254 / 0 -> 229 / 0, 160; nvfp4 255 / 516 -> 255 / 92, 254 -> 243, 161; KDA fp8 255 / 212 -> 253 / 0,
     228 -> 185, 146; KDA nvfp4 on [K, 32] 117 -> 111, 90 -> 72, 63. Fewer registers let more programs share an SM
-    (255: 8 one-warp programs; 160: 12), while smaller chunks keep fewer bytes in flight per program: to be timed
-    (``read_copy_defaults.py --stream-tiles --stream-late``)."""
+    (255: 8 one-warp programs; 160: 12), while smaller chunks keep fewer bytes in flight per program. H200, batch
+    256 (run 212, ``read_copy_defaults.py --stream-tiles --stream-late``): the default chunks of 16 with it won on
+    three of four copies (host cycle as the cache runs it GDN fp8 170.8 -> 149.8 us, 1.83x our standard step; KDA
+    fp8 233.4 -> 207.8; GDN nvfp4 181.4 -> 161.4), chunks of 8 with it on Kimi-Linear's nvfp4 copy (222.4 -> 197.7
+    on a whole head; :func:`read_copy_stream_config`); chunks of 4 lost (GDN fp8 171.8, KDA fp8 224.1) though they
+    hold no more than 160 registers: the Nsight Compute run 211 has the replay launch at 14 records on 41 % of DRAM
+    bandwidth at 12 % achieved occupancy (GDN fp8), 17 % with chunks of 4, and still 124.5 against 125.7 us."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
@@ -1461,6 +1474,8 @@ def _replay_step(
     kernel_read_format = "nvfp4_pairs" if read_format == "nvfp4" and _nvfp4_pairs else read_format
     reload_token = (reload_token_default(read_format, per_key, device_positions=phase == 0)
                     if _reload_token == "auto" else bool(_reload_token))
+    # streamed launches of a read copy load the records' values after the stream (run 212)
+    late_records = read_format != "fp32" if _late_records == "auto" else bool(_late_records)
     exact_fold = ring_v is not None or ring_beta is not None
     if exact_fold:
         if ring_v is None or ring_beta is None:
@@ -1669,7 +1684,7 @@ def _replay_step(
             CODE_VECTOR=_code_vector(kernel_phase, kernel_read_format, flush_reads_copy, bool(_chunk_k),
                                      _flush_code_vector, _split_flush_code_vector, _replay_code_vector),
             RELOAD_TOKEN=reload_token and exact_fold and not exact_solve,
-            LATE_RECORDS=bool(_late_records) and bool(_chunk_k) and kernel_phase in (1, 4),
+            LATE_RECORDS=late_records and bool(_chunk_k) and kernel_phase in (1, 4),
             num_warps=launch_warps,
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel

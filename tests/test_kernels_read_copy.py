@@ -17,6 +17,7 @@ rows that are neither a power of two nor a multiple of nvfp4's 16-element block)
 
 from __future__ import annotations
 
+import functools
 import itertools
 import sys
 
@@ -299,10 +300,11 @@ def case_delta_chunked(_, device):
     scales folded into q and k, nvfp4 decoded per chunk, both nibble loads): GDN and KDA, host positions replaying
     and flushing, a split step with rows in both phases (K = 20: the last chunk is masked); fp8 also with the codes
     loaded 4 to a vector (``_replay_code_vector``); chunks of 4 rows and the records' values loaded after the stream
-    (``_late_records``), fp8 and both nvfp4 loads."""
-    late = dict(_late_records=True)
-    for name, read_format, extra in (("gdn", "fp8", {}), ("kda", "fp8", {}), ("gdn", "nvfp4", {}),
-                                     ("kda", "nvfp4", dict(_nvfp4_pairs=False)),
+    (``_late_records``, the default for these launches), fp8 and both nvfp4 loads; chunks of 8 with the records'
+    values loaded first (``_late_records=False``)."""
+    early, late = dict(_late_records=False), dict(_late_records=True)
+    for name, read_format, extra in (("gdn", "fp8", early), ("kda", "fp8", early), ("gdn", "nvfp4", early),
+                                     ("kda", "nvfp4", dict(_nvfp4_pairs=False, **early)),
                                      ("kda", "fp8", dict(_replay_code_vector=4)),
                                      ("gdn", "fp8", dict(_replay_code_vector=4)),
                                      ("gdn", "fp8", late), ("kda", "nvfp4", late),
@@ -332,13 +334,13 @@ def case_delta_stream_default(_, device):
         module.READ_COPY_STREAM_MIN_BATCH = 1
         for fmt in ("fp8", "nvfp4"):
             for device_phase in (False, True):
-                # a whole head of V up to 128 (run 185), KDA's nvfp4 copy on [K, 32]
+                # a whole head of V up to 128 (run 185), KDA's nvfp4 copy in chunks of 8 (run 212)
+                chunk = 8 if fmt == "nvfp4" else 16
                 assert module.read_copy_stream_config(3, 20, False, fmt, device_phase) == (128, 1, 16)
                 assert module.read_copy_stream_config(3, 20, False, fmt, device_phase, value_dim=24) == (32, 1, 16)
                 assert module.read_copy_stream_config(3, 20, False, fmt, device_phase, value_dim=256) == (128, 1, 16)
-                assert module.read_copy_stream_config(3, 20, True, fmt, device_phase) == (
-                    (32, 1, 16) if fmt == "nvfp4" else (128, 1, 16))
-                assert module.read_copy_stream_config(3, 20, True, fmt, device_phase, value_dim=8) == (16, 1, 16)
+                assert module.read_copy_stream_config(3, 20, True, fmt, device_phase) == (128, 1, chunk)
+                assert module.read_copy_stream_config(3, 20, True, fmt, device_phase, value_dim=8) == (16, 1, chunk)
             assert module.read_copy_stream_config(3, 256, False, fmt) is None  # past 128 key channels
         # (the same tiles for both families since run 201)
         assert module.read_copy_split_flush_config(24) == (32, 1)
@@ -362,33 +364,41 @@ def case_delta_stream_default(_, device):
             recorded.launches.clear()
             pos = _positions(origin, count, device)
             y = family.kernel(p, *pos, 6, read_copy=copy, read_format=fmt, **kw)
-            return y, p, pos, [(kw["PHASE"], kw["CHUNK_K"], kw["BLOCK_V"], kw["num_warps"])
+            return y, p, pos, [(kw["PHASE"], kw["CHUNK_K"], kw["BLOCK_V"], kw["num_warps"], kw["LATE_RECORDS"])
                                for kw in recorded.launches]
 
         host, mixed = (1, 2), ([4, 0, 2], [3, 5, 1])
         split = dict(_split=True, _flush_config=(32, 1))
+        # (the streamed launches load the records' values after the stream: LATE_RECORDS, run 212)
         for name, fmt, (origin, count), want, explicit in (
-                ("gdn", "fp8", host, [(1, 16, 32, 1)], dict(_block_v=32, _num_warps=1, _chunk_k=16)),
-                ("gdn", "nvfp4", host, [(1, 16, 32, 1)], dict(_block_v=32, _num_warps=1, _chunk_k=16)),
-                ("kda", "fp8", host, [(1, 16, 32, 1)], dict(_block_v=32, _num_warps=1, _chunk_k=16)),
-                ("gdn", "fp8", mixed, [(3, 0, 32, 1), (4, 16, 32, 1)],
+                ("gdn", "fp8", host, [(1, 16, 32, 1, True)], dict(_block_v=32, _num_warps=1, _chunk_k=16)),
+                ("gdn", "nvfp4", host, [(1, 16, 32, 1, True)], dict(_block_v=32, _num_warps=1, _chunk_k=16)),
+                ("kda", "fp8", host, [(1, 16, 32, 1, True)], dict(_block_v=32, _num_warps=1, _chunk_k=16)),
+                ("gdn", "fp8", mixed, [(3, 0, 32, 1, False), (4, 16, 32, 1, True)],
                  dict(_block_v=32, _num_warps=1, _chunk_k=16, **split)),
-                ("gdn", "nvfp4", mixed, [(3, 0, 16, 1), (4, 16, 32, 1)],
+                ("gdn", "nvfp4", mixed, [(3, 0, 16, 1, False), (4, 16, 32, 1, True)],
                  dict(_block_v=32, _num_warps=1, _chunk_k=16, _split=True, _flush_config=(16, 1))),
-                ("kda", "nvfp4", host, [(1, 16, 32, 1)], dict(_block_v=32, _num_warps=1, _chunk_k=16)),
-                ("kda", "fp8", mixed, [(3, 0, 32, 1), (4, 16, 32, 1)],
+                ("kda", "nvfp4", host, [(1, 8, 32, 1, True)], dict(_block_v=32, _num_warps=1, _chunk_k=8)),
+                ("kda", "fp8", mixed, [(3, 0, 32, 1, False), (4, 16, 32, 1, True)],
                  dict(_block_v=32, _num_warps=1, _chunk_k=16, **split)),
-                ("kda", "nvfp4", mixed, [(3, 0, 16, 1), (4, 16, 32, 1)],
-                 dict(_block_v=32, _num_warps=1, _chunk_k=16, _split=True, _flush_config=(16, 1)))):
+                ("kda", "nvfp4", mixed, [(3, 0, 16, 1, False), (4, 8, 32, 1, True)],
+                 dict(_block_v=32, _num_warps=1, _chunk_k=8, _split=True, _flush_config=(16, 1)))):
             y, p, pos, launches = launched(origin, count, fmt, name)
             assert launches == want, (name, fmt, launches)
-            y_explicit, p_explicit, pos_explicit, _ = launched(origin, count, fmt, name, **explicit)
-            assert torch.equal(y, y_explicit), (name, fmt)
-            for ring in families[name].rings:
-                assert torch.equal(p[ring], p_explicit[ring]), ring
-            assert torch.equal(p["state"], p_explicit["state"])
-            if not isinstance(count, int):
-                assert torch.equal(pos[1], pos_explicit[1])
+            # the explicit tile (late records by default): same bits; with the records loaded first the same values
+            # up to float32 rounding (on the GPU the compiler may contract the products differently)
+            for extra in ({}, dict(_late_records=False)):
+                y_explicit, p_explicit, pos_explicit, explicit_launches = launched(origin, count, fmt, name,
+                                                                                   **explicit, **extra)
+                assert [launch[-1] for launch in explicit_launches] == [
+                    launch[-1] and not extra for launch in want], (name, fmt, extra)
+                same = torch.equal if not extra else functools.partial(torch.allclose, rtol=1e-5, atol=1e-6)
+                assert same(y, y_explicit), (name, fmt, extra, (y - y_explicit).abs().max().item())
+                for ring in families[name].rings:
+                    assert same(p[ring], p_explicit[ring]), ring
+                assert torch.equal(p["state"], p_explicit["state"])
+                if not isinstance(count, int):
+                    assert torch.equal(pos[1], pos_explicit[1])
         for name, tile in (("gdn", 16), ("kda", 32)):  # the host flush with the exact fold: its own one-warp tile
             p = families[name].inputs(device, 3, 8)
             p["ring_v"], p["ring_beta"] = _raw_rings(p)
@@ -419,7 +429,7 @@ def case_delta_stream_default(_, device):
         assert launched(*host, _block_v=16)[3][0][:3] == (1, 0, 16)  # a forced tile: the whole tile
         assert launched(*mixed, _split=False)[3][0][:2] == (0, 0)  # one fused launch
         # an explicit flush tile wins over the streamed copy's
-        assert launched(*mixed, _flush_config=(16, 2))[3] == [(3, 0, 16, 2), (4, 16, 32, 1)]
+        assert launched(*mixed, _flush_config=(16, 2))[3] == [(3, 0, 16, 2, False), (4, 16, 32, 1, True)]
     finally:
         module.READ_COPY_STREAM_MIN_BATCH, module._delta_replay_step_kernel = saved
 

@@ -15,6 +15,12 @@
 #   (spilling) to 229 (GDN fp8, chunks of 8, late) / 160 (chunks of 4, late); KDA fp8 185 / 146. Host cycle as the
 #   cache runs it and the split step in phase, every family and format at 256 (`read_copy_defaults.py --stream-tiles
 #   --stream-late`); the interpreter tests cover chunks of 4 and the option (`delta_chunked`); on CUDA first.
+# Added in the thirty-ninth session, after STAGE=3 (run 212) made the records' values load late by default and moved
+# KDA's nvfp4 copy to a whole head in chunks of 8:
+# STAGE=4 (about 6 minutes): the new defaults on CUDA (kernel cases), the four copies at 256 rows with the default
+#   beside the records loaded first (`--stream-tiles --stream-late` on the default tiles).
+# STAGE=5 (about 5 minutes): compiled `generate` at 256, Qwen3.5-like and Kimi-Linear-like, every precision arm.
+# STAGE=6 (about 5 minutes): the 256-row separated-precision model tests; the four copies at 64 rows as in STAGE=4.
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session39; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
@@ -34,5 +40,28 @@ elif [ "$STAGE" = 3 ]; then
     --specs gdn:fp8,kda:fp8,gdn:nvfp4,kda:nvfp4 --stream-tiles --stream-late \
     --tiles 128x1x16,128x1x8,128x1x4,32x1x16,32x1x8,32x1x4 --out "$RES/read_copy_stream_late.json"; pack
   cut -c1-2500 "$RES/read_copy_stream_late.txt"
+elif [ "$STAGE" = 4 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_late_default_cuda tests/test_kernels_read_copy.py \
+    -k "delta_chunked or delta_stream_default"; pack
+  show_tests
+  script_job 300 read_copy_late_default read_copy_defaults.py --batches 256 \
+    --specs gdn:fp8,kda:fp8,gdn:nvfp4,kda:nvfp4 --stream-tiles --stream-late --tiles 128x1x16,128x1x8 \
+    --out "$RES/read_copy_late_default.json"; pack
+  cut -c1-2500 "$RES"/read_copy_late_default.txt
+elif [ "$STAGE" = 6 ]; then
+  test_job 200 test_gpu_separated_rows tests/test_gpu.py -k "separated_flushes_in_the_kernel or \
+    static_cache_with_a_read_copy"; pack
+  show_tests
+  script_job 150 read_copy_late_default_b64 read_copy_defaults.py --batches 64 \
+    --specs gdn:fp8,kda:fp8,gdn:nvfp4,kda:nvfp4 --stream-tiles --stream-late --tiles 128x1x16,128x1x8 \
+    --out "$RES/read_copy_late_default_b64.json"; pack
+  cut -c1-2500 "$RES"/read_copy_late_default_b64.txt
+elif [ "$STAGE" = 5 ]; then
+  for model in qwen3_5 kimi_linear; do
+    bench_job 260 generate_compiled_${model}_late_records generate --models $model --batches 256 \
+      --arms stock-static-compiled,replay-compiled,replay-fp8-compiled,replay-nvfp4-compiled --prompt 512 \
+      --new 128 --repeats 2 --out "$RES/generate_compiled_${model}_late_records.json"; pack
+  done
+  for f in "$RES"/generate_*.txt; do grep -v "^ *$" "$f" | tail -6; done
 fi
 save_triton_cache

@@ -134,7 +134,7 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
                 if cbv > max(16, 1 << (V - 1).bit_length()) or chunk > max(16, 1 << (K - 1).bit_length()):
                     continue
                 tag = f"tile_{cbv}x{cnw}_c{chunk}{'_late' if late else ''}"
-                tile = dict(_block_v=cbv, _num_warps=cnw, _chunk_k=chunk, **({"_late_records": True} if late else {}))
+                tile = dict(_block_v=cbv, _num_warps=cnw, _chunk_k=chunk, _late_records=late)
                 try:
                     row[f"host_{tag}_us"] = us(inputs.host_fn(step, read_format=read_format, reencode="step",
                                                               flush_launch={}, **tile))

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# GPU calls prepared in the thirty-ninth session for the next one. Every job packs what it wrote into $OUT.
+# Call: run(command="STAGE=N bash benchmarks/gpu/next_session40.sh", carry=[".whl/fla", ".triton_cache"],
+#   timeout_s=600)
+# STAGE=1 (about 4 minutes): the fp32 host cycle's walking replay launches at more programs per SM. Runs 119-121
+#   swept GDN's [K, 32] x 1 walk at 5 / 6 / 7 / 8 programs per SM (216.5 / 195.2 / 182.1 / 175.1 us per step at batch
+#   256: still falling at 8, the default since) and KDA's at 5 / 7 / 8 (228.5 / 215.3 / 215.1); nothing above 8 was
+#   tried. Offline (sm_90, Triton 3.6, batch 256) the walk holds GDN 198 registers and 23.3 KB of shared memory a
+#   program (room for 9 an SM), KDA 80 and 20.7 KB (room for 10). GDN's cycle is 1.55x our standard step against the
+#   1.75x target, KDA's 1.28x against 1.55x.
+# STAGE=2 (about 5 minutes): issue 8's batch 1 ("never slower"): compiled `generate` Qwen3.5-like and
+#   Kimi-Linear-like at batch 1, stock static compiled against ReplayCache compiled, four repeats (0.99x-1.03x in
+#   earlier runs).
+# STAGE=3 (about 6 minutes): the streamed replay launches of a read copy on other tiles now that the records' values
+#   load late (the default since run 213): offline (sm_90, batch 256, records late) GDN fp8 [K, 128] x 1 in chunks
+#   of 16 holds 255 registers (56 bytes spilled: 8 one-warp programs an SM), [K, 128] x 2 168 (6 two-warp programs),
+#   [K, 64] x 1 221 (9) or in chunks of 8 162 (12); KDA fp8 253 / 147 / 147 / 105; GDN nvfp4 255 / 167 / 219 / 158;
+#   KDA nvfp4 (default chunks of 8) 128 x 2 in chunks of 16 127, 64 x 1 153 / 114. Two warps and [K, 64] lost with
+#   the records loaded first (run 185); host cycle and split step, four copies at 256.
+source benchmarks/gpu/install.sh || exit 1
+session_results next_session40; cd /tmp/w
+if [ "$STAGE" = 1 ]; then
+  for spec in kda:kimi-linear:32:1:2:8,32:1:2:9,32:1:2:10,32:1:2:11 gdn:qwen3-next:32:1:2:8,32:1:2:9,32:1:2:10; do
+    family=${spec%%:*}; rest=${spec#*:}; shape=${rest%%:*}; walks=${rest#*:}
+    timeout 150 python3 -m hf_replayssm.kernels.bench_delta --family "$family" --shapes "$shape" --batches 256 \
+      --no-sweep --diag --no-torch --no-fla --walks "$walks" --out "$RES/walks_${family}.json" \
+      > "$RES/walks_${family}.txt" 2>&1
+    echo "walks_${family} rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+    grep -h "walking\|host-phase replay" "$RES/walks_${family}.txt" | cut -c1-300
+  done
+elif [ "$STAGE" = 2 ]; then
+  for model in qwen3_5 kimi_linear; do
+    bench_job 240 generate_compiled_${model}_b1 generate --models $model --batches 1 \
+      --arms stock-static-compiled,replay-compiled --prompt 512 --new 128 --repeats 4 \
+      --out "$RES/generate_compiled_${model}_b1.json"; pack
+  done
+  for f in "$RES"/generate_*.txt; do grep -v "^ *$" "$f" | tail -4; done
+elif [ "$STAGE" = 3 ]; then
+  script_job 400 read_copy_late_tiles read_copy_defaults.py --batches 256 \
+    --specs gdn:fp8,kda:fp8,gdn:nvfp4,kda:nvfp4 --stream-tiles --stream-late \
+    --tiles 128x1x16,128x2x16,64x1x16,64x1x8 --out "$RES/read_copy_late_tiles.json"; pack
+  cut -c1-2500 "$RES/read_copy_late_tiles.txt"
+fi
+save_triton_cache

@@ -160,6 +160,7 @@ MAX_KEY_DIM = 256
 # H200, Kimi-Linear shape, batch 256 (run 102, BENCHMARKS.md): the pre-launch 45.7 us on one warp, 61.4 on two,
 # 94.6 on four (L1 92 % busy); the host-position step 216 vs 261 us, device positions 233 vs 280.
 KDA_WEIGHTS_WARPS = 1
+SOLVE_WARPS = 1  # _delta_solve_kernel (one [R, K] key block and [R, R] tiles a program; untimed)
 LAST_COMPILED: dict = {}  # last compiled kernel per entry point (n_regs / n_spills for the benchmark)
 
 
@@ -243,34 +244,15 @@ def _exact_fold(s, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size,
 
 
 @triton.jit
-def _exact_fold_solved(s, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k, mask_k, offs_v,
-                       mask_v, q_t, k_t, v_t, beta_t, g_t, stride_rk_r, stride_rk_k, stride_rg_r, stride_rv_r,
-                       stride_rv_v, stride_rb_r, USE_QK_L2NORM: tl.constexpr, BLOCK_R: tl.constexpr,
-                       FLUSH_PRECISION: tl.constexpr):
-    """:func:`_exact_fold` and the token's step for a scalar gate, solved instead of stepped: the ``count`` records and
-    the token (row
-    ``count``) as one [R, K] key block, cumulative log decays G_j, and the corrected values of all at once from
-    (I + A) D = diag(beta) (V - diag(exp G) K S0), A_ji = beta_j exp(G_j - G_i) (k_i . k_j) for i < j (the standard
-    step's d_j = beta_j (v_j - S_{j-1}^T k_j) written out), then S = exp(G_n) S0 + sum_j exp(G_n - G_j) k_j d_j^T.
-    The chain over the records runs on [R, R] (the unit lower-triangular inverse by forward substitution); the
-    state tile meets three products (K S0, T x rhs and the fold), where the stepped fold makes 2 x count passes over
-    it, each waiting on a reduction over K. Needs count + 1 <= BLOCK_R. Same values within float32 rounding."""
+def _solved_chain(k_all, beta, g, count, BLOCK_R: tl.constexpr, FLUSH_PRECISION: tl.constexpr):
+    """The part of :func:`_exact_fold_solved` that depends on the head alone, not on the value column: from the
+    records' and the token's keys [R, K], betas and log decays [R] (rows past ``count`` 0), the unit lower-triangular
+    inverse T = (I + A)^-1 [R, R], exp(G_j) [R], the fold's weights exp(G_n - G_j) [R] (0 past ``count``) and
+    exp(G_n)."""
     offs_r = tl.arange(0, BLOCK_R)
     rows = offs_r[:, None]
-    is_token = offs_r == count
-    valid = offs_r < count
-    slots = (origin + offs_r) % ring_size
-    k_r = _load_record_keys(rk_base, slots, valid, offs_k, mask_k, stride_rk_r, stride_rk_k, USE_QK_L2NORM)
-    k_all = tl.where(is_token[:, None], k_t[None, :], k_r)  # [R, K]; rows past count 0
-    v_all = tl.load(rv_base + slots[:, None] * stride_rv_r + offs_v[None, :] * stride_rv_v,
-                    mask=valid[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
-    v_all = tl.where(is_token[:, None], v_t[None, :], v_all)  # [R, BLOCK_V]
-    beta = tl.where(is_token, beta_t, tl.load(rb_base + slots * stride_rb_r, mask=valid, other=0.0).to(tl.float32))
-    g = tl.where(is_token, g_t, tl.load(rg_base + slots * stride_rg_r, mask=valid, other=0.0).to(tl.float32))
     cum = tl.cumsum(g, axis=0)  # G_j, inclusive (rows past count add 0)
     total = tl.sum(tl.where(offs_r <= count, g, 0.0), axis=0)  # G_n
-    ks = tl.dot(k_all, s, input_precision=FLUSH_PRECISION)  # [R, BLOCK_V]: k_j . S0
-    rhs = beta[:, None] * (v_all - tl.exp(cum)[:, None] * ks)
     gram = tl.dot(k_all, tl.trans(k_all), input_precision=FLUSH_PRECISION)  # [R, R]: k_j . k_i
     lower = (offs_r[None, :] < rows) & (rows <= count)
     a = tl.where(lower, beta[:, None] * tl.exp(tl.minimum(cum[:, None] - cum[None, :], 0.0)) * gram, 0.0)
@@ -280,10 +262,68 @@ def _exact_fold_solved(s, rk_base, rg_base, rv_base, rb_base, origin, count, rin
         a_j = tl.sum(tl.where(rows == j, a, 0.0), axis=0)  # [R]: A_j., zero from column j on
         t_j = tl.where(offs_r == j, 1.0, 0.0) - tl.sum(a_j[:, None] * inv, axis=0)
         inv = tl.where(rows == j, t_j[None, :], inv)
-    d = tl.dot(inv, rhs, input_precision=FLUSH_PRECISION)  # [R, BLOCK_V]; rows past count 0
     weights = tl.where(offs_r <= count, tl.exp(total - cum), 0.0)
-    s = s * tl.exp(total) + tl.dot(tl.trans(k_all * weights[:, None]), d, input_precision=FLUSH_PRECISION)
+    return inv, tl.exp(cum), weights, tl.exp(total)
+
+
+@triton.jit
+def _solved_operands(rk_base, rg_base, rb_base, origin, count, ring_size, offs_k, mask_k, k_t, beta_t, g_t,
+                     stride_rk_r, stride_rk_k, stride_rg_r, stride_rb_r, USE_QK_L2NORM: tl.constexpr,
+                     BLOCK_R: tl.constexpr):
+    """The ``count`` records and the token (row ``count``) as [R, ...] blocks: keys [R, K], betas and log decays
+    [R]; rows past ``count`` 0."""
+    offs_r = tl.arange(0, BLOCK_R)
+    is_token = offs_r == count
+    valid = offs_r < count
+    slots = (origin + offs_r) % ring_size
+    k_r = _load_record_keys(rk_base, slots, valid, offs_k, mask_k, stride_rk_r, stride_rk_k, USE_QK_L2NORM)
+    k_all = tl.where(is_token[:, None], k_t[None, :], k_r)  # [R, K]; rows past count 0
+    beta = tl.where(is_token, beta_t, tl.load(rb_base + slots * stride_rb_r, mask=valid, other=0.0).to(tl.float32))
+    g = tl.where(is_token, g_t, tl.load(rg_base + slots * stride_rg_r, mask=valid, other=0.0).to(tl.float32))
+    return k_all, beta, g
+
+
+@triton.jit
+def _exact_fold_solved(s, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k, mask_k, offs_v,
+                       mask_v, q_t, k_t, v_t, beta_t, g_t, stride_rk_r, stride_rk_k, stride_rg_r, stride_rv_r,
+                       stride_rv_v, stride_rb_r, solve_base, USE_QK_L2NORM: tl.constexpr, BLOCK_R: tl.constexpr,
+                       FLUSH_PRECISION: tl.constexpr, SOLVE_GIVEN: tl.constexpr):
+    """:func:`_exact_fold` and the token's step for a scalar gate, solved instead of stepped: the ``count`` records and
+    the token (row
+    ``count``) as one [R, K] key block, cumulative log decays G_j, and the corrected values of all at once from
+    (I + A) D = diag(beta) (V - diag(exp G) K S0), A_ji = beta_j exp(G_j - G_i) (k_i . k_j) for i < j (the standard
+    step's d_j = beta_j (v_j - S_{j-1}^T k_j) written out), then S = exp(G_n) S0 + sum_j exp(G_n - G_j) k_j d_j^T.
+    The chain over the records runs on [R, R] (the unit lower-triangular inverse by forward substitution,
+    :func:`_solved_chain`; with ``SOLVE_GIVEN`` read from the per-head pre-launch's ``solve_base`` instead); the
+    state tile meets three products (K S0, T x rhs and the fold), where the stepped fold makes 2 x count passes over
+    it, each waiting on a reduction over K. Needs count + 1 <= BLOCK_R. Same values within float32 rounding."""
+    k_all, beta, g = _solved_operands(rk_base, rg_base, rb_base, origin, count, ring_size, offs_k, mask_k, k_t,
+                                      beta_t, g_t, stride_rk_r, stride_rk_k, stride_rg_r, stride_rb_r, USE_QK_L2NORM,
+                                      BLOCK_R)
+    offs_r = tl.arange(0, BLOCK_R)
+    valid = offs_r < count
+    v_all = tl.load(rv_base + ((origin + offs_r) % ring_size)[:, None] * stride_rv_r + offs_v[None, :] * stride_rv_v,
+                    mask=valid[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
+    v_all = tl.where((offs_r == count)[:, None], v_t[None, :], v_all)  # [R, BLOCK_V]
+    if SOLVE_GIVEN:
+        inv, exp_cum, weights, exp_total = _given_solve(solve_base, BLOCK_R)
+    else:
+        inv, exp_cum, weights, exp_total = _solved_chain(k_all, beta, g, count, BLOCK_R, FLUSH_PRECISION)
+    ks = tl.dot(k_all, s, input_precision=FLUSH_PRECISION)  # [R, BLOCK_V]: k_j . S0
+    rhs = beta[:, None] * (v_all - exp_cum[:, None] * ks)
+    d = tl.dot(inv, rhs, input_precision=FLUSH_PRECISION)  # [R, BLOCK_V]; rows past count 0
+    s = s * exp_total + tl.dot(tl.trans(k_all * weights[:, None]), d, input_precision=FLUSH_PRECISION)
     return s, tl.sum(s * q_t[:, None], axis=0)
+
+
+@triton.jit
+def _given_solve(solve_base, BLOCK_R: tl.constexpr):
+    """One (row, value head)'s entry of ``_delta_solve_kernel`` (:func:`solve_entry_size` floats): T [R, R],
+    exp(G_j) [R], the fold's weights [R] and exp(G_n)."""
+    offs_r = tl.arange(0, BLOCK_R)
+    inv = tl.load(solve_base + offs_r[:, None] * BLOCK_R + offs_r[None, :])
+    base = solve_base + BLOCK_R * BLOCK_R
+    return inv, tl.load(base + offs_r), tl.load(base + BLOCK_R + offs_r), tl.load(base + 2 * BLOCK_R)
 
 
 @triton.jit
@@ -583,6 +623,64 @@ def _kda_weights_kernel(
     tl.store(w_base + BLOCK_K + BLOCK_R + offs_r, wk)
 
 
+def solve_entry_size(block_r: int) -> int:
+    """Floats per (row, value head) of the solved exact fold's pre-launch (``_delta_solve_kernel``): T [R, R],
+    exp(G_j) [R], the fold's weights [R], exp(G_n) (padded to a third [R])."""
+    return block_r * block_r + 3 * block_r
+
+
+@triton.jit
+def _delta_solve_kernel(
+    ring_k_ptr, ring_g_ptr, ring_beta_ptr, origin_ptr, count_ptr, k_ptr, beta_ptr, g_ptr, solve_ptr,
+    K: tl.constexpr, ring_size, kv_ratio, origin_host, count_host,
+    stride_rk_b, stride_rk_r: tl.constexpr, stride_rk_h: tl.constexpr, stride_rk_k: tl.constexpr,
+    stride_rg_b, stride_rg_r: tl.constexpr, stride_rg_h: tl.constexpr,
+    stride_rb_b, stride_rb_r: tl.constexpr, stride_rb_h: tl.constexpr,
+    stride_origin, stride_count,
+    stride_k_b, stride_k_h: tl.constexpr, stride_k_k: tl.constexpr,
+    stride_beta_b, stride_beta_h: tl.constexpr,
+    stride_g_b, stride_g_h: tl.constexpr,
+    DEVICE_POSITIONS: tl.constexpr,
+    USE_QK_L2NORM: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+    FLUSH_PRECISION: tl.constexpr,
+):
+    """The solved exact fold's chain over the records (:func:`_solved_chain`), once per (row, value head) instead of
+    once per V tile: T, exp(G_j), the fold's weights and exp(G_n) into ``solve`` [B, Hv, solve_entry_size(BLOCK_R)],
+    which the flush programs of that head read (``SOLVE_GIVEN``). Grid (B, Hv); positions as the flush reads them
+    (the counts before the step); a row not due to flush computes an entry nobody reads. Scalar gates only."""
+    pid_b = tl.program_id(0).to(tl.int64)
+    pid_h = tl.program_id(1)
+    hk = pid_h // kv_ratio
+    offs_k = tl.arange(0, BLOCK_K)
+    offs_r = tl.arange(0, BLOCK_R)
+    mask_k = offs_k < K
+    if DEVICE_POSITIONS:
+        origin = tl.load(origin_ptr + pid_b * stride_origin)
+        count = tl.load(count_ptr + pid_b * stride_count, cache_modifier=".cg") & 0xFFFF
+    else:
+        origin = origin_host
+        count = count_host
+    k_t = tl.load(k_ptr + pid_b * stride_k_b + hk * stride_k_h + offs_k * stride_k_k, mask=mask_k,
+                  other=0.0).to(tl.float32)
+    if USE_QK_L2NORM:
+        k_t = k_t * tl.rsqrt(tl.sum(k_t * k_t, axis=0) + 1e-6)
+    beta_t = tl.load(beta_ptr + pid_b * stride_beta_b + pid_h * stride_beta_h).to(tl.float32)
+    g_t = tl.load(g_ptr + pid_b * stride_g_b + pid_h * stride_g_h).to(tl.float32)
+    k_all, beta, g = _solved_operands(
+        ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h, ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h,
+        ring_beta_ptr + pid_b * stride_rb_b + pid_h * stride_rb_h, origin, count, ring_size, offs_k, mask_k, k_t,
+        beta_t, g_t, stride_rk_r, stride_rk_k, stride_rg_r, stride_rb_r, USE_QK_L2NORM, BLOCK_R)
+    inv, exp_cum, weights, exp_total = _solved_chain(k_all, beta, g, count, BLOCK_R, FLUSH_PRECISION)
+    base = solve_ptr + (pid_b * tl.num_programs(1) + pid_h) * (BLOCK_R * BLOCK_R + 3 * BLOCK_R)
+    tl.store(base + offs_r[:, None] * BLOCK_R + offs_r[None, :], inv)
+    base += BLOCK_R * BLOCK_R
+    tl.store(base + offs_r, exp_cum)
+    tl.store(base + BLOCK_R + offs_r, weights)
+    tl.store(base + 2 * BLOCK_R + offs_r, tl.where(offs_r == 0, exp_total, 0.0))
+
+
 # The host's positions change every step: not specialised on (a value of 1 or a multiple of 16 would each
 # compile another variant, seconds apiece on a fresh H200, during the first periods of a decode).
 @triton.jit(do_not_specialize=["origin_host", "count_host"])
@@ -648,6 +746,8 @@ def _delta_replay_step_kernel(
     # PHASE 1 / 4 with CHUNK_K: the records' values loaded after the streamed products instead of before (see
     # _late_records)
     LATE_RECORDS: tl.constexpr = False,
+    # EXACT_SOLVE, PHASE 2 / 3: the chain over the records from _delta_solve_kernel, in weights_ptr (see _solve_weights)
+    SOLVE_GIVEN: tl.constexpr = False,
 ):
     pid_v = tl.program_id(0)
     pid_b = tl.program_id(1).to(tl.int64)
@@ -797,7 +897,9 @@ def _delta_replay_step_kernel(
                 s, o_new = _exact_fold_solved(s_fold, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size,
                                               offs_k, mask_k, offs_v, mask_v, q_t, k_t, v_t, beta_t, g_t, stride_rk_r,
                                               stride_rk_k, stride_rg_r, stride_rv_r, stride_rv_v, stride_rb_r,
-                                              USE_QK_L2NORM, BLOCK_R, FLUSH_PRECISION)
+                                              weights_ptr + (pid_b * tl.num_programs(2) + pid_h)
+                                              * (BLOCK_R * BLOCK_R + 3 * BLOCK_R),
+                                              USE_QK_L2NORM, BLOCK_R, FLUSH_PRECISION, SOLVE_GIVEN)
             elif EXACT_FOLD:
                 s = _exact_fold(s_fold, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k, mask_k,
                                 offs_v, mask_v, stride_rk_r, stride_rk_k, stride_rg_r, stride_rg_k, stride_rv_r,
@@ -1354,7 +1456,7 @@ def _replay_step(
     _nvfp4_pairs=True, _kda_weights=True, _gdn_weights=False, _weights_warps=None, _chunk_k=0, _flush_grid="batch",
     _flush_config=None, _walk="auto", _exact_solve=False, reencode_copy=False, _flush_amax=True,
     _flush_scale_per_row=True, _flush_code_vector=4, _split_flush_code_vector=4, _replay_code_vector=0,
-    _reload_token="auto", _late_records="auto",
+    _reload_token="auto", _late_records="auto", _solve_weights=False,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot``; ``_split`` (device positions only): the step as a flush-only launch for the rows due (the others
@@ -1412,6 +1514,12 @@ def _replay_step(
     :func:`host_flush_launch_config`'s tile for it. It stays off: slower (H200, Qwen3-Next batch 256, run 131, fp8
     copy: the flush-only launch 1403.6 us at its best tile against the stepped fold's 1015.1; batch 64 360.1 against
     267.3): the three small products and the [R, R] inverse cost more than the 2 x 15 passes they replace.
+    ``_solve_weights`` (with ``_exact_solve``, the flush-only launches: host positions or a split step; off,
+    untimed): a pre-launch
+    (``_delta_solve_kernel``, one program per (row, value head)) computes the [R, R] inverse, the decays and the
+    fold's weights once per head, and the flush programs of every V tile read them (``SOLVE_GIVEN``) instead of each
+    repeating the Gram product and the forward substitution; what is left per tile is the three products with the
+    state tile (tf32x3 tensor-core passes). Same values within float32 rounding.
     ``_flush_scale_per_row`` (default on; ``flush_reads_copy`` with an fp8 copy): the host-positions flush-only
     launch decodes the copy's tile with one scale load per row instead of one per element (H200, batch 256, run 188,
     host cycle as the cache runs it: Qwen3-Next 201.6 -> 200.0 us, Kimi-Linear 250.7 -> 245.8); a split step's flush
@@ -1572,6 +1680,16 @@ def _replay_step(
                              "the weights pre-launch for per-key gates")
         if phase == 0 and not split:
             raise ValueError("_chunk_k needs the replay-only launches: host positions or a split step (_split=True)")
+    # _solve_weights: the solved fold's chain over the records by a per-head pre-launch, read by the flush-only
+    # launches (host phase 2, a split step's 3); a replay-only host step has no flush to serve
+    solve = state  # (unused pointer)
+    if _solve_weights:
+        if not exact_solve or (phase == 0 and not split):
+            raise ValueError("_solve_weights serves the solved exact fold (_exact_solve=True) of a flush-only launch: "
+                             "host positions, or a split step (_split=True)")
+        if phase != 1:
+            solve = torch.empty((batch, value_heads, solve_entry_size(block_r)), dtype=torch.float32,
+                                device=v.device)
 
     # a split step's flush launch (per-row grid): _flush_config, a solved exact fold's own tile, a streamed read
     # copy's; else the step's
@@ -1653,7 +1771,7 @@ def _replay_step(
             launch_grid = (cdiv(value_dim, launch_v), batch, value_heads)
         kernel = _delta_replay_step_kernel[launch_grid](
             state, ring_k, ring_d, ring_g, *positions, q, k, v, beta, g, o, *read_operands[:3], *raw_records[:2],
-            weights, flush_amax,
+            solve if kernel_phase in (2, 3) and solve is not state else weights, flush_amax,
             key_dim, value_dim, ring_size, value_heads // key_heads, scale, *host,
             *state.stride(), *ring_k.stride(), *ring_d.stride(), *_ring_gate_strides(ring_g),
             *strides,
@@ -1685,6 +1803,7 @@ def _replay_step(
                                      _flush_code_vector, _split_flush_code_vector, _replay_code_vector),
             RELOAD_TOKEN=reload_token and exact_fold and not exact_solve,
             LATE_RECORDS=late_records and bool(_chunk_k) and kernel_phase in (1, 4),
+            SOLVE_GIVEN=solve is not state and kernel_phase in (2, 3),
             num_warps=launch_warps,
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel
@@ -1710,6 +1829,19 @@ def _replay_step(
                 BLOCK_R=block_r,
                 GATE_PER_KEY=per_key,
                 num_warps=_weights_warps or KDA_WEIGHTS_WARPS,
+            )
+        if solve is not state:  # before the flush launch, from the same counts
+            LAST_COMPILED["delta_solve"] = _delta_solve_kernel[(batch, value_heads)](
+                ring_k, ring_g, ring_beta, *positions, k, beta, g, solve,
+                key_dim, ring_size, value_heads // key_heads, *host,
+                *ring_k.stride(), *ring_g.stride(), *ring_beta.stride(), *strides,  # (scalar gates: [B, R, H])
+                *k.stride(), *beta.stride(), *g.stride(),
+                DEVICE_POSITIONS=phase == 0,
+                USE_QK_L2NORM=bool(use_qk_l2norm),
+                BLOCK_K=block_k,
+                BLOCK_R=block_r,
+                FLUSH_PRECISION=FLUSH_PRECISION,
+                num_warps=SOLVE_WARPS,
             )
         for kernel_phase in launches:  # in stream order: the replay launch (4) reads the counts the flush one read
             launch(kernel_phase)

@@ -52,13 +52,13 @@ def test_read_probe_smoke(tmp_path):
 def test_read_copy_defaults_smoke(tmp_path):
     """The read-copy defaults script times every arm (GDN fp8 on the smoke's shape, streaming lowered to its batch),
     the streamed launches on a tile asked for (``--stream-tiles --tiles``, with ``--stream-late`` also with the
-    records' values loaded after the stream), and reports the streamed launches it
-    timed."""
+    records' values loaded after the stream), the solved exact fold with and without its pre-launch (``--solve``),
+    and reports the streamed launches it timed."""
     _interpreter_usable()
     result = tmp_path / "defaults.json"
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "read_copy_defaults.py"), "--smoke",
                           "--batches", "2", "--specs", "gdn:fp8", "--stream-tiles", "--tiles", "16x1x16,256x1x16",
-                          "--stream-late",
+                          "--stream-late", "--solve",
                           "--out", str(result)], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
                          timeout=900)
     assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
@@ -76,7 +76,13 @@ def test_read_copy_defaults_smoke(tmp_path):
         "host_flush_codes16_us", "device_mixed_split_flush_codes16_us",
         "device_in_phase_split_flush_codes16_us", "host_replay_code_vector_us", "device_mixed_replay_code_vector_us",
         "device_in_phase_replay_code_vector_us", "host_token_held_us", "host_token_reloaded_us",
-        "device_mixed_token_held_us", "device_in_phase_token_held_us", "standard_us"]), sorted(timed)
+        "device_mixed_token_held_us", "device_in_phase_token_held_us", "standard_us",
+        # --solve: the flush-only launch stepped / solved / with the pre-launch on each tile (the smoke's V = 16
+        # narrows them to the whole head), the host cycle and the split step with the solved fold
+        "flush_stepped_us", "flush_solved_us", "flush_solve_given_16x4_us", "flush_solve_given_16x2_us",
+        "flush_solve_given_16x8_us", "host_solved_us", "host_solve_given_us", "device_in_phase_solved_us",
+        "device_in_phase_solve_given_us"]), sorted(timed)
+    assert tuple(row["solve_best_tile"]) in {(16, 4), (16, 2), (16, 8)}, row["solve_best_tile"]
     # (the 256-wide tile: wider than the head, skipped)
     assert all(value > 0 for value in timed.values()), timed
     assert "gdn fp8 batch 2 (stream (16, 1, 16)" in out.stdout

@@ -855,15 +855,32 @@ def case_delta_exact_solve(_, device):
     the reference on a fused mixed-phase launch, a split one and host-position flushes at every ring fill (0 records
     to a full ring, origins wrapping), NaN-poisoned copies on flushing rows; over two buffer cycles of the separated
     policy the checkpoint and flush outputs equal the float32 standard recurrence; refused for KDA, without the raw
-    records and past the ring tile."""
+    records and past the ring tile. ``_solve_weights`` (the chain over the records by a per-head pre-launch that the
+    flush-only launches read): the same against the reference, split and host flushes, the pre-launch recorded and
+    the flush launch reading it; refused without ``_exact_solve`` or for a fused device step."""
+    family = _Family("gdn")
+    solve = dict(_exact_solve=True)
+    given = dict(_solve_weights=True)
+    module = family.module
+    saved = module._delta_solve_kernel, module._delta_replay_step_kernel
+    recorded_solve = module._delta_solve_kernel = RecordedKernel(saved[0])
+    recorded_step = module._delta_replay_step_kernel = RecordedKernel(saved[1])
+    try:
+        _exact_solve_cases(family, device, solve, given, recorded_solve, recorded_step)
+    finally:
+        module._delta_solve_kernel, module._delta_replay_step_kernel = saved
+
+
+def _exact_solve_cases(family, device, solve, given, recorded_solve, recorded_step):
     import torch
 
     from hf_replayssm.precision.formats import get_format
 
-    family = _Family("gdn")
-    solve = dict(_exact_solve=True)
     for origins, counts, launch in (([1, 4, 0], [5, 2, 4], {}), ([3, 0, 2], [5, 5, 1], dict(_split=True)),
-                                    (2, 5, {}), (4, 5, {})):
+                                    (2, 5, {}), (4, 5, {}), ([3, 0, 2], [5, 5, 1], dict(_split=True, **given)),
+                                    (2, 5, given), (4, 5, given)):
+        recorded_solve.launches.clear()
+        recorded_step.launches.clear()
         p = family.inputs(device, 3, seed=23)
         p["ring_v"], p["ring_beta"] = _raw_rings(p)
         copy, _ = _store_copy(p["state"], "fp8")
@@ -880,15 +897,26 @@ def case_delta_exact_solve(_, device):
         _close("o vs reference", y, y_ref, REL)
         _close("state vs reference", got["state"], want["state"], REL)
         assert torch.isfinite(got["state"]).all() and torch.isfinite(y).all()
-    for ring_fill in range(1, 6):  # a flush after 0 .. 4 buffered records (host positions, every count)
+        # the pre-launch ran (once, before the flush launch) and only the flush-only launch read it
+        assert recorded_solve.calls == (1 if launch.get("_solve_weights") else 0), (launch, recorded_solve.calls)
+        assert [(kw["PHASE"], kw["SOLVE_GIVEN"]) for kw in recorded_step.launches] == (
+            [(0, False)] if launch == {} and isinstance(counts, list) else
+            [(3, bool(launch.get("_solve_weights"))), (4, False)] if isinstance(counts, list) else
+            [(2, bool(launch.get("_solve_weights")))]), (launch, recorded_step.launches)
+    for ring_fill, launch in itertools.product(range(1, 6), ({}, given)):  # a flush after 0 .. 4 records (host)
         p = family.inputs(device, 2, seed=30 + ring_fill)
         p["ring_v"], p["ring_beta"] = _raw_rings(p)
         got, want = _clone(p), _clone(p)
-        y = family.kernel(got, 3, ring_fill - 1, ring_fill, **solve)
+        y = family.kernel(got, 3, ring_fill - 1, ring_fill, **solve, **launch)
         y_ref = family.ref(want, torch.full((2,), 3, dtype=torch.int32, device=device),
                            torch.full((2,), ring_fill - 1, dtype=torch.int32, device=device), ring_fill)
-        _close(f"o, flush after {ring_fill - 1} records", y, y_ref, REL)
-        _close(f"state, flush after {ring_fill - 1} records", got["state"], want["state"], REL)
+        _close(f"o, flush after {ring_fill - 1} records {launch}", y, y_ref, REL)
+        _close(f"state, flush after {ring_fill - 1} records {launch}", got["state"], want["state"], REL)
+    p = family.inputs(device, 3, seed=5)
+    p["ring_v"], p["ring_beta"] = _raw_rings(p)
+    for launch, match in ((dict(given), "_exact_solve=True"), (dict(given, **solve), "split step")):
+        with pytest.raises(ValueError, match=match):  # without the solved fold; a fused device step
+            family.kernel(_clone(p), *_positions([3, 0, 2], [5, 5, 1], device), 6, **launch)
 
     L = 3
     p = family.inputs(device, 2, seed=21)

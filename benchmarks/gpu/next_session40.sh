@@ -17,6 +17,13 @@
 #   [K, 64] x 1 221 (9) or in chunks of 8 162 (12); KDA fp8 253 / 147 / 147 / 105; GDN nvfp4 255 / 167 / 219 / 158;
 #   KDA nvfp4 (default chunks of 8) 128 x 2 in chunks of 16 127, 64 x 1 153 / 114. Two warps and [K, 64] lost with
 #   the records loaded first (run 185); host cycle and split step, four copies at 256.
+# STAGE=4 (about 5 minutes): GDN's solved exact fold with its chain over the records (the [R, R] inverse, decays and
+#   weights) computed once per head by a pre-launch (`_solve_weights`, new, off) instead of in every V tile's flush
+#   program. The separated flush (stepped exact fold) holds about a third of GDN's fp8 host cycle (810-860 us a flush
+#   launch against a 275 us standard step: 50 of 150 us a step); solved in-program it measured 1404 us (run 131).
+#   Offline (sm_90, batch 256, outputs from an fp8 copy) the flush program on [K, 32] x 4 falls from 255 registers
+#   and 72 spilled bytes to 192 and none with the pre-launch (188 registers, one warp, a program per head). Kernel
+#   cases on CUDA first, then `read_copy_defaults.py --solve` for GDN fp8 / nvfp4 at 256 and 64.
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session40; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
@@ -40,5 +47,12 @@ elif [ "$STAGE" = 3 ]; then
     --specs gdn:fp8,kda:fp8,gdn:nvfp4,kda:nvfp4 --stream-tiles --stream-late \
     --tiles 128x1x16,128x2x16,64x1x16,64x1x8 --out "$RES/read_copy_late_tiles.json"; pack
   cut -c1-2500 "$RES/read_copy_late_tiles.txt"
+elif [ "$STAGE" = 4 ]; then
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 120 test_kernels_solve_cuda tests/test_kernels_read_copy.py \
+    -k "delta_exact_solve"; pack
+  show_tests
+  script_job 300 read_copy_solve read_copy_defaults.py --batches 256,64 --specs gdn:fp8,gdn:nvfp4 --solve \
+    --out "$RES/read_copy_solve.json"; pack
+  cut -c1-2500 "$RES/read_copy_solve.txt"
 fi
 save_triton_cache

@@ -36,6 +36,10 @@ STREAM_TILES = [(64, 1, 16), (128, 1, 16), (128, 2, 16), (64, 2, 16), (64, 1, 32
                 (128, 1, 32), (16, 1, 16)]
 # --device-flush-tiles: a split step's flush launch (exact fold, flushing rows' outputs from the copy) on other tiles
 DEVICE_FLUSH_TILES = [(16, 1), (32, 1), (64, 2)]
+# --solve (GDN): the solved exact fold (_exact_solve) with its chain over the records by the per-head pre-launch
+# (_solve_weights) on these flush tiles (BLOCK_V, num_warps); offline (sm_90, batch 256, outputs from an fp8 copy)
+# [K, 32] x 4 holds 192 registers and no spills with the pre-launch (255 / 72 bytes without), [K, 64] x 4 255 / 124
+SOLVE_TILES = [(64, 4), (32, 4), (32, 2), (128, 8)]
 # the arms every row has, each also as a ratio to our standard step (x_std_<arm>), in the printed order
 ARMS = ("host_default", "host_default_reencode", "host_whole_tile", "device_mixed_default", "device_mixed_fused",
         "device_in_phase_default", "device_in_phase_fused")
@@ -43,7 +47,7 @@ ARMS = ("host_default", "host_default_reencode", "host_whole_tile", "device_mixe
 
 def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: torch.device, smoke: bool,
              flush_tiles: bool = False, device_flush_tiles: bool = False, stream_tiles: bool = False,
-             stream_late: bool = False) -> dict:
+             stream_late: bool = False, solve: bool = False) -> dict:
     per_key = family == "kda"
     shape = bench_delta.SMOKE_SHAPES[family]["smoke"] if smoke else bench_delta.SHAPES[family][SHAPE_NAMES[family]]
     Hv, _, K, V = shape
@@ -109,6 +113,31 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
                     fbv, fnw = (int(x) for x in best[len("flush_"):-len("_us")].split("x"))
                     row["host_best_flush_us"] = us(inputs.host_fn(step, read_format=read_format,
                                                                   flush_launch=dict(_block_v=fbv, _num_warps=fnw)))
+        if solve and not per_key and phase == "in_phase":
+            # the flush-only launch (exact fold, fp32 checkpoint) stepped (the default), solved, solved with the
+            # pre-launch on SOLVE_TILES; the host cycle as the cache runs it and the split step in phase with each
+            solved, given = dict(_exact_solve=True), dict(_exact_solve=True, _solve_weights=True)
+            row["flush_stepped_us"] = us(inputs.host_fn(step, only=L - 1, read_format=read_format))
+            row["flush_solved_us"] = us(inputs.host_fn(step, only=L - 1, read_format=read_format, **solved))
+            for fbv, fnw in dict.fromkeys((min(fbv, max(16, 1 << (V - 1).bit_length())), fnw)
+                                          for fbv, fnw in SOLVE_TILES):  # (narrower heads: the whole head)
+                tile = dict(given, _block_v=fbv, _num_warps=fnw)
+                row[f"flush_solve_given_{fbv}x{fnw}_us"] = us(inputs.host_fn(step, only=L - 1, read_format=read_format,
+                                                                             **tile))
+            best = min((key for key in row if key.startswith("flush_solve_given_")), key=row.get)
+            fbv, fnw = (int(x) for x in best[len("flush_solve_given_"):-len("_us")].split("x"))
+            row["solve_best_tile"] = [fbv, fnw]
+            row["host_solved_us"] = us(inputs.host_fn(step, read_format=read_format, reencode="step",
+                                                      flush_launch=solved))
+            row["host_solve_given_us"] = us(inputs.host_fn(step, read_format=read_format, reencode="step",
+                                                           flush_launch=dict(given, _block_v=fbv, _num_warps=fnw)))
+            stream = row["device_stream_config"]
+            if stream is not None:  # the split step: its replay launch streams the copy as by default
+                split = dict(_split=True, _block_v=stream[0], _num_warps=stream[1], _chunk_k=stream[2])
+                row["device_in_phase_solved_us"] = us(inputs.device_read_copy_fn(step, "step", read_format,
+                                                                                 **split, **solved))
+                row["device_in_phase_solve_given_us"] = us(inputs.device_read_copy_fn(
+                    step, "step", read_format, **split, **given, _flush_config=(fbv, fnw)))
         encode = "step"  # the step re-encodes the flushed rows' copy (reencode_copy), as the compiled op does
         row[f"device_{phase}_default_us"] = us(inputs.device_read_copy_fn(step, encode, read_format))
         row[f"device_{phase}_fused_us"] = us(inputs.device_read_copy_fn(step, encode, read_format, _split=False))
@@ -179,6 +208,8 @@ def main() -> None:
     parser.add_argument("--tiles", default="", help="VxWxC tiles for --stream-tiles instead of the built-in list")
     parser.add_argument("--stream-late", action="store_true",
                         help="--stream-tiles: each tile also with the records' values loaded after the stream")
+    parser.add_argument("--solve", action="store_true",
+                        help="GDN: also the solved exact fold, with and without its per-head pre-launch")
     args = parser.parse_args()
     if args.tiles:
         STREAM_TILES[:] = [tuple(int(n) for n in tile.split("x")) for tile in args.tiles.split(",")]
@@ -193,7 +224,7 @@ def main() -> None:
         for spec in args.specs.split(","):
             family, read_format = spec.split(":")
             row = rows_for(family, read_format, batch, timer, device, args.smoke, args.flush_tiles,
-                           args.device_flush_tiles, args.stream_tiles, args.stream_late)
+                           args.device_flush_tiles, args.stream_tiles, args.stream_late, args.solve)
             rows.append(row)
             print(f"{family} {read_format} batch {batch} (stream {row['stream_config']}, device "
                   f"{row['device_stream_config']}): "

@@ -12,6 +12,7 @@ bytes per second it implies, to set beside the counters.
 
     python3 benchmarks/gpu/ncu_kernels.py [--families gdn,kda,mamba2] [--batch 256] [--kda-weights-warps 1,2]
         [--chunks 16:64:2,32:64:4] [--flush-copies fp8,nvfp4] [--replay-copies fp8,nvfp4]
+        [--device-copies fp8,nvfp4]
     ncu --clock-control none --profile-from-start off --set detailed -o OUT python3 benchmarks/gpu/ncu_kernels.py
 """
 
@@ -33,7 +34,7 @@ def _bf16(*shape, device):
 
 def delta_arms(batch: int, per_key: bool, device, weights_warps: tuple[int, ...] = (),
                chunks: tuple[tuple[int, int, int], ...] = (), flush_copies: tuple[str, ...] = (),
-               replay_copies: tuple[str, ...] = ()) -> dict:
+               replay_copies: tuple[str, ...] = (), device_copies: tuple[str, ...] = ()) -> dict:
     heads, key_heads, dim = 32, 32 if per_key else 16, 128
     gate = (heads, dim) if per_key else (heads,)
     state = torch.randn(batch, heads, dim, dim, device=device) * 0.1
@@ -104,6 +105,25 @@ def delta_arms(batch: int, per_key: bool, device, weights_warps: tuple[int, ...]
         if config is not None:
             arms[f"replay_host14_{fmt}_c4_late"] = (replay_copy(_block_v=config[0], _num_warps=config[1], _chunk_k=4,
                                                                 _late_records=True), copy_passes)
+    for fmt in device_copies:  # the separated policy's compiled-path step (device positions, the flush's outputs
+        # from the copy, the copy re-encoded by the step) with every row at one position: at 7 (no row due: the flush
+        # launch's programs read a count and exit) and at 15 (every row flushes). Its in-phase step measured 184.6 us
+        # against the host cycle's 149.8 (GDN fp8, run 213): which launches the 35 us a step go to
+        from hf_replayssm.precision.formats import get_format
+
+        copy = get_format(fmt).encode(state)
+        copy_passes = sum(part.numel() * part.element_size() for part in copy.values()) / (state.numel() * 4)
+        read = dict(read_copy=copy, read_format=fmt, flush_reads_copy=True,
+                    reencode_copy=True, ring_v=_bf16(batch, RING, heads, dim, device=device),
+                    ring_beta=torch.rand(batch, RING, heads, device=device))
+        for at in (7, 15):
+            def device_step(at=at, read=read):  # the counts set afresh: the step advances them
+                delta_rule._replay_step(state, *rings, origin, torch.full((batch,), at, dtype=torch.int32,
+                                                                          device=device),
+                                        *t, buffer_len=RING, out=out, **read)
+
+            # bytes: the copy read; a flush also reads and writes the checkpoint and writes the copy again
+            arms[f"device_in_phase{at}_{fmt}"] = (device_step, copy_passes if at == 7 else 2 + 2 * copy_passes)
     return arms, state.numel() * 4
 
 
@@ -152,6 +172,8 @@ def main(argv=None) -> None:
                         "host flush with the exact fold, plain and giving its outputs from the copy, added as arms")
     parser.add_argument("--replay-copies", default="", help="comma-separated read formats (fp8, nvfp4): the GDN / "
                         "KDA host replay-only launch reading a copy at its default streamed tile, added as arms")
+    parser.add_argument("--device-copies", default="", help="comma-separated read formats (fp8, nvfp4): the GDN / "
+                        "KDA separated step at device positions, every row replaying (count 7) or flushing (15)")
     args = parser.parse_args(argv)
     weights_warps = tuple(int(w) for w in args.kda_weights_warps.split(",") if w)
     chunks = tuple(tuple(int(n) for n in c.split(":")) for c in args.chunks.split(",") if c)
@@ -162,7 +184,8 @@ def main(argv=None) -> None:
         built, state_bytes = (mamba2_arms(args.batch, device) if family == "mamba2"
                               else delta_arms(args.batch, family == "kda", device, weights_warps, chunks,
                                               tuple(f for f in args.flush_copies.split(",") if f),
-                                              tuple(f for f in args.replay_copies.split(",") if f)))
+                                              tuple(f for f in args.replay_copies.split(",") if f),
+                                              tuple(f for f in args.device_copies.split(",") if f)))
         for name, (fn, passes) in built.items():
             arms[f"{family}_{name}"] = (fn, passes * state_bytes)
     for fn, _ in arms.values():  # compile and warm every kernel before the profiled window

@@ -24,6 +24,10 @@
 #   Offline (sm_90, batch 256, outputs from an fp8 copy) the flush program on [K, 32] x 4 falls from 255 registers
 #   and 72 spilled bytes to 192 and none with the pre-launch (188 registers, one warp, a program per head). Kernel
 #   cases on CUDA first, then `read_copy_defaults.py --solve` for GDN fp8 / nvfp4 at 256 and 64.
+# STAGE=5 (about 4 minutes): where the separated compiled-path step loses to the host cycle (GDN fp8 at 256, rows in
+#   phase: 184.6 us a step against 149.8, run 213): Nsight Compute on the device step with every row replaying (count
+#   7: the flush launch's programs read a count and exit, the count launch, the re-encode launch with nothing due)
+#   and every row flushing (count 15), fp8 and nvfp4 (`ncu_kernels.py --device-copies`, new), then their times.
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session40; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
@@ -54,5 +58,9 @@ elif [ "$STAGE" = 4 ]; then
   script_job 300 read_copy_solve read_copy_defaults.py --batches 256,64 --specs gdn:fp8,gdn:nvfp4 --solve \
     --out "$RES/read_copy_solve.json"; pack
   cut -c1-2500 "$RES/read_copy_solve.txt"
+elif [ "$STAGE" = 5 ]; then
+  ncu_job 260 ncu_device_copies --families gdn,kda --device-copies fp8,nvfp4
+  script_job 150 ncu_device_copies_times ncu_kernels.py --families gdn,kda --device-copies fp8,nvfp4; pack
+  tail -20 "$RES/ncu_device_copies_times.txt"
 fi
 save_triton_cache

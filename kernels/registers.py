@@ -19,11 +19,13 @@ without them raises a clear error. Command line (a table over launch configurati
     python -m hf_replayssm.kernels.registers --family gdn --verify    # the verify kernel, both forms, batch 256
     python -m hf_replayssm.kernels.registers --reencode               # the nvfp4 re-encode, both arithmetics
     python -m hf_replayssm.kernels.registers --family gdn --host-flush  # the host flush, plain / outputs from a copy
+    python -m hf_replayssm.kernels.registers --family gdn --solve       # the solved fold, with / without pre-launch
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import re
 import subprocess
@@ -167,12 +169,14 @@ def _launch(**options) -> dict:
 
 def _delta_call(fmt: str, device_phase: bool, block_v: int | None = None, num_warps: int | None = None,
                 per_key: bool = False, gdn_weights: bool = False, batch: int = 2, flush: bool = False,
-                flush_outputs: bool | None = None, code_vector: int | None = None, reload_token: bool | None = None):
+                flush_outputs: bool | None = None, code_vector: int | None = None, reload_token: bool | None = None,
+                exact_solve: bool = False, solve_weights: bool = False):
     """``delta_rule._replay_step`` on ``batch`` rows at a real shape (launch options None: the wrapper's defaults);
     ``flush``: at host positions, the flush instead of a replay. With a copy, ``flush_outputs`` (default: with device
     positions or ``flush``) gives flushing rows' outputs from it; ``code_vector``: the host flush's
     ``_flush_code_vector``; ``reload_token=True``: the exact fold reads the token again after its records whatever
-    the default (``_reload_token``)."""
+    the default (``_reload_token``); ``exact_solve`` / ``solve_weights``: the solved exact fold, with its per-head
+    pre-launch (``_exact_solve`` / ``_solve_weights``)."""
     from hf_replayssm.kernels import delta_rule
 
     # Qwen3-Next's GDN shape; Kimi-Linear's KDA: 32 heads of 128, a decay per key channel
@@ -193,11 +197,14 @@ def _delta_call(fmt: str, device_phase: bool, block_v: int | None = None, num_wa
             torch.randn(batch, value_heads, dim).bfloat16(), torch.rand(batch, value_heads).bfloat16(),
             -torch.rand(batch, *gate), buffer_len=16, out=torch.empty(batch, value_heads, dim),
             **_launch(_block_v=block_v, _num_warps=num_warps, _gdn_weights=gdn_weights,
-                      _flush_code_vector=code_vector, _reload_token=reload_token), **read)
+                      _flush_code_vector=code_vector, _reload_token=reload_token, _exact_solve=exact_solve,
+                      _solve_weights=solve_weights), **read)
 
-    # the per-head weights pre-launch (per-key gates; scalar ones with gdn_weights) comes first (compiled, not run)
-    return delta_rule, ["_kda_weights_kernel", "_delta_replay_step_kernel"] if per_key or gdn_weights else [
-        "_delta_replay_step_kernel"], call
+    # the per-head pre-launches (weights: per-key gates, scalar ones with gdn_weights; the solved fold's chain) come
+    # first (compiled, not run)
+    pre = (["_kda_weights_kernel"] if per_key or gdn_weights else []) + (["_delta_solve_kernel"] if solve_weights
+                                                                          else [])
+    return delta_rule, [*pre, "_delta_replay_step_kernel"], call
 
 
 def _mamba2_call(fmt: str, device_phase: bool, block_p: int | None = None, num_warps: int | None = None,
@@ -329,6 +336,21 @@ def host_flush_registers(family: str, arch: int = 90, batch: int = 256) -> list[
     return rows
 
 
+def solve_registers(arch: int = 90, batch: int = 256, tiles: tuple = ((64, 4), (32, 4))) -> list[dict]:
+    """GDN's host flush with the solved exact fold (``_exact_solve``), outputs from an fp8 copy, on ``tiles``
+    (BLOCK_V, num_warps): without and with its per-head pre-launch (``_solve_weights``; that launch's own row too,
+    arm "pre-launch"). Why: solved in every flush program it measured slower than the stepped fold (H200, run 131);
+    the pre-launch takes the chain over the records out of the programs that hold the state tile."""
+    rows = []
+    for (block_v, num_warps), given in itertools.product(tiles, (False, True)):
+        module, kernels, call = _delta_call("fp8", False, block_v, num_warps, batch=batch, flush=True,
+                                            flush_outputs=True, exact_solve=True, solve_weights=given)
+        for r in compile_launches(module, kernels, call, arch, skip=("advance_counts",)):
+            arm = f"[K, {block_v}] x {num_warps}{', pre-launch given' if given else ''}"
+            rows.append(dict(r, arm="pre-launch" if r["kernel"] == "_delta_solve_kernel" else arm))
+    return rows
+
+
 FAMILIES = {"gdn": (_gdn_call, [(64, 4), (64, 2), (32, 4), (32, 2), (16, 2)]),
             "kda": (_kda_call, [(64, 4), (32, 4), (32, 2), (16, 2), (16, 1)]),
             "mamba2": (_mamba2_call, [(32, 2), (16, 2), (16, 4), (8, 2)])}
@@ -349,19 +371,27 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--host-flush", action="store_true",
                         help="gdn / kda: the host flush (exact fold), plain and giving its outputs from a copy, at "
                         "--batch")
+    parser.add_argument("--solve", action="store_true",
+                        help="gdn: the host flush with the solved exact fold, without and with its per-head "
+                        "pre-launch (_exact_solve / _solve_weights), at --batch")
     parser.add_argument("--gdn-weights", action="store_true",
                         help="gdn replay launches with the per-head weights pre-launch (_replay_step's _gdn_weights)")
     args = parser.parse_args(argv)
     if args.gdn_weights and (args.family != "gdn" or args.verify):
         parser.error("--gdn-weights applies to the gdn replay launches only")
     rows = []
-    if args.host_flush:
+    if args.solve and args.family != "gdn":
+        parser.error("--solve applies to gdn (the solved fold needs a scalar gate)")
+    if args.host_flush or args.solve:
         if args.family == "mamba2":
             parser.error("--host-flush applies to gdn and kda")
-        print(f"{args.family} host flush, batch {args.batch}, sm_{args.arch}, triton {triton.__version__}")
-        rows = host_flush_registers(args.family, args.arch, args.batch)
+        what = "solved exact fold, outputs from an fp8 copy" if args.solve else "host flush"
+        print(f"{args.family} {what}, batch {args.batch}, sm_{args.arch}, triton {triton.__version__}")
+        rows = (solve_registers(args.arch, args.batch) if args.solve
+                else host_flush_registers(args.family, args.arch, args.batch))
         for r in rows:
-            print(f"  {r['arm']:>26}  [{r['BLOCK_K']}, {r['BLOCK_V']}] x {r['num_warps']}  {r['registers']:>3} "
+            tile = f"[{r['BLOCK_K']}, {r.get('BLOCK_V', r.get('BLOCK_R'))}]"  # (the solve pre-launch: [K, R])
+            print(f"  {r['arm']:>30}  {tile} x {r['num_warps']}  {r['registers']:>3} "
                   f"registers  {r['spill_store_bytes']:>4} B spilled  {r['shared_bytes']:>5} B shared  "
                   f"{r['ptx_shuffles']:>4} shuffles  {r['sass_instructions'] or '-':>5} instructions", flush=True)
         return rows

@@ -567,6 +567,20 @@ def _chunked_checkpoint_products(s_base, q_base, k_base, decay_base, row_scale_b
     return pq, pk
 
 
+@triton.jit
+def _head_positions(origin_ptr, count_ptr, row, stride_origin, stride_count, origin_host, count_host,
+                    DEVICE_POSITIONS: tl.constexpr):
+    """A per-head pre-launch's (origin, count) of batch ``row``: the host's, or read on the device (the count's low
+    16 bits, as the step's launches read it before the count launch advances it)."""
+    if DEVICE_POSITIONS:
+        origin = tl.load(origin_ptr + row * stride_origin)
+        count = tl.load(count_ptr + row * stride_count, cache_modifier=".cg") & 0xFFFF
+    else:
+        origin = origin_host
+        count = count_host
+    return origin, count
+
+
 @triton.jit(do_not_specialize=["origin_host", "count_host"])  # as the replay step below
 def _kda_weights_kernel(
     ring_k_ptr, ring_g_ptr, origin_ptr, count_ptr, q_ptr, k_ptr, g_ptr, weights_ptr,
@@ -595,12 +609,8 @@ def _kda_weights_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     offs_r = tl.arange(0, BLOCK_R)
     mask_k = offs_k < K
-    if DEVICE_POSITIONS:
-        origin = tl.load(origin_ptr + pid_b * stride_origin)
-        count = tl.load(count_ptr + pid_b * stride_count, cache_modifier=".cg") & 0xFFFF
-    else:
-        origin = origin_host
-        count = count_host
+    origin, count = _head_positions(origin_ptr, count_ptr, pid_b, stride_origin, stride_count, origin_host,
+                                    count_host, DEVICE_POSITIONS)
     _, q_t, k_t = _load_qk(q_ptr, k_ptr, pid_b, hk, offs_k, mask_k, scale, stride_q_b, stride_q_h, stride_q_k,
                            stride_k_b, stride_k_h, stride_k_k, USE_QK_L2NORM)
     valid = offs_r < count
@@ -629,14 +639,15 @@ def solve_entry_size(block_r: int) -> int:
     return block_r * block_r + 3 * block_r
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["origin_host", "count_host"])  # as the replay step below
 def _delta_solve_kernel(
-    ring_k_ptr, ring_g_ptr, ring_beta_ptr, origin_ptr, count_ptr, k_ptr, beta_ptr, g_ptr, solve_ptr,
+    ring_k_ptr, ring_g_ptr, ring_beta_ptr, origin_ptr, count_ptr, q_ptr, k_ptr, beta_ptr, g_ptr, solve_ptr,
     K: tl.constexpr, ring_size, kv_ratio, origin_host, count_host,
     stride_rk_b, stride_rk_r: tl.constexpr, stride_rk_h: tl.constexpr, stride_rk_k: tl.constexpr,
     stride_rg_b, stride_rg_r: tl.constexpr, stride_rg_h: tl.constexpr,
     stride_rb_b, stride_rb_r: tl.constexpr, stride_rb_h: tl.constexpr,
     stride_origin, stride_count,
+    stride_q_b, stride_q_h: tl.constexpr, stride_q_k: tl.constexpr,
     stride_k_b, stride_k_h: tl.constexpr, stride_k_k: tl.constexpr,
     stride_beta_b, stride_beta_h: tl.constexpr,
     stride_g_b, stride_g_h: tl.constexpr,
@@ -656,16 +667,10 @@ def _delta_solve_kernel(
     offs_k = tl.arange(0, BLOCK_K)
     offs_r = tl.arange(0, BLOCK_R)
     mask_k = offs_k < K
-    if DEVICE_POSITIONS:
-        origin = tl.load(origin_ptr + pid_b * stride_origin)
-        count = tl.load(count_ptr + pid_b * stride_count, cache_modifier=".cg") & 0xFFFF
-    else:
-        origin = origin_host
-        count = count_host
-    k_t = tl.load(k_ptr + pid_b * stride_k_b + hk * stride_k_h + offs_k * stride_k_k, mask=mask_k,
-                  other=0.0).to(tl.float32)
-    if USE_QK_L2NORM:
-        k_t = k_t * tl.rsqrt(tl.sum(k_t * k_t, axis=0) + 1e-6)
+    origin, count = _head_positions(origin_ptr, count_ptr, pid_b, stride_origin, stride_count, origin_host,
+                                    count_host, DEVICE_POSITIONS)
+    _, _, k_t = _load_qk(q_ptr, k_ptr, pid_b, hk, offs_k, mask_k, 1.0, stride_q_b, stride_q_h, stride_q_k,
+                         stride_k_b, stride_k_h, stride_k_k, USE_QK_L2NORM)
     beta_t = tl.load(beta_ptr + pid_b * stride_beta_b + pid_h * stride_beta_h).to(tl.float32)
     g_t = tl.load(g_ptr + pid_b * stride_g_b + pid_h * stride_g_h).to(tl.float32)
     k_all, beta, g = _solved_operands(
@@ -1832,10 +1837,10 @@ def _replay_step(
             )
         if solve is not state:  # before the flush launch, from the same counts
             LAST_COMPILED["delta_solve"] = _delta_solve_kernel[(batch, value_heads)](
-                ring_k, ring_g, ring_beta, *positions, k, beta, g, solve,
+                ring_k, ring_g, ring_beta, *positions, q, k, beta, g, solve,
                 key_dim, ring_size, value_heads // key_heads, *host,
                 *ring_k.stride(), *ring_g.stride(), *ring_beta.stride(), *strides,  # (scalar gates: [B, R, H])
-                *k.stride(), *beta.stride(), *g.stride(),
+                *q.stride(), *k.stride(), *beta.stride(), *g.stride(),
                 DEVICE_POSITIONS=phase == 0,
                 USE_QK_L2NORM=bool(use_qk_l2norm),
                 BLOCK_K=block_k,

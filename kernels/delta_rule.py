@@ -176,14 +176,22 @@ def _l2norm_rows(x, USE_QK_L2NORM: tl.constexpr):
 def _load_qk(q_ptr, k_ptr, pid_b, hk, offs_k, mask_k, scale, stride_q_b, stride_q_h, stride_q_k,
              stride_k_b, stride_k_h, stride_k_k, USE_QK_L2NORM: tl.constexpr):
     """The token's raw k (storage dtype), q (normalised, scaled) and k (normalised) [K], float32 but the raw k."""
-    k_raw = tl.load(k_ptr + pid_b * stride_k_b + hk * stride_k_h + offs_k * stride_k_k, mask=mask_k, other=0.0)
-    k_t = k_raw.to(tl.float32)
+    k_raw, k_t = _load_key(k_ptr, pid_b, hk, offs_k, mask_k, stride_k_b, stride_k_h, stride_k_k, USE_QK_L2NORM)
     q_t = tl.load(q_ptr + pid_b * stride_q_b + hk * stride_q_h + offs_k * stride_q_k,
                   mask=mask_k, other=0.0).to(tl.float32)
     if USE_QK_L2NORM:
         q_t = q_t * tl.rsqrt(tl.sum(q_t * q_t, axis=0) + 1e-6)
-        k_t = k_t * tl.rsqrt(tl.sum(k_t * k_t, axis=0) + 1e-6)
     return k_raw, q_t * scale, k_t
+
+
+@triton.jit
+def _load_key(k_ptr, pid_b, hk, offs_k, mask_k, stride_k_b, stride_k_h, stride_k_k, USE_QK_L2NORM: tl.constexpr):
+    """The token's raw k (storage dtype) and k (float32, normalised) [K]."""
+    k_raw = tl.load(k_ptr + pid_b * stride_k_b + hk * stride_k_h + offs_k * stride_k_k, mask=mask_k, other=0.0)
+    k_t = k_raw.to(tl.float32)
+    if USE_QK_L2NORM:
+        k_t = k_t * tl.rsqrt(tl.sum(k_t * k_t, axis=0) + 1e-6)
+    return k_raw, k_t
 
 
 @triton.jit
@@ -317,9 +325,26 @@ def _exact_fold_solved(s, rk_base, rg_base, rv_base, rb_base, origin, count, rin
 
 
 @triton.jit
+def _solve_entry(solve_ptr, pid_b, heads, pid_h, BLOCK_R: tl.constexpr):
+    """The address of one (row, value head)'s entry of ``_delta_solve_kernel``'s scratch (:func:`solve_entry_size`
+    floats each)."""
+    return solve_ptr + (pid_b * heads + pid_h) * (BLOCK_R * BLOCK_R + 3 * BLOCK_R)
+
+
+@triton.jit
+def _store_solve(solve_base, inv, exp_cum, weights, exp_total, BLOCK_R: tl.constexpr):
+    """An entry of the solve scratch: T [R, R], exp(G_j) [R], the fold's weights [R], exp(G_n) (first of an [R])."""
+    offs_r = tl.arange(0, BLOCK_R)
+    tl.store(solve_base + offs_r[:, None] * BLOCK_R + offs_r[None, :], inv)
+    base = solve_base + BLOCK_R * BLOCK_R
+    tl.store(base + offs_r, exp_cum)
+    tl.store(base + BLOCK_R + offs_r, weights)
+    tl.store(base + 2 * BLOCK_R + offs_r, tl.where(offs_r == 0, exp_total, 0.0))
+
+
+@triton.jit
 def _given_solve(solve_base, BLOCK_R: tl.constexpr):
-    """One (row, value head)'s entry of ``_delta_solve_kernel`` (:func:`solve_entry_size` floats): T [R, R],
-    exp(G_j) [R], the fold's weights [R] and exp(G_n)."""
+    """An entry of the solve scratch as :func:`_store_solve` wrote it: (T, exp(G_j), the fold's weights, exp(G_n))."""
     offs_r = tl.arange(0, BLOCK_R)
     inv = tl.load(solve_base + offs_r[:, None] * BLOCK_R + offs_r[None, :])
     base = solve_base + BLOCK_R * BLOCK_R
@@ -641,13 +666,12 @@ def solve_entry_size(block_r: int) -> int:
 
 @triton.jit(do_not_specialize=["origin_host", "count_host"])  # as the replay step below
 def _delta_solve_kernel(
-    ring_k_ptr, ring_g_ptr, ring_beta_ptr, origin_ptr, count_ptr, q_ptr, k_ptr, beta_ptr, g_ptr, solve_ptr,
+    ring_k_ptr, ring_g_ptr, ring_beta_ptr, origin_ptr, count_ptr, k_ptr, beta_ptr, g_ptr, solve_ptr,
     K: tl.constexpr, ring_size, kv_ratio, origin_host, count_host,
     stride_rk_b, stride_rk_r: tl.constexpr, stride_rk_h: tl.constexpr, stride_rk_k: tl.constexpr,
     stride_rg_b, stride_rg_r: tl.constexpr, stride_rg_h: tl.constexpr,
     stride_rb_b, stride_rb_r: tl.constexpr, stride_rb_h: tl.constexpr,
     stride_origin, stride_count,
-    stride_q_b, stride_q_h: tl.constexpr, stride_q_k: tl.constexpr,
     stride_k_b, stride_k_h: tl.constexpr, stride_k_k: tl.constexpr,
     stride_beta_b, stride_beta_h: tl.constexpr,
     stride_g_b, stride_g_h: tl.constexpr,
@@ -665,12 +689,10 @@ def _delta_solve_kernel(
     pid_h = tl.program_id(1)
     hk = pid_h // kv_ratio
     offs_k = tl.arange(0, BLOCK_K)
-    offs_r = tl.arange(0, BLOCK_R)
     mask_k = offs_k < K
     origin, count = _head_positions(origin_ptr, count_ptr, pid_b, stride_origin, stride_count, origin_host,
                                     count_host, DEVICE_POSITIONS)
-    _, _, k_t = _load_qk(q_ptr, k_ptr, pid_b, hk, offs_k, mask_k, 1.0, stride_q_b, stride_q_h, stride_q_k,
-                         stride_k_b, stride_k_h, stride_k_k, USE_QK_L2NORM)
+    _, k_t = _load_key(k_ptr, pid_b, hk, offs_k, mask_k, stride_k_b, stride_k_h, stride_k_k, USE_QK_L2NORM)
     beta_t = tl.load(beta_ptr + pid_b * stride_beta_b + pid_h * stride_beta_h).to(tl.float32)
     g_t = tl.load(g_ptr + pid_b * stride_g_b + pid_h * stride_g_h).to(tl.float32)
     k_all, beta, g = _solved_operands(
@@ -678,12 +700,8 @@ def _delta_solve_kernel(
         ring_beta_ptr + pid_b * stride_rb_b + pid_h * stride_rb_h, origin, count, ring_size, offs_k, mask_k, k_t,
         beta_t, g_t, stride_rk_r, stride_rk_k, stride_rg_r, stride_rb_r, USE_QK_L2NORM, BLOCK_R)
     inv, exp_cum, weights, exp_total = _solved_chain(k_all, beta, g, count, BLOCK_R, FLUSH_PRECISION)
-    base = solve_ptr + (pid_b * tl.num_programs(1) + pid_h) * (BLOCK_R * BLOCK_R + 3 * BLOCK_R)
-    tl.store(base + offs_r[:, None] * BLOCK_R + offs_r[None, :], inv)
-    base += BLOCK_R * BLOCK_R
-    tl.store(base + offs_r, exp_cum)
-    tl.store(base + BLOCK_R + offs_r, weights)
-    tl.store(base + 2 * BLOCK_R + offs_r, tl.where(offs_r == 0, exp_total, 0.0))
+    _store_solve(_solve_entry(solve_ptr, pid_b, tl.num_programs(1), pid_h, BLOCK_R), inv, exp_cum, weights,
+                 exp_total, BLOCK_R)
 
 
 # The host's positions change every step: not specialised on (a value of 1 or a multiple of 16 would each
@@ -902,8 +920,7 @@ def _delta_replay_step_kernel(
                 s, o_new = _exact_fold_solved(s_fold, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size,
                                               offs_k, mask_k, offs_v, mask_v, q_t, k_t, v_t, beta_t, g_t, stride_rk_r,
                                               stride_rk_k, stride_rg_r, stride_rv_r, stride_rv_v, stride_rb_r,
-                                              weights_ptr + (pid_b * tl.num_programs(2) + pid_h)
-                                              * (BLOCK_R * BLOCK_R + 3 * BLOCK_R),
+                                              _solve_entry(weights_ptr, pid_b, tl.num_programs(2), pid_h, BLOCK_R),
                                               USE_QK_L2NORM, BLOCK_R, FLUSH_PRECISION, SOLVE_GIVEN)
             elif EXACT_FOLD:
                 s = _exact_fold(s_fold, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k, mask_k,
@@ -1520,11 +1537,10 @@ def _replay_step(
     copy: the flush-only launch 1403.6 us at its best tile against the stepped fold's 1015.1; batch 64 360.1 against
     267.3): the three small products and the [R, R] inverse cost more than the 2 x 15 passes they replace.
     ``_solve_weights`` (with ``_exact_solve``, the flush-only launches: host positions or a split step; off,
-    untimed): a pre-launch
-    (``_delta_solve_kernel``, one program per (row, value head)) computes the [R, R] inverse, the decays and the
-    fold's weights once per head, and the flush programs of every V tile read them (``SOLVE_GIVEN``) instead of each
-    repeating the Gram product and the forward substitution; what is left per tile is the three products with the
-    state tile (tf32x3 tensor-core passes). Same values within float32 rounding.
+    untimed): a pre-launch (``_delta_solve_kernel``, one program per (row, value head)) computes the [R, R] inverse,
+    the decays and the fold's weights once per head, and the flush programs of every V tile read them
+    (``SOLVE_GIVEN``) instead of each repeating the Gram product and the forward substitution; what is left per tile
+    is the three products with the state tile (tf32x3 tensor-core passes). Same values within float32 rounding.
     ``_flush_scale_per_row`` (default on; ``flush_reads_copy`` with an fp8 copy): the host-positions flush-only
     launch decodes the copy's tile with one scale load per row instead of one per element (H200, batch 256, run 188,
     host cycle as the cache runs it: Qwen3-Next 201.6 -> 200.0 us, Kimi-Linear 250.7 -> 245.8); a split step's flush
@@ -1774,9 +1790,10 @@ def _replay_step(
         if kernel_phase == 3 and split_flush_tile is not None:  # a split step's flush launch on a tile of its own
             launch_v, launch_warps = split_flush_tile
             launch_grid = (cdiv(value_dim, launch_v), batch, value_heads)
+        solve_given = solve is not state and kernel_phase in (2, 3)  # the flush-only launches read the solve scratch
         kernel = _delta_replay_step_kernel[launch_grid](
             state, ring_k, ring_d, ring_g, *positions, q, k, v, beta, g, o, *read_operands[:3], *raw_records[:2],
-            solve if kernel_phase in (2, 3) and solve is not state else weights, flush_amax,
+            solve if solve_given else weights, flush_amax,
             key_dim, value_dim, ring_size, value_heads // key_heads, scale, *host,
             *state.stride(), *ring_k.stride(), *ring_d.stride(), *_ring_gate_strides(ring_g),
             *strides,
@@ -1808,7 +1825,7 @@ def _replay_step(
                                      _flush_code_vector, _split_flush_code_vector, _replay_code_vector),
             RELOAD_TOKEN=reload_token and exact_fold and not exact_solve,
             LATE_RECORDS=late_records and bool(_chunk_k) and kernel_phase in (1, 4),
-            SOLVE_GIVEN=solve is not state and kernel_phase in (2, 3),
+            SOLVE_GIVEN=solve_given,
             num_warps=launch_warps,
         )
         LAST_COMPILED[f"replay_phase{kernel_phase}"] = LAST_COMPILED["replay"] = kernel
@@ -1837,10 +1854,10 @@ def _replay_step(
             )
         if solve is not state:  # before the flush launch, from the same counts
             LAST_COMPILED["delta_solve"] = _delta_solve_kernel[(batch, value_heads)](
-                ring_k, ring_g, ring_beta, *positions, q, k, beta, g, solve,
+                ring_k, ring_g, ring_beta, *positions, k, beta, g, solve,
                 key_dim, ring_size, value_heads // key_heads, *host,
                 *ring_k.stride(), *ring_g.stride(), *ring_beta.stride(), *strides,  # (scalar gates: [B, R, H])
-                *q.stride(), *k.stride(), *beta.stride(), *g.stride(),
+                *k.stride(), *beta.stride(), *g.stride(),
                 DEVICE_POSITIONS=phase == 0,
                 USE_QK_L2NORM=bool(use_qk_l2norm),
                 BLOCK_K=block_k,

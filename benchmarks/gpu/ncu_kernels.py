@@ -86,13 +86,16 @@ def delta_arms(batch: int, per_key: bool, device, weights_warps: tuple[int, ...]
                 arms["flush15_fp8_copy_outputs_codes16"] = (lambda read=read: delta_rule._replay_step(
                     state, *rings, 0, 15, *t, buffer_len=RING, out=out, flush_reads_copy=True, _flush_code_vector=0,
                     **read), 2)
-    for fmt in replay_copies:  # the separated policy's replay-only launch (15 of the host cycle's 16 steps) at
-        # its default streamed tile, reading the copy at the cycle's most expensive position; passes: the copy's
-        # bytes (codes and scales) over the fp32 state's, so the GB/s column is the copy's
+    def encoded(fmt):  # a read copy of the state, and its bytes (codes and scales) over the fp32 state's
         from hf_replayssm.precision.formats import get_format
 
         copy = get_format(fmt).encode(state)
-        copy_passes = sum(part.numel() * part.element_size() for part in copy.values()) / (state.numel() * 4)
+        return copy, sum(part.numel() * part.element_size() for part in copy.values()) / (state.numel() * 4)
+
+    for fmt in replay_copies:  # the separated policy's replay-only launch (15 of the host cycle's 16 steps) at
+        # its default streamed tile, reading the copy at the cycle's most expensive position; passes: the copy's
+        # bytes, so the GB/s column is the copy's
+        copy, copy_passes = encoded(fmt)
 
         def replay_copy(copy=copy, fmt=fmt, **launch):
             return lambda: delta_rule._replay_step(state, *rings, 0, 14, *t, buffer_len=RING, out=out,
@@ -109,10 +112,7 @@ def delta_arms(batch: int, per_key: bool, device, weights_warps: tuple[int, ...]
         # from the copy, the copy re-encoded by the step) with every row at one position: at 7 (no row due: the flush
         # launch's programs read a count and exit) and at 15 (every row flushes). Its in-phase step measured 184.6 us
         # against the host cycle's 149.8 (GDN fp8, run 213): which launches the 35 us a step go to
-        from hf_replayssm.precision.formats import get_format
-
-        copy = get_format(fmt).encode(state)
-        copy_passes = sum(part.numel() * part.element_size() for part in copy.values()) / (state.numel() * 4)
+        copy, copy_passes = encoded(fmt)
         read = dict(read_copy=copy, read_format=fmt, flush_reads_copy=True,
                     reencode_copy=True, ring_v=_bf16(batch, RING, heads, dim, device=device),
                     ring_beta=torch.rand(batch, RING, heads, device=device))

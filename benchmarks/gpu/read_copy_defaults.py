@@ -119,13 +119,13 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
             solved, given = dict(_exact_solve=True), dict(_exact_solve=True, _solve_weights=True)
             row["flush_stepped_us"] = us(inputs.host_fn(step, only=L - 1, read_format=read_format))
             row["flush_solved_us"] = us(inputs.host_fn(step, only=L - 1, read_format=read_format, **solved))
+            given_us = {}  # (BLOCK_V, num_warps) -> us; narrower heads: the whole head
             for fbv, fnw in dict.fromkeys((min(fbv, max(16, 1 << (V - 1).bit_length())), fnw)
-                                          for fbv, fnw in SOLVE_TILES):  # (narrower heads: the whole head)
-                tile = dict(given, _block_v=fbv, _num_warps=fnw)
-                row[f"flush_solve_given_{fbv}x{fnw}_us"] = us(inputs.host_fn(step, only=L - 1, read_format=read_format,
-                                                                             **tile))
-            best = min((key for key in row if key.startswith("flush_solve_given_")), key=row.get)
-            fbv, fnw = (int(x) for x in best[len("flush_solve_given_"):-len("_us")].split("x"))
+                                          for fbv, fnw in SOLVE_TILES):
+                given_us[fbv, fnw] = us(inputs.host_fn(step, only=L - 1, read_format=read_format, **given,
+                                                       _block_v=fbv, _num_warps=fnw))
+                row[f"flush_solve_given_{fbv}x{fnw}_us"] = given_us[fbv, fnw]
+            fbv, fnw = min(given_us, key=given_us.get)
             row["solve_best_tile"] = [fbv, fnw]
             row["host_solved_us"] = us(inputs.host_fn(step, read_format=read_format, reencode="step",
                                                       flush_launch=solved))

@@ -160,7 +160,11 @@ MAX_KEY_DIM = 256
 # H200, Kimi-Linear shape, batch 256 (run 102, BENCHMARKS.md): the pre-launch 45.7 us on one warp, 61.4 on two,
 # 94.6 on four (L1 92 % busy); the host-position step 216 vs 261 us, device positions 233 vs 280.
 KDA_WEIGHTS_WARPS = 1
-SOLVE_WARPS = 1  # _delta_solve_kernel (one [R, K] key block and [R, R] tiles a program; untimed)
+# Warps of the solved exact fold's pre-launch (_delta_solve_kernel; untimed): scalar gates one (one [R, K] key block and
+# [R, R] tiles a program), per-key gates four (their [R, K] decays and decayed keys spill on one: sm_90, Triton 3.6,
+# 255 registers and 20 bytes spilled on one warp, 204 on two, 117 on four)
+SOLVE_WARPS = 1
+KDA_SOLVE_WARPS = 4
 LAST_COMPILED: dict = {}  # last compiled kernel per entry point (n_regs / n_spills for the benchmark)
 
 
@@ -195,6 +199,16 @@ def _load_key(k_ptr, pid_b, hk, offs_k, mask_k, stride_k_b, stride_k_h, stride_k
 
 
 @triton.jit
+def _load_gate(g_ptr, pid_b, pid_h, offs_k, mask_k, stride_g_b, stride_g_h, stride_g_k, GATE_PER_KEY: tl.constexpr):
+    """The token's log decay of value head ``pid_h``, float32: [K] per key channel, else a scalar."""
+    if GATE_PER_KEY:
+        return tl.load(g_ptr + pid_b * stride_g_b + pid_h * stride_g_h + offs_k * stride_g_k, mask=mask_k,
+                       other=0.0).to(tl.float32)
+    else:
+        return tl.load(g_ptr + pid_b * stride_g_b + pid_h * stride_g_h).to(tl.float32)
+
+
+@triton.jit
 def _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, pid_b, pid_h, hk, offs_k, mask_k, offs_v, mask_v, scale,
                 stride_q_b, stride_q_h, stride_q_k, stride_k_b, stride_k_h, stride_k_k,
                 stride_v_b, stride_v_h, stride_v_v, stride_beta_b, stride_beta_h, stride_g_b, stride_g_h, stride_g_k,
@@ -206,11 +220,7 @@ def _load_token(q_ptr, k_ptr, v_ptr, beta_ptr, g_ptr, pid_b, pid_h, hk, offs_k, 
     v_t = tl.load(v_ptr + pid_b * stride_v_b + pid_h * stride_v_h + offs_v * stride_v_v,
                   mask=mask_v, other=0.0).to(tl.float32)
     beta_t = tl.load(beta_ptr + pid_b * stride_beta_b + pid_h * stride_beta_h).to(tl.float32)
-    if GATE_PER_KEY:
-        g_t = tl.load(g_ptr + pid_b * stride_g_b + pid_h * stride_g_h + offs_k * stride_g_k,
-                      mask=mask_k, other=0.0).to(tl.float32)
-    else:
-        g_t = tl.load(g_ptr + pid_b * stride_g_b + pid_h * stride_g_h).to(tl.float32)
+    g_t = _load_gate(g_ptr, pid_b, pid_h, offs_k, mask_k, stride_g_b, stride_g_h, stride_g_k, GATE_PER_KEY)
     return k_raw, q_t, k_t, v_t, beta_t, g_t
 
 
@@ -275,11 +285,40 @@ def _solved_chain(k_all, beta, g, count, BLOCK_R: tl.constexpr, FLUSH_PRECISION:
 
 
 @triton.jit
+def _solved_chain_per_key(k_all, beta, g, count, BLOCK_R: tl.constexpr):
+    """:func:`_solved_chain` for per-key gates (KDA): g [R, K]. A_ji = beta_j sum_k k_j[k] k_i[k] exp(G_j[k] -
+    G_i[k]) (i < j) cannot be one Gram product, so each row j of A is taken with its own decays against the earlier
+    rows inside the forward substitution (exponents masked to i < j, so no exp of a growing cumulative sum can
+    overflow). Returns T diag(beta) [R, R] (the fold's d = T diag(beta) (V - (k o exp G) S0)), the keys decayed since
+    the checkpoint k_j o exp(G_j) [R, K], the fold's decayed keys k_j o exp(G_n - G_j) [R, K] (0 past ``count``)
+    and exp(G_n) [K]."""
+    offs_r = tl.arange(0, BLOCK_R)
+    rows = offs_r[:, None]
+    cum = tl.cumsum(g, axis=0)  # [R, K]: G_j, inclusive (rows past count add 0)
+    total = tl.sum(tl.where(rows <= count, g, 0.0), axis=0)  # [K]: G_n
+    # T = (I + A)^-1, row by row: T_j = e_j - sum_{i<j} A_ji T_i
+    inv = tl.zeros([BLOCK_R, BLOCK_R], dtype=tl.float32)
+    for j in range(0, count + 1):
+        at_j = rows == j
+        cum_j = tl.sum(tl.where(at_j, cum, 0.0), axis=0)  # [K]
+        k_j = tl.sum(tl.where(at_j, k_all, 0.0), axis=0)  # [K]
+        beta_j = tl.sum(tl.where(offs_r == j, beta, 0.0), axis=0)
+        earlier = rows < j
+        decayed = tl.where(earlier, k_all * tl.exp(tl.where(earlier, cum_j[None, :] - cum, 0.0)), 0.0)
+        a_j = beta_j * tl.sum(decayed * k_j[None, :], axis=1)  # [R]: A_j., zero from column j on
+        t_j = tl.where(offs_r == j, 1.0, 0.0) - tl.sum(a_j[:, None] * inv, axis=0)
+        inv = tl.where(at_j, t_j[None, :], inv)
+    kg = k_all * tl.exp(cum)
+    kw = tl.where(rows <= count, k_all * tl.exp(total[None, :] - cum), 0.0)
+    return inv * beta[None, :], kg, kw, tl.exp(total)
+
+
+@triton.jit
 def _solved_operands(rk_base, rg_base, rb_base, origin, count, ring_size, offs_k, mask_k, k_t, beta_t, g_t,
-                     stride_rk_r, stride_rk_k, stride_rg_r, stride_rb_r, USE_QK_L2NORM: tl.constexpr,
-                     BLOCK_R: tl.constexpr):
-    """The ``count`` records and the token (row ``count``) as [R, ...] blocks: keys [R, K], betas and log decays
-    [R]; rows past ``count`` 0."""
+                     stride_rk_r, stride_rk_k, stride_rg_r, stride_rg_k, stride_rb_r, USE_QK_L2NORM: tl.constexpr,
+                     BLOCK_R: tl.constexpr, GATE_PER_KEY: tl.constexpr = False):
+    """The ``count`` records and the token (row ``count``) as [R, ...] blocks: keys [R, K], betas [R] and log decays
+    ([R, K] per key channel, else [R]); rows past ``count`` 0."""
     offs_r = tl.arange(0, BLOCK_R)
     is_token = offs_r == count
     valid = offs_r < count
@@ -287,53 +326,78 @@ def _solved_operands(rk_base, rg_base, rb_base, origin, count, ring_size, offs_k
     k_r = _load_record_keys(rk_base, slots, valid, offs_k, mask_k, stride_rk_r, stride_rk_k, USE_QK_L2NORM)
     k_all = tl.where(is_token[:, None], k_t[None, :], k_r)  # [R, K]; rows past count 0
     beta = tl.where(is_token, beta_t, tl.load(rb_base + slots * stride_rb_r, mask=valid, other=0.0).to(tl.float32))
-    g = tl.where(is_token, g_t, tl.load(rg_base + slots * stride_rg_r, mask=valid, other=0.0).to(tl.float32))
+    if GATE_PER_KEY:
+        g_r = tl.load(rg_base + slots[:, None] * stride_rg_r + offs_k[None, :] * stride_rg_k,
+                      mask=valid[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+        g = tl.where(is_token[:, None], g_t[None, :], g_r)
+    else:
+        g = tl.where(is_token, g_t, tl.load(rg_base + slots * stride_rg_r, mask=valid, other=0.0).to(tl.float32))
     return k_all, beta, g
 
 
 @triton.jit
 def _exact_fold_solved(s, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k, mask_k, offs_v,
-                       mask_v, q_t, k_t, v_t, beta_t, g_t, stride_rk_r, stride_rk_k, stride_rg_r, stride_rv_r,
-                       stride_rv_v, stride_rb_r, solve_base, USE_QK_L2NORM: tl.constexpr, BLOCK_R: tl.constexpr,
-                       FLUSH_PRECISION: tl.constexpr, SOLVE_GIVEN: tl.constexpr):
-    """:func:`_exact_fold` and the token's step for a scalar gate, solved instead of stepped: the ``count`` records and
-    the token (row
+                       mask_v, q_t, k_t, v_t, beta_t, g_t, stride_rk_r, stride_rk_k, stride_rg_r, stride_rg_k,
+                       stride_rv_r, stride_rv_v, stride_rb_r, solve_base, USE_QK_L2NORM: tl.constexpr,
+                       BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr, FLUSH_PRECISION: tl.constexpr,
+                       SOLVE_GIVEN: tl.constexpr, GATE_PER_KEY: tl.constexpr):
+    """:func:`_exact_fold` and the token's step, solved instead of stepped: the ``count`` records and the token (row
     ``count``) as one [R, K] key block, cumulative log decays G_j, and the corrected values of all at once from
-    (I + A) D = diag(beta) (V - diag(exp G) K S0), A_ji = beta_j exp(G_j - G_i) (k_i . k_j) for i < j (the standard
-    step's d_j = beta_j (v_j - S_{j-1}^T k_j) written out), then S = exp(G_n) S0 + sum_j exp(G_n - G_j) k_j d_j^T.
-    The chain over the records runs on [R, R] (the unit lower-triangular inverse by forward substitution,
-    :func:`_solved_chain`; with ``SOLVE_GIVEN`` read from the per-head pre-launch's ``solve_base`` instead); the
-    state tile meets three products (K S0, T x rhs and the fold), where the stepped fold makes 2 x count passes over
-    it, each waiting on a reduction over K. Needs count + 1 <= BLOCK_R. Same values within float32 rounding."""
-    k_all, beta, g = _solved_operands(rk_base, rg_base, rb_base, origin, count, ring_size, offs_k, mask_k, k_t,
-                                      beta_t, g_t, stride_rk_r, stride_rk_k, stride_rg_r, stride_rb_r, USE_QK_L2NORM,
-                                      BLOCK_R)
+    (I + A) D = diag(beta) (V - (K o exp G) S0), A_ji = beta_j sum_k k_j[k] k_i[k] exp(G_j[k] - G_i[k]) for i < j
+    (the standard step's d_j = beta_j (v_j - S_{j-1}^T k_j) written out; a scalar gate's G_j is one number), then
+    S = diag(exp(G_n)) S0 + sum_j (k_j o exp(G_n - G_j)) d_j^T. The chain over the records runs on [R, R] (the unit
+    lower-triangular inverse by forward substitution, :func:`_solved_chain` / :func:`_solved_chain_per_key`; with
+    ``SOLVE_GIVEN`` read from the per-head pre-launch's ``solve_base`` instead, which for per-key gates also holds
+    the decayed keys, so the program then reads no record key or gate); the state tile meets three products (with
+    the decayed keys, T x rhs and the fold), where the stepped fold makes 2 x count passes over it, each waiting on a
+    reduction over K. Needs count + 1 <= BLOCK_R. Same values within float32 rounding."""
     offs_r = tl.arange(0, BLOCK_R)
     valid = offs_r < count
     v_all = tl.load(rv_base + ((origin + offs_r) % ring_size)[:, None] * stride_rv_r + offs_v[None, :] * stride_rv_v,
                     mask=valid[:, None] & mask_v[None, :], other=0.0).to(tl.float32)
     v_all = tl.where((offs_r == count)[:, None], v_t[None, :], v_all)  # [R, BLOCK_V]
-    if SOLVE_GIVEN:
-        inv, exp_cum, weights, exp_total = _given_solve(solve_base, BLOCK_R)
+    if GATE_PER_KEY:
+        if SOLVE_GIVEN:
+            m, kg, kw, exp_total = _given_solve_per_key(solve_base, BLOCK_K, BLOCK_R)
+        else:
+            k_all, beta, g = _solved_operands(rk_base, rg_base, rb_base, origin, count, ring_size, offs_k, mask_k,
+                                              k_t, beta_t, g_t, stride_rk_r, stride_rk_k, stride_rg_r, stride_rg_k,
+                                              stride_rb_r, USE_QK_L2NORM, BLOCK_R, GATE_PER_KEY)
+            m, kg, kw, exp_total = _solved_chain_per_key(k_all, beta, g, count, BLOCK_R)
+        ks = tl.dot(kg, s, input_precision=FLUSH_PRECISION)  # [R, BLOCK_V]: (k_j o exp G_j) . S0
+        d = tl.dot(m, v_all - ks, input_precision=FLUSH_PRECISION)  # [R, BLOCK_V]; rows past count 0
+        s = s * exp_total[:, None] + tl.dot(tl.trans(kw), d, input_precision=FLUSH_PRECISION)
     else:
-        inv, exp_cum, weights, exp_total = _solved_chain(k_all, beta, g, count, BLOCK_R, FLUSH_PRECISION)
-    ks = tl.dot(k_all, s, input_precision=FLUSH_PRECISION)  # [R, BLOCK_V]: k_j . S0
-    rhs = beta[:, None] * (v_all - exp_cum[:, None] * ks)
-    d = tl.dot(inv, rhs, input_precision=FLUSH_PRECISION)  # [R, BLOCK_V]; rows past count 0
-    s = s * exp_total + tl.dot(tl.trans(k_all * weights[:, None]), d, input_precision=FLUSH_PRECISION)
+        k_all, beta, g = _solved_operands(rk_base, rg_base, rb_base, origin, count, ring_size, offs_k, mask_k, k_t,
+                                          beta_t, g_t, stride_rk_r, stride_rk_k, stride_rg_r, stride_rg_k,
+                                          stride_rb_r, USE_QK_L2NORM, BLOCK_R)
+        if SOLVE_GIVEN:
+            inv, exp_cum, weights, exp_total = _given_solve(solve_base, BLOCK_R)
+        else:
+            inv, exp_cum, weights, exp_total = _solved_chain(k_all, beta, g, count, BLOCK_R, FLUSH_PRECISION)
+        ks = tl.dot(k_all, s, input_precision=FLUSH_PRECISION)  # [R, BLOCK_V]: k_j . S0
+        rhs = beta[:, None] * (v_all - exp_cum[:, None] * ks)
+        d = tl.dot(inv, rhs, input_precision=FLUSH_PRECISION)  # [R, BLOCK_V]; rows past count 0
+        s = s * exp_total + tl.dot(tl.trans(k_all * weights[:, None]), d, input_precision=FLUSH_PRECISION)
     return s, tl.sum(s * q_t[:, None], axis=0)
 
 
 @triton.jit
-def _solve_entry(solve_ptr, pid_b, heads, pid_h, BLOCK_R: tl.constexpr):
+def _solve_entry(solve_ptr, pid_b, heads, pid_h, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr,
+                 GATE_PER_KEY: tl.constexpr):
     """The address of one (row, value head)'s entry of ``_delta_solve_kernel``'s scratch (:func:`solve_entry_size`
     floats each)."""
-    return solve_ptr + (pid_b * heads + pid_h) * (BLOCK_R * BLOCK_R + 3 * BLOCK_R)
+    if GATE_PER_KEY:  # noqa: SIM108 (a constexpr branch: no conditional expressions in the kernel code)
+        entry = BLOCK_R * BLOCK_R + 2 * BLOCK_R * BLOCK_K + BLOCK_K
+    else:
+        entry = BLOCK_R * BLOCK_R + 3 * BLOCK_R
+    return solve_ptr + (pid_b * heads + pid_h) * entry
 
 
 @triton.jit
 def _store_solve(solve_base, inv, exp_cum, weights, exp_total, BLOCK_R: tl.constexpr):
-    """An entry of the solve scratch: T [R, R], exp(G_j) [R], the fold's weights [R], exp(G_n) (first of an [R])."""
+    """An entry of the solve scratch (scalar gates): T [R, R], exp(G_j) [R], the fold's weights [R], exp(G_n) (first
+    of an [R])."""
     offs_r = tl.arange(0, BLOCK_R)
     tl.store(solve_base + offs_r[:, None] * BLOCK_R + offs_r[None, :], inv)
     base = solve_base + BLOCK_R * BLOCK_R
@@ -349,6 +413,31 @@ def _given_solve(solve_base, BLOCK_R: tl.constexpr):
     inv = tl.load(solve_base + offs_r[:, None] * BLOCK_R + offs_r[None, :])
     base = solve_base + BLOCK_R * BLOCK_R
     return inv, tl.load(base + offs_r), tl.load(base + BLOCK_R + offs_r), tl.load(base + 2 * BLOCK_R)
+
+
+@triton.jit
+def _store_solve_per_key(solve_base, m, kg, kw, exp_total, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr):
+    """An entry of the solve scratch (per-key gates): T diag(beta) [R, R], k o exp(G) [R, K], k o exp(G_n - G)
+    [R, K], exp(G_n) [K]."""
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_k = tl.arange(0, BLOCK_K)
+    tl.store(solve_base + offs_r[:, None] * BLOCK_R + offs_r[None, :], m)
+    keys = solve_base + BLOCK_R * BLOCK_R + offs_r[:, None] * BLOCK_K + offs_k[None, :]
+    tl.store(keys, kg)
+    tl.store(keys + BLOCK_R * BLOCK_K, kw)
+    tl.store(solve_base + BLOCK_R * BLOCK_R + 2 * BLOCK_R * BLOCK_K + offs_k, exp_total)
+
+
+@triton.jit
+def _given_solve_per_key(solve_base, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr):
+    """An entry of the solve scratch as :func:`_store_solve_per_key` wrote it: (T diag(beta), k o exp(G),
+    k o exp(G_n - G), exp(G_n))."""
+    offs_r = tl.arange(0, BLOCK_R)
+    offs_k = tl.arange(0, BLOCK_K)
+    m = tl.load(solve_base + offs_r[:, None] * BLOCK_R + offs_r[None, :])
+    keys = solve_base + BLOCK_R * BLOCK_R + offs_r[:, None] * BLOCK_K + offs_k[None, :]
+    return (m, tl.load(keys), tl.load(keys + BLOCK_R * BLOCK_K),
+            tl.load(solve_base + BLOCK_R * BLOCK_R + 2 * BLOCK_R * BLOCK_K + offs_k))
 
 
 @triton.jit
@@ -642,11 +731,7 @@ def _kda_weights_kernel(
     slots = (origin + offs_r) % ring_size
     k_r = _load_record_keys(ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h, slots, valid, offs_k, mask_k,
                             stride_rk_r, stride_rk_k, USE_QK_L2NORM)
-    if GATE_PER_KEY:
-        g_t = tl.load(g_ptr + pid_b * stride_g_b + pid_h * stride_g_h + offs_k * stride_g_k, mask=mask_k,
-                      other=0.0).to(tl.float32)
-    else:
-        g_t = tl.load(g_ptr + pid_b * stride_g_b + pid_h * stride_g_h).to(tl.float32)
+    g_t = _load_gate(g_ptr, pid_b, pid_h, offs_k, mask_k, stride_g_b, stride_g_h, stride_g_k, GATE_PER_KEY)
     decay, _, wq, wk = _record_weights(k_r, ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h, origin, count,
                                        ring_size, offs_r, offs_k, valid, q_t, k_t, g_t, stride_rg_r, stride_rg_k, K,
                                        GATE_PER_KEY)
@@ -658,9 +743,13 @@ def _kda_weights_kernel(
     tl.store(w_base + BLOCK_K + BLOCK_R + offs_r, wk)
 
 
-def solve_entry_size(block_r: int) -> int:
-    """Floats per (row, value head) of the solved exact fold's pre-launch (``_delta_solve_kernel``): T [R, R],
-    exp(G_j) [R], the fold's weights [R], exp(G_n) (padded to a third [R])."""
+def solve_entry_size(block_r: int, block_k: int = 0) -> int:
+    """Floats per (row, value head) of the solved exact fold's pre-launch (``_delta_solve_kernel``). Scalar gates
+    (``block_k`` 0): T [R, R], exp(G_j) [R], the fold's weights [R], exp(G_n) (padded to a third [R]). Per-key gates
+    (``block_k`` the key tile): T diag(beta) [R, R], the keys decayed since the checkpoint and to the flush [R, K]
+    each, exp(G_n) [K]."""
+    if block_k:
+        return block_r * block_r + 2 * block_r * block_k + block_k
     return block_r * block_r + 3 * block_r
 
 
@@ -669,22 +758,24 @@ def _delta_solve_kernel(
     ring_k_ptr, ring_g_ptr, ring_beta_ptr, origin_ptr, count_ptr, k_ptr, beta_ptr, g_ptr, solve_ptr,
     K: tl.constexpr, ring_size, kv_ratio, origin_host, count_host,
     stride_rk_b, stride_rk_r: tl.constexpr, stride_rk_h: tl.constexpr, stride_rk_k: tl.constexpr,
-    stride_rg_b, stride_rg_r: tl.constexpr, stride_rg_h: tl.constexpr,
+    stride_rg_b, stride_rg_r: tl.constexpr, stride_rg_h: tl.constexpr, stride_rg_k: tl.constexpr,
     stride_rb_b, stride_rb_r: tl.constexpr, stride_rb_h: tl.constexpr,
     stride_origin, stride_count,
     stride_k_b, stride_k_h: tl.constexpr, stride_k_k: tl.constexpr,
     stride_beta_b, stride_beta_h: tl.constexpr,
-    stride_g_b, stride_g_h: tl.constexpr,
+    stride_g_b, stride_g_h: tl.constexpr, stride_g_k: tl.constexpr,
     DEVICE_POSITIONS: tl.constexpr,
     USE_QK_L2NORM: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_R: tl.constexpr,
     FLUSH_PRECISION: tl.constexpr,
+    GATE_PER_KEY: tl.constexpr = False,
 ):
-    """The solved exact fold's chain over the records (:func:`_solved_chain`), once per (row, value head) instead of
-    once per V tile: T, exp(G_j), the fold's weights and exp(G_n) into ``solve`` [B, Hv, solve_entry_size(BLOCK_R)],
-    which the flush programs of that head read (``SOLVE_GIVEN``). Grid (B, Hv); positions as the flush reads them
-    (the counts before the step); a row not due to flush computes an entry nobody reads. Scalar gates only."""
+    """The solved exact fold's chain over the records (:func:`_solved_chain`, per-key gates
+    :func:`_solved_chain_per_key`), once per (row, value head) instead of once per V tile, into ``solve`` [B, Hv,
+    solve_entry_size(BLOCK_R, BLOCK_K if GATE_PER_KEY else 0)], which the flush programs of that head read
+    (``SOLVE_GIVEN``). Grid (B, Hv); positions as the flush reads them (the counts before the step); a row not due to
+    flush computes an entry nobody reads."""
     pid_b = tl.program_id(0).to(tl.int64)
     pid_h = tl.program_id(1)
     hk = pid_h // kv_ratio
@@ -694,14 +785,19 @@ def _delta_solve_kernel(
                                     count_host, DEVICE_POSITIONS)
     _, k_t = _load_key(k_ptr, pid_b, hk, offs_k, mask_k, stride_k_b, stride_k_h, stride_k_k, USE_QK_L2NORM)
     beta_t = tl.load(beta_ptr + pid_b * stride_beta_b + pid_h * stride_beta_h).to(tl.float32)
-    g_t = tl.load(g_ptr + pid_b * stride_g_b + pid_h * stride_g_h).to(tl.float32)
+    g_t = _load_gate(g_ptr, pid_b, pid_h, offs_k, mask_k, stride_g_b, stride_g_h, stride_g_k, GATE_PER_KEY)
     k_all, beta, g = _solved_operands(
         ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h, ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h,
         ring_beta_ptr + pid_b * stride_rb_b + pid_h * stride_rb_h, origin, count, ring_size, offs_k, mask_k, k_t,
-        beta_t, g_t, stride_rk_r, stride_rk_k, stride_rg_r, stride_rb_r, USE_QK_L2NORM, BLOCK_R)
-    inv, exp_cum, weights, exp_total = _solved_chain(k_all, beta, g, count, BLOCK_R, FLUSH_PRECISION)
-    _store_solve(_solve_entry(solve_ptr, pid_b, tl.num_programs(1), pid_h, BLOCK_R), inv, exp_cum, weights,
-                 exp_total, BLOCK_R)
+        beta_t, g_t, stride_rk_r, stride_rk_k, stride_rg_r, stride_rg_k, stride_rb_r, USE_QK_L2NORM, BLOCK_R,
+        GATE_PER_KEY)
+    entry = _solve_entry(solve_ptr, pid_b, tl.num_programs(1), pid_h, BLOCK_K, BLOCK_R, GATE_PER_KEY)
+    if GATE_PER_KEY:
+        m, kg, kw, exp_total = _solved_chain_per_key(k_all, beta, g, count, BLOCK_R)
+        _store_solve_per_key(entry, m, kg, kw, exp_total, BLOCK_K, BLOCK_R)
+    else:
+        inv, exp_cum, weights, exp_total = _solved_chain(k_all, beta, g, count, BLOCK_R, FLUSH_PRECISION)
+        _store_solve(entry, inv, exp_cum, weights, exp_total, BLOCK_R)
 
 
 # The host's positions change every step: not specialised on (a value of 1 or a multiple of 16 would each
@@ -753,7 +849,7 @@ def _delta_replay_step_kernel(
     PREFETCH_STATE: tl.constexpr,  # PHASE 4 with READ_FORMAT "fp32" only: load the tile before the phase test
     FLUSH_READS_COPY: tl.constexpr,  # PHASE 0 / 2 / 3 with a read copy: a flushing row's o from the copy, as replays
     WEIGHTS_GIVEN: tl.constexpr,  # per-key gates, no flush dot: decay and record weights from _kda_weights_kernel
-    EXACT_SOLVE: tl.constexpr = False,  # EXACT_FOLD, scalar gates: the records' d solved at once (_exact_fold_solved)
+    EXACT_SOLVE: tl.constexpr = False,  # EXACT_FOLD: the records' d solved at once (_exact_fold_solved)
     CHUNK_K: tl.constexpr = 0,  # PHASE 1 / 4, any READ_FORMAT: the checkpoint (or the copy) streamed CHUNK_K rows
     # of K at a time (0: the whole tile)
     FLUSH_AMAX: tl.constexpr = False,  # PHASE 0 / 2 / 3: flushes fold max |new checkpoint| into amax_ptr[b]
@@ -916,12 +1012,15 @@ def _delta_replay_step_kernel(
             s_fold = s0
             if FLUSH_READS_COPY:  # o (stored above) came from the copy; the fold starts from the checkpoint
                 s_fold = tl.load(state_ptrs, mask=mask_kv, other=0.0).to(tl.float32)
-            if EXACT_FOLD and EXACT_SOLVE:  # scalar gates (see _exact_fold_solved)
+            if EXACT_FOLD and EXACT_SOLVE:  # (see _exact_fold_solved)
                 s, o_new = _exact_fold_solved(s_fold, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size,
                                               offs_k, mask_k, offs_v, mask_v, q_t, k_t, v_t, beta_t, g_t, stride_rk_r,
-                                              stride_rk_k, stride_rg_r, stride_rv_r, stride_rv_v, stride_rb_r,
-                                              _solve_entry(weights_ptr, pid_b, tl.num_programs(2), pid_h, BLOCK_R),
-                                              USE_QK_L2NORM, BLOCK_R, FLUSH_PRECISION, SOLVE_GIVEN)
+                                              stride_rk_k, stride_rg_r, stride_rg_k, stride_rv_r, stride_rv_v,
+                                              stride_rb_r,
+                                              _solve_entry(weights_ptr, pid_b, tl.num_programs(2), pid_h, BLOCK_K,
+                                                           BLOCK_R, GATE_PER_KEY),
+                                              USE_QK_L2NORM, BLOCK_K, BLOCK_R, FLUSH_PRECISION, SOLVE_GIVEN,
+                                              GATE_PER_KEY)
             elif EXACT_FOLD:
                 s = _exact_fold(s_fold, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size, offs_k, mask_k,
                                 offs_v, mask_v, stride_rk_r, stride_rk_k, stride_rg_r, stride_rg_k, stride_rv_r,
@@ -1291,9 +1390,11 @@ def host_flush_launch_config(batch: int, value_heads: int, key_dim: int, value_d
     [K, 64] x 2, 1383.0 at [K, 32] x 2, 1399.1 at [K, 16] x 1 (batch 64 308.2 against 395.4); [K, 64] x 1 spills
     (14.8 / 2.5 ms). Solved at once (``exact_solve``) it takes [K, 64] x 4, its fastest tile (Qwen3-Next batch 256,
     run 131: 1403.6 us per flush launch, [K, 32] x 4 1949.4, [K, 64] x 8 2223.1, [K, 32] x 2 2559.8, [K, 16] x 4
-    4192.2; all slower than the stepped fold)."""
+    4192.2; all slower than the stepped fold). Per-key gates (KDA, untimed) take [K, 32] x 4, their widest tile that
+    compiles without spills (sm_90, Triton 3.6, batch 256: 246 registers, 217 with the pre-launch; [K, 64] x 4 spills
+    372 / 228 bytes)."""
     if exact_solve:
-        return min(64, max(16, next_power_of_2(value_dim))), 4, True
+        return min(32 if per_key_gate else 64, max(16, next_power_of_2(value_dim))), 4, True
     if exact_fold:
         return min(32 if per_key_gate else 16, max(16, next_power_of_2(value_dim))), 1, True
     if per_key_gate and kda_weights and not exact_fold:
@@ -1478,7 +1579,7 @@ def _replay_step(
     _nvfp4_pairs=True, _kda_weights=True, _gdn_weights=False, _weights_warps=None, _chunk_k=0, _flush_grid="batch",
     _flush_config=None, _walk="auto", _exact_solve=False, reencode_copy=False, _flush_amax=True,
     _flush_scale_per_row=True, _flush_code_vector=4, _split_flush_code_vector=4, _replay_code_vector=0,
-    _reload_token="auto", _late_records="auto", _solve_weights=False,
+    _reload_token="auto", _late_records="auto", _solve_weights=False, _solve_warps=None,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot``; ``_split`` (device positions only): the step as a flush-only launch for the rows due (the others
@@ -1530,7 +1631,7 @@ def _replay_step(
     forced (``_block_v`` / ``_num_warps``), and with device positions GDN's step runs split with a walking replay
     launch where :func:`device_walk_launch_config` says so (see ``_split``); everything else runs per tile (a
     split step's replay launch walking at 2 programs per SM: run 116, GDN 306 us against 227). ``_exact_solve``
-    (an exact fold with a scalar gate, ``buffer_len`` up to the ring's tile; off by default): a flushing program
+    (an exact fold, ``buffer_len`` up to the ring's tile; off by default): a flushing program
     solves the records' corrected values at once (:func:`_exact_fold_solved`) instead of stepping them one record at
     a time over its state tile, its flush launches (host positions, or a split step's) on
     :func:`host_flush_launch_config`'s tile for it. It stays off: slower (H200, Qwen3-Next batch 256, run 131, fp8
@@ -1541,6 +1642,12 @@ def _replay_step(
     the decays and the fold's weights once per head, and the flush programs of every V tile read them
     (``SOLVE_GIVEN``) instead of each repeating the Gram product and the forward substitution; what is left per tile
     is the three products with the state tile (tf32x3 tensor-core passes). Same values within float32 rounding.
+    Per-key gates (KDA, built offline in the fortieth session, untimed): A's rows take each its own decays
+    (:func:`_solved_chain_per_key`), and the pre-launch hands the flush programs T diag(beta) and the keys decayed
+    since the checkpoint and to the flush, so they load no record key or gate; sm_90, Triton 3.6, batch 256, outputs
+    from an fp8 copy: the flush program on [K, 32] x 4 246 registers in-program, 217 given, none spilled (the stepped
+    fold's [K, 32] x 1: 255 and spills). ``_solve_warps``: the pre-launch's warps (default :data:`SOLVE_WARPS`, per-key
+    gates :data:`KDA_SOLVE_WARPS`).
     ``_flush_scale_per_row`` (default on; ``flush_reads_copy`` with an fp8 copy): the host-positions flush-only
     launch decodes the copy's tile with one scale load per row instead of one per element (H200, batch 256, run 188,
     host cycle as the cache runs it: Qwen3-Next 201.6 -> 200.0 us, Kimi-Linear 250.7 -> 245.8); a split step's flush
@@ -1689,10 +1796,10 @@ def _replay_step(
         weights = torch.empty((batch, value_heads, block_k + 2 * block_r), dtype=torch.float32, device=v.device)
 
     exact_solve = bool(_exact_solve)
-    if exact_solve and (not exact_fold or per_key or buffer_len > block_r):
+    if exact_solve and (not exact_fold or buffer_len > block_r):
         raise ValueError("_exact_solve solves the exact fold's records at once: it needs the raw records (ring_v, "
-                         f"ring_beta), a scalar gate and buffer_len <= {block_r} (the ring's tile); got exact fold "
-                         f"{exact_fold}, per-key gate {per_key}, buffer_len {buffer_len}")
+                         f"ring_beta) and buffer_len <= {block_r} (the ring's tile); got exact fold {exact_fold}, "
+                         f"buffer_len {buffer_len}")
     if _chunk_k:  # the replay-only launches (host phase 1, a split step's 4) stream the fp32 checkpoint
         if _chunk_k & (_chunk_k - 1) or not 1 <= _chunk_k <= block_k:
             raise ValueError(f"_chunk_k must be a power of two up to {block_k}, got {_chunk_k}")
@@ -1709,8 +1816,8 @@ def _replay_step(
             raise ValueError("_solve_weights serves the solved exact fold (_exact_solve=True) of a flush-only launch: "
                              "host positions, or a split step (_split=True)")
         if phase != 1:
-            solve = torch.empty((batch, value_heads, solve_entry_size(block_r)), dtype=torch.float32,
-                                device=v.device)
+            solve = torch.empty((batch, value_heads, solve_entry_size(block_r, block_k if per_key else 0)),
+                                dtype=torch.float32, device=v.device)
 
     # a split step's flush launch (per-row grid): _flush_config, a solved exact fold's own tile, a streamed read
     # copy's; else the step's
@@ -1856,14 +1963,15 @@ def _replay_step(
             LAST_COMPILED["delta_solve"] = _delta_solve_kernel[(batch, value_heads)](
                 ring_k, ring_g, ring_beta, *positions, k, beta, g, solve,
                 key_dim, ring_size, value_heads // key_heads, *host,
-                *ring_k.stride(), *ring_g.stride(), *ring_beta.stride(), *strides,  # (scalar gates: [B, R, H])
-                *k.stride(), *beta.stride(), *g.stride(),
+                *ring_k.stride(), *_ring_gate_strides(ring_g), *ring_beta.stride(), *strides,
+                *k.stride(), *beta.stride(), *_gate_strides(g),
                 DEVICE_POSITIONS=phase == 0,
                 USE_QK_L2NORM=bool(use_qk_l2norm),
                 BLOCK_K=block_k,
                 BLOCK_R=block_r,
                 FLUSH_PRECISION=FLUSH_PRECISION,
-                num_warps=SOLVE_WARPS,
+                GATE_PER_KEY=per_key,
+                num_warps=_solve_warps or (KDA_SOLVE_WARPS if per_key else SOLVE_WARPS),
             )
         for kernel_phase in launches:  # in stream order: the replay launch (4) reads the counts the flush one read
             launch(kernel_phase)

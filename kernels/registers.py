@@ -19,7 +19,7 @@ without them raises a clear error. Command line (a table over launch configurati
     python -m hf_replayssm.kernels.registers --family gdn --verify    # the verify kernel, both forms, batch 256
     python -m hf_replayssm.kernels.registers --reencode               # the nvfp4 re-encode, both arithmetics
     python -m hf_replayssm.kernels.registers --family gdn --host-flush  # the host flush, plain / outputs from a copy
-    python -m hf_replayssm.kernels.registers --family gdn --solve       # the solved fold, with / without pre-launch
+    python -m hf_replayssm.kernels.registers --family kda --solve       # the solved fold, with / without pre-launch
 """
 
 from __future__ import annotations
@@ -336,15 +336,17 @@ def host_flush_registers(family: str, arch: int = 90, batch: int = 256) -> list[
     return rows
 
 
-def solve_registers(arch: int = 90, batch: int = 256, tiles: tuple = ((64, 4), (32, 4))) -> list[dict]:
-    """GDN's host flush with the solved exact fold (``_exact_solve``), outputs from an fp8 copy, on ``tiles``
-    (BLOCK_V, num_warps): without and with its per-head pre-launch (``_solve_weights``; that launch's own row too,
-    arm "pre-launch"). Why: solved in every flush program it measured slower than the stepped fold (H200, run 131);
-    the pre-launch takes the chain over the records out of the programs that hold the state tile."""
+def solve_registers(family: str = "gdn", arch: int = 90, batch: int = 256,
+                    tiles: tuple = ((64, 4), (32, 4))) -> list[dict]:
+    """The host flush with the solved exact fold (``_exact_solve``) of ``family`` ("gdn" or "kda"), outputs from an
+    fp8 copy, on ``tiles`` (BLOCK_V, num_warps): without and with its per-head pre-launch (``_solve_weights``; that
+    launch's own row too, arm "pre-launch"). Why: solved in every flush program GDN's measured slower than the
+    stepped fold (H200, run 131); the pre-launch takes the chain over the records out of the programs that hold the
+    state tile (for KDA also the decayed keys)."""
     rows = []
     for (block_v, num_warps), given in itertools.product(tiles, (False, True)):
-        module, kernels, call = _delta_call("fp8", False, block_v, num_warps, batch=batch, flush=True,
-                                            flush_outputs=True, exact_solve=True, solve_weights=given)
+        module, kernels, call = _delta_call("fp8", False, block_v, num_warps, per_key=family == "kda", batch=batch,
+                                            flush=True, flush_outputs=True, exact_solve=True, solve_weights=given)
         for r in compile_launches(module, kernels, call, arch, skip=("advance_counts",)):
             arm = f"[K, {block_v}] x {num_warps}{', pre-launch given' if given else ''}"
             rows.append(dict(r, arm="pre-launch" if r["kernel"] == "_delta_solve_kernel" else arm))
@@ -372,7 +374,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                         help="gdn / kda: the host flush (exact fold), plain and giving its outputs from a copy, at "
                         "--batch")
     parser.add_argument("--solve", action="store_true",
-                        help="gdn: the host flush with the solved exact fold, without and with its per-head "
+                        help="gdn / kda: the host flush with the solved exact fold, without and with its per-head "
                         "pre-launch (_exact_solve / _solve_weights), at --batch")
     parser.add_argument("--gdn-weights", action="store_true",
                         help="gdn replay launches with the per-head weights pre-launch (_replay_step's _gdn_weights)")
@@ -380,14 +382,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.gdn_weights and (args.family != "gdn" or args.verify):
         parser.error("--gdn-weights applies to the gdn replay launches only")
     rows = []
-    if args.solve and args.family != "gdn":
-        parser.error("--solve applies to gdn (the solved fold needs a scalar gate)")
     if args.host_flush or args.solve:
         if args.family == "mamba2":
             parser.error("--host-flush applies to gdn and kda")
         what = "solved exact fold, outputs from an fp8 copy" if args.solve else "host flush"
         print(f"{args.family} {what}, batch {args.batch}, sm_{args.arch}, triton {triton.__version__}")
-        rows = (solve_registers(args.arch, args.batch) if args.solve
+        rows = (solve_registers(args.family, args.arch, args.batch) if args.solve
                 else host_flush_registers(args.family, args.arch, args.batch))
         for r in rows:
             tile = f"[{r['BLOCK_K']}, {r.get('BLOCK_V', r.get('BLOCK_R'))}]"  # (the solve pre-launch: [K, R])

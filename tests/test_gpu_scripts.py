@@ -52,8 +52,8 @@ def test_read_probe_smoke(tmp_path):
 def test_read_copy_defaults_smoke(tmp_path):
     """The read-copy defaults script times every arm (GDN fp8 on the smoke's shape, streaming lowered to its batch),
     the streamed launches on a tile asked for (``--stream-tiles --tiles``, with ``--stream-late`` also with the
-    records' values loaded after the stream), the solved exact fold with and without its pre-launch (``--solve``),
-    and reports the streamed launches it timed."""
+    records' values loaded after the stream), the solved exact fold with and without its pre-launch (``--solve``,
+    the pre-launch on one, two and four warps), and reports the streamed launches it timed."""
     _interpreter_usable()
     result = tmp_path / "defaults.json"
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "read_copy_defaults.py"), "--smoke",
@@ -80,7 +80,8 @@ def test_read_copy_defaults_smoke(tmp_path):
         # --solve: the flush-only launch stepped / solved / with the pre-launch on each tile (the smoke's V = 16
         # narrows them to the whole head), the host cycle and the split step with the solved fold
         "flush_stepped_us", "flush_solved_us", "flush_solve_given_16x4_us", "flush_solve_given_16x2_us",
-        "flush_solve_given_16x8_us", "host_solved_us", "host_solve_given_us", "device_in_phase_solved_us",
+        "flush_solve_given_16x8_us", "flush_solve_given_pre1_us", "flush_solve_given_pre2_us",
+        "flush_solve_given_pre4_us", "host_solved_us", "host_solve_given_us", "device_in_phase_solved_us",
         "device_in_phase_solve_given_us"]), sorted(timed)
     assert tuple(row["solve_best_tile"]) in {(16, 4), (16, 2), (16, 8)}, row["solve_best_tile"]
     # (the 256-wide tile: wider than the head, skipped)

@@ -168,31 +168,39 @@ SOLVE_WORKER = r"""
 import json
 from hf_replayssm.kernels import delta_rule, registers
 
-rows = registers.solve_registers(arch=90, batch=256)
+rows = {family: registers.solve_registers(family, arch=90, batch=256) for family in ("gdn", "kda")}
 print(json.dumps(dict(rows=rows, restored=type(delta_rule._delta_solve_kernel).__name__)))
 """
 
 
 @pytest.mark.skipif(not _ptxas_available(), reason="triton bundles no ptxas here")
 def test_solve_pre_launch_registers():
-    """``--solve``: GDN's host flush with the solved exact fold (outputs from an fp8 copy, batch 256) without and with
-    the per-head pre-launch that computes its chain over the records (``_solve_weights``). With it the flush program
-    reads that chain (SOLVE_GIVEN) and on [K, 32] x 4 drops below 255 registers without spilling (Triton 3.9: 194
-    against 255 with 56 spilled bytes; 3.6: 192 against 255 / 72), [K, 64] x 4 spills less (108 against 576 bytes);
-    the pre-launch itself: one warp, no spills."""
+    """``--solve``: the host flush with the solved exact fold (outputs from an fp8 copy, batch 256) without and with
+    the per-head pre-launch that computes its chain over the records (``_solve_weights``). GDN: with it the flush
+    program reads that chain (SOLVE_GIVEN) and on [K, 32] x 4 drops below 255 registers without spilling (Triton 3.9:
+    194 against 255 with 56 spilled bytes; 3.6: 192 against 255 / 72), [K, 64] x 4 spills less (108 against 576
+    bytes); the pre-launch itself: one warp, no spills. KDA (per-key gates; the pre-launch also hands over the decayed
+    keys): [K, 32] x 4 spills neither way and holds fewer registers given (3.6: 217 against 246), [K, 64] x 4 spills
+    less; its pre-launch on four warps, no spills (on one it spills)."""
     result = _run_worker(SOLVE_WORKER, timeout=900)
-    rows = result["rows"]
-    assert [r["arm"] for r in rows] == ["[K, 64] x 4", "pre-launch", "[K, 64] x 4, pre-launch given",
-                                        "[K, 32] x 4", "pre-launch", "[K, 32] x 4, pre-launch given"], rows
-    flush = {r["arm"]: r for r in rows if r["arm"] != "pre-launch"}
-    assert [(r["PHASE"], r["BLOCK_V"], r["num_warps"], r["EXACT_SOLVE"], r["SOLVE_GIVEN"]) for r in flush.values()] == [
-        (2, 64, 4, True, False), (2, 64, 4, True, True), (2, 32, 4, True, False), (2, 32, 4, True, True)]
-    given = flush["[K, 32] x 4, pre-launch given"]
-    assert given["registers"] < 255 and given["spill_store_bytes"] == 0, given
-    assert flush["[K, 32] x 4"]["registers"] == 255 or flush["[K, 32] x 4"]["spill_store_bytes"] > 0, flush
-    assert (flush["[K, 64] x 4, pre-launch given"]["spill_store_bytes"]
-            < flush["[K, 64] x 4"]["spill_store_bytes"]), flush
-    for r in rows:
-        if r["arm"] == "pre-launch":
-            assert r["kernel"] == "_delta_solve_kernel" and r["num_warps"] == 1 and r["spill_store_bytes"] == 0, r
+    for family, rows in result["rows"].items():
+        assert [r["arm"] for r in rows] == ["[K, 64] x 4", "pre-launch", "[K, 64] x 4, pre-launch given",
+                                            "[K, 32] x 4", "pre-launch", "[K, 32] x 4, pre-launch given"], rows
+        flush = {r["arm"]: r for r in rows if r["arm"] != "pre-launch"}
+        assert [(r["PHASE"], r["BLOCK_V"], r["num_warps"], r["EXACT_SOLVE"], r["SOLVE_GIVEN"], r["GATE_PER_KEY"])
+                for r in flush.values()] == [(2, 64, 4, True, False, family == "kda"), (2, 64, 4, True, True,
+                                              family == "kda"), (2, 32, 4, True, False, family == "kda"),
+                                             (2, 32, 4, True, True, family == "kda")], (family, flush)
+        given = flush["[K, 32] x 4, pre-launch given"]
+        assert given["registers"] < 255 and given["spill_store_bytes"] == 0, given
+        if family == "gdn":
+            assert flush["[K, 32] x 4"]["registers"] == 255 or flush["[K, 32] x 4"]["spill_store_bytes"] > 0, flush
+        else:
+            assert given["registers"] < flush["[K, 32] x 4"]["registers"], flush
+        assert (flush["[K, 64] x 4, pre-launch given"]["spill_store_bytes"]
+                < flush["[K, 64] x 4"]["spill_store_bytes"]), flush
+        for r in rows:
+            if r["arm"] == "pre-launch":
+                assert (r["kernel"], r["num_warps"], r["spill_store_bytes"], r["GATE_PER_KEY"]) == (
+                    "_delta_solve_kernel", 4 if family == "kda" else 1, 0, family == "kda"), r
     assert result["restored"] == "JITFunction"

@@ -26,7 +26,8 @@ from kernel_harness import HAS_TRITON, RecordedKernel, load_kernel_module, run_c
 from kernel_harness import assert_close as _close
 
 CASES = ["mamba2_device", "mamba2_host_phase", "mamba2_copy_tiles", "gdn_device", "kda_device", "delta_host_phase",
-         "delta_exact_fold", "delta_chunked", "delta_stream_default", "delta_exact_solve", "flush_reads_copy",
+         "delta_exact_fold", "delta_chunked", "delta_stream_default", "delta_exact_solve", "kda_exact_solve",
+         "flush_reads_copy",
          "reload_token_default",
          "mamba2_reencode_copy", "delta_reencode_copy", "nvfp4_pairs", "nvfp4_every_code", "bad_read_copy"]
 
@@ -62,6 +63,7 @@ def test_delta_read_copy_launch_config():
     assert k.host_flush_launch_config(*shape, exact_fold=True) == (16, 1, True)
     assert k.host_flush_launch_config(*shape, per_key_gate=True, exact_fold=True) == (32, 1, True)
     assert k.host_flush_launch_config(*shape, exact_fold=True, exact_solve=True) == (64, 4, True)
+    assert k.host_flush_launch_config(*shape, per_key_gate=True, exact_fold=True, exact_solve=True) == (32, 4, True)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -854,11 +856,21 @@ def case_delta_exact_solve(_, device):
     """``_exact_solve`` (GDN's exact fold solving the records' corrected values at once, _exact_fold_solved): against
     the reference on a fused mixed-phase launch, a split one and host-position flushes at every ring fill (0 records
     to a full ring, origins wrapping), NaN-poisoned copies on flushing rows; over two buffer cycles of the separated
-    policy the checkpoint and flush outputs equal the float32 standard recurrence; refused for KDA, without the raw
-    records and past the ring tile. ``_solve_weights`` (the chain over the records by a per-head pre-launch that the
+    policy the checkpoint and flush outputs equal the float32 standard recurrence; refused without the raw records
+    and past the ring tile. ``_solve_weights`` (the chain over the records by a per-head pre-launch that the
     flush-only launches read): the same against the reference, split and host flushes, the pre-launch recorded and
     the flush launch reading it; refused without ``_exact_solve`` or for a fused device step."""
-    family = _Family("gdn")
+    _recorded_solve_cases(_Family("gdn"), device)
+
+
+def case_kda_exact_solve(_, device):
+    """``_exact_solve`` for per-key gates (KDA: each row of A with its own decays, _solved_chain_per_key; the
+    pre-launch also hands the flush programs the decayed keys, so they read no record key or gate): the checks of
+    :func:`case_delta_exact_solve` on an nvfp4 copy."""
+    _recorded_solve_cases(_Family("kda"), device, read_format="nvfp4")
+
+
+def _recorded_solve_cases(family, device, read_format="fp8"):
     solve = dict(_exact_solve=True)
     given = dict(_solve_weights=True)
     module = family.module
@@ -866,12 +878,12 @@ def case_delta_exact_solve(_, device):
     recorded_solve = module._delta_solve_kernel = RecordedKernel(saved[0])
     recorded_step = module._delta_replay_step_kernel = RecordedKernel(saved[1])
     try:
-        _exact_solve_cases(family, device, solve, given, recorded_solve, recorded_step)
+        _exact_solve_cases(family, device, solve, given, recorded_solve, recorded_step, read_format)
     finally:
         module._delta_solve_kernel, module._delta_replay_step_kernel = saved
 
 
-def _exact_solve_cases(family, device, solve, given, recorded_solve, recorded_step):
+def _exact_solve_cases(family, device, solve, given, recorded_solve, recorded_step, read_format):
     import torch
 
     from hf_replayssm.precision.formats import get_format
@@ -883,7 +895,7 @@ def _exact_solve_cases(family, device, solve, given, recorded_solve, recorded_st
         recorded_step.launches.clear()
         p = family.inputs(device, 3, seed=23)
         p["ring_v"], p["ring_beta"] = _raw_rings(p)
-        copy, _ = _store_copy(p["state"], "fp8")
+        copy, _ = _store_copy(p["state"], read_format)
         row_counts = counts if isinstance(counts, list) else [counts] * 3
         copy = _poison_copy(copy, torch.tensor([c + 1 >= 6 for c in row_counts], device=device))
         got, want = _clone(p), _clone(p)
@@ -891,14 +903,16 @@ def _exact_solve_cases(family, device, solve, given, recorded_solve, recorded_st
             origins if isinstance(origins, list) else [origins] * 3, row_counts, device)
         raw_got = dict(ring_v=got.pop("ring_v"), ring_beta=got.pop("ring_beta"))
         raw_want = dict(ring_v=want.pop("ring_v"), ring_beta=want.pop("ring_beta"))
-        y = family.kernel(got, *pos, 6, read_copy=copy, read_format="fp8", **raw_got, **solve, **launch)
-        y_ref = family.ref(want, *pos_ref, 6, read_copy=copy, read_format="fp8", **raw_want)
-        print(f" gdn exact solve: origins={origins} counts={counts} {launch}")
+        read = dict(read_copy=copy, read_format=read_format)
+        y = family.kernel(got, *pos, 6, **read, **raw_got, **solve, **launch)
+        y_ref = family.ref(want, *pos_ref, 6, **read, **raw_want)
+        print(f" {family.name} exact solve: origins={origins} counts={counts} {launch}")
         _close("o vs reference", y, y_ref, REL)
         _close("state vs reference", got["state"], want["state"], REL)
         assert torch.isfinite(got["state"]).all() and torch.isfinite(y).all()
         # the pre-launch ran (once, before the flush launch) and only the flush-only launch read it
         assert recorded_solve.calls == (1 if launch.get("_solve_weights") else 0), (launch, recorded_solve.calls)
+        assert all(kw["GATE_PER_KEY"] == (family.name == "kda") for kw in recorded_solve.launches)
         assert [(kw["PHASE"], kw["SOLVE_GIVEN"]) for kw in recorded_step.launches] == (
             [(0, False)] if launch == {} and isinstance(counts, list) else
             [(3, bool(launch.get("_solve_weights"))), (4, False)] if isinstance(counts, list) else
@@ -924,30 +938,30 @@ def _exact_solve_cases(family, device, solve, given, recorded_solve, recorded_st
     std = p["state"].clone()
     worst = 0.0
     for step in range(2 * L):
-        tok = _delta_inputs(device, 2, seed=100 + step, per_key=False)
+        tok = _delta_inputs(device, 2, seed=100 + step, per_key=family.name == "kda")
         tok = {n: tok[n] for n in ("q", "k", "v", "beta", "g")}
-        copy = get_format("fp8").encode(p["state"]) if step % L == 0 else copy  # refreshed at flushes
+        copy = get_format(read_format).encode(p["state"]) if step % L == 0 else copy  # refreshed at flushes
         p.update(tok)
-        y = family.kernel(p, 0, step % L, L, read_copy=copy, read_format="fp8", **raw, **solve)
+        y = family.kernel(p, 0, step % L, L, read_copy=copy, read_format=read_format, **raw, **solve,
+                          **(given if step % L == L - 1 else {}))
         o_std = family.module.delta_state_update_ref(std, *[tok[n] for n in ("q", "k", "v", "beta", "g")],
                                                      out=torch.empty_like(y))
         if step % L == L - 1:  # a flush: the fp32 recurrence
             worst = max(worst, (p["state"] - std).abs().max().item() / std.abs().max().item(),
                         (y - o_std).abs().max().item())
     assert worst < 1e-5, worst
+    if family.name == "kda":  # the refusals below are the gate kind's own
+        return
 
-    kda = _Family("kda").inputs(device, 2, seed=1)
-    kda["ring_v"], kda["ring_beta"] = _raw_rings(kda)
     p = family.inputs(device, 2, seed=1)
-    for fam, inputs, length, match in ((_Family("kda"), kda, 6, "scalar gate"), (family, p, 6, "raw records"),
-                                       (family, dict(p, ring_v=_raw_rings(p)[0], ring_beta=_raw_rings(p)[1]), 17,
-                                        "buffer_len")):
+    for inputs, length, match in ((p, 6, "raw records"),
+                                  (dict(p, ring_v=_raw_rings(p)[0], ring_beta=_raw_rings(p)[1]), 17, "buffer_len")):
         if match == "buffer_len":  # 16 records and the token: one row more than the ring's tile of 16
             inputs = dict(inputs)
             for name in ("ring_k", "ring_d", "ring_g", "ring_v", "ring_beta"):
                 inputs[name] = inputs[name][:, :1].expand(-1, 16, *inputs[name].shape[2:]).contiguous()
         with pytest.raises(ValueError, match=match):
-            fam.kernel(inputs, 0, 1, length, **solve)
+            family.kernel(inputs, 0, 1, length, **solve)
 
 
 def case_bad_read_copy(_, device):

@@ -36,10 +36,14 @@ STREAM_TILES = [(64, 1, 16), (128, 1, 16), (128, 2, 16), (64, 2, 16), (64, 1, 32
                 (128, 1, 32), (16, 1, 16)]
 # --device-flush-tiles: a split step's flush launch (exact fold, flushing rows' outputs from the copy) on other tiles
 DEVICE_FLUSH_TILES = [(16, 1), (32, 1), (64, 2)]
-# --solve (GDN): the solved exact fold (_exact_solve) with its chain over the records by the per-head pre-launch
+# --solve: the solved exact fold (_exact_solve) with its chain over the records by the per-head pre-launch
 # (_solve_weights) on these flush tiles (BLOCK_V, num_warps); offline (sm_90, batch 256, outputs from an fp8 copy)
-# [K, 32] x 4 holds 192 registers and no spills with the pre-launch (255 / 72 bytes without), [K, 64] x 4 255 / 124
-SOLVE_TILES = [(64, 4), (32, 4), (32, 2), (128, 8)]
+# GDN [K, 32] x 4 holds 192 registers and no spills with the pre-launch (255 / 72 bytes without), [K, 64] x 4 255 /
+# 124; KDA [K, 32] x 4 217 (246 without), [K, 32] x 8 206, [K, 64] x 8 239, none spilled; [K, 64] x 4 and two-warp
+# tiles spill. Then the pre-launch's warps (SOLVE_WARPS) at the best tile: KDA's spills on one (offline 255
+# registers), holds 204 on two and 117 on four
+SOLVE_TILES = [(64, 4), (32, 4), (32, 2), (128, 8), (32, 8), (64, 8)]
+SOLVE_WARPS = (1, 2, 4)
 # the arms every row has, each also as a ratio to our standard step (x_std_<arm>), in the printed order
 ARMS = ("host_default", "host_default_reencode", "host_whole_tile", "device_mixed_default", "device_mixed_fused",
         "device_in_phase_default", "device_in_phase_fused")
@@ -113,7 +117,7 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
                     fbv, fnw = (int(x) for x in best[len("flush_"):-len("_us")].split("x"))
                     row["host_best_flush_us"] = us(inputs.host_fn(step, read_format=read_format,
                                                                   flush_launch=dict(_block_v=fbv, _num_warps=fnw)))
-        if solve and not per_key and phase == "in_phase":
+        if solve and phase == "in_phase":
             # the flush-only launch (exact fold, fp32 checkpoint) stepped (the default), solved, solved with the
             # pre-launch on SOLVE_TILES; the host cycle as the cache runs it and the split step in phase with each
             solved, given = dict(_exact_solve=True), dict(_exact_solve=True, _solve_weights=True)
@@ -127,6 +131,10 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
                 row[f"flush_solve_given_{fbv}x{fnw}_us"] = given_us[fbv, fnw]
             fbv, fnw = min(given_us, key=given_us.get)
             row["solve_best_tile"] = [fbv, fnw]
+            for warps in SOLVE_WARPS:  # the pre-launch's own warps, at that tile
+                row[f"flush_solve_given_pre{warps}_us"] = us(inputs.host_fn(
+                    step, only=L - 1, read_format=read_format, **given, _block_v=fbv, _num_warps=fnw,
+                    _solve_warps=warps))
             row["host_solved_us"] = us(inputs.host_fn(step, read_format=read_format, reencode="step",
                                                       flush_launch=solved))
             row["host_solve_given_us"] = us(inputs.host_fn(step, read_format=read_format, reencode="step",
@@ -209,7 +217,7 @@ def main() -> None:
     parser.add_argument("--stream-late", action="store_true",
                         help="--stream-tiles: each tile also with the records' values loaded after the stream")
     parser.add_argument("--solve", action="store_true",
-                        help="GDN: also the solved exact fold, with and without its per-head pre-launch")
+                        help="also the solved exact fold, with and without its per-head pre-launch")
     args = parser.parse_args()
     if args.tiles:
         STREAM_TILES[:] = [tuple(int(n) for n in tile.split("x")) for tile in args.tiles.split(",")]

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# GPU calls prepared in the thirty-ninth session for the next one. Every job packs what it wrote into $OUT.
-# Call: run(command="STAGE=N bash benchmarks/gpu/next_session40.sh", carry=[".whl/fla", ".triton_cache"],
+# GPU calls prepared in the thirty-ninth session for the next one (no GPU in the fortieth, which extended STAGE=4 to
+# KDA and added STAGE=6). Every job packs what it wrote into $OUT.
+# Call: run(command="STAGE=N bash benchmarks/gpu/next_session41.sh", carry=[".whl/fla", ".triton_cache"],
 #   timeout_s=600)
 # STAGE=1 (about 4 minutes): the fp32 host cycle's walking replay launches at more programs per SM. Runs 119-121
 #   swept GDN's [K, 32] x 1 walk at 5 / 6 / 7 / 8 programs per SM (216.5 / 195.2 / 182.1 / 175.1 us per step at batch
@@ -17,19 +18,23 @@
 #   [K, 64] x 1 221 (9) or in chunks of 8 162 (12); KDA fp8 253 / 147 / 147 / 105; GDN nvfp4 255 / 167 / 219 / 158;
 #   KDA nvfp4 (default chunks of 8) 128 x 2 in chunks of 16 127, 64 x 1 153 / 114. Two warps and [K, 64] lost with
 #   the records loaded first (run 185); host cycle and split step, four copies at 256.
-# STAGE=4 (about 5 minutes): GDN's solved exact fold with its chain over the records (the [R, R] inverse, decays and
-#   weights) computed once per head by a pre-launch (`_solve_weights`, new, off) instead of in every V tile's flush
-#   program. The separated flush (stepped exact fold) holds about a third of GDN's fp8 host cycle (810-860 us a flush
-#   launch against a 275 us standard step: 50 of 150 us a step); solved in-program it measured 1404 us (run 131).
-#   Offline (sm_90, batch 256, outputs from an fp8 copy) the flush program on [K, 32] x 4 falls from 255 registers
-#   and 72 spilled bytes to 192 and none with the pre-launch (188 registers, one warp, a program per head). Kernel
-#   cases on CUDA first, then `read_copy_defaults.py --solve` for GDN fp8 / nvfp4 at 256 and 64.
+# STAGE=4 (about 6 minutes): the solved exact fold with its chain over the records (the [R, R] inverse, decays and
+#   weights) computed once per head by a pre-launch (`_solve_weights`, off) instead of in every V tile's flush
+#   program. GDN: the separated flush (stepped exact fold) holds about a third of GDN's fp8 host cycle (810-860 us a
+#   flush launch against a 275 us standard step: 50 of 150 us a step); solved in-program it measured 1404 us (run
+#   131). Offline (sm_90, batch 256, outputs from an fp8 copy) the flush program on [K, 32] x 4 falls from 255
+#   registers and 72 spilled bytes to 192 and none with the pre-launch (188 registers, one warp, a program per
+#   head). KDA (built in the fortieth session, per-key gates: A's rows each with their own decays; the pre-launch also
+#   hands over the decayed keys): its stepped exact fold is ~1170 us a flush launch (~73 of 208 us a step); solved
+#   with the pre-launch the flush program on [K, 32] x 4 holds 217 registers, none spilled, the pre-launch 117 on four
+#   warps. Kernel cases on CUDA (GDN and KDA) first, then `read_copy_defaults.py --solve` for GDN's copies at 256 and
+#   64; STAGE=6 (about 6 minutes) the same for KDA's.
 # STAGE=5 (about 4 minutes): where the separated compiled-path step loses to the host cycle (GDN fp8 at 256, rows in
 #   phase: 184.6 us a step against 149.8, run 213): Nsight Compute on the device step with every row replaying (count
 #   7: the flush launch's programs read a count and exit, the count launch, the re-encode launch with nothing due)
 #   and every row flushing (count 15), fp8 and nvfp4 (`ncu_kernels.py --device-copies`, new), then their times.
 source benchmarks/gpu/install.sh || exit 1
-session_results next_session40; cd /tmp/w
+session_results next_session41; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
   for spec in kda:kimi-linear:32:1:2:8,32:1:2:9,32:1:2:10,32:1:2:11 gdn:qwen3-next:32:1:2:8,32:1:2:9,32:1:2:10; do
     family=${spec%%:*}; rest=${spec#*:}; shape=${rest%%:*}; walks=${rest#*:}
@@ -52,12 +57,16 @@ elif [ "$STAGE" = 3 ]; then
     --tiles 128x1x16,128x2x16,64x1x16,64x1x8 --out "$RES/read_copy_late_tiles.json"; pack
   cut -c1-2500 "$RES/read_copy_late_tiles.txt"
 elif [ "$STAGE" = 4 ]; then
-  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 120 test_kernels_solve_cuda tests/test_kernels_read_copy.py \
-    -k "delta_exact_solve"; pack
+  REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_solve_cuda tests/test_kernels_read_copy.py \
+    -k "exact_solve"; pack
   show_tests
   script_job 300 read_copy_solve read_copy_defaults.py --batches 256,64 --specs gdn:fp8,gdn:nvfp4 --solve \
     --out "$RES/read_copy_solve.json"; pack
   cut -c1-2500 "$RES/read_copy_solve.txt"
+elif [ "$STAGE" = 6 ]; then
+  script_job 420 read_copy_solve_kda read_copy_defaults.py --batches 256,64 --specs kda:fp8,kda:nvfp4 --solve \
+    --out "$RES/read_copy_solve_kda.json"; pack
+  cut -c1-2500 "$RES/read_copy_solve_kda.txt"
 elif [ "$STAGE" = 5 ]; then
   ncu_job 260 ncu_device_copies --families gdn,kda --device-copies fp8,nvfp4
   script_job 150 ncu_device_copies_times ncu_kernels.py --families gdn,kda --device-copies fp8,nvfp4; pack

@@ -494,6 +494,32 @@ def _record_weights(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, vali
 
 
 @triton.jit
+def _newest_first_weights(rk_base, rg_base, origin, count, ring_size, offs_r, offs_k, mask_k, q_t, k_t, g_t,
+                          stride_rk_r, stride_rk_k, stride_rg_r, stride_rg_k, K: tl.constexpr,
+                          USE_QK_L2NORM: tl.constexpr):
+    """:func:`_record_weights` for per-key gates with the records read newest first: row m holds record
+    count - 1 - m, so s_j (the gates of the records after j, and the token's) is a forward scan over the rows, where
+    the logical order takes a reverse one; Triton 3.6 lowers the reverse scan of an [R, K] tile whose rows span two
+    lanes with about four times the warp shuffles (sm_90, the per-head pre-launch: 970 shuffles a program, 832 of
+    them the scan). Returns (decay [K], wq, wk [R] newest first, 0 past ``count``)."""
+    valid = offs_r < count
+    slots = (origin + tl.where(valid, count - 1 - offs_r, 0)) % ring_size  # row m: record count - 1 - m
+    k_r = _load_record_keys(rk_base, slots, valid, offs_k, mask_k, stride_rk_r, stride_rk_k, USE_QK_L2NORM)
+    # row m's s: the token's gate and those of rows 0 .. m - 1, i.e. an inclusive scan of the gates one row later
+    newer = (offs_r >= 1) & valid
+    g_newer = tl.load(rg_base + ((slots + 1) % ring_size)[:, None] * stride_rg_r + offs_k[None, :] * stride_rg_k,
+                      mask=newer[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
+    seg = tl.cumsum(g_newer, axis=0) + g_t  # [R, K]
+    g_first = tl.load(rg_base + origin * stride_rg_r + offs_k * stride_rg_k,
+                      mask=offs_k < tl.where(count > 0, K, 0), other=0.0).to(tl.float32)
+    # c = g_0 + s_0, s_0 on the oldest record's row (count - 1; with no records row 0's, the token's gate alone)
+    oldest = tl.maximum(count - 1, 0)
+    decay = tl.exp(g_first + tl.sum(tl.where(offs_r[:, None] == oldest, seg, 0.0), axis=0))
+    w_r = tl.where(valid[:, None], k_r * tl.exp(seg), 0.0)
+    return decay, tl.sum(w_r * q_t[None, :], axis=1), tl.sum(w_r * k_t[None, :], axis=1)
+
+
+@triton.jit
 def _checkpoint_products(s0, q_t, k_t, decay, GATE_PER_KEY: tl.constexpr):
     """S0^T (exp(c) q) and S0^T (exp(c) k) [BLOCK_V] from the whole checkpoint tile."""
     if GATE_PER_KEY:
@@ -710,6 +736,7 @@ def _kda_weights_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_R: tl.constexpr,
     GATE_PER_KEY: tl.constexpr,
+    NEWEST_FIRST: tl.constexpr = False,  # per-key gates: the records read newest first (_newest_first_weights)
 ):
     """A head's replay quantities that do not depend on the value column, once per (row, value head): the decay
     since the checkpoint exp(c) ([BLOCK_K]; a scalar gate's in every slot) and the records' weights
@@ -727,20 +754,27 @@ def _kda_weights_kernel(
                                     count_host, DEVICE_POSITIONS)
     _, q_t, k_t = _load_qk(q_ptr, k_ptr, pid_b, hk, offs_k, mask_k, scale, stride_q_b, stride_q_h, stride_q_k,
                            stride_k_b, stride_k_h, stride_k_k, USE_QK_L2NORM)
-    valid = offs_r < count
-    slots = (origin + offs_r) % ring_size
-    k_r = _load_record_keys(ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h, slots, valid, offs_k, mask_k,
-                            stride_rk_r, stride_rk_k, USE_QK_L2NORM)
     g_t = _load_gate(g_ptr, pid_b, pid_h, offs_k, mask_k, stride_g_b, stride_g_h, stride_g_k, GATE_PER_KEY)
-    decay, _, wq, wk = _record_weights(k_r, ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h, origin, count,
-                                       ring_size, offs_r, offs_k, valid, q_t, k_t, g_t, stride_rg_r, stride_rg_k, K,
-                                       GATE_PER_KEY)
+    rk_base = ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h
+    rg_base = ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h
+    valid = offs_r < count
+    if NEWEST_FIRST:  # (per-key gates) the weights' positions: row m holds record count - 1 - m
+        decay, wq, wk = _newest_first_weights(rk_base, rg_base, origin, count, ring_size, offs_r, offs_k, mask_k, q_t,
+                                              k_t, g_t, stride_rk_r, stride_rk_k, stride_rg_r, stride_rg_k, K,
+                                              USE_QK_L2NORM)
+        positions = tl.where(valid, count - 1 - offs_r, offs_r)
+    else:
+        k_r = _load_record_keys(rk_base, (origin + offs_r) % ring_size, valid, offs_k, mask_k, stride_rk_r,
+                                stride_rk_k, USE_QK_L2NORM)
+        decay, _, wq, wk = _record_weights(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, valid, q_t, k_t,
+                                           g_t, stride_rg_r, stride_rg_k, K, GATE_PER_KEY)
+        positions = offs_r
     if not GATE_PER_KEY:
         decay = decay + tl.zeros([BLOCK_K], dtype=tl.float32)  # a scalar gate's decay in every slot
     w_base = weights_ptr + (pid_b * tl.num_programs(1) + pid_h) * (BLOCK_K + 2 * BLOCK_R)
     tl.store(w_base + offs_k, decay)
-    tl.store(w_base + BLOCK_K + offs_r, wq)
-    tl.store(w_base + BLOCK_K + BLOCK_R + offs_r, wk)
+    tl.store(w_base + BLOCK_K + positions, wq)  # in logical order (0 past count) whichever order computed them
+    tl.store(w_base + BLOCK_K + BLOCK_R + positions, wk)
 
 
 def solve_entry_size(block_r: int, block_k: int = 0) -> int:
@@ -1579,7 +1613,7 @@ def _replay_step(
     _nvfp4_pairs=True, _kda_weights=True, _gdn_weights=False, _weights_warps=None, _chunk_k=0, _flush_grid="batch",
     _flush_config=None, _walk="auto", _exact_solve=False, reencode_copy=False, _flush_amax=True,
     _flush_scale_per_row=True, _flush_code_vector=4, _split_flush_code_vector=4, _replay_code_vector=0,
-    _reload_token="auto", _late_records="auto", _solve_weights=False, _solve_warps=None,
+    _reload_token="auto", _late_records="auto", _solve_weights=False, _solve_warps=None, _newest_first=False,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot``; ``_split`` (device positions only): the step as a flush-only launch for the rows due (the others
@@ -1647,7 +1681,12 @@ def _replay_step(
     since the checkpoint and to the flush, so they load no record key or gate; sm_90, Triton 3.6, batch 256, outputs
     from an fp8 copy: the flush program on [K, 32] x 4 246 registers in-program, 217 given, none spilled (the stepped
     fold's [K, 32] x 1: 255 and spills). ``_solve_warps``: the pre-launch's warps (default :data:`SOLVE_WARPS`, per-key
-    gates :data:`KDA_SOLVE_WARPS`).
+    gates :data:`KDA_SOLVE_WARPS`). ``_newest_first`` (per-key gates; off, untimed): the weights pre-launch reads the
+    records newest first (:func:`_newest_first_weights`), so their decays are a forward scan over the rows, and stores
+    the weights in logical order (same values within float32 rounding: the scan sums in another order). Why: its
+    gate tile's rows span two lanes and Triton 3.6 lowers the reverse scan with 832 of the launch's 970 warp shuffles
+    (sm_90, batch 256); newest first 330 (2680 -> 2152 instructions, 128 -> 156 registers). At a shuffle a clock per
+    SM, 8192 programs x 970 are about 34 us of the launch's 45.7 (H200, run 102).
     ``_flush_scale_per_row`` (default on; ``flush_reads_copy`` with an fp8 copy): the host-positions flush-only
     launch decodes the copy's tile with one scale load per row instead of one per element (H200, batch 256, run 188,
     host cycle as the cache runs it: Qwen3-Next 201.6 -> 200.0 us, Kimi-Linear 250.7 -> 245.8); a split step's flush
@@ -1957,6 +1996,7 @@ def _replay_step(
                 BLOCK_K=block_k,
                 BLOCK_R=block_r,
                 GATE_PER_KEY=per_key,
+                NEWEST_FIRST=per_key and bool(_newest_first),
                 num_warps=_weights_warps or KDA_WEIGHTS_WARPS,
             )
         if solve is not state:  # before the flush launch, from the same counts

@@ -20,6 +20,7 @@ without them raises a clear error. Command line (a table over launch configurati
     python -m hf_replayssm.kernels.registers --reencode               # the nvfp4 re-encode, both arithmetics
     python -m hf_replayssm.kernels.registers --family gdn --host-flush  # the host flush, plain / outputs from a copy
     python -m hf_replayssm.kernels.registers --family kda --solve       # the solved fold, with / without pre-launch
+    python -m hf_replayssm.kernels.registers --weights-order            # KDA's weights pre-launch, both record orders
 """
 
 from __future__ import annotations
@@ -170,13 +171,14 @@ def _launch(**options) -> dict:
 def _delta_call(fmt: str, device_phase: bool, block_v: int | None = None, num_warps: int | None = None,
                 per_key: bool = False, gdn_weights: bool = False, batch: int = 2, flush: bool = False,
                 flush_outputs: bool | None = None, code_vector: int | None = None, reload_token: bool | None = None,
-                exact_solve: bool = False, solve_weights: bool = False):
+                exact_solve: bool = False, solve_weights: bool = False, newest_first: bool = False):
     """``delta_rule._replay_step`` on ``batch`` rows at a real shape (launch options None: the wrapper's defaults);
     ``flush``: at host positions, the flush instead of a replay. With a copy, ``flush_outputs`` (default: with device
     positions or ``flush``) gives flushing rows' outputs from it; ``code_vector``: the host flush's
     ``_flush_code_vector``; ``reload_token=True``: the exact fold reads the token again after its records whatever
     the default (``_reload_token``); ``exact_solve`` / ``solve_weights``: the solved exact fold, with its per-head
-    pre-launch (``_exact_solve`` / ``_solve_weights``)."""
+    pre-launch (``_exact_solve`` / ``_solve_weights``); ``newest_first``: KDA's weights pre-launch reads the records
+    newest first (``_newest_first``)."""
     from hf_replayssm.kernels import delta_rule
 
     # Qwen3-Next's GDN shape; Kimi-Linear's KDA: 32 heads of 128, a decay per key channel
@@ -198,7 +200,7 @@ def _delta_call(fmt: str, device_phase: bool, block_v: int | None = None, num_wa
             -torch.rand(batch, *gate), buffer_len=16, out=torch.empty(batch, value_heads, dim),
             **_launch(_block_v=block_v, _num_warps=num_warps, _gdn_weights=gdn_weights,
                       _flush_code_vector=code_vector, _reload_token=reload_token, _exact_solve=exact_solve,
-                      _solve_weights=solve_weights), **read)
+                      _solve_weights=solve_weights, _newest_first=newest_first), **read)
 
     # the per-head pre-launches (weights: per-key gates, scalar ones with gdn_weights; the solved fold's chain) come
     # first (compiled, not run)
@@ -353,6 +355,21 @@ def solve_registers(family: str = "gdn", arch: int = 90, batch: int = 256,
     return rows
 
 
+def weights_order_registers(arch: int = 90, batch: int = 256) -> list[dict]:
+    """KDA's per-head weights pre-launch (``_kda_weights_kernel``, host positions) with the records in logical order
+    (the default) and newest first (``_newest_first``). Why: on one warp its [R, K] gate tile's rows span two lanes,
+    and Triton 3.6 lowers the reverse scan over them with 832 of the launch's 970 warp shuffles; a warp shuffle a
+    clock per SM at 8192 programs is about 34 us, most of the launch's 45.7 (H200, run 102)."""
+    rows = []
+    for newest_first in (False, True):
+        module, kernels, call = _delta_call("fp32", False, per_key=True, batch=batch, newest_first=newest_first)
+        for r in compile_launches(module, [*kernels, "_delta_replay_walk_kernel"], call, arch,
+                                  skip=("advance_counts",)):
+            if r["kernel"] == "_kda_weights_kernel":
+                rows.append(dict(r, arm="newest first" if newest_first else "logical order"))
+    return rows
+
+
 FAMILIES = {"gdn": (_gdn_call, [(64, 4), (64, 2), (32, 4), (32, 2), (16, 2)]),
             "kda": (_kda_call, [(64, 4), (32, 4), (32, 2), (16, 2), (16, 1)]),
             "mamba2": (_mamba2_call, [(32, 2), (16, 2), (16, 4), (8, 2)])}
@@ -376,12 +393,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--solve", action="store_true",
                         help="gdn / kda: the host flush with the solved exact fold, without and with its per-head "
                         "pre-launch (_exact_solve / _solve_weights), at --batch")
+    parser.add_argument("--weights-order", action="store_true",
+                        help="kda: the per-head weights pre-launch with the records in logical order and newest first "
+                        "(_newest_first), at --batch")
     parser.add_argument("--gdn-weights", action="store_true",
                         help="gdn replay launches with the per-head weights pre-launch (_replay_step's _gdn_weights)")
     args = parser.parse_args(argv)
     if args.gdn_weights and (args.family != "gdn" or args.verify):
         parser.error("--gdn-weights applies to the gdn replay launches only")
     rows = []
+    if args.weights_order:
+        print(f"kda weights pre-launch, batch {args.batch}, sm_{args.arch}, triton {triton.__version__}")
+        rows = weights_order_registers(args.arch, args.batch)
+        for r in rows:
+            print(f"  {r['arm']:>14}  {r['registers']:>3} registers  {r['spill_store_bytes']:>4} B spilled  "
+                  f"{r['ptx_shuffles']:>4} shuffles  {r['sass_instructions'] or '-':>5} instructions", flush=True)
+        return rows
     if args.host_flush or args.solve:
         if args.family == "mamba2":
             parser.error("--host-flush applies to gdn and kda")

@@ -90,6 +90,28 @@ def test_read_copy_defaults_smoke(tmp_path):
 
 
 @pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
+def test_read_copy_defaults_kda_smoke(tmp_path):
+    """KDA's arms of the read-copy defaults script (nvfp4 on the smoke's shape): the solved exact fold with its
+    per-head pre-launch (``--solve``, per-key gates) and the weights pre-launch reading the records newest first
+    (``--newest-first``: the fp32 host cycle and the cycle as the cache runs it with and without it, the device
+    step in both phases), each timed."""
+    _interpreter_usable()
+    result = tmp_path / "defaults.json"
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "read_copy_defaults.py"), "--smoke",
+                          "--batches", "2", "--specs", "kda:nvfp4", "--solve", "--newest-first",
+                          "--out", str(result)], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
+                         timeout=900)
+    assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
+    (row,) = json.loads(result.read_text())
+    asked = ["host_fp32_us", "host_fp32_newest_first_us", "host_default_reencode_newest_first_us",
+             "device_mixed_newest_first_us", "device_in_phase_newest_first_us", "flush_stepped_us", "flush_solved_us",
+             "flush_solve_given_pre1_us", "flush_solve_given_pre4_us", "host_solve_given_us",
+             "device_in_phase_solve_given_us"]
+    assert all(row.get(key, 0) > 0 for key in asked), {key: row.get(key) for key in asked}
+    assert tuple(row["solve_best_tile"]) in {(16, 4), (16, 2), (16, 8)}, row["solve_best_tile"]
+
+
+@pytest.mark.skipif(not HAS_TRITON, reason="triton is not installed")
 def test_copy_replay_probe_smoke(tmp_path):
     """The Mamba-2 copy-launch probe times every arm (a launch at a record count, the host cycle, the split step in
     phase and mixed, each with and without the coefficients pre-launch) for fp32, fp8 and nvfp4 on a tiny shape."""

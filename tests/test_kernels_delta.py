@@ -17,7 +17,8 @@ from kernel_harness import HAS_TRITON, RecordedKernel, run_bench_smoke, run_case
 from kernel_harness import assert_close as _close
 
 CASES = ["replay_mixed_gdn_bf16", "replay_launch_variants", "replay_mixed_kda", "replay_options", "state_update",
-         "sequence_gdn", "sequence_kda", "buffer_len_one", "host_phase", "kda_weights", "gdn_weights",
+         "sequence_gdn", "sequence_kda", "buffer_len_one", "host_phase", "kda_weights", "kda_newest_first",
+         "gdn_weights",
          "chunked_checkpoint", "flush_device_grid", "replay_walk", "replay_walk_split", "host_walk_default",
          "device_walk_default"]
 
@@ -482,6 +483,79 @@ def case_kda_weights(k, device):
     # the product: different sums)
     _host_phase_with_and_without(k, device, per_key=True, option="_kda_weights", flush_dot=False)
     assert "kda_weights" in k.LAST_COMPILED
+
+
+def case_kda_newest_first(k, device):
+    """``_newest_first`` (per-key gates; off by default, untimed): the per-head pre-launch reads the records newest
+    first, so their decays are a forward scan (Triton 3.6 lowers the reverse one with about four times the warp
+    shuffles), and stores the weights in logical order. Against the reference with device positions (rows in mixed
+    phases, fused and split, NaN in uncommitted slots, both flush forms, an empty ring, GVA) and with host positions
+    at every count (origins wrapping); every pre-launch compiled with NEWEST_FIRST; and planted in the reference
+    order's place, the newest-first weights would be wrong (the check can fail)."""
+    import torch
+
+    saved = k._kda_weights_kernel
+    recorded = k._kda_weights_kernel = RecordedKernel(saved)
+    try:
+        _check_replay(k, device, torch.float32, key_heads=2, value_heads=4, key_dim=24, value_dim=32, per_key=True,
+                      buffer_len=5, ring=7, origins=[6, 5, 0, 6, 3], counts=[4, 3, 0, 2, 1], block_vs=[16],
+                      rel=1e-5, poison=True, flush_dots=(False, True), splits=(True, False),
+                      launch=dict(_newest_first=True))
+        # (the launches it made with the option; its dtype check calls the public entry, the default order)
+        assert sum(kw["NEWEST_FIRST"] for kw in recorded.launches) == 2, recorded.launches  # (the loop folds)
+        recorded.launches.clear()
+        L, R, batch = 5, 4, 2
+        for count in range(L):
+            origin = (3 * count + 1) % R
+            p = _make(device, torch.bfloat16, batch, 2, 4, 24, 20, R, per_key=True, seed=count)
+            q = _clone(p)
+            out = torch.empty(p["v"].shape, dtype=torch.float32, device=device)
+            o = _run_replay(k._replay_step, p, origin, count, buffer_len=L, out=out, _newest_first=True,
+                            _flush_dot=False)
+            full = [torch.full((batch,), x, dtype=torch.int32, device=device) for x in (origin, count)]
+            o_ref = _run_replay(k.delta_replay_step_ref, q, *full, buffer_len=L, out=torch.empty_like(out))
+            print(f" host phase, newest first: origin={origin} count={count}")
+            _close("o", o, o_ref, 2e-5)
+            _close("state", p["state"], q["state"], 2e-6)
+            _close("ring_d", p["ring_d"], q["ring_d"], 2e-5)
+        assert len(recorded.launches) == L and all(kw["NEWEST_FIRST"] for kw in recorded.launches), recorded.launches
+    finally:
+        k._kda_weights_kernel = saved
+    # the positions matter: the newest-first weights stored as computed (row m at position m) fail the reference
+    p = _make(device, torch.float32, 1, 2, 4, 24, 32, 7, per_key=True, seed=3)
+    q = _clone(p)
+    count = torch.tensor([3], dtype=torch.int32, device=device)
+    launches = []
+    k._kda_weights_kernel = _unpermuted_weights(saved, launches)
+    try:
+        o = _run_replay(k._replay_step, p, torch.tensor([2], dtype=torch.int32, device=device), count,
+                        buffer_len=5, out=torch.empty(p["v"].shape, dtype=torch.float32, device=device),
+                        _newest_first=True)
+    finally:
+        k._kda_weights_kernel = saved
+    o_ref = _run_replay(k.delta_replay_step_ref, q, torch.tensor([2], dtype=torch.int32, device=device),
+                        count.clone(), buffer_len=5, out=torch.empty_like(o))
+    assert launches and (o - o_ref).abs().max() > 1e-3 * o_ref.abs().max(), (o - o_ref).abs().max()
+
+
+def _unpermuted_weights(kernel, launches):
+    """The pre-launch, then its newest-first record weights put back in the order computed (row m at position m):
+    what storing them unpermuted would hand the replay programs."""
+
+    class Unpermuted:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                kernel[grid](*args, **kwargs)
+                launches.append(kwargs)
+                weights, count = args[7], args[3]  # (ring_k, ring_g, origin, count, q, k, g, weights, ...)
+                block_k, block_r = kwargs["BLOCK_K"], kwargs["BLOCK_R"]
+                for b in range(weights.shape[0]):
+                    n = int(count[b])
+                    for start in (block_k, block_k + block_r):
+                        weights[b, :, start:start + n] = weights[b, :, start:start + n].flip(-1)
+            return launch
+
+    return Unpermuted()
 
 
 def case_replay_walk(k, device):

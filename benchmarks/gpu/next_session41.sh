@@ -28,7 +28,12 @@
 #   hands over the decayed keys): its stepped exact fold is ~1170 us a flush launch (~73 of 208 us a step); solved
 #   with the pre-launch the flush program on [K, 32] x 4 holds 217 registers, none spilled, the pre-launch 117 on four
 #   warps. Kernel cases on CUDA (GDN and KDA) first, then `read_copy_defaults.py --solve` for GDN's copies at 256 and
-#   64; STAGE=6 (about 6 minutes) the same for KDA's.
+#   64; STAGE=6 (about 8 minutes) the same for KDA's, with `--newest-first` (new in the fortieth session, off): KDA's
+#   weights pre-launch (45.7 us of its 216 us fp32 host cycle, run 102; in every KDA cycle, fp32 or separated) reading
+#   the records newest first, so that their decays are a forward scan: offline (sm_90, Triton 3.6) 970 -> 330 warp
+#   shuffles a program (832 were the reverse scan), 2680 -> 2152 instructions, 128 -> 156 registers. At one shuffle a
+#   clock per SM, 8192 programs x 970 shuffles are about 34 us: if the launch is shuffle-bound it falls toward its 23
+#   us of bytes. If it wins, make it the default (`_newest_first`) and time the fp32 cycles (bench_delta).
 # STAGE=5 (about 4 minutes): where the separated compiled-path step loses to the host cycle (GDN fp8 at 256, rows in
 #   phase: 184.6 us a step against 149.8, run 213): Nsight Compute on the device step with every row replaying (count
 #   7: the flush launch's programs read a count and exit, the count launch, the re-encode launch with nothing due)
@@ -64,8 +69,8 @@ elif [ "$STAGE" = 4 ]; then
     --out "$RES/read_copy_solve.json"; pack
   cut -c1-2500 "$RES/read_copy_solve.txt"
 elif [ "$STAGE" = 6 ]; then
-  script_job 420 read_copy_solve_kda read_copy_defaults.py --batches 256,64 --specs kda:fp8,kda:nvfp4 --solve \
-    --out "$RES/read_copy_solve_kda.json"; pack
+  script_job 480 read_copy_solve_kda read_copy_defaults.py --batches 256,64 --specs kda:fp8,kda:nvfp4 --solve \
+    --newest-first --out "$RES/read_copy_solve_kda.json"; pack
   cut -c1-2500 "$RES/read_copy_solve_kda.txt"
 elif [ "$STAGE" = 5 ]; then
   ncu_job 260 ncu_device_copies --families gdn,kda --device-copies fp8,nvfp4

@@ -51,7 +51,7 @@ ARMS = ("host_default", "host_default_reencode", "host_whole_tile", "device_mixe
 
 def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: torch.device, smoke: bool,
              flush_tiles: bool = False, device_flush_tiles: bool = False, stream_tiles: bool = False,
-             stream_late: bool = False, solve: bool = False) -> dict:
+             stream_late: bool = False, solve: bool = False, newest_first: bool = False) -> dict:
     per_key = family == "kda"
     shape = bench_delta.SMOKE_SHAPES[family]["smoke"] if smoke else bench_delta.SHAPES[family][SHAPE_NAMES[family]]
     Hv, _, K, V = shape
@@ -98,6 +98,12 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
                 step, read_format=read_format, reencode="step", flush_launch=dict(_reload_token=True)))
             row["host_default_external_reencode_us"] = us(inputs.host_fn(
                 step, read_format=read_format, reencode=read_copy_encode.reencode_read_copy))
+            if newest_first and per_key:  # KDA's weights pre-launch reading the records newest first, beside the
+                # default: the fp32 cycle (the walk) and the cycle as the cache runs it
+                row["host_fp32_us"] = us(inputs.host_fn(step))
+                row["host_fp32_newest_first_us"] = us(inputs.host_fn(step, _newest_first=True))
+                row["host_default_reencode_newest_first_us"] = us(inputs.host_fn(
+                    step, read_format=read_format, reencode="step", _newest_first=True))
             row["host_default_per_tile_reencode_us"] = us(inputs.host_fn(
                 step, read_format=read_format,
                 reencode=functools.partial(read_copy_encode.reencode_read_copy, _programs_per_row=None)))
@@ -159,6 +165,9 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
                 step, encode, read_format, _replay_code_vector=4))
         row[f"device_{phase}_token_held_us"] = us(inputs.device_read_copy_fn(step, encode, read_format,
                                                                            _reload_token=False))
+        if newest_first and per_key:
+            row[f"device_{phase}_newest_first_us"] = us(inputs.device_read_copy_fn(step, encode, read_format,
+                                                                                 _newest_first=True))
         if device_flush_tiles and row["device_stream_config"] is not None:
             cbv, cnw, chunk = row["device_stream_config"]
             for fbv, fnw in DEVICE_FLUSH_TILES:
@@ -216,6 +225,9 @@ def main() -> None:
     parser.add_argument("--tiles", default="", help="VxWxC tiles for --stream-tiles instead of the built-in list")
     parser.add_argument("--stream-late", action="store_true",
                         help="--stream-tiles: each tile also with the records' values loaded after the stream")
+    parser.add_argument("--newest-first", action="store_true",
+                        help="KDA: also with the weights pre-launch reading the records newest first (_newest_first), "
+                        "and the fp32 host cycle with and without it")
     parser.add_argument("--solve", action="store_true",
                         help="also the solved exact fold, with and without its per-head pre-launch")
     args = parser.parse_args()
@@ -232,7 +244,8 @@ def main() -> None:
         for spec in args.specs.split(","):
             family, read_format = spec.split(":")
             row = rows_for(family, read_format, batch, timer, device, args.smoke, args.flush_tiles,
-                           args.device_flush_tiles, args.stream_tiles, args.stream_late, args.solve)
+                           args.device_flush_tiles, args.stream_tiles, args.stream_late, args.solve,
+                           args.newest_first)
             rows.append(row)
             print(f"{family} {read_format} batch {batch} (stream {row['stream_config']}, device "
                   f"{row['device_stream_config']}): "

@@ -844,6 +844,7 @@ def _delta_replay_step_kernel(
     rc_values_ptr, rc_scales_ptr, rc_tensor_scale_ptr,  # the read copy (READ_FORMAT fp8 / nvfp4)
     ring_v_ptr, ring_beta_ptr,  # raw v and beta records (EXACT_FOLD)
     weights_ptr,  # per (row, value head): exp(c) [BLOCK_K], then the records' q and k weights [BLOCK_R] each
+    solve_ptr,  # SOLVE_GIVEN: per (row, value head), the solved exact fold's chain (_delta_solve_kernel)
     amax_ptr,  # FLUSH_AMAX: int32 [B], each flushing row's max |new checkpoint| (for the nvfp4 re-encode)
     # sizes; the host's positions (PHASE 1/2: every row at origin_host / count_host)
     K: tl.constexpr, V: tl.constexpr, ring_size, kv_ratio, scale, origin_host, count_host,
@@ -899,7 +900,7 @@ def _delta_replay_step_kernel(
     # PHASE 1 / 4 with CHUNK_K: the records' values loaded after the streamed products instead of before (see
     # _late_records)
     LATE_RECORDS: tl.constexpr = False,
-    # EXACT_SOLVE, PHASE 2 / 3: the chain over the records from _delta_solve_kernel, in weights_ptr (see _solve_weights)
+    # EXACT_SOLVE, PHASE 2 / 3: the chain over the records from _delta_solve_kernel, in solve_ptr (see _solve_weights)
     SOLVE_GIVEN: tl.constexpr = False,
 ):
     pid_v = tl.program_id(0)
@@ -1051,7 +1052,7 @@ def _delta_replay_step_kernel(
                                               offs_k, mask_k, offs_v, mask_v, q_t, k_t, v_t, beta_t, g_t, stride_rk_r,
                                               stride_rk_k, stride_rg_r, stride_rg_k, stride_rv_r, stride_rv_v,
                                               stride_rb_r,
-                                              _solve_entry(weights_ptr, pid_b, tl.num_programs(2), pid_h, BLOCK_K,
+                                              _solve_entry(solve_ptr, pid_b, tl.num_programs(2), pid_h, BLOCK_K,
                                                            BLOCK_R, GATE_PER_KEY),
                                               USE_QK_L2NORM, BLOCK_K, BLOCK_R, FLUSH_PRECISION, SOLVE_GIVEN,
                                               GATE_PER_KEY)
@@ -1614,6 +1615,7 @@ def _replay_step(
     _flush_config=None, _walk="auto", _exact_solve=False, reencode_copy=False, _flush_amax=True,
     _flush_scale_per_row=True, _flush_code_vector=4, _split_flush_code_vector=4, _replay_code_vector=0,
     _reload_token="auto", _late_records="auto", _solve_weights=False, _solve_warps=None, _newest_first=False,
+    _flush_weights=False,
 ):
     """:func:`delta_replay_step` with launch overrides for the benchmark: ``_block_v`` / ``_num_warps`` /
     ``_flush_dot``; ``_split`` (device positions only): the step as a flush-only launch for the rows due (the others
@@ -1686,7 +1688,14 @@ def _replay_step(
     the weights in logical order (same values within float32 rounding: the scan sums in another order). Why: its
     gate tile's rows span two lanes and Triton 3.6 lowers the reverse scan with 832 of the launch's 970 warp shuffles
     (sm_90, batch 256); newest first 330 (2680 -> 2152 instructions, 128 -> 156 registers). At a shuffle a clock per
-    SM, 8192 programs x 970 are about 34 us of the launch's 45.7 (H200, run 102).
+    SM, 8192 programs x 970 are about 34 us of the launch's 45.7 (H200, run 102). ``_flush_weights`` (per-key gates,
+    exact fold, ``flush_reads_copy``; off, untimed): the flush-only launches (host phase 2, a split step's 3) take
+    the decay and the records' weights for their outputs from the weights pre-launch (a split step runs it anyway for
+    its replay launch; a host flush runs it once a period) instead of every V tile loading the record keys and
+    scanning their [R, K] decays; same expressions. Offline, sm_90, Triton 3.6, batch 256 (registers / spilled
+    bytes / warp shuffles / instructions): the host flush reading an fp8 copy 255 / 216 / 1337 / 6216 -> 244 / 0 /
+    377 / 3400; a split step's flush launch fp8 255 / 192 / 858 / 5688 -> 255 / 0 / 374 / 4032, nvfp4 255 / 0 / 1201
+    / 4776 -> 128 / 0 / 233 / 2192.
     ``_flush_scale_per_row`` (default on; ``flush_reads_copy`` with an fp8 copy): the host-positions flush-only
     launch decodes the copy's tile with one scale load per row instead of one per element (H200, batch 256, run 188,
     host cycle as the cache runs it: Qwen3-Next 201.6 -> 200.0 us, Kimi-Linear 250.7 -> 245.8); a split step's flush
@@ -1827,7 +1836,10 @@ def _replay_step(
     # per-key gates: every launch that folds without the dot; scalar gates: the launches with replaying programs
     # (a flushing program of the fused launch computes its record decays itself), reading the ring in logical order
     # like the pre-launch
+    # (_flush_weights: also a per-key exact fold's flush-only launch whose outputs come from the copy)
     weighted = {phase_: (per_key and bool(_kda_weights) and not uses_dot(phase_))
+                or (per_key and bool(_kda_weights) and bool(_flush_weights) and exact_fold and flush_reads_copy
+                    and phase_ in (2, 3))
                 or (not per_key and bool(_gdn_weights) and not _ring_physical and phase_ in (0, 1, 4))
                 for phase_ in launches}
     weights = state  # (unused pointer)
@@ -1939,7 +1951,7 @@ def _replay_step(
         solve_given = solve is not state and kernel_phase in (2, 3)  # the flush-only launches read the solve scratch
         kernel = _delta_replay_step_kernel[launch_grid](
             state, ring_k, ring_d, ring_g, *positions, q, k, v, beta, g, o, *read_operands[:3], *raw_records[:2],
-            solve if solve_given else weights, flush_amax,
+            weights, solve, flush_amax,
             key_dim, value_dim, ring_size, value_heads // key_heads, scale, *host,
             *state.stride(), *ring_k.stride(), *ring_d.stride(), *_ring_gate_strides(ring_g),
             *strides,

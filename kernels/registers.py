@@ -171,14 +171,16 @@ def _launch(**options) -> dict:
 def _delta_call(fmt: str, device_phase: bool, block_v: int | None = None, num_warps: int | None = None,
                 per_key: bool = False, gdn_weights: bool = False, batch: int = 2, flush: bool = False,
                 flush_outputs: bool | None = None, code_vector: int | None = None, reload_token: bool | None = None,
-                exact_solve: bool = False, solve_weights: bool = False, newest_first: bool = False):
+                exact_solve: bool = False, solve_weights: bool = False, newest_first: bool = False,
+                flush_weights: bool = False):
     """``delta_rule._replay_step`` on ``batch`` rows at a real shape (launch options None: the wrapper's defaults);
     ``flush``: at host positions, the flush instead of a replay. With a copy, ``flush_outputs`` (default: with device
     positions or ``flush``) gives flushing rows' outputs from it; ``code_vector``: the host flush's
     ``_flush_code_vector``; ``reload_token=True``: the exact fold reads the token again after its records whatever
     the default (``_reload_token``); ``exact_solve`` / ``solve_weights``: the solved exact fold, with its per-head
     pre-launch (``_exact_solve`` / ``_solve_weights``); ``newest_first``: KDA's weights pre-launch reads the records
-    newest first (``_newest_first``)."""
+    newest first (``_newest_first``); ``flush_weights``: a KDA flush giving its outputs from a copy takes the records'
+    weights from that pre-launch (``_flush_weights``)."""
     from hf_replayssm.kernels import delta_rule
 
     # Qwen3-Next's GDN shape; Kimi-Linear's KDA: 32 heads of 128, a decay per key channel
@@ -200,7 +202,8 @@ def _delta_call(fmt: str, device_phase: bool, block_v: int | None = None, num_wa
             -torch.rand(batch, *gate), buffer_len=16, out=torch.empty(batch, value_heads, dim),
             **_launch(_block_v=block_v, _num_warps=num_warps, _gdn_weights=gdn_weights,
                       _flush_code_vector=code_vector, _reload_token=reload_token, _exact_solve=exact_solve,
-                      _solve_weights=solve_weights, _newest_first=newest_first), **read)
+                      _solve_weights=solve_weights, _newest_first=newest_first, _flush_weights=flush_weights),
+            **read)
 
     # the per-head pre-launches (weights: per-key gates, scalar ones with gdn_weights; the solved fold's chain) come
     # first (compiled, not run)

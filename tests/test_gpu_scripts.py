@@ -94,11 +94,12 @@ def test_read_copy_defaults_kda_smoke(tmp_path):
     """KDA's arms of the read-copy defaults script (nvfp4 on the smoke's shape): the solved exact fold with its
     per-head pre-launch (``--solve``, per-key gates) and the weights pre-launch reading the records newest first
     (``--newest-first``: the fp32 host cycle and the cycle as the cache runs it with and without it, the device
-    step in both phases), each timed."""
+    step in both phases) and the flush launches taking the records' weights from that pre-launch
+    (``--flush-weights``, alone, with the pre-launch newest first, with the solved fold), each timed."""
     _interpreter_usable()
     result = tmp_path / "defaults.json"
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "read_copy_defaults.py"), "--smoke",
-                          "--batches", "2", "--specs", "kda:nvfp4", "--solve", "--newest-first",
+                          "--batches", "2", "--specs", "kda:nvfp4", "--solve", "--newest-first", "--flush-weights",
                           "--out", str(result)], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
                          timeout=900)
     assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
@@ -106,7 +107,10 @@ def test_read_copy_defaults_kda_smoke(tmp_path):
     asked = ["host_fp32_us", "host_fp32_newest_first_us", "host_default_reencode_newest_first_us",
              "device_mixed_newest_first_us", "device_in_phase_newest_first_us", "flush_stepped_us", "flush_solved_us",
              "flush_solve_given_pre1_us", "flush_solve_given_pre4_us", "host_solve_given_us",
-             "device_in_phase_solve_given_us"]
+             "device_in_phase_solve_given_us", "flush_weights_us", "flush_default_reencode_us",
+             "host_default_reencode_flush_weights_us", "host_default_reencode_flush_weights_newest_first_us",
+             "device_mixed_flush_weights_us", "device_in_phase_flush_weights_newest_first_us",
+             "host_solve_given_flush_weights_us"]
     assert all(row.get(key, 0) > 0 for key in asked), {key: row.get(key) for key in asked}
     assert tuple(row["solve_best_tile"]) in {(16, 4), (16, 2), (16, 8)}, row["solve_best_tile"]
 

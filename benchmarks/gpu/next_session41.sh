@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU calls prepared in the thirty-ninth session for the next one (no GPU in the fortieth, which extended STAGE=4 to
-# KDA and added STAGE=6). Every job packs what it wrote into $OUT.
+# KDA and added STAGE=6 / 7). Every job packs what it wrote into $OUT.
 # Call: run(command="STAGE=N bash benchmarks/gpu/next_session41.sh", carry=[".whl/fla", ".triton_cache"],
 #   timeout_s=600)
 # STAGE=1 (about 4 minutes): the fp32 host cycle's walking replay launches at more programs per SM. Runs 119-121
@@ -27,13 +27,21 @@
 #   head). KDA (built in the fortieth session, per-key gates: A's rows each with their own decays; the pre-launch also
 #   hands over the decayed keys): its stepped exact fold is ~1170 us a flush launch (~73 of 208 us a step); solved
 #   with the pre-launch the flush program on [K, 32] x 4 holds 217 registers, none spilled, the pre-launch 117 on four
-#   warps. Kernel cases on CUDA (GDN and KDA) first, then `read_copy_defaults.py --solve` for GDN's copies at 256 and
-#   64; STAGE=6 (about 8 minutes) the same for KDA's, with `--newest-first` (new in the fortieth session, off): KDA's
-#   weights pre-launch (45.7 us of its 216 us fp32 host cycle, run 102; in every KDA cycle, fp32 or separated) reading
-#   the records newest first, so that their decays are a forward scan: offline (sm_90, Triton 3.6) 970 -> 330 warp
-#   shuffles a program (832 were the reverse scan), 2680 -> 2152 instructions, 128 -> 156 registers. At one shuffle a
-#   clock per SM, 8192 programs x 970 shuffles are about 34 us: if the launch is shuffle-bound it falls toward its 23
-#   us of bytes. If it wins, make it the default (`_newest_first`) and time the fp32 cycles (bench_delta).
+#   warps. Kernel cases on CUDA (GDN and KDA) first, then `read_copy_defaults.py --solve` for GDN's copies at 256
+#   and 64.
+# STAGE=6 (about 9 minutes; STAGE=7 the same at batch 64): KDA's copies at 256, `--solve` as STAGE=4 and two options
+#   new in the fortieth session, both off:
+#   `--newest-first`: KDA's weights pre-launch (45.7 us of its 216 us fp32 host cycle, run 102; in every KDA cycle,
+#   fp32 or separated) reads the records newest first, so that their decays are a forward scan: offline (sm_90,
+#   Triton 3.6) 970 -> 330 warp shuffles a program (832 were the reverse scan), 2680 -> 2152 instructions, 128 -> 156
+#   registers. At one shuffle a clock per SM, 8192 programs x 970 shuffles are about 34 us: if the launch is
+#   shuffle-bound it falls toward its 23 us of bytes. If it wins, make it the default and time the fp32 cycles.
+#   `--flush-weights`: the separated flush launches take the records' weights for their outputs from that pre-launch
+#   instead of each V tile recomputing them (offline, batch 256: KDA fp8 host flush 255 registers / 216 bytes spilled
+#   / 1337 shuffles / 6216 instructions -> 244 / 0 / 377 / 3400; the split step's flush launch fp8 255 / 192 / 858 /
+#   5688 -> 255 / 0 / 374 / 4032, nvfp4 255 / 0 / 1201 / 4776 -> 128 / 0 / 233 / 2192; a split step runs the
+#   pre-launch anyway, a host flush gains one launch a period).
+# Order if time is short: 6, 4, 1, 3, 5, 2, 7.
 # STAGE=5 (about 4 minutes): where the separated compiled-path step loses to the host cycle (GDN fp8 at 256, rows in
 #   phase: 184.6 us a step against 149.8, run 213): Nsight Compute on the device step with every row replaying (count
 #   7: the flush launch's programs read a count and exit, the count launch, the re-encode launch with nothing due)
@@ -69,9 +77,13 @@ elif [ "$STAGE" = 4 ]; then
     --out "$RES/read_copy_solve.json"; pack
   cut -c1-2500 "$RES/read_copy_solve.txt"
 elif [ "$STAGE" = 6 ]; then
-  script_job 480 read_copy_solve_kda read_copy_defaults.py --batches 256,64 --specs kda:fp8,kda:nvfp4 --solve \
-    --newest-first --out "$RES/read_copy_solve_kda.json"; pack
+  script_job 540 read_copy_solve_kda read_copy_defaults.py --batches 256 --specs kda:fp8,kda:nvfp4 --solve \
+    --newest-first --flush-weights --out "$RES/read_copy_solve_kda.json"; pack
   cut -c1-2500 "$RES/read_copy_solve_kda.txt"
+elif [ "$STAGE" = 7 ]; then
+  script_job 540 read_copy_solve_kda_b64 read_copy_defaults.py --batches 64 --specs kda:fp8,kda:nvfp4 --solve \
+    --newest-first --flush-weights --out "$RES/read_copy_solve_kda_b64.json"; pack
+  cut -c1-2500 "$RES/read_copy_solve_kda_b64.txt"
 elif [ "$STAGE" = 5 ]; then
   ncu_job 260 ncu_device_copies --families gdn,kda --device-copies fp8,nvfp4
   script_job 150 ncu_device_copies_times ncu_kernels.py --families gdn,kda --device-copies fp8,nvfp4; pack

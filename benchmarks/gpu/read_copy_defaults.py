@@ -51,7 +51,8 @@ ARMS = ("host_default", "host_default_reencode", "host_whole_tile", "device_mixe
 
 def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: torch.device, smoke: bool,
              flush_tiles: bool = False, device_flush_tiles: bool = False, stream_tiles: bool = False,
-             stream_late: bool = False, solve: bool = False, newest_first: bool = False) -> dict:
+             stream_late: bool = False, solve: bool = False, newest_first: bool = False,
+             flush_weights: bool = False) -> dict:
     per_key = family == "kda"
     shape = bench_delta.SMOKE_SHAPES[family]["smoke"] if smoke else bench_delta.SHAPES[family][SHAPE_NAMES[family]]
     Hv, _, K, V = shape
@@ -104,6 +105,16 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
                 row["host_fp32_newest_first_us"] = us(inputs.host_fn(step, _newest_first=True))
                 row["host_default_reencode_newest_first_us"] = us(inputs.host_fn(
                     step, read_format=read_format, reencode="step", _newest_first=True))
+            if flush_weights and per_key:  # the flush launch taking the records' weights from the pre-launch (at
+                # host positions an extra launch a period), alone and with the pre-launch newest first
+                row["flush_weights_us"] = us(inputs.host_fn(step, only=L - 1, read_format=read_format,
+                                                            reencode="step", _flush_weights=True))
+                row["flush_default_reencode_us"] = us(inputs.host_fn(step, only=L - 1, read_format=read_format,
+                                                                     reencode="step"))
+                row["host_default_reencode_flush_weights_us"] = us(inputs.host_fn(
+                    step, read_format=read_format, reencode="step", _flush_weights=True))
+                row["host_default_reencode_flush_weights_newest_first_us"] = us(inputs.host_fn(
+                    step, read_format=read_format, reencode="step", _flush_weights=True, _newest_first=True))
             row["host_default_per_tile_reencode_us"] = us(inputs.host_fn(
                 step, read_format=read_format,
                 reencode=functools.partial(read_copy_encode.reencode_read_copy, _programs_per_row=None)))
@@ -145,6 +156,10 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
                                                       flush_launch=solved))
             row["host_solve_given_us"] = us(inputs.host_fn(step, read_format=read_format, reencode="step",
                                                            flush_launch=dict(given, _block_v=fbv, _num_warps=fnw)))
+            if flush_weights and per_key:  # ... its outputs' weights from the weights pre-launch too
+                row["host_solve_given_flush_weights_us"] = us(inputs.host_fn(
+                    step, read_format=read_format, reencode="step",
+                    flush_launch=dict(given, _block_v=fbv, _num_warps=fnw, _flush_weights=True)))
             stream = row["device_stream_config"]
             if stream is not None:  # the split step: its replay launch streams the copy as by default
                 split = dict(_split=True, _block_v=stream[0], _num_warps=stream[1], _chunk_k=stream[2])
@@ -168,6 +183,11 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
         if newest_first and per_key:
             row[f"device_{phase}_newest_first_us"] = us(inputs.device_read_copy_fn(step, encode, read_format,
                                                                                  _newest_first=True))
+        if flush_weights and per_key:  # (a split step's pre-launch runs anyway: its flush launch only reads it)
+            row[f"device_{phase}_flush_weights_us"] = us(inputs.device_read_copy_fn(step, encode, read_format,
+                                                                                  _flush_weights=True))
+            row[f"device_{phase}_flush_weights_newest_first_us"] = us(inputs.device_read_copy_fn(
+                step, encode, read_format, _flush_weights=True, _newest_first=True))
         if device_flush_tiles and row["device_stream_config"] is not None:
             cbv, cnw, chunk = row["device_stream_config"]
             for fbv, fnw in DEVICE_FLUSH_TILES:
@@ -228,6 +248,9 @@ def main() -> None:
     parser.add_argument("--newest-first", action="store_true",
                         help="KDA: also with the weights pre-launch reading the records newest first (_newest_first), "
                         "and the fp32 host cycle with and without it")
+    parser.add_argument("--flush-weights", action="store_true",
+                        help="KDA: also with the flush launches taking the records' weights for their outputs from "
+                        "the weights pre-launch (_flush_weights)")
     parser.add_argument("--solve", action="store_true",
                         help="also the solved exact fold, with and without its per-head pre-launch")
     args = parser.parse_args()
@@ -245,7 +268,7 @@ def main() -> None:
             family, read_format = spec.split(":")
             row = rows_for(family, read_format, batch, timer, device, args.smoke, args.flush_tiles,
                            args.device_flush_tiles, args.stream_tiles, args.stream_late, args.solve,
-                           args.newest_first)
+                           args.newest_first, args.flush_weights)
             rows.append(row)
             print(f"{family} {read_format} batch {batch} (stream {row['stream_config']}, device "
                   f"{row['device_stream_config']}): "

@@ -105,6 +105,21 @@ def _sass_instructions(cubin: str, bin_dir: str) -> int | None:
     return len(re.findall(r"^\s+/\*[0-9a-f]{4,}\*/\s+\S", done.stdout, flags=re.M))
 
 
+def shuffles_by_line(ptx: str, top: int = 6) -> list[tuple[str, int]]:
+    """The PTX's warp shuffles by the source line they come from (``file:line`` of its ``.loc`` debug lines), most
+    first: e.g. a scan or reduction inside ``triton/language/standard.py`` and the kernel line that asked for it."""
+    files = {number: os.path.basename(path) for number, path in re.findall(r'^\s*\.file\s+(\d+)\s+"([^"]+)"', ptx,
+                                                                          flags=re.M)}
+    counts, where = {}, "?"
+    for line in ptx.splitlines():
+        found = re.match(r"\s*\.loc\s+(\d+)\s+(\d+)", line)
+        if found:
+            where = f"{files.get(found.group(1), '?')}:{found.group(2)}"
+        elif re.search(r"\bshfl\.", line):
+            counts[where] = counts.get(where, 0) + 1
+    return sorted(counts.items(), key=lambda item: -item[1])[:top]
+
+
 def compile_launches(module: ModuleType, kernel_names: list[str], call: Callable[[], object], arch: int = 90,
                      skip: tuple[str, ...] = ()) -> list[dict]:
     """Run ``call()`` (which calls ``module``'s wrapper on CPU tensors) with the Triton kernels ``kernel_names`` of
@@ -138,7 +153,8 @@ def compile_launches(module: ModuleType, kernel_names: list[str], call: Callable
             results.append(dict(kernel=kernel.__name__, **constexprs, **_ptxas_report(ptx, arch),
                                 shared_bytes=getattr(compiled.metadata, "shared", None),
                                 ptx_barriers=len(re.findall(r"\bbar\.sync|\bbarrier\.sync", ptx)),
-                                ptx_shuffles=len(re.findall(r"\bshfl\.", ptx))))
+                                ptx_shuffles=len(re.findall(r"\bshfl\.", ptx)),
+                                shuffles_by_line=shuffles_by_line(ptx)))
     finally:
         driver.set_active(previous)
     return results
@@ -410,7 +426,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
         rows = weights_order_registers(args.arch, args.batch)
         for r in rows:
             print(f"  {r['arm']:>14}  {r['registers']:>3} registers  {r['spill_store_bytes']:>4} B spilled  "
-                  f"{r['ptx_shuffles']:>4} shuffles  {r['sass_instructions'] or '-':>5} instructions", flush=True)
+                  f"{r['ptx_shuffles']:>4} shuffles  {r['sass_instructions'] or '-':>5} instructions; shuffles by "
+                  f"source line: {r['shuffles_by_line']}", flush=True)
         return rows
     if args.host_flush or args.solve:
         if args.family == "mamba2":

@@ -224,3 +224,16 @@ def test_weights_pre_launch_newest_first():
     assert [rows[arm]["NEWEST_FIRST"] for arm in ("logical order", "newest first")] == [False, True], rows
     assert rows["newest first"]["ptx_shuffles"] < rows["logical order"]["ptx_shuffles"], rows
     assert all(r["spill_store_bytes"] == 0 and r["kernel"] == "_kda_weights_kernel" for r in rows.values()), rows
+
+
+def test_shuffles_by_line_reads_the_debug_lines():
+    """Warp shuffles counted by the ``.loc`` line before them, with the file names of the ``.file`` directives that
+    PTX puts after the code."""
+    from hf_replayssm.kernels.registers import shuffles_by_line
+
+    ptx = "\n".join([
+        ".loc 1 10 3", "shfl.sync.bfly.b32 %r1, %r2, 16, 31, -1;", "add.f32 %f1, %f2, %f3;",
+        ".loc 2 343 12", "shfl.sync.up.b32 %r3, %r4, 1, 0, -1;", "shfl.sync.up.b32 %r5, %r6, 2, 0, -1;",
+        ".loc 1 11 1", "st.global.f32 [%rd1], %f1;",
+        '.file 1 "/src/kernels/delta_rule.py"', '.file 2 "/site/triton/language/standard.py"'])
+    assert shuffles_by_line(ptx) == [("standard.py:343", 2), ("delta_rule.py:10", 1)]

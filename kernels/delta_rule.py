@@ -1688,14 +1688,15 @@ def _replay_step(
     the weights in logical order (same values within float32 rounding: the scan sums in another order). Why: its
     gate tile's rows span two lanes and Triton 3.6 lowers the reverse scan with 832 of the launch's 970 warp shuffles
     (sm_90, batch 256); newest first 330 (2680 -> 2152 instructions, 128 -> 156 registers). At a shuffle a clock per
-    SM, 8192 programs x 970 are about 34 us of the launch's 45.7 (H200, run 102). ``_flush_weights`` (per-key gates,
-    exact fold, ``flush_reads_copy``; off, untimed): the flush-only launches (host phase 2, a split step's 3) take
-    the decay and the records' weights for their outputs from the weights pre-launch (a split step runs it anyway for
-    its replay launch; a host flush runs it once a period) instead of every V tile loading the record keys and
-    scanning their [R, K] decays; same expressions. Offline, sm_90, Triton 3.6, batch 256 (registers / spilled
-    bytes / warp shuffles / instructions): the host flush reading an fp8 copy 255 / 216 / 1337 / 6216 -> 244 / 0 /
-    377 / 3400; a split step's flush launch fp8 255 / 192 / 858 / 5688 -> 255 / 0 / 374 / 4032, nvfp4 255 / 0 / 1201
-    / 4776 -> 128 / 0 / 233 / 2192.
+    SM, 8192 programs x 970 are about 34 us of the launch's 45.7 (H200, run 102). ``_flush_weights`` (exact fold,
+    ``flush_reads_copy``; off, untimed): the flush-only launches (host phase 2, a split step's 3) take the decay and
+    the records' weights for their outputs from the weights pre-launch (KDA's split step runs it anyway for its
+    replay launch; otherwise it is one more launch a period) instead of every V tile loading the record keys and, for
+    per-key gates, scanning their [R, K] decays; same expressions. Offline, sm_90, Triton 3.6, batch 256 (registers /
+    spilled bytes / warp shuffles / static instructions): KDA's host flush reading an fp8 copy 255 / 216 / 1337 /
+    6216 -> 244 / 0 / 377 / 3400; its split step's flush launch fp8 255 / 192 / 858 / 5688 -> 255 / 0 / 374 / 4032,
+    nvfp4 255 / 0 / 1201 / 4776 -> 128 / 0 / 233 / 2192; GDN's host flush fp8 128 / 0 / 355 / 2912 -> 128 / 0 / 233 /
+    2024, nvfp4 168 -> 128 registers.
     ``_flush_scale_per_row`` (default on; ``flush_reads_copy`` with an fp8 copy): the host-positions flush-only
     launch decodes the copy's tile with one scale load per row instead of one per element (H200, batch 256, run 188,
     host cycle as the cache runs it: Qwen3-Next 201.6 -> 200.0 us, Kimi-Linear 250.7 -> 245.8); a split step's flush
@@ -1836,9 +1837,9 @@ def _replay_step(
     # per-key gates: every launch that folds without the dot; scalar gates: the launches with replaying programs
     # (a flushing program of the fused launch computes its record decays itself), reading the ring in logical order
     # like the pre-launch
-    # (_flush_weights: also a per-key exact fold's flush-only launch whose outputs come from the copy)
+    # (_flush_weights: also an exact fold's flush-only launch whose outputs come from the copy)
     weighted = {phase_: (per_key and bool(_kda_weights) and not uses_dot(phase_))
-                or (per_key and bool(_kda_weights) and bool(_flush_weights) and exact_fold and flush_reads_copy
+                or ((bool(_kda_weights) or not per_key) and bool(_flush_weights) and exact_fold and flush_reads_copy
                     and phase_ in (2, 3))
                 or (not per_key and bool(_gdn_weights) and not _ring_physical and phase_ in (0, 1, 4))
                 for phase_ in launches}

@@ -53,12 +53,13 @@ def test_read_copy_defaults_smoke(tmp_path):
     """The read-copy defaults script times every arm (GDN fp8 on the smoke's shape, streaming lowered to its batch),
     the streamed launches on a tile asked for (``--stream-tiles --tiles``, with ``--stream-late`` also with the
     records' values loaded after the stream), the solved exact fold with and without its pre-launch (``--solve``,
-    the pre-launch on one, two and four warps), and reports the streamed launches it timed."""
+    the pre-launch on one, two and four warps), the flush launches taking the records' weights from the weights
+    pre-launch (``--flush-weights``), and reports the streamed launches it timed."""
     _interpreter_usable()
     result = tmp_path / "defaults.json"
     out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "gpu" / "read_copy_defaults.py"), "--smoke",
                           "--batches", "2", "--specs", "gdn:fp8", "--stream-tiles", "--tiles", "16x1x16,256x1x16",
-                          "--stream-late", "--solve",
+                          "--stream-late", "--solve", "--flush-weights",
                           "--out", str(result)], cwd=ROOT, env=subprocess_env(), capture_output=True, text=True,
                          timeout=900)
     assert out.returncode == 0, f"exit {out.returncode}\n{out.stdout[-4000:]}\n{out.stderr[-4000:]}"
@@ -82,7 +83,11 @@ def test_read_copy_defaults_smoke(tmp_path):
         "flush_stepped_us", "flush_solved_us", "flush_solve_given_16x4_us", "flush_solve_given_16x2_us",
         "flush_solve_given_16x8_us", "flush_solve_given_pre1_us", "flush_solve_given_pre2_us",
         "flush_solve_given_pre4_us", "host_solved_us", "host_solve_given_us", "device_in_phase_solved_us",
-        "device_in_phase_solve_given_us"]), sorted(timed)
+        "device_in_phase_solve_given_us",
+        # --flush-weights: the flush launch alone with and without, the cycle, the device steps, the solved fold
+        "flush_weights_us", "flush_default_reencode_us", "host_default_reencode_flush_weights_us",
+        "device_mixed_flush_weights_us", "device_in_phase_flush_weights_us", "host_solve_given_flush_weights_us"]), \
+        sorted(timed)
     assert tuple(row["solve_best_tile"]) in {(16, 4), (16, 2), (16, 8)}, row["solve_best_tile"]
     # (the 256-wide tile: wider than the head, skipped)
     assert all(value > 0 for value in timed.values()), timed

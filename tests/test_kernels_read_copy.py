@@ -27,7 +27,7 @@ from kernel_harness import assert_close as _close
 
 CASES = ["mamba2_device", "mamba2_host_phase", "mamba2_copy_tiles", "gdn_device", "kda_device", "delta_host_phase",
          "delta_exact_fold", "delta_chunked", "delta_stream_default", "delta_exact_solve", "kda_exact_solve",
-         "kda_flush_weights", "flush_reads_copy",
+         "delta_flush_weights", "flush_reads_copy",
          "reload_token_default",
          "mamba2_reencode_copy", "delta_reencode_copy", "nvfp4_pairs", "nvfp4_every_code", "bad_read_copy"]
 
@@ -872,54 +872,62 @@ def case_kda_exact_solve(_, device):
     _recorded_solve_cases(_Family("kda"), device, read_format="nvfp4")
 
 
-def case_kda_flush_weights(_, device):
-    """``_flush_weights`` (per-key gates, exact fold, outputs from the copy; off, untimed): the flush-only launches
-    take the decay and the records' weights for their outputs from the per-head pre-launch instead of each V tile
-    recomputing them (the [R, K] decays' reverse scan: 832 warp shuffles of a program, sm_90). Host flushes (stepped
-    fold, solved fold with its pre-launch) and a split step in mixed phases, each against the reference and against
-    the launch without it (same expressions: bit for bit on the CPU); the flush launch reads the weights
-    (WEIGHTS_GIVEN) and the pre-launch ran before it."""
+def case_delta_flush_weights(_, device):
+    """``_flush_weights`` (exact fold, outputs from the copy; off, untimed): the flush-only launches take the decay
+    and the records' weights for their outputs from the per-head weights pre-launch instead of each V tile
+    recomputing them (KDA: the [R, K] decays' reverse scan, 832 warp shuffles of a program, sm_90; GDN: the record
+    keys and their reductions). Host flushes (stepped fold, solved fold with its pre-launch) and a split step in
+    mixed phases, GDN and KDA, each against the reference and against the launch without it (same expressions: bit
+    for bit on the CPU); the flush launch reads the weights (WEIGHTS_GIVEN) and the pre-launch ran before it (KDA's
+    split step runs it anyway, GDN's only for this)."""
+
+    for name, read_format in (("gdn", "fp8"), ("kda", "nvfp4")):
+        family = _Family(name)
+        module = family.module
+        saved = module._kda_weights_kernel, module._delta_replay_step_kernel
+        recorded_weights = module._kda_weights_kernel = RecordedKernel(saved[0])
+        recorded_step = module._delta_replay_step_kernel = RecordedKernel(saved[1])
+        try:
+            _flush_weights_cases(family, read_format, device, recorded_weights, recorded_step)
+        finally:
+            module._kda_weights_kernel, module._delta_replay_step_kernel = saved
+
+
+def _flush_weights_cases(family, read_format, device, recorded_weights, recorded_step):
     import torch
 
-    family = _Family("kda")
-    module = family.module
-    saved = module._kda_weights_kernel, module._delta_replay_step_kernel
-    recorded_weights = module._kda_weights_kernel = RecordedKernel(saved[0])
-    recorded_step = module._delta_replay_step_kernel = RecordedKernel(saved[1])
-    try:
-        for origins, counts, launch in ((2, 5, {}), (4, 5, dict(_exact_solve=True, _solve_weights=True)),
-                                        ([3, 0, 2], [5, 5, 1], dict(_split=True))):
-            runs = []
-            p = family.inputs(device, 3, seed=41)
-            p["ring_v"], p["ring_beta"] = _raw_rings(p)
-            copy, _ = _store_copy(p["state"], "nvfp4")
-            for on in (True, False):
-                recorded_weights.launches.clear()
-                recorded_step.launches.clear()
-                got = _clone(p)
-                raw = dict(ring_v=got.pop("ring_v"), ring_beta=got.pop("ring_beta"))
-                y = family.kernel(got, *_positions(origins, counts, device), 6, read_copy=copy, read_format="nvfp4",
-                                  flush_reads_copy=True, **raw, **launch, _flush_weights=on)
-                flush_launches = [kw for kw in recorded_step.launches if kw["PHASE"] in (2, 3)]
-                assert [kw["WEIGHTS_GIVEN"] for kw in flush_launches] == [on], (launch, recorded_step.launches)
-                assert recorded_weights.calls == (1 if on or isinstance(counts, list) else 0), (launch, on)
-                runs.append((y, got))
-            want = _clone(p)
-            raw = dict(ring_v=want.pop("ring_v"), ring_beta=want.pop("ring_beta"))
-            row_counts = counts if isinstance(counts, list) else [counts] * 3
-            y_ref = family.ref(want, *_positions(origins if isinstance(origins, list) else [origins] * 3, row_counts,
-                                                 device), 6, read_copy=copy, read_format="nvfp4",
-                               flush_reads_copy=True, **raw)
-            print(f" kda flush weights: origins={origins} counts={counts} {launch}")
-            (y, got), (y_off, got_off) = runs
-            _close("o vs reference", y, y_ref, REL)
-            _close("state vs reference", got["state"], want["state"], REL)
-            exact = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=1e-6, atol=1e-6)
-            torch.testing.assert_close(y, y_off, **exact)
-            for name in ("state", *family.rings):
-                torch.testing.assert_close(got[name], got_off[name], **exact)
-    finally:
-        module._kda_weights_kernel, module._delta_replay_step_kernel = saved
+    for origins, counts, launch in ((2, 5, {}), (4, 5, dict(_exact_solve=True, _solve_weights=True)),
+                                    ([3, 0, 2], [5, 5, 1], dict(_split=True))):
+        runs = []
+        p = family.inputs(device, 3, seed=41)
+        p["ring_v"], p["ring_beta"] = _raw_rings(p)
+        copy, _ = _store_copy(p["state"], read_format)
+        split = isinstance(counts, list)
+        for on in (True, False):
+            recorded_weights.launches.clear()
+            recorded_step.launches.clear()
+            got = _clone(p)
+            raw = dict(ring_v=got.pop("ring_v"), ring_beta=got.pop("ring_beta"))
+            y = family.kernel(got, *_positions(origins, counts, device), 6, read_copy=copy, read_format=read_format,
+                              flush_reads_copy=True, **raw, **launch, _flush_weights=on)
+            flush_launches = [kw for kw in recorded_step.launches if kw["PHASE"] in (2, 3)]
+            assert [kw["WEIGHTS_GIVEN"] for kw in flush_launches] == [on], (launch, recorded_step.launches)
+            runs_weights = 1 if on or (split and family.name == "kda") else 0
+            assert recorded_weights.calls == runs_weights, (family.name, launch, on, recorded_weights.calls)
+            runs.append((y, got))
+        want = _clone(p)
+        raw = dict(ring_v=want.pop("ring_v"), ring_beta=want.pop("ring_beta"))
+        row_counts = counts if split else [counts] * 3
+        y_ref = family.ref(want, *_positions(origins if split else [origins] * 3, row_counts, device), 6,
+                           read_copy=copy, read_format=read_format, flush_reads_copy=True, **raw)
+        print(f" {family.name} flush weights: origins={origins} counts={counts} {launch}")
+        (y, got), (y_off, got_off) = runs
+        _close("o vs reference", y, y_ref, REL)
+        _close("state vs reference", got["state"], want["state"], REL)
+        exact = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(y, y_off, **exact)
+        for name in ("state", *family.rings):
+            torch.testing.assert_close(got[name], got_off[name], **exact)
 
 
 def _recorded_solve_cases(family, device, read_format="fp8"):

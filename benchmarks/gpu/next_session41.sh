@@ -27,8 +27,9 @@
 #   head). KDA (built in the fortieth session, per-key gates: A's rows each with their own decays; the pre-launch also
 #   hands over the decayed keys): its stepped exact fold is ~1170 us a flush launch (~73 of 208 us a step); solved
 #   with the pre-launch the flush program on [K, 32] x 4 holds 217 registers, none spilled, the pre-launch 117 on four
-#   warps. Kernel cases on CUDA (GDN and KDA) first, then `read_copy_defaults.py --solve` for GDN's copies at 256
-#   and 64.
+#   warps. Kernel cases on CUDA (GDN and KDA) first, then `read_copy_defaults.py --solve --flush-weights` for GDN's
+#   copies at 256 and 64 (`--flush-weights`: see STAGE=6; GDN's host flush fp8 2912 -> 2024 static instructions,
+#   nvfp4 168 -> 128 registers, at the cost of the weights pre-launch once a period, which GDN does not run otherwise).
 # STAGE=6 (about 9 minutes; STAGE=7 the same at batch 64): KDA's copies at 256, `--solve` as STAGE=4 and two options
 #   new in the fortieth session, both off:
 #   `--newest-first`: KDA's weights pre-launch (45.7 us of its 216 us fp32 host cycle, run 102; in every KDA cycle,
@@ -71,10 +72,10 @@ elif [ "$STAGE" = 3 ]; then
   cut -c1-2500 "$RES/read_copy_late_tiles.txt"
 elif [ "$STAGE" = 4 ]; then
   REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_solve_cuda tests/test_kernels_read_copy.py \
-    -k "exact_solve"; pack
+    -k "exact_solve or flush_weights"; pack
   show_tests
-  script_job 300 read_copy_solve read_copy_defaults.py --batches 256,64 --specs gdn:fp8,gdn:nvfp4 --solve \
-    --out "$RES/read_copy_solve.json"; pack
+  script_job 330 read_copy_solve read_copy_defaults.py --batches 256,64 --specs gdn:fp8,gdn:nvfp4 --solve \
+    --flush-weights --out "$RES/read_copy_solve.json"; pack
   cut -c1-2500 "$RES/read_copy_solve.txt"
 elif [ "$STAGE" = 6 ]; then
   script_job 540 read_copy_solve_kda read_copy_defaults.py --batches 256 --specs kda:fp8,kda:nvfp4 --solve \

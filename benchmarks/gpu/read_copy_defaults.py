@@ -105,16 +105,17 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
                 row["host_fp32_newest_first_us"] = us(inputs.host_fn(step, _newest_first=True))
                 row["host_default_reencode_newest_first_us"] = us(inputs.host_fn(
                     step, read_format=read_format, reencode="step", _newest_first=True))
-            if flush_weights and per_key:  # the flush launch taking the records' weights from the pre-launch (at
-                # host positions an extra launch a period), alone and with the pre-launch newest first
+            if flush_weights:  # the flush launch taking the records' weights from the pre-launch (at host
+                # positions an extra launch a period), alone and (KDA) with the pre-launch newest first
                 row["flush_weights_us"] = us(inputs.host_fn(step, only=L - 1, read_format=read_format,
                                                             reencode="step", _flush_weights=True))
                 row["flush_default_reencode_us"] = us(inputs.host_fn(step, only=L - 1, read_format=read_format,
                                                                      reencode="step"))
                 row["host_default_reencode_flush_weights_us"] = us(inputs.host_fn(
                     step, read_format=read_format, reencode="step", _flush_weights=True))
-                row["host_default_reencode_flush_weights_newest_first_us"] = us(inputs.host_fn(
-                    step, read_format=read_format, reencode="step", _flush_weights=True, _newest_first=True))
+                if per_key:
+                    row["host_default_reencode_flush_weights_newest_first_us"] = us(inputs.host_fn(
+                        step, read_format=read_format, reencode="step", _flush_weights=True, _newest_first=True))
             row["host_default_per_tile_reencode_us"] = us(inputs.host_fn(
                 step, read_format=read_format,
                 reencode=functools.partial(read_copy_encode.reencode_read_copy, _programs_per_row=None)))
@@ -156,7 +157,7 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
                                                       flush_launch=solved))
             row["host_solve_given_us"] = us(inputs.host_fn(step, read_format=read_format, reencode="step",
                                                            flush_launch=dict(given, _block_v=fbv, _num_warps=fnw)))
-            if flush_weights and per_key:  # ... its outputs' weights from the weights pre-launch too
+            if flush_weights:  # ... its outputs' weights from the weights pre-launch too
                 row["host_solve_given_flush_weights_us"] = us(inputs.host_fn(
                     step, read_format=read_format, reencode="step",
                     flush_launch=dict(given, _block_v=fbv, _num_warps=fnw, _flush_weights=True)))
@@ -183,11 +184,12 @@ def rows_for(family: str, read_format: str, batch: int, timer: Timer, device: to
         if newest_first and per_key:
             row[f"device_{phase}_newest_first_us"] = us(inputs.device_read_copy_fn(step, encode, read_format,
                                                                                  _newest_first=True))
-        if flush_weights and per_key:  # (a split step's pre-launch runs anyway: its flush launch only reads it)
+        if flush_weights:  # (KDA's split step runs the pre-launch anyway: its flush launch only reads it)
             row[f"device_{phase}_flush_weights_us"] = us(inputs.device_read_copy_fn(step, encode, read_format,
                                                                                   _flush_weights=True))
-            row[f"device_{phase}_flush_weights_newest_first_us"] = us(inputs.device_read_copy_fn(
-                step, encode, read_format, _flush_weights=True, _newest_first=True))
+            if per_key:
+                row[f"device_{phase}_flush_weights_newest_first_us"] = us(inputs.device_read_copy_fn(
+                    step, encode, read_format, _flush_weights=True, _newest_first=True))
         if device_flush_tiles and row["device_stream_config"] is not None:
             cbv, cnw, chunk = row["device_stream_config"]
             for fbv, fnw in DEVICE_FLUSH_TILES:
@@ -249,8 +251,8 @@ def main() -> None:
                         help="KDA: also with the weights pre-launch reading the records newest first (_newest_first), "
                         "and the fp32 host cycle with and without it")
     parser.add_argument("--flush-weights", action="store_true",
-                        help="KDA: also with the flush launches taking the records' weights for their outputs from "
-                        "the weights pre-launch (_flush_weights)")
+                        help="also with the flush launches taking the records' weights for their outputs from the "
+                        "weights pre-launch (_flush_weights)")
     parser.add_argument("--solve", action="store_true",
                         help="also the solved exact fold, with and without its per-head pre-launch")
     args = parser.parse_args()

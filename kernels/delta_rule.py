@@ -883,7 +883,7 @@ def _delta_replay_step_kernel(
     EXACT_FOLD: tl.constexpr,  # flushes recompute d from the raw v / beta records; replays append them
     PREFETCH_STATE: tl.constexpr,  # PHASE 4 with READ_FORMAT "fp32" only: load the tile before the phase test
     FLUSH_READS_COPY: tl.constexpr,  # PHASE 0 / 2 / 3 with a read copy: a flushing row's o from the copy, as replays
-    WEIGHTS_GIVEN: tl.constexpr,  # per-key gates, no flush dot: decay and record weights from _kda_weights_kernel
+    WEIGHTS_GIVEN: tl.constexpr,  # decay and record weights from _kda_weights_kernel (_replay_step's `weighted`)
     EXACT_SOLVE: tl.constexpr = False,  # EXACT_FOLD: the records' d solved at once (_exact_fold_solved)
     CHUNK_K: tl.constexpr = 0,  # PHASE 1 / 4, any READ_FORMAT: the checkpoint (or the copy) streamed CHUNK_K rows
     # of K at a time (0: the whole tile)

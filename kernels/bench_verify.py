@@ -373,11 +373,13 @@ def bench(args, device, timer, copy_bw) -> tuple[list[dict], dict]:
 FORMS = {"": {}, "products": dict(_products=True), "tf32x3": dict(_products="tf32x3"), "steps": dict(_steps=True),
          "fold_dot": dict(_commit=dict(_fold_dot=True)), "fold_loop": dict(_commit=dict(_fold_dot=False)),
          "weights": dict(_weights=True), "no_weights": dict(_weights=False),
-         "weights_4warps": dict(_weights=True, _weights_warps=4)}
+         "weights_4warps": dict(_weights=True, _weights_warps=4),
+         "weights_newest_first": dict(_weights=True, _newest_first=True)}
 DELTA_ONLY_FORMS = ("steps", "fold_dot", "fold_loop")  # the delta rule's forms with no Mamba-2 counterpart
 # KDA's per-head pre-launch of the record decays (``_verify``'s ``_weights``) on and off; the default turns it on from
 # ``kernels.delta_verify.WEIGHTS_FROM_WINDOW`` tokens on
-PER_KEY_ONLY_FORMS = ("weights", "no_weights", "weights_4warps")  # the last: that pre-launch on four warps (default 1)
+# (weights_4warps: that pre-launch on four warps, default 1; weights_newest_first: reading the records newest first)
+PER_KEY_ONLY_FORMS = ("weights", "no_weights", "weights_4warps", "weights_newest_first")
 
 
 def _family_forms(args, family: str) -> list[str]:
@@ -395,12 +397,13 @@ def _arms(args, family: str) -> list[str]:
 
 def _forms(text: str) -> list[str]:
     """--forms: ``ieee`` (or empty) -> "products", ``tf32x3``, ``steps``, ``fold_dot``, ``fold_loop``, ``weights``,
-    ``no_weights``, ``weights_4warps``."""
+    ``no_weights``, ``weights_4warps``, ``weights_newest_first``."""
     forms = ["products" if f in ("", "ieee", "products") else f for f in text.split(",")]
     for form in forms:
         if form not in FORMS or not form:
             raise argparse.ArgumentTypeError(f"unknown verify form {form!r}; use ieee, tf32x3, steps, fold_dot, "
-                                             "fold_loop, weights, no_weights and/or weights_4warps")
+                                             "fold_loop, weights, no_weights, weights_4warps and/or "
+                                             "weights_newest_first")
     return forms
 
 
@@ -450,7 +453,8 @@ def main(argv: list[str] | None = None) -> dict:
                         "folded one by one, '<accept>_fold_loop'; the default picks one per gate kind), 'weights' "
                         "(KDA: the default form with the record decays computed once per head by a pre-launch, "
                         "'<accept>_weights'), 'no_weights' (KDA: the same without it; the default uses it from 3 "
-                        "tokens on), 'weights_4warps' (KDA: the pre-launch on four warps)")
+                        "tokens on), 'weights_4warps' (KDA: the pre-launch on four warps), 'weights_newest_first' "
+                        "(KDA: the pre-launch reading the records newest first)")
     parser.add_argument("--parts", action="store_true", help="also time verify alone and commit alone (every row "
                         "flushing, and count only) at the default launches, against one standard step")
     parser.add_argument("--commit-tiles", type=_int_list, default=[], help="with --parts: flush launches to time, "

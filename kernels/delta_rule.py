@@ -494,29 +494,35 @@ def _record_weights(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, vali
 
 
 @triton.jit
-def _newest_first_weights(rk_base, rg_base, origin, count, ring_size, offs_r, offs_k, mask_k, q_t, k_t, g_t,
-                          stride_rk_r, stride_rk_k, stride_rg_r, stride_rg_k, K: tl.constexpr,
-                          USE_QK_L2NORM: tl.constexpr):
-    """:func:`_record_weights` for per-key gates with the records read newest first: row m holds record
-    count - 1 - m, so s_j (the gates of the records after j, and the token's) is a forward scan over the rows, where
-    the logical order takes a reverse one; Triton 3.6 lowers the reverse scan of an [R, K] tile whose rows span two
-    lanes with about four times the warp shuffles (sm_90, the per-head pre-launch: 970 shuffles a program, 832 of
-    them the scan). Returns (decay [K], wq, wk [R] newest first, 0 past ``count``)."""
+def _newest_first_decays(rk_base, rg_base, origin, count, ring_size, offs_r, offs_k, mask_k, g_t, stride_rk_r,
+                         stride_rk_k, stride_rg_r, stride_rg_k, K: tl.constexpr, USE_QK_L2NORM: tl.constexpr):
+    """:func:`_record_decays` for per-key gates with the records read newest first: row m holds record
+    count - 1 - m, so s_j (the gates of the records after j, and ``g_t``) is a forward scan over the rows, where the
+    logical order takes a reverse one; Triton 3.6 lowers the reverse scan of an [R, K] tile whose rows span two
+    lanes with about four times the warp shuffles (sm_90, the replay's per-head pre-launch: 970 shuffles a program,
+    832 of them the scan). Returns (decay [K], the decayed keys exp(s_j) * k_j [R, K] newest first, 0 past
+    ``count``); :func:`_newest_first_positions` puts a row back at its record's position."""
     valid = offs_r < count
     slots = (origin + tl.where(valid, count - 1 - offs_r, 0)) % ring_size  # row m: record count - 1 - m
     k_r = _load_record_keys(rk_base, slots, valid, offs_k, mask_k, stride_rk_r, stride_rk_k, USE_QK_L2NORM)
-    # row m's s: the token's gate and those of rows 0 .. m - 1, i.e. an inclusive scan of the gates one row later
+    # row m's s: g_t and the gates of rows 0 .. m - 1, i.e. an inclusive scan of the gates one row later
     newer = (offs_r >= 1) & valid
     g_newer = tl.load(rg_base + ((slots + 1) % ring_size)[:, None] * stride_rg_r + offs_k[None, :] * stride_rg_k,
                       mask=newer[:, None] & mask_k[None, :], other=0.0).to(tl.float32)
     seg = tl.cumsum(g_newer, axis=0) + g_t  # [R, K]
     g_first = tl.load(rg_base + origin * stride_rg_r + offs_k * stride_rg_k,
                       mask=offs_k < tl.where(count > 0, K, 0), other=0.0).to(tl.float32)
-    # c = g_0 + s_0, s_0 on the oldest record's row (count - 1; with no records row 0's, the token's gate alone)
+    # c = g_0 + s_0, s_0 on the oldest record's row (count - 1; with no records row 0's, g_t alone)
     oldest = tl.maximum(count - 1, 0)
     decay = tl.exp(g_first + tl.sum(tl.where(offs_r[:, None] == oldest, seg, 0.0), axis=0))
-    w_r = tl.where(valid[:, None], k_r * tl.exp(seg), 0.0)
-    return decay, tl.sum(w_r * q_t[None, :], axis=1), tl.sum(w_r * k_t[None, :], axis=1)
+    return decay, tl.where(valid[:, None], k_r * tl.exp(seg), 0.0)
+
+
+@triton.jit
+def _newest_first_positions(offs_r, count):
+    """The logical position of each newest-first row (:func:`_newest_first_decays`): count - 1 - m for a record, the
+    row itself past ``count`` (a permutation of the rows, so a store of every row writes each position once)."""
+    return tl.where(offs_r < count, count - 1 - offs_r, offs_r)
 
 
 @triton.jit
@@ -736,7 +742,7 @@ def _kda_weights_kernel(
     BLOCK_K: tl.constexpr,
     BLOCK_R: tl.constexpr,
     GATE_PER_KEY: tl.constexpr,
-    NEWEST_FIRST: tl.constexpr = False,  # per-key gates: the records read newest first (_newest_first_weights)
+    NEWEST_FIRST: tl.constexpr = False,  # per-key gates: the records read newest first (_newest_first_decays)
 ):
     """A head's replay quantities that do not depend on the value column, once per (row, value head): the decay
     since the checkpoint exp(c) ([BLOCK_K]; a scalar gate's in every slot) and the records' weights
@@ -757,13 +763,13 @@ def _kda_weights_kernel(
     g_t = _load_gate(g_ptr, pid_b, pid_h, offs_k, mask_k, stride_g_b, stride_g_h, stride_g_k, GATE_PER_KEY)
     rk_base = ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h
     rg_base = ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h
-    valid = offs_r < count
-    if NEWEST_FIRST:  # (per-key gates) the weights' positions: row m holds record count - 1 - m
-        decay, wq, wk = _newest_first_weights(rk_base, rg_base, origin, count, ring_size, offs_r, offs_k, mask_k, q_t,
-                                              k_t, g_t, stride_rk_r, stride_rk_k, stride_rg_r, stride_rg_k, K,
-                                              USE_QK_L2NORM)
-        positions = tl.where(valid, count - 1 - offs_r, offs_r)
+    if NEWEST_FIRST:  # (per-key gates) row m holds record count - 1 - m
+        decay, w_r = _newest_first_decays(rk_base, rg_base, origin, count, ring_size, offs_r, offs_k, mask_k, g_t,
+                                          stride_rk_r, stride_rk_k, stride_rg_r, stride_rg_k, K, USE_QK_L2NORM)
+        wq, wk = tl.sum(w_r * q_t[None, :], axis=1), tl.sum(w_r * k_t[None, :], axis=1)
+        positions = _newest_first_positions(offs_r, count)
     else:
+        valid = offs_r < count
         k_r = _load_record_keys(rk_base, (origin + offs_r) % ring_size, valid, offs_k, mask_k, stride_rk_r,
                                 stride_rk_k, USE_QK_L2NORM)
         decay, _, wq, wk = _record_weights(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, valid, q_t, k_t,
@@ -1684,7 +1690,7 @@ def _replay_step(
     from an fp8 copy: the flush program on [K, 32] x 4 246 registers in-program, 217 given, none spilled (the stepped
     fold's [K, 32] x 1: 255 and spills). ``_solve_warps``: the pre-launch's warps (default :data:`SOLVE_WARPS`, per-key
     gates :data:`KDA_SOLVE_WARPS`). ``_newest_first`` (per-key gates; off, untimed): the weights pre-launch reads the
-    records newest first (:func:`_newest_first_weights`), so their decays are a forward scan over the rows, and stores
+    records newest first (:func:`_newest_first_decays`), so their decays are a forward scan over the rows, and stores
     the weights in logical order (same values within float32 rounding: the scan sums in another order). Why: its
     gate tile's rows span two lanes and Triton 3.6 lowers the reverse scan with 832 of the launch's 970 warp shuffles
     (sm_90, batch 256); newest first 330 (2680 -> 2152 instructions, 128 -> 156 registers). At a shuffle a clock per

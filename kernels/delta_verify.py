@@ -100,6 +100,8 @@ if __package__:
         _load_record_keys,
         _load_record_values,
         _load_token,
+        _newest_first_decays,
+        _newest_first_positions,
         _record_decays,
         _ring_gate_strides,
         _token_update,
@@ -121,6 +123,7 @@ else:  # loaded from its file outside the package (a checkout without the packag
     _load_record_keys, _load_record_values, _record_decays = (_m._load_record_keys, _m._load_record_values,
                                                               _m._record_decays)
     state_update_launch_config = _m.state_update_launch_config
+    _newest_first_decays, _newest_first_positions = _m._newest_first_decays, _m._newest_first_positions
 
 __all__ = [
     "default_fold_dot",
@@ -196,11 +199,12 @@ def _verify_record_weights_kernel(
     USE_QK_L2NORM: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_R: tl.constexpr,
+    NEWEST_FIRST: tl.constexpr = False,  # the records read newest first (delta_rule._newest_first_decays)
 ):
     """Per-key gates, once per (row, value head): what :func:`_committed_records` computes in every V tile of the
     verify kernel apart from the d's, the decay from the checkpoint to the end of the records [BLOCK_K] and the
-    decayed record keys [BLOCK_R, BLOCK_K] (0 past ``count``), into ``weights`` [B, Hv, BLOCK_K + BLOCK_R * BLOCK_K].
-    Grid (B, Hv); positions as the verify kernel reads them."""
+    decayed record keys [BLOCK_R, BLOCK_K] (0 past ``count``; in logical order either way), into ``weights``
+    [B, Hv, BLOCK_K + BLOCK_R * BLOCK_K]. Grid (B, Hv); positions as the verify kernel reads them."""
     pid_b = tl.program_id(0).to(tl.int64)
     pid_h = tl.program_id(1)
     hk = pid_h // kv_ratio
@@ -209,14 +213,22 @@ def _verify_record_weights_kernel(
     mask_k = offs_k < K
     origin = tl.load(origin_ptr + pid_b * stride_origin)
     count = tl.load(count_ptr + pid_b * stride_count)
-    valid = offs_r < count
-    k_r = _load_record_keys(ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h, (origin + offs_r) % ring_size, valid,
-                            offs_k, mask_k, stride_rk_r, stride_rk_k, USE_QK_L2NORM)
-    decay, kw_r = _record_decays(k_r, ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h, origin, count, ring_size,
-                                 offs_r, offs_k, valid, 0.0, stride_rg_r, stride_rg_k, K, True)
+    rk_base = ring_k_ptr + pid_b * stride_rk_b + hk * stride_rk_h
+    rg_base = ring_g_ptr + pid_b * stride_rg_b + pid_h * stride_rg_h
+    if NEWEST_FIRST:
+        decay, kw_r = _newest_first_decays(rk_base, rg_base, origin, count, ring_size, offs_r, offs_k, mask_k, 0.0,
+                                           stride_rk_r, stride_rk_k, stride_rg_r, stride_rg_k, K, USE_QK_L2NORM)
+        rows = _newest_first_positions(offs_r, count)
+    else:
+        valid = offs_r < count
+        k_r = _load_record_keys(rk_base, (origin + offs_r) % ring_size, valid, offs_k, mask_k, stride_rk_r,
+                                stride_rk_k, USE_QK_L2NORM)
+        decay, kw_r = _record_decays(k_r, rg_base, origin, count, ring_size, offs_r, offs_k, valid, 0.0, stride_rg_r,
+                                     stride_rg_k, K, True)
+        rows = offs_r
     w_base = weights_ptr + (pid_b * tl.num_programs(1) + pid_h) * (BLOCK_K + BLOCK_R * BLOCK_K)
     tl.store(w_base + offs_k, decay)
-    tl.store(w_base + BLOCK_K + offs_r[:, None] * BLOCK_K + offs_k[None, :], kw_r)
+    tl.store(w_base + BLOCK_K + rows[:, None] * BLOCK_K + offs_k[None, :], kw_r)
 
 
 # One compile per BLOCK_T, not per window width: the width and the batch strides of the window tensors (T times a
@@ -715,13 +727,16 @@ def _window_strides(g: torch.Tensor) -> tuple[int, ...]:
 
 
 def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_qk_l2norm=True, scale=None,
-            out=None, _block_v=None, _num_warps=None, _products=None, _steps=None, _weights=None, _weights_warps=None):
+            out=None, _block_v=None, _num_warps=None, _products=None, _steps=None, _weights=None, _weights_warps=None,
+            _newest_first=False):
     """:func:`delta_verify` with launch overrides: ``_block_v`` / ``_num_warps``, the form (``_products`` /
     ``_steps``, :func:`resolve_form`), and ``_weights`` (per-key gates only; :func:`default_verify_weights` when not
     given): a first launch computes each (row, value head)'s decay and decayed record keys once
     (``_verify_record_weights_kernel``), which the verify programs of its V tiles load instead of each loading the
     record keys and gates and computing the [R, K] decays (the replay step's ``_kda_weights``, for verify);
-    ``_weights_warps``: that launch's warps (:data:`kernels.delta_rule.KDA_WEIGHTS_WARPS` when not given)."""
+    ``_weights_warps``: that launch's warps (:data:`kernels.delta_rule.KDA_WEIGHTS_WARPS` when not given);
+    ``_newest_first`` (off, untimed): it reads the records newest first, so their decays are a forward scan (the
+    replay step's ``_newest_first``; sm_90, Triton 3.6: 944 warp shuffles a program, 832 of them the reverse scan)."""
     batch, value_heads, key_heads, key_dim, value_dim, ring_size, per_key = _check_rings(
         state, ring_k, ring_d, ring_g, origin, count)
     window = k.shape[1]
@@ -755,7 +770,7 @@ def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_
             LAST_COMPILED["verify_weights"] = _verify_record_weights_kernel[(batch, value_heads)](
                 ring_k, ring_g, origin, count, weights, key_dim, ring_size, value_heads // key_heads,
                 *ring_k.stride(), *_ring_gate_strides(ring_g), origin.stride(0), count.stride(0),
-                USE_QK_L2NORM=bool(use_qk_l2norm), BLOCK_K=block_k, BLOCK_R=block_r,
+                USE_QK_L2NORM=bool(use_qk_l2norm), BLOCK_K=block_k, BLOCK_R=block_r, NEWEST_FIRST=bool(_newest_first),
                 num_warps=_weights_warps or KDA_WEIGHTS_WARPS,
             )
         LAST_COMPILED["verify"] = _delta_verify_kernel[grid](

@@ -113,14 +113,15 @@ def test_bench_smoke(tmp_path):
     # one row timed (the interpreter's time goes per program): every arm and form still runs, its commits flushing
     # too; the correctness checks keep their two rows
     data, stdout = run_bench_smoke("bench_verify", ["--family", "mamba2,gdn,kda", "--forms",
-                                                    "ieee,tf32x3,steps,fold_dot,fold_loop,weights,no_weights",
+                                                    "ieee,tf32x3,steps,fold_dot,fold_loop,weights,no_weights,"
+                                                    "weights_newest_first",
                                                     "--parts", "--commit-tiles", "8,16", "--commit-warps", "1",
                                                     "--batches", "1"],
                                    tmp_path / "bench.json")
     assert [r["family"] for r in data["results"]] == ["mamba2", "gdn", "kda"]
     for row in data["results"]:
         forms = ["products", "tf32x3"] + (["steps", "fold_dot", "fold_loop"] if row["family"] != "mamba2" else [])
-        forms += ["weights", "no_weights"] if row["family"] == "kda" else []
+        forms += ["weights", "no_weights", "weights_newest_first"] if row["family"] == "kda" else []
         keys = ["replay_all_us", "replay_mixed_us", "snapshot_us", "steps_only_us", "speedup_all_vs_snapshot"]
         keys += [f"replay_{mode}_{form}_us" for form in forms for mode in ("all", "mixed")]
         keys += [f"speedup_all_{form}_vs_snapshot" for form in forms]
@@ -134,9 +135,9 @@ def test_bench_smoke(tmp_path):
         want = {"p8w1", "p16w1"} if row["family"] == "mamba2" else {"8x1/loop", "16x1/loop", "16x1/dot"}
         assert set(row["commit_flush_sweep"]) == want and row["commit_flush_best"] in want, row["commit_flush_sweep"]
         assert all(isinstance(v, float) for v in row["commit_flush_sweep"].values()), row["commit_flush_sweep"]
-    assert len(data["checks"]) == 17 and all(check["ok"] for check in data["checks"].values()), data["checks"]
+    assert len(data["checks"]) == 18 and all(check["ok"] for check in data["checks"].values()), data["checks"]
     assert {label.rsplit("/", 1)[1] for label in data["checks"]} >= {"products", "tf32x3", "steps", "fold_dot",
-                                                                       "fold_loop", "weights"}
+                                                                       "fold_loop", "weights", "weights_newest_first"}
     assert [label.split("/")[0] for label in data["checks"] if label.endswith("/weights")] == ["kda"]
     assert "snapshot us" in stdout and "commit flushing every row" in stdout  # the printed tables
 
@@ -716,7 +717,8 @@ def case_delta_verify_kda_weights(k, device):
     """The per-head pre-launch of KDA's record decays (``_weights=True``) in the token, steps and products forms:
     outputs and appended records bitwise equal to the plain launch (the same expressions, computed once per head),
     and against the reference (bf16 wrapping rings with NaN in uncommitted slots, fp32 K=24 with counts 0..R-T, no
-    l2norm with a scale); a scalar gate is refused."""
+    l2norm with a scale); the pre-launch reading the records newest first (``_newest_first``) within float32
+    rounding of both; a scalar gate is refused."""
     forms = dict(tokens=dict(_products=False, _steps=False), steps=dict(_steps=True), products=dict(_products=True))
     cases = [(torch.bfloat16, 4, 7, [6, 5, 4, 6], [0, 1, 2, 3], {}, {}),
              (torch.float32, 2, 9, [8, 0, 3, 5], [7, 0, 4, 1], dict(K=24, V=32), {}),
@@ -733,6 +735,12 @@ def case_delta_verify_kda_weights(k, device):
             o = k._verify(**p, **options, out=out, _block_v=16, _weights=True, **warps, **form)
             o_plain = k._verify(**plain, **options, out=torch.empty_like(out), _block_v=16, _weights=False, **form)
             o_ref = k.delta_verify_ref(**ref, **options, out=torch.empty_like(out))
+            # the pre-launch reading the records newest first (a forward scan; the same values within rounding)
+            newest = _clone(plain)
+            o_newest = k._verify(**newest, **options, out=torch.empty_like(out), _block_v=16, _weights=True,
+                                 _newest_first=True, **form)
+            _close("o newest first vs the reference", o_newest, o_ref, 2e-6)
+            _close("o newest first vs the plain launch", o_newest, o_plain, 1e-6)
             print(f" {name}: T={T} R={R} counts={counts} origins={origins} {shape} {options}")
             assert torch.isfinite(o).all() and o.abs().max() > 0
             bitwise = str(device) == "cpu"  # compiled kernels may contract differently around the loads: 1e-6

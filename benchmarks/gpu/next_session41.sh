@@ -30,7 +30,9 @@
 #   warps. Kernel cases on CUDA (GDN and KDA) first, then `read_copy_defaults.py --solve --flush-weights` for GDN's
 #   copies at 256 and 64 (`--flush-weights`: see STAGE=6; GDN's host flush fp8 2912 -> 2024 static instructions,
 #   nvfp4 168 -> 128 registers, at the cost of the weights pre-launch once a period, which GDN does not run otherwise).
-# STAGE=6 (about 9 minutes; STAGE=7 the same at batch 64): KDA's copies at 256, `--solve` as STAGE=4 and two options
+# STAGE=6 (about 9 minutes; STAGE=7 the same at batch 64, after KDA's verify with its pre-launch reading the records
+#   newest first, bench_verify form `weights_newest_first`: 944 -> 304 warp shuffles a program offline): KDA's copies
+#   at 256, `--solve` as STAGE=4 and two options
 #   new in the fortieth session, both off:
 #   `--newest-first`: KDA's weights pre-launch (45.7 us of its 216 us fp32 host cycle, run 102; in every KDA cycle,
 #   fp32 or separated) reads the records newest first, so that their decays are a forward scan: offline (sm_90,
@@ -82,7 +84,12 @@ elif [ "$STAGE" = 6 ]; then
     --newest-first --flush-weights --out "$RES/read_copy_solve_kda.json"; pack
   cut -c1-2500 "$RES/read_copy_solve_kda.txt"
 elif [ "$STAGE" = 7 ]; then
-  script_job 540 read_copy_solve_kda_b64 read_copy_defaults.py --batches 64 --specs kda:fp8,kda:nvfp4 --solve \
+  timeout 150 python3 -m hf_replayssm.kernels.bench_verify --family kda --batches 256 --windows 4,8 \
+    --forms weights,weights_newest_first --out "$RES/verify_kda_newest_first.json" \
+    > "$RES/verify_kda_newest_first.txt" 2>&1
+  echo "verify_kda_newest_first rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  tail -8 "$RES/verify_kda_newest_first.txt"
+  script_job 400 read_copy_solve_kda_b64 read_copy_defaults.py --batches 64 --specs kda:fp8,kda:nvfp4 --solve \
     --newest-first --flush-weights --out "$RES/read_copy_solve_kda_b64.json"; pack
   cut -c1-2500 "$RES/read_copy_solve_kda_b64.txt"
 elif [ "$STAGE" = 5 ]; then

@@ -1846,7 +1846,7 @@ def _replay_step(
     # (_flush_weights: also an exact fold's flush-only launch whose outputs come from the copy)
     weighted = {phase_: (per_key and bool(_kda_weights) and not uses_dot(phase_))
                 or ((bool(_kda_weights) or not per_key) and bool(_flush_weights) and exact_fold and flush_reads_copy
-                    and phase_ in (2, 3))
+                    and not _ring_physical and phase_ in (2, 3))
                 or (not per_key and bool(_gdn_weights) and not _ring_physical and phase_ in (0, 1, 4))
                 for phase_ in launches}
     weights = state  # (unused pointer)

@@ -94,6 +94,7 @@ from hf_replayssm.kernels.verify_products import dot_precision
 from hf_replayssm.ops.delta_verify import delta_commit_ref, delta_fold_ring_ref, delta_verify_ref
 
 if __package__:
+    from . import delta_rule as _delta_rule
     from .delta_rule import (
         MAX_KEY_DIM,
         _device_guard,
@@ -124,6 +125,7 @@ else:  # loaded from its file outside the package (a checkout without the packag
                                                               _m._record_decays)
     state_update_launch_config = _m.state_update_launch_config
     _newest_first_decays, _newest_first_positions = _m._newest_first_decays, _m._newest_first_positions
+    _delta_rule = _m
 
 __all__ = [
     "default_fold_dot",
@@ -728,15 +730,18 @@ def _window_strides(g: torch.Tensor) -> tuple[int, ...]:
 
 def _verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_qk_l2norm=True, scale=None,
             out=None, _block_v=None, _num_warps=None, _products=None, _steps=None, _weights=None, _weights_warps=None,
-            _newest_first=False):
+            _newest_first="auto"):
     """:func:`delta_verify` with launch overrides: ``_block_v`` / ``_num_warps``, the form (``_products`` /
     ``_steps``, :func:`resolve_form`), and ``_weights`` (per-key gates only; :func:`default_verify_weights` when not
     given): a first launch computes each (row, value head)'s decay and decayed record keys once
     (``_verify_record_weights_kernel``), which the verify programs of its V tiles load instead of each loading the
     record keys and gates and computing the [R, K] decays (the replay step's ``_kda_weights``, for verify);
     ``_weights_warps``: that launch's warps (:data:`kernels.delta_rule.KDA_WEIGHTS_WARPS` when not given);
-    ``_newest_first`` (off, untimed): it reads the records newest first, so their decays are a forward scan (the
-    replay step's ``_newest_first``; sm_90, Triton 3.6: 944 warp shuffles a program, 832 of them the reverse scan)."""
+    ``_newest_first`` (``"auto"``: :data:`kernels.delta_rule.NEWEST_FIRST_DEFAULT`, off until timed): it reads the
+    records newest first, so their decays are a forward scan (the replay step's ``_newest_first``; sm_90, Triton 3.6:
+    944 -> 304 warp shuffles a program, 832 of them the reverse scan)."""
+    if _newest_first == "auto":  # (read when called: the replay step's default)
+        _newest_first = _delta_rule.NEWEST_FIRST_DEFAULT
     batch, value_heads, key_heads, key_dim, value_dim, ring_size, per_key = _check_rings(
         state, ring_k, ring_d, ring_g, origin, count)
     window = k.shape[1]

@@ -174,6 +174,61 @@ for model_type in ("qwen3_5_text", "kimi_linear"):  # GVA Gated DeltaNet and KDA
     assert kernel_windows(cache) > 0 and kernel_folds(cache) > 0, model_type
     assert cache.stats()["rolled_back_tokens"] > 0, model_type
 """,
+    # the delta rule's untimed options switched on as their defaults would be (delta_rule.NEWEST_FIRST_DEFAULT /
+    # FLUSH_WEIGHTS_DEFAULT): KDA's weights pre-launches (replay and verify) read the records newest first, the
+    # separated flushes take their outputs' record weights from the weights pre-launch; through ReplayCache as the
+    # parts above, each launch recorded
+    "untimed_defaults": """
+from hf_replayssm.kernels import delta_rule
+delta_rule.NEWEST_FIRST_DEFAULT = delta_rule.FLUSH_WEIGHTS_DEFAULT = True
+seen = []
+for name in ("_kda_weights_kernel", "_delta_replay_step_kernel"):
+    kernel = getattr(delta_rule, name)
+    class Recorded:
+        def __init__(self, kernel):
+            self.kernel = kernel
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                seen.append((self.kernel.__name__, kwargs))
+                return self.kernel[grid](*args, **kwargs)
+            return launch
+    setattr(delta_rule, name, Recorded(kernel))
+for model_type, policy in (("qwen3_5_text", "separated-nvfp4"), ("kimi_linear", "separated-fp8")):
+    other = tiny_model(model_type)
+    sample = torch.randint(3, 120, (2, 12))
+    fused = ReplayCache(4, precision=policy, backend="triton")
+    reference = ReplayCache(4, precision=policy, backend="torch")
+    got, want = decode(other, sample, 6, fused), decode(other, sample, 6, reference)
+    assert max_logit_diff(got, want) < 2e-3, (model_type, policy, max_logit_diff(got, want))
+    assert fused.stats() == reference.stats() and fused.stats()["flushes"] > 0, (model_type, fused.stats())
+    for idx, layer in fused.replay_layers.items():
+        torch.testing.assert_close(layer.current_state(), reference.replay_layers[idx].current_state(),
+                                   atol=1e-4, rtol=1e-4)
+flushes = [kw for name, kw in seen if name == "_delta_replay_step_kernel" and kw["PHASE"] in (2, 3)]
+assert flushes and all(kw["WEIGHTS_GIVEN"] and kw["EXACT_FOLD"] for kw in flushes), flushes
+weights = [kw for name, kw in seen if name == "_kda_weights_kernel"]
+assert any(kw["GATE_PER_KEY"] for kw in weights)
+assert all(kw["NEWEST_FIRST"] == kw["GATE_PER_KEY"] for kw in weights), weights
+
+# KDA's speculation through the verify kernels with their pre-launch newest first: plain greedy's tokens
+from hf_replayssm.kernels import delta_verify
+verify_weights, recorded = [], delta_verify._verify_record_weights_kernel
+class RecordedVerify:
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            verify_weights.append(kwargs)
+            return recorded[grid](*args, **kwargs)
+        return launch
+delta_verify._verify_record_weights_kernel = RecordedVerify()
+other = tiny_model("kimi_linear", initializer_range=0.2)
+prompt = torch.cat([torch.randint(3, 120, (1, 5))] * 3, dim=1)
+greedy = other.generate(prompt, past_key_values=DynamicCache(config=other.config), **greedy_kw(10))
+cache = ReplayCache(4, backend="triton")
+out = other.generate(prompt, past_key_values=cache, prompt_lookup_num_tokens=3, **greedy_kw(10))
+assert torch.equal(out.sequences, greedy.sequences) and max_logit_diff(out.logits, greedy.logits) < 1e-4
+assert kernel_windows(cache) > 0 and cache.stats()["rolled_back_tokens"] > 0
+assert verify_weights and all(kw["NEWEST_FIRST"] for kw in verify_weights), verify_weights
+""",
     # batched speculation (rows accept different numbers of drafts; per-row rollback of kernel-written records,
     # neutral records folded by the fold kernel): GDN and Mamba-2
     "batched_speculation": """

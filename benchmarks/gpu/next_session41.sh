@@ -44,6 +44,8 @@
 #   / 1337 shuffles / 6216 instructions -> 244 / 0 / 377 / 3400; the split step's flush launch fp8 255 / 192 / 858 /
 #   5688 -> 255 / 0 / 374 / 4032, nvfp4 255 / 0 / 1201 / 4776 -> 128 / 0 / 233 / 2192; a split step runs the
 #   pre-launch anyway, a host flush gains one launch a period).
+#   A win flips `NEWEST_FIRST_DEFAULT` / `FLUSH_WEIGHTS_DEFAULT` in kernels/delta_rule.py (then the CUDA kernel cases
+#   and the 256-row separated model tests of tests/test_gpu.py again).
 # Order if time is short: 6, 4, 1, 3, 5, 2, 7.
 # STAGE=5 (about 4 minutes): where the separated compiled-path step loses to the host cycle (GDN fp8 at 256, rows in
 #   phase: 184.6 us a step against 149.8, run 213): Nsight Compute on the device step with every row replaying (count

@@ -1418,8 +1418,8 @@ def reload_token_default(read_format: str | None, per_key_gate: bool, device_pos
 
 
 def host_flush_launch_config(batch: int, value_heads: int, key_dim: int, value_dim: int, per_key_gate: bool = False,
-                             kda_weights: bool = True, exact_fold: bool = False, exact_solve: bool = False
-                             ) -> tuple[int, int, bool]:
+                             kda_weights: bool = True, exact_fold: bool = False, exact_solve: bool = False,
+                             solve_given: bool = False) -> tuple[int, int, bool]:
     """(BLOCK_V, num_warps, flush_dot) of the host-phase flush-only launch (every row at its last buffered position).
     Scalar gates: the replay tile with the record sum as one tl.dot. Per-key gates with the per-head weights
     pre-launch: the loop over the records, reading the pre-launch's decays, on a [K, 32] tile and one warp. H200,
@@ -1437,9 +1437,10 @@ def host_flush_launch_config(batch: int, value_heads: int, key_dim: int, value_d
     run 131: 1403.6 us per flush launch, [K, 32] x 4 1949.4, [K, 64] x 8 2223.1, [K, 32] x 2 2559.8, [K, 16] x 4
     4192.2; all slower than the stepped fold). Per-key gates (KDA, untimed) take [K, 32] x 4, their widest tile that
     compiles without spills (sm_90, Triton 3.6, batch 256: 246 registers, 217 with the pre-launch; [K, 64] x 4 spills
-    372 / 228 bytes)."""
+    372 / 228 bytes), and so does a scalar gate's fold with its chain from the pre-launch (``solve_given``, untimed:
+    192 registers, none spilled, against 255 / 124 bytes on [K, 64] x 4)."""
     if exact_solve:
-        return min(32 if per_key_gate else 64, max(16, next_power_of_2(value_dim))), 4, True
+        return min(32 if per_key_gate or solve_given else 64, max(16, next_power_of_2(value_dim))), 4, True
     if exact_fold:
         return min(32 if per_key_gate else 16, max(16, next_power_of_2(value_dim))), 1, True
     if per_key_gate and kda_weights and not exact_fold:
@@ -1792,7 +1793,7 @@ def _replay_step(
     # weights pre-launch the loop (the product's per-key tiles spill: sm_90, KDA [128, 16] x 1, 6124 B)
     host_flush_v, host_flush_warps, flush_only_dot = host_flush_launch_config(
         batch, value_heads, key_dim, value_dim, per_key, kda_weights=bool(_kda_weights), exact_fold=exact_fold,
-        exact_solve=bool(_exact_solve))
+        exact_solve=bool(_exact_solve), solve_given=bool(_exact_solve) and bool(_solve_weights))
     if phase == 2:  # the host-phase flush reads the fp32 checkpoint alone, at its own tile
         block_v, num_warps = host_flush_v, host_flush_warps
     else:

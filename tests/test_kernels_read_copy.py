@@ -64,6 +64,8 @@ def test_delta_read_copy_launch_config():
     assert k.host_flush_launch_config(*shape, per_key_gate=True, exact_fold=True) == (32, 1, True)
     assert k.host_flush_launch_config(*shape, exact_fold=True, exact_solve=True) == (64, 4, True)
     assert k.host_flush_launch_config(*shape, per_key_gate=True, exact_fold=True, exact_solve=True) == (32, 4, True)
+    # with the solve pre-launch, a scalar gate's solved fold on [K, 32] x 4 too (offline: no spills there)
+    assert k.host_flush_launch_config(*shape, exact_fold=True, exact_solve=True, solve_given=True) == (32, 4, True)
 
 
 # ---------------------------------------------------------------------------------------------------------------

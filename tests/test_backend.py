@@ -89,6 +89,37 @@ def kernel_folds(cache):
     return sum(layer.schedule.kernel_folds for layer in cache.replay_layers.values())
 
 
+def separated_against_torch(model_type, policy):
+    # decoding with a separated policy through the Triton kernels against the torch backend with the same policy (see
+    # the part "separated" for the tolerance); returns the kernels' cache
+    other = tiny_model(model_type)
+    sample = torch.randint(3, 120, (2, 12))
+    fused = ReplayCache(4, precision=policy, backend="triton")
+    reference = ReplayCache(4, precision=policy, backend="torch")
+    got, want = decode(other, sample, 6, fused), decode(other, sample, 6, reference)
+    assert max_logit_diff(got, want) < 2e-3, (model_type, policy, max_logit_diff(got, want))
+    assert fused.stats() == reference.stats(), (model_type, fused.stats(), reference.stats())
+    assert fused.stats()["flushes"] > 0
+    for idx, layer in fused.replay_layers.items():
+        torch.testing.assert_close(layer.current_state(), reference.replay_layers[idx].current_state(),
+                                   atol=1e-4, rtol=1e-4)
+    return fused
+
+
+def record_launches(module, name, sink):
+    # the Triton kernel ``name`` of ``module`` appends (name, its keyword arguments) to ``sink`` at every launch
+    kernel = getattr(module, name)
+
+    class Recorded:
+        def __getitem__(self, grid):
+            def launch(*args, **kwargs):
+                sink.append((name, kwargs))
+                return kernel[grid](*args, **kwargs)
+            return launch
+
+    setattr(module, name, Recorded())
+
+
 model = tiny_model("nemotron_h")
 tokens = torch.randint(3, 120, (3, 16))
 """
@@ -183,27 +214,9 @@ from hf_replayssm.kernels import delta_rule
 delta_rule.NEWEST_FIRST_DEFAULT = delta_rule.FLUSH_WEIGHTS_DEFAULT = True
 seen = []
 for name in ("_kda_weights_kernel", "_delta_replay_step_kernel"):
-    kernel = getattr(delta_rule, name)
-    class Recorded:
-        def __init__(self, kernel):
-            self.kernel = kernel
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                seen.append((self.kernel.__name__, kwargs))
-                return self.kernel[grid](*args, **kwargs)
-            return launch
-    setattr(delta_rule, name, Recorded(kernel))
+    record_launches(delta_rule, name, seen)
 for model_type, policy in (("qwen3_5_text", "separated-nvfp4"), ("kimi_linear", "separated-fp8")):
-    other = tiny_model(model_type)
-    sample = torch.randint(3, 120, (2, 12))
-    fused = ReplayCache(4, precision=policy, backend="triton")
-    reference = ReplayCache(4, precision=policy, backend="torch")
-    got, want = decode(other, sample, 6, fused), decode(other, sample, 6, reference)
-    assert max_logit_diff(got, want) < 2e-3, (model_type, policy, max_logit_diff(got, want))
-    assert fused.stats() == reference.stats() and fused.stats()["flushes"] > 0, (model_type, fused.stats())
-    for idx, layer in fused.replay_layers.items():
-        torch.testing.assert_close(layer.current_state(), reference.replay_layers[idx].current_state(),
-                                   atol=1e-4, rtol=1e-4)
+    separated_against_torch(model_type, policy)
 flushes = [kw for name, kw in seen if name == "_delta_replay_step_kernel" and kw["PHASE"] in (2, 3)]
 assert flushes and all(kw["WEIGHTS_GIVEN"] and kw["EXACT_FOLD"] for kw in flushes), flushes
 weights = [kw for name, kw in seen if name == "_kda_weights_kernel"]
@@ -212,14 +225,8 @@ assert all(kw["NEWEST_FIRST"] == kw["GATE_PER_KEY"] for kw in weights), weights
 
 # KDA's speculation through the verify kernels with their pre-launch newest first: plain greedy's tokens
 from hf_replayssm.kernels import delta_verify
-verify_weights, recorded = [], delta_verify._verify_record_weights_kernel
-class RecordedVerify:
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            verify_weights.append(kwargs)
-            return recorded[grid](*args, **kwargs)
-        return launch
-delta_verify._verify_record_weights_kernel = RecordedVerify()
+verify_weights = []
+record_launches(delta_verify, "_verify_record_weights_kernel", verify_weights)
 other = tiny_model("kimi_linear", initializer_range=0.2)
 prompt = torch.cat([torch.randint(3, 120, (1, 5))] * 3, dim=1)
 greedy = other.generate(prompt, past_key_values=DynamicCache(config=other.config), **greedy_kw(10))
@@ -227,7 +234,7 @@ cache = ReplayCache(4, backend="triton")
 out = other.generate(prompt, past_key_values=cache, prompt_lookup_num_tokens=3, **greedy_kw(10))
 assert torch.equal(out.sequences, greedy.sequences) and max_logit_diff(out.logits, greedy.logits) < 1e-4
 assert kernel_windows(cache) > 0 and cache.stats()["rolled_back_tokens"] > 0
-assert verify_weights and all(kw["NEWEST_FIRST"] for kw in verify_weights), verify_weights
+assert verify_weights and all(kw["NEWEST_FIRST"] for _, kw in verify_weights), verify_weights
 """,
     # batched speculation (rows accept different numbers of drafts; per-row rollback of kernel-written records,
     # neutral records folded by the fold kernel): GDN and Mamba-2
@@ -259,18 +266,9 @@ for backend, policy in (("torch", "fp32"), ("triton", "separated-fp8")):
 # one code of its read copy (2^-4 relative), hence 2e-3
 for model_type, policy in (("nemotron_h", "separated-fp8"), ("qwen3_5_text", "separated-nvfp4"),
                            ("kimi_linear", "separated-fp8")):
-    other = tiny_model(model_type)
-    sample = torch.randint(3, 120, (2, 12))
-    fused = ReplayCache(4, precision=policy, backend="triton")
-    reference = ReplayCache(4, precision=policy, backend="torch")
-    got, want = decode(other, sample, 6, fused), decode(other, sample, 6, reference)
-    assert max_logit_diff(got, want) < 2e-3, (model_type, policy, max_logit_diff(got, want))
-    assert fused.stats() == reference.stats(), (model_type, fused.stats(), reference.stats())
-    assert fused.stats()["flushes"] > 0
+    fused = separated_against_torch(model_type, policy)
     for idx, layer in fused.replay_layers.items():
         assert layer.schedule.kernel_flushes > 0, (model_type, idx)  # the flush steps ran the kernel
-        torch.testing.assert_close(layer.current_state(), reference.replay_layers[idx].current_state(),
-                                   atol=1e-4, rtol=1e-4)
         # the read copy was refreshed from the new checkpoint: the store's own encoding of it
         store = layer.schedule.store
         want = store.slots[0].read_codec.encode(store.recurrence())

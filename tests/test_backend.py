@@ -72,6 +72,7 @@ PRELUDE = """
 import sys, torch
 sys.path.insert(0, "tests")
 from conftest import GREEDY_KW, decode, max_logit_diff
+from kernel_harness import RecordedKernel
 from transformers import DynamicCache
 from hf_replayssm import ReplayCache
 from hf_replayssm.tiny import tiny_model
@@ -104,20 +105,6 @@ def separated_against_torch(model_type, policy):
         torch.testing.assert_close(layer.current_state(), reference.replay_layers[idx].current_state(),
                                    atol=1e-4, rtol=1e-4)
     return fused
-
-
-def record_launches(module, name, sink):
-    # the Triton kernel ``name`` of ``module`` appends (name, its keyword arguments) to ``sink`` at every launch
-    kernel = getattr(module, name)
-
-    class Recorded:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                sink.append((name, kwargs))
-                return kernel[grid](*args, **kwargs)
-            return launch
-
-    setattr(module, name, Recorded())
 
 
 model = tiny_model("nemotron_h")
@@ -212,21 +199,20 @@ for model_type in ("qwen3_5_text", "kimi_linear"):  # GVA Gated DeltaNet and KDA
     "untimed_defaults": """
 from hf_replayssm.kernels import delta_rule
 delta_rule.NEWEST_FIRST_DEFAULT = delta_rule.FLUSH_WEIGHTS_DEFAULT = True
-seen = []
-for name in ("_kda_weights_kernel", "_delta_replay_step_kernel"):
-    record_launches(delta_rule, name, seen)
+weights_launches = delta_rule._kda_weights_kernel = RecordedKernel(delta_rule._kda_weights_kernel)
+step_launches = delta_rule._delta_replay_step_kernel = RecordedKernel(delta_rule._delta_replay_step_kernel)
 for model_type, policy in (("qwen3_5_text", "separated-nvfp4"), ("kimi_linear", "separated-fp8")):
     separated_against_torch(model_type, policy)
-flushes = [kw for name, kw in seen if name == "_delta_replay_step_kernel" and kw["PHASE"] in (2, 3)]
+flushes = [kw for kw in step_launches.launches if kw["PHASE"] in (2, 3)]
 assert flushes and all(kw["WEIGHTS_GIVEN"] and kw["EXACT_FOLD"] for kw in flushes), flushes
-weights = [kw for name, kw in seen if name == "_kda_weights_kernel"]
+weights = weights_launches.launches
 assert any(kw["GATE_PER_KEY"] for kw in weights)
 assert all(kw["NEWEST_FIRST"] == kw["GATE_PER_KEY"] for kw in weights), weights
 
 # KDA's speculation through the verify kernels with their pre-launch newest first: plain greedy's tokens
 from hf_replayssm.kernels import delta_verify
-verify_weights = []
-record_launches(delta_verify, "_verify_record_weights_kernel", verify_weights)
+verify_launches = delta_verify._verify_record_weights_kernel = RecordedKernel(
+    delta_verify._verify_record_weights_kernel)
 other = tiny_model("kimi_linear", initializer_range=0.2)
 prompt = torch.cat([torch.randint(3, 120, (1, 5))] * 3, dim=1)
 greedy = other.generate(prompt, past_key_values=DynamicCache(config=other.config), **greedy_kw(10))
@@ -234,7 +220,8 @@ cache = ReplayCache(4, backend="triton")
 out = other.generate(prompt, past_key_values=cache, prompt_lookup_num_tokens=3, **greedy_kw(10))
 assert torch.equal(out.sequences, greedy.sequences) and max_logit_diff(out.logits, greedy.logits) < 1e-4
 assert kernel_windows(cache) > 0 and cache.stats()["rolled_back_tokens"] > 0
-assert verify_weights and all(kw["NEWEST_FIRST"] for _, kw in verify_weights), verify_weights
+verify_weights = verify_launches.launches
+assert verify_weights and all(kw["NEWEST_FIRST"] for kw in verify_weights), verify_weights
 """,
     # batched speculation (rows accept different numbers of drafts; per-row rollback of kernel-written records,
     # neutral records folded by the fold kernel): GDN and Mamba-2

@@ -525,8 +525,7 @@ def case_kda_newest_first(k, device):
     p = _make(device, torch.float32, 1, 2, 4, 24, 32, 7, per_key=True, seed=3)
     q = _clone(p)
     count = torch.tensor([3], dtype=torch.int32, device=device)
-    launches = []
-    k._kda_weights_kernel = _unpermuted_weights(saved, launches)
+    unpermuted = k._kda_weights_kernel = _UnpermutedWeights(saved)
     try:
         o = _run_replay(k._replay_step, p, torch.tensor([2], dtype=torch.int32, device=device), count,
                         buffer_len=5, out=torch.empty(p["v"].shape, dtype=torch.float32, device=device),
@@ -535,27 +534,26 @@ def case_kda_newest_first(k, device):
         k._kda_weights_kernel = saved
     o_ref = _run_replay(k.delta_replay_step_ref, q, torch.tensor([2], dtype=torch.int32, device=device),
                         count.clone(), buffer_len=5, out=torch.empty_like(o))
-    assert launches and (o - o_ref).abs().max() > 1e-3 * o_ref.abs().max(), (o - o_ref).abs().max()
+    assert unpermuted.calls and (o - o_ref).abs().max() > 1e-3 * o_ref.abs().max(), (o - o_ref).abs().max()
 
 
-def _unpermuted_weights(kernel, launches):
-    """The pre-launch, then its newest-first record weights put back in the order computed (row m at position m):
-    what storing them unpermuted would hand the replay programs."""
+class _UnpermutedWeights(RecordedKernel):
+    """The (recorded) pre-launch, then its newest-first record weights put back in the order computed (row m at
+    position m): what storing them unpermuted would hand the replay programs."""
 
-    class Unpermuted:
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                kernel[grid](*args, **kwargs)
-                launches.append(kwargs)
-                weights, count = args[7], args[3]  # (ring_k, ring_g, origin, count, q, k, g, weights, ...)
-                block_k, block_r = kwargs["BLOCK_K"], kwargs["BLOCK_R"]
-                for b in range(weights.shape[0]):
-                    n = int(count[b])
-                    for start in (block_k, block_k + block_r):
-                        weights[b, :, start:start + n] = weights[b, :, start:start + n].flip(-1)
-            return launch
+    def __getitem__(self, grid):
+        recorded = super().__getitem__(grid)
 
-    return Unpermuted()
+        def launch(*args, **kwargs):
+            recorded(*args, **kwargs)
+            weights, count = args[7], args[3]  # (ring_k, ring_g, origin, count, q, k, g, weights, ...)
+            block_k, block_r = kwargs["BLOCK_K"], kwargs["BLOCK_R"]
+            for b in range(weights.shape[0]):
+                n = int(count[b])
+                for start in (block_k, block_k + block_r):
+                    weights[b, :, start:start + n] = weights[b, :, start:start + n].flip(-1)
+
+        return launch
 
 
 def case_replay_walk(k, device):

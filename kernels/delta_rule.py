@@ -266,6 +266,14 @@ def _exact_fold(s, rk_base, rg_base, rv_base, rb_base, origin, count, ring_size,
 
 
 @triton.jit
+def _substitute_row(inv, a_j, j, offs_r):
+    """One step of the forward substitution for T = (I + A)^-1 (A strictly lower triangular): row j of ``inv`` [R, R]
+    becomes T_j = e_j - sum_{i<j} A_ji T_i, from A's row ``a_j`` [R] (zero from column j on)."""
+    t_j = tl.where(offs_r == j, 1.0, 0.0) - tl.sum(a_j[:, None] * inv, axis=0)
+    return tl.where(offs_r[:, None] == j, t_j[None, :], inv)
+
+
+@triton.jit
 def _solved_chain(k_all, beta, g, count, BLOCK_R: tl.constexpr, FLUSH_PRECISION: tl.constexpr):
     """The part of :func:`_exact_fold_solved` that depends on the head alone, not on the value column: from the
     records' and the token's keys [R, K], betas and log decays [R] (rows past ``count`` 0), the unit lower-triangular
@@ -278,12 +286,9 @@ def _solved_chain(k_all, beta, g, count, BLOCK_R: tl.constexpr, FLUSH_PRECISION:
     gram = tl.dot(k_all, tl.trans(k_all), input_precision=FLUSH_PRECISION)  # [R, R]: k_j . k_i
     lower = (offs_r[None, :] < rows) & (rows <= count)
     a = tl.where(lower, beta[:, None] * tl.exp(tl.minimum(cum[:, None] - cum[None, :], 0.0)) * gram, 0.0)
-    # T = (I + A)^-1, row by row: T_j = e_j - sum_{i<j} A_ji T_i
-    inv = tl.zeros([BLOCK_R, BLOCK_R], dtype=tl.float32)
+    inv = tl.zeros([BLOCK_R, BLOCK_R], dtype=tl.float32)  # T = (I + A)^-1, row by row
     for j in range(0, count + 1):
-        a_j = tl.sum(tl.where(rows == j, a, 0.0), axis=0)  # [R]: A_j., zero from column j on
-        t_j = tl.where(offs_r == j, 1.0, 0.0) - tl.sum(a_j[:, None] * inv, axis=0)
-        inv = tl.where(rows == j, t_j[None, :], inv)
+        inv = _substitute_row(inv, tl.sum(tl.where(rows == j, a, 0.0), axis=0), j, offs_r)
     weights = tl.where(offs_r <= count, tl.exp(total - cum), 0.0)
     return inv, tl.exp(cum), weights, tl.exp(total)
 
@@ -300,8 +305,7 @@ def _solved_chain_per_key(k_all, beta, g, count, BLOCK_R: tl.constexpr):
     rows = offs_r[:, None]
     cum = tl.cumsum(g, axis=0)  # [R, K]: G_j, inclusive (rows past count add 0)
     total = tl.sum(tl.where(rows <= count, g, 0.0), axis=0)  # [K]: G_n
-    # T = (I + A)^-1, row by row: T_j = e_j - sum_{i<j} A_ji T_i
-    inv = tl.zeros([BLOCK_R, BLOCK_R], dtype=tl.float32)
+    inv = tl.zeros([BLOCK_R, BLOCK_R], dtype=tl.float32)  # T = (I + A)^-1, row by row
     for j in range(0, count + 1):
         at_j = rows == j
         cum_j = tl.sum(tl.where(at_j, cum, 0.0), axis=0)  # [K]
@@ -309,9 +313,7 @@ def _solved_chain_per_key(k_all, beta, g, count, BLOCK_R: tl.constexpr):
         beta_j = tl.sum(tl.where(offs_r == j, beta, 0.0), axis=0)
         earlier = rows < j
         decayed = tl.where(earlier, k_all * tl.exp(tl.where(earlier, cum_j[None, :] - cum, 0.0)), 0.0)
-        a_j = beta_j * tl.sum(decayed * k_j[None, :], axis=1)  # [R]: A_j., zero from column j on
-        t_j = tl.where(offs_r == j, 1.0, 0.0) - tl.sum(a_j[:, None] * inv, axis=0)
-        inv = tl.where(at_j, t_j[None, :], inv)
+        inv = _substitute_row(inv, beta_j * tl.sum(decayed * k_j[None, :], axis=1), j, offs_r)
     kg = k_all * tl.exp(cum)
     kw = tl.where(rows <= count, k_all * tl.exp(total[None, :] - cum), 0.0)
     return inv * beta[None, :], kg, kw, tl.exp(total)

@@ -15,7 +15,12 @@ from typing import NamedTuple
 
 import torch
 from transformers import DynamicCache, StaticCache
-from transformers.cache_utils import CacheLayerMixin, LinearAttentionCacheLayerMixin
+from transformers.cache_utils import (
+    CacheLayerMixin,
+    LinearAttentionCacheLayerMixin,
+    StaticLayer,
+    StaticSlidingWindowLayer,
+)
 
 from .adapters import find_mixers, refuse_hub_layer, repoint_accelerate_hook
 from .adapters.base import active_call
@@ -121,6 +126,24 @@ def _check_interpreter_numpy() -> None:
         )
 
 
+def _static_layer_croppable(layer: StaticLayer) -> bool:
+    """A static layer with a ``crop`` (transformers 5.25) says it (``is_croppable``: a sliding-window layer only while
+    it has not wrapped). 5.17's have no crop (and say False): its full-attention layer writes at ``cumulative_length``,
+    which a crop can rewind; its sliding-window one writes by a wrapping host position, which it cannot."""
+    if hasattr(layer, "crop"):
+        return bool(layer.is_croppable)
+    return not isinstance(layer, StaticSlidingWindowLayer)
+
+
+def _crop_static_layer(layer: StaticLayer, count: int) -> None:
+    """Give back a static attention layer's newest ``-count`` slots: it writes at ``cumulative_length``, so the next
+    update overwrites them (transformers 5.25's ``StaticLayer.crop``; 5.17's static layer has no crop)."""
+    if hasattr(layer, "crop"):
+        layer.crop(count)
+    else:
+        layer.cumulative_length.sub_(-count)
+
+
 class ReplayCache(DynamicCache):
     """ReplaySSM cache: checkpoint + a ring of the last inputs per SSM layer instead of a rewritten state.
 
@@ -141,8 +164,9 @@ class ReplayCache(DynamicCache):
         max_cache_len: make the cache static, for compiled decoding: attention layers preallocate this many
             tokens (transformers' ``StaticLayer``) and, after the prefill, every SSM layer decodes on per-row device
             positions through the fused replay-or-flush op (no host integer per step), so ``is_compileable`` is True
-            and ``generate(..., compile_config=...)`` captures the decode step (CUDA graphs on a GPU). Plain decoding
-            only: a static cache refuses speculative decoding and rollback (attention K/V cannot be cropped).
+            and ``generate(..., compile_config=...)`` captures the decode step (CUDA graphs on a GPU). Speculative
+            decoding (batch 1: prompt lookup, draft models) and ``crop`` work too, eagerly: its verify forwards run on
+            the host schedule and are not compiled, and the attention layers give back the rejected drafts' slots.
             Policies with a float32 checkpoint (``fp32``, and the separated ``separated-fp8`` / ``separated-nvfp4``,
             whose read copy the decode op re-encodes on the device for the rows that flush); Mamba-2, Gated
             DeltaNet and KDA layers (others are refused when the cache binds).
@@ -466,33 +490,39 @@ class ReplayCache(DynamicCache):
 
     def crop(self, tokens_to_remove) -> None:
         """Drop the last ``-tokens_to_remove`` tokens (int or 0-d tensor). A positive value is the length to keep.
-        All or nothing: a rollback some layer cannot undo exactly raises ``RollbackError`` and changes nothing."""
+        All or nothing: a rollback some layer cannot undo exactly raises ``RollbackError`` and changes nothing. In a
+        static cache the attention layers' newest slots are given back (the next forward overwrites them, and the
+        causal mask never shows them), as transformers' ``StaticLayer.crop`` does."""
         count = int(tokens_to_remove)
         if count > 0:
-            count -= self.get_seq_length()
+            count -= int(self.get_seq_length())
             if count > 0:
                 raise ValueError(f"cannot crop to length {int(tokens_to_remove)}: the cache holds fewer tokens")
-        if self.static_cache_len is not None and count != 0:
-            raise RollbackError(
-                "a static ReplayCache (max_cache_len) cannot roll back: its attention layers are transformers' static "
-                "layers, which do not crop. Use ReplayCache() without max_cache_len for speculative decoding"
-            )
+        if count and self.static_cache_len is not None:
+            for idx, layer in enumerate(self.layers):
+                if isinstance(layer, StaticLayer) and not _static_layer_croppable(layer):
+                    raise RollbackError(
+                        f"attention layer {idx} is a sliding-window static layer, which cannot give back its newest "
+                        "slots once it has wrapped; use ReplayCache() without max_cache_len for speculative decoding"
+                    )
         for idx, layer in self.replay_layers.items():
             try:
                 layer.check_rollback(count)
             except RollbackError as error:
                 raise RollbackError(f"SSM layer {idx}: {error}") from None
         for layer in self._layers_with_state():
-            if hasattr(layer, "crop"):
+            if isinstance(layer, StaticLayer):
+                if count and layer.is_initialized:
+                    _crop_static_layer(layer, count)
+            elif hasattr(layer, "crop"):
                 layer.crop(count)
 
     def drop_rows(self, dropped) -> None:
         """Per-row rollback for batched speculation: row r forgets its newest ``dropped[r]`` tokens (fed while
         recording). SSM layers keep them as neutral records, which leave the state exactly as it is, so all rows
         keep one position and one flush grid; attention K/V is not touched: the caller masks the dropped positions
-        (attention_mask zeros) and gives each row its own position_ids. All or nothing, like ``crop``."""
-        if self.static_cache_len is not None:
-            raise RollbackError("a static ReplayCache (max_cache_len) cannot roll back; use ReplayCache()")
+        (attention_mask zeros) and gives each row its own position_ids (in a static cache too: the dropped tokens
+        keep their attention slots). All or nothing, like ``crop``."""
         dropped = [int(c) for c in (dropped.tolist() if isinstance(dropped, torch.Tensor) else dropped)]
         if min(dropped, default=0) < 0:
             raise ValueError(f"dropped counts must be >= 0, got {dropped}")

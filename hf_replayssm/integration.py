@@ -282,6 +282,34 @@ def _new_tokens(model, kwargs: dict, prompt_len: int) -> int:
     return int(length) - prompt_len
 
 
+def _check_static_length(cache, length: int | None, drafts: int | None) -> None:
+    """A static cache must hold every token a generate() call writes: up to ``max_length``, and with speculation up
+    to ``drafts`` more (prompt lookup caps its drafts by the prompt, not by max_length: its last verify forward may
+    run past max_length, and the tokens past it are cropped)."""
+    if length is None:
+        return
+    needed = length + (drafts or 0)
+    if needed > cache.static_cache_len:
+        past = f" ({length} and up to {drafts} drafts a verify forward may run past them)" if drafts else ""
+        raise ValueError(
+            f"this generate() call reaches {needed} tokens{past}, more than the static ReplayCache holds "
+            f"(max_cache_len={cache.static_cache_len}); create it with ReplayCache(..., max_cache_len={needed})"
+        )
+
+
+def _check_static_speculation(args: tuple, kwargs: dict) -> None:
+    """A static ReplayCache speculates at batch size 1 (transformers' assisted loop, which crops every layer): the
+    batched route keeps each rejected draft's attention slots (masked), so its cache would outgrow max_cache_len by
+    up to a whole window per round."""
+    prompt = _prompt_ids(args, kwargs)
+    if isinstance(prompt, torch.Tensor) and prompt.dim() == 2 and prompt.shape[0] > 1:
+        raise ValueError(
+            f"batched speculative decoding ({prompt.shape[0]} rows) keeps every rejected draft's attention slots, so a "
+            "static ReplayCache (max_cache_len) could run out of them; use ReplayCache() without max_cache_len for "
+            "batched prompt lookup or draft models (a static cache speculates at batch size 1)"
+        )
+
+
 def _batched_lookup(model, cache, drafts: int, args: tuple, kwargs: dict):
     """Greedy prompt lookup or a draft model (``assistant_model``; ``drafts`` per round, as ``_speculative_window``
     counts them) over a batch (transformers' assisted generation takes batch size 1 only): the route through
@@ -354,12 +382,9 @@ def _wrap_generate(original):
         if cache is None:
             return original(self, *args, **kwargs)
         cache.bind(self)
-        length = _max_length(self, args, kwargs) if cache.static_cache_len is not None else None
-        if length is not None and length > cache.static_cache_len:
-            raise ValueError(
-                f"this generate() call reaches {length} tokens, more than the static ReplayCache holds "
-                f"(max_cache_len={cache.static_cache_len}); create it with ReplayCache(..., max_cache_len={length})"
-            )
+        drafts = _speculative_window(self, kwargs)
+        if cache.static_cache_len is not None:
+            _check_static_length(cache, _max_length(self, args, kwargs), drafts)
         if kwargs.get("cache_params") is cache and cache.get_seq_length() > 0:
             # transformers (5.17) slices the already-cached prefix off the inputs only for past_key_values
             raise ValueError(
@@ -368,14 +393,14 @@ def _wrap_generate(original):
                 "tokens with model(...) calls, start a new ReplayCache(), or upgrade transformers (works from 5.24)."
             )
         _check_early_exit(self, kwargs)
-        drafts = _speculative_window(self, kwargs)
         if drafts is None:
             return original(self, *args, **kwargs)
         if cache.static_cache_len is not None:
-            raise ValueError(
-                "a static ReplayCache (max_cache_len) serves plain decoding only: speculative decoding rolls back, and "
-                "transformers' static attention layers cannot. Use ReplayCache() without max_cache_len here"
-            )
+            _check_static_speculation(args, kwargs)
+            # A verify window runs on the host schedule (its width and ring positions are host integers), which a
+            # compiled forward would specialise on: transformers 5.25 compiles the verify forwards of a compileable
+            # cache, so keep them eager; plain decode steps after this call compile again.
+            kwargs["disable_compile"] = True
         batched = _batched_lookup(self, cache, drafts, args, kwargs)
         if batched is not None:
             return batched

@@ -1,0 +1,197 @@
+"""Speculative decoding on a static ReplayCache (``max_cache_len``): transformers' assisted loop at batch size 1,
+its verify forwards eager on the host schedule, its crops giving back the static attention layers' newest slots;
+plain decode steps before and after it on device positions (and compiled)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import max_logit_diff
+from transformers import DynamicCache, StaticCache
+from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
+from transformers.generation import CompileConfig
+
+from hf_replayssm import ReplayCache
+from hf_replayssm.layers import RollbackError
+from hf_replayssm.tiny import tiny_model
+
+pytestmark = pytest.mark.equivalence
+
+FAMILIES = ["nemotron_h", "qwen3_5_text", "kimi_linear"]  # Mamba-2, Gated DeltaNet, KDA
+NEW, DRAFTS = 24, 3
+# suppress_tokens: a generated pad token (id 0) makes generate() infer a padding mask for it; keep tokens ordinary
+GREEDY = dict(do_sample=False, max_new_tokens=NEW, min_new_tokens=NEW, output_logits=True,
+              return_dict_in_generate=True, suppress_tokens=[0])
+
+
+def _model(model_type, seed=0):
+    return tiny_model(model_type, seed=seed, initializer_range=0.2)
+
+
+def _lookup_prompt(model, attempt):
+    """A prompt that holds the model's own greedy continuation, so that prompt lookup finds drafts that match."""
+    start = torch.randint(3, model.config.vocab_size, (1, 4), generator=torch.Generator().manual_seed(attempt))
+    continuation = model.generate(start, do_sample=False, max_new_tokens=10, min_new_tokens=10, suppress_tokens=[0])
+    return torch.cat([continuation, start], dim=1)
+
+
+def _device_positions_active(cache) -> bool:
+    return all(layer.schedule.device_positions.active for layer in cache.replay_layers.values())
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_prompt_lookup_on_a_static_cache_equals_greedy(model_type):
+    """Every run gives the greedy tokens and logits; at least one both accepts and rejects drafts; a continuation on
+    the same cache decodes plainly on device positions again, equal to stock."""
+    model = _model(model_type)
+    forwards = []
+    hook = model.register_forward_pre_hook(lambda module, args: forwards.append(1))
+    mixed = False
+    try:
+        for attempt in range(10):  # random weights accept few drafts: try prompts until one run mixes both
+            prompt = _lookup_prompt(model, attempt)
+            greedy = model.generate(prompt, **GREEDY)
+            cache = ReplayCache(4, max_cache_len=prompt.shape[1] + NEW + DRAFTS + 6)
+            forwards.clear()
+            out = model.generate(prompt, past_key_values=cache, prompt_lookup_num_tokens=DRAFTS, **GREEDY)
+            assert torch.equal(out.sequences, greedy.sequences)
+            assert max_logit_diff(out.logits, greedy.logits) < 1e-4
+            # each verify forward keeps its accepted drafts and one token more
+            if cache.stats()["rolled_back_tokens"] > 0 and len(forwards) < NEW:
+                mixed = True
+                break
+    finally:
+        hook.remove()
+    assert mixed, "no run both accepted and rejected drafts"
+    assert cache.get_seq_length() == out.sequences.shape[1] - 1  # the last token is not fed yet
+    more = model.generate(out.sequences, past_key_values=cache, **dict(GREEDY, max_new_tokens=6, min_new_tokens=6))
+    assert _device_positions_active(cache)
+    # against stock greedy decoding of the prompt (a stock prefill of the whole sequence would differ: Mamba-2
+    # mixers clamp dt in a multi-token forward and not in a decode step)
+    stock = model.generate(prompt, **dict(GREEDY, max_new_tokens=NEW + 6, min_new_tokens=NEW + 6))
+    assert torch.equal(more.sequences, stock.sequences)
+    assert max_logit_diff(more.logits, stock.logits[NEW:]) < 1e-4
+
+
+def test_draft_model_on_a_static_cache_equals_greedy(monkeypatch):
+    model, draft = _model("qwen3_5_text"), _model("qwen3_5_text", seed=5)
+    for name, value in (("assistant_confidence_threshold", 0.0), ("num_assistant_tokens", 4),
+                        ("num_assistant_tokens_schedule", "constant")):
+        monkeypatch.setattr(draft.generation_config, name, value)
+    prompt = torch.randint(3, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(3))
+    greedy = model.generate(prompt, **GREEDY)
+    cache = ReplayCache(4, max_cache_len=prompt.shape[1] + NEW + 4)
+    out = model.generate(prompt, past_key_values=cache, assistant_model=draft, **GREEDY)
+    assert torch.equal(out.sequences, greedy.sequences)
+    assert max_logit_diff(out.logits, greedy.logits) < 1e-4
+    assert cache.stats()["rolled_back_tokens"] > 0
+
+
+def _stock_logits(model, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits of the last position after feeding ``tokens`` to a stock cache one token at a time after the first 8."""
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        logits = model(tokens[:, :8], past_key_values=cache, use_cache=True).logits[:, -1]
+        for pos in range(8, tokens.shape[1]):
+            logits = model(tokens[:, pos : pos + 1], past_key_values=cache, use_cache=True).logits[:, -1]
+    return logits
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_crop_a_static_cache_by_hand(model_type):
+    """The manual cache API: plain steps on device positions, a recorded window, crop (by count and by the length to
+    keep), plain steps again; the logits equal a stock cache fed only the kept tokens."""
+    model = _model(model_type)
+    tokens = torch.randint(3, model.config.vocab_size, (1, 30), generator=torch.Generator().manual_seed(11))
+    cache = ReplayCache(4, window=5, max_cache_len=32)
+    with torch.no_grad():
+        model(tokens[:, :8], past_key_values=cache, use_cache=True)
+        for pos in range(8, 13):  # across a flush (L = 4)
+            model(tokens[:, pos : pos + 1], past_key_values=cache, use_cache=True)
+        assert _device_positions_active(cache)
+        cache.activate_past_recording()
+        model(tokens[:, 13:18], past_key_values=cache, use_cache=True)  # a window of 5
+        cache.crop(-3)  # keep 2 of them
+        assert cache.get_seq_length() == 15
+        model(tokens[:, 15:19], past_key_values=cache, use_cache=True)  # another window of 4
+        cache.crop(17)  # keep 2 again, as the length to keep
+        cache.deactivate_past_recording()
+        for pos in range(17, 22):
+            ours = model(tokens[:, pos : pos + 1], past_key_values=cache, use_cache=True).logits[:, -1]
+        assert _device_positions_active(cache)
+    assert cache.get_seq_length() == 22
+    reference = _stock_logits(model, tokens[:, :22])
+    assert (ours - reference).abs().max().item() < 1e-4
+    assert cache.stats()["rolled_back_tokens"] == 5 * len(cache.replay_layers)
+
+
+def test_verify_forwards_stay_eager_and_plain_steps_compile():
+    """transformers 5.25 compiles the verify forwards of a compileable cache; a static ReplayCache keeps them eager
+    (their host schedule would specialise a graph), and a plain generate on it afterwards compiles as before."""
+    model = _model("nemotron_h")
+    graphs = []
+
+    def recording_backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    config = CompileConfig(fullgraph=True, backend=recording_backend, mode=None)
+    config._compile_all_devices = True  # transformers compiles on CUDA only otherwise
+    prompt = _lookup_prompt(model, 0)
+    greedy = model.generate(prompt, **GREEDY)
+    cache = ReplayCache(4, max_cache_len=prompt.shape[1] + NEW + DRAFTS)
+    torch._dynamo.reset()
+    out = model.generate(prompt, past_key_values=cache, prompt_lookup_num_tokens=DRAFTS, compile_config=config,
+                         **GREEDY)
+    assert graphs == []
+    assert torch.equal(out.sequences, greedy.sequences) and max_logit_diff(out.logits, greedy.logits) < 1e-4
+    cache.reset()
+    again = model.generate(prompt, past_key_values=cache, compile_config=config, **GREEDY)
+    assert graphs, "the plain decode steps did not compile"
+    assert torch.equal(again.sequences, greedy.sequences) and max_logit_diff(again.logits, greedy.logits) < 1e-4
+    torch._dynamo.reset()
+
+
+def test_static_speculation_refusals():
+    model = _model("qwen3_5_text")
+    prompt = torch.randint(3, model.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(2))
+    with pytest.raises(ValueError, match="batch size 1"):  # the batched route keeps rejected drafts' slots
+        model.generate(prompt, past_key_values=ReplayCache(4, max_cache_len=64), prompt_lookup_num_tokens=3,
+                       max_new_tokens=5)
+    # prompt lookup may draft past max_length: the cache must hold the drafts of the last verify forward too
+    with pytest.raises(ValueError, match=r"reaches 17 tokens \(14 and up to 3 drafts.*max_cache_len=17"):
+        model.generate(prompt[:1], past_key_values=ReplayCache(4, max_cache_len=16), prompt_lookup_num_tokens=3,
+                       max_new_tokens=5)
+    # a sliding-window static layer cannot give its slots back (transformers 5.25: once it can wrap; 5.17: ever)
+    cache = ReplayCache(4, window=4, max_cache_len=24)
+    cache.activate_past_recording()
+    with torch.no_grad():
+        model(prompt[:1], past_key_values=cache, use_cache=True)
+        model(prompt[:1, :3], past_key_values=cache, use_cache=True)
+    index = next(i for i, layer in enumerate(cache.layers) if isinstance(layer, StaticLayer))
+    full = cache.layers[index]
+    cache.layers[index] = StaticSlidingWindowLayer(max_cache_len=24, sliding_window=8)
+    before = {i: layer.ring.num_pending for i, layer in cache.replay_layers.items()}
+    with pytest.raises(RollbackError, match="sliding-window"):
+        cache.crop(-2)
+    assert {i: layer.ring.num_pending for i, layer in cache.replay_layers.items()} == before  # nothing changed
+    cache.layers[index] = full
+    cache.crop(-2)
+    assert cache.get_seq_length() == 10
+
+
+def test_static_layers_are_what_the_crop_expects():
+    """The crop of a static attention layer rewinds ``cumulative_length``, where transformers' StaticLayer writes
+    (5.25 has StaticLayer.crop; 5.17 has neither crop nor a sliding-window layer that could rewind)."""
+    model = _model("qwen3_5_text")
+    static = StaticCache(config=model.config.get_text_config(decoder=True), max_cache_len=16)
+    layer = next(layer for layer in static.layers if isinstance(layer, StaticLayer))
+    keys = torch.randn(1, model.config.num_key_value_heads, 5, model.config.head_dim)
+    layer.update(keys, keys.clone())
+    assert int(layer.get_seq_length()) == 5
+    from hf_replayssm.cache import _crop_static_layer
+
+    _crop_static_layer(layer, -2)
+    assert int(layer.get_seq_length()) == 3
+    layer.update(keys[:, :, :1] + 1, keys[:, :, :1] + 1)
+    assert torch.equal(layer.keys[:, :, 3], keys[:, :, 0] + 1)  # written where the cropped slot was

@@ -169,7 +169,8 @@ def _check_assisted(model, cache, args: tuple, kwargs: dict) -> None:
     if cache.get_seq_length() > 0:
         raise ValueError(
             "assisted generation and prompt lookup need an empty ReplayCache: transformers feeds the whole "
-            "prompt in the first verify step. Pass a new ReplayCache() to this generate() call."
+            "prompt in the first verify step. Pass a new ReplayCache() to this generate() call, or "
+            "call cache.reset() first (a static cache keeps its storage)."
         )
     if _setting(model, kwargs, "use_mtp", False):
         _check_mtp_heads(model)

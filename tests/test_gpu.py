@@ -220,6 +220,35 @@ def test_cuda_compiled_static_cache_with_cuda_graphs(model_type):
     assert max_logit_diff(out.logits, stock.logits) < 1e-4
 
 
+@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text", "kimi_linear"])
+def test_cuda_static_cache_speculation(model_type):
+    """Speculation on a static ReplayCache on CUDA (the Triton verify kernels; transformers 5.25 would compile the
+    verify forwards of a compileable cache on CUDA, which the cache turns off): prompt lookup and a draft model equal
+    greedy decoding, nothing compiles while speculating, and a plain generate on the same cache afterwards compiles
+    with CUDA graphs and equals stock."""
+    pytest.importorskip("triton")
+    from torch._dynamo.utils import counters
+
+    model, draft = _cuda(model_type), _cuda(model_type, seed=5)
+    base = torch.randint(3, 120, (1, 5), device="cuda")
+    prompt = torch.cat([base] * 3, dim=1)
+    greedy = model.generate(prompt, **GREEDY)
+    cache = ReplayCache(8, max_cache_len=prompt.shape[1] + GREEDY["max_new_tokens"] + 20)
+    torch._dynamo.reset()
+    for extra in (dict(prompt_lookup_num_tokens=3), dict(assistant_model=draft)):
+        cache.reset()
+        counters.clear()
+        out = model.generate(prompt, past_key_values=cache, **extra, **GREEDY)
+        assert counters["stats"]["unique_graphs"] == 0, "a verify forward was compiled"
+        assert torch.equal(out.sequences, greedy.sequences)
+        assert max_logit_diff(out.logits, greedy.logits) < 1e-4
+    cache.reset()
+    out = model.generate(prompt, past_key_values=cache, **GREEDY)
+    assert counters["stats"]["unique_graphs"] > 0, "the plain decode steps did not compile"
+    assert torch.equal(out.sequences, greedy.sequences) and max_logit_diff(out.logits, greedy.logits) < 1e-4
+    torch._dynamo.reset()
+
+
 @pytest.mark.parametrize("rows", [2, 256])
 @pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text", "kimi_linear"])
 @pytest.mark.parametrize("policy", ["separated-fp8", "separated-nvfp4"])

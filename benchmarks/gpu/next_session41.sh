@@ -30,6 +30,8 @@
 #   warps. Kernel cases on CUDA (GDN and KDA) first, then `read_copy_defaults.py --solve --flush-weights` for GDN's
 #   copies at 256 and 64 (`--flush-weights`: see STAGE=6; GDN's host flush fp8 2912 -> 2024 static instructions,
 #   nvfp4 168 -> 128 registers, at the cost of the weights pre-launch once a period, which GDN does not run otherwise).
+#   Also (forty-first session, about 1 minute): speculation on a static ReplayCache on CUDA
+#   (`test_cuda_static_cache_speculation`: the Triton verify kernels, nothing compiled while speculating).
 # STAGE=6 (about 9 minutes; STAGE=7 the same at batch 64, after KDA's verify with its pre-launch reading the records
 #   newest first, bench_verify form `weights_newest_first`: 944 -> 304 warp shuffles a program offline): KDA's copies
 #   at 256, `--solve` as STAGE=4 and two options
@@ -77,6 +79,7 @@ elif [ "$STAGE" = 3 ]; then
 elif [ "$STAGE" = 4 ]; then
   REPLAYSSM_KERNEL_TEST_DEVICE=cuda test_job 150 test_kernels_solve_cuda tests/test_kernels_read_copy.py \
     -k "exact_solve or flush_weights"; pack
+  test_job 90 test_gpu_static_speculation tests/test_gpu.py -k "static_cache_speculation"; pack
   show_tests
   script_job 330 read_copy_solve read_copy_defaults.py --batches 256,64 --specs gdn:fp8,gdn:nvfp4 --solve \
     --flush-weights --out "$RES/read_copy_solve.json"; pack

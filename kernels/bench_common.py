@@ -255,3 +255,70 @@ def parse_walks(text: str | None, default: list[tuple[int, int, int, int]]) -> l
             raise ValueError(f"--walks takes tile:warps:stages:programs_per_sm items, comma-separated; got {item!r}")
         walks.append(tuple(int(p) for p in parts))
     return walks
+
+
+def add_cycle_arguments(parser, batches: list[int]) -> None:
+    """The command-line options of the decode-cycle benches (``bench.py``, ``bench_delta.py``) besides ``--family``,
+    ``--shapes`` and their own arms; ``batches``: the bench's default batch sizes."""
+    parser.add_argument("--out", type=Path, default=None, help="write all numbers as JSON here")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes, one repetition (CPU / TRITON_INTERPRET)")
+    parser.add_argument("--batches", default=None, help=f"comma-separated batch sizes (default {batches})")
+    parser.add_argument("--buffer-len", type=int, default=None, help="L (default 16; 4 with --smoke)")
+    parser.add_argument("--no-sweep", action="store_true", help="time only the default launch configurations")
+    parser.add_argument("--read-copy-sweep", action="store_true",
+                        help="with --read-format: time the read-copy replay over the replay launch sweep too")
+    parser.add_argument("--no-check", action="store_true", help="skip the on-device correctness check")
+    parser.add_argument("--diag", action="store_true", help="also time single phases and a no-ticket variant")
+    parser.add_argument("--walks", default=None,
+                        help="--diag's host walks as tile:warps:stages:programs_per_sm items, comma-separated")
+    parser.add_argument("--read-format", choices=["fp8", "nvfp4"], default=None,
+                        help="also time the host-phase cycle whose replay launches read a read copy in this format")
+    parser.add_argument("--budget-ms", type=float, default=150.0, help="GPU time per measurement")
+
+
+def cycle_environment(args, copy_bytes: int):
+    """``(device, timer, copy bandwidth in GB/s, info)`` for a decode-cycle bench: CUDA, or the CPU under the Triton
+    interpreter (refused otherwise); ``info`` (the JSON's header) names the machine, the versions and the timing, and
+    is printed. Fills in ``args.buffer_len`` where it was not given."""
+    import platform
+
+    import triton
+
+    if args.buffer_len is None:
+        args.buffer_len = 4 if args.smoke else 16
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise SystemExit("no CUDA device: set TRITON_INTERPRET=1 (and use --smoke) to run the kernels on the CPU")
+    timer = Timer(device, reps=1 if args.smoke else None, budget_ms=args.budget_ms)
+    copy = copy_bandwidth(device, timer, 2**20 if args.smoke else copy_bytes)
+    try:
+        import transformers
+
+        tf_version = transformers.__version__
+    except ImportError:
+        tf_version = None
+    info = dict(
+        device=torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor()})",
+        torch=torch.__version__, triton=triton.__version__, transformers=tf_version, python=platform.python_version(),
+        triton_interpret=os.environ.get("TRITON_INTERPRET") == "1", smoke=args.smoke, family=args.family,
+        copy_bandwidth_GBps=copy["best"], copy_bandwidth_variants_GBps=copy, buffer_len=args.buffer_len,
+        read_format=args.read_format,
+        timing="CUDA graph of L steps, L2 flushed before each replay, CUDA events, median" if device.type == "cuda"
+        else "perf_counter (interpreter; not meaningful)",
+    )
+    print(f"{info['device']}  torch {info['torch']}  triton {info['triton']}  transformers {tf_version}")
+    print(f"device-to-device copy bandwidth: {copy['best']:.0f} GB/s (read + write)")
+    return device, timer, copy["best"], info
+
+
+def finish_cycle_bench(args, result: dict) -> dict:
+    """Warn when the on-device check failed, write ``result`` as JSON to ``args.out`` where given; returns it."""
+    import json
+
+    checks = result.get("checks")
+    if checks and not all(c["ok"] for c in checks.values()):
+        print("WARNING: the on-device correctness check failed:", checks)
+    if args.out is not None:
+        args.out.write_text(json.dumps(result, indent=1, default=json_default))
+        print(f"wrote {args.out}")
+    return result

@@ -50,18 +50,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
-import os
-import platform
-from pathlib import Path
 
 import torch
 
 if __package__:
     from .bench_common import (
         Timer,
-        copy_bandwidth,
+        add_cycle_arguments,
+        cycle_environment,
         device_read_copy_times,
+        finish_cycle_bench,
         host_reencode_times,
         load_kernels,
         parse_walks,
@@ -69,13 +67,14 @@ if __package__:
         suffixed,
     )
     from .bench_common import compiled_info as _compiled_info
-    from .bench_common import json_default as _json_default
     from .bench_common import num_copies as _num_copies
 else:  # run as a script from a checkout: python kernels/bench.py
     from bench_common import (
         Timer,
-        copy_bandwidth,
+        add_cycle_arguments,
+        cycle_environment,
         device_read_copy_times,
+        finish_cycle_bench,
         host_reencode_times,
         load_kernels,
         parse_walks,
@@ -83,7 +82,6 @@ else:  # run as a script from a checkout: python kernels/bench.py
         suffixed,
     )
     from bench_common import compiled_info as _compiled_info
-    from bench_common import json_default as _json_default
     from bench_common import num_copies as _num_copies
 
 SHAPES = {  # family: {name: (value heads, key heads, key dim, value dim)}
@@ -869,53 +867,13 @@ def _print_row(r, header):
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--family", choices=sorted(SHAPES), default="gdn")
-    parser.add_argument("--out", type=Path, default=None, help="write all numbers as JSON here")
-    parser.add_argument("--smoke", action="store_true", help="tiny shapes, one repetition (CPU / TRITON_INTERPRET)")
     parser.add_argument("--shapes", default=None, help="comma-separated subset of "
                         + "; ".join(f"{f}: {','.join(s)}" for f, s in SHAPES.items()))
-    parser.add_argument("--batches", default=None, help=f"comma-separated batch sizes (default {BATCHES})")
-    parser.add_argument("--buffer-len", type=int, default=None, help="L (default 16; 4 with --smoke)")
-    parser.add_argument("--no-sweep", action="store_true", help="time only the default launch configurations")
-    parser.add_argument("--read-copy-sweep", action="store_true",
-                        help="with --read-format: time the read-copy replay over the replay launch sweep too")
-    parser.add_argument("--no-check", action="store_true", help="skip the on-device correctness check")
     parser.add_argument("--no-fla", action="store_true", help="skip the flash-linear-attention arm")
     parser.add_argument("--no-torch", action="store_true", help="skip the transformers torch arm")
-    parser.add_argument("--diag", action="store_true", help="also time single phases and a no-ticket variant")
-    parser.add_argument("--walks", default=None,
-                        help="--diag's host walks as tile:warps:stages:programs_per_sm items, comma-separated")
-    parser.add_argument("--read-format", choices=["fp8", "nvfp4"], default=None,
-                        help="also time the host-phase cycle whose replay launches read a read copy in this format")
-    parser.add_argument("--budget-ms", type=float, default=150.0, help="GPU time per measurement")
+    add_cycle_arguments(parser, BATCHES)
     args = parser.parse_args(argv)
-    if args.buffer_len is None:
-        args.buffer_len = 4 if args.smoke else 16
-
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
-        raise SystemExit("no CUDA device: set TRITON_INTERPRET=1 (and use --smoke) to run the kernels on the CPU")
-    timer = Timer(device, reps=1 if args.smoke else None, budget_ms=args.budget_ms)
-    copy = copy_bandwidth(device, timer, 2**20 if args.smoke else 2**30)
-    copy_bw = copy["best"]
-    import triton
-
-    try:
-        import transformers
-
-        tf_version = transformers.__version__
-    except ImportError:
-        tf_version = None
-    info = dict(
-        device=torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.processor()})",
-        torch=torch.__version__, triton=triton.__version__, transformers=tf_version, python=platform.python_version(),
-        triton_interpret=os.environ.get("TRITON_INTERPRET") == "1", smoke=args.smoke, family=args.family,
-        copy_bandwidth_GBps=copy_bw, copy_bandwidth_variants_GBps=copy, buffer_len=args.buffer_len,
-        read_format=args.read_format,
-        timing="CUDA graph of L steps, L2 flushed before each replay, CUDA events, median" if device.type == "cuda"
-        else "perf_counter (interpreter; not meaningful)",
-    )
-    print(f"{info['device']}  torch {info['torch']}  triton {info['triton']}  transformers {tf_version}")
-    print(f"device-to-device copy bandwidth: {copy_bw:.0f} GB/s (read + write)")
+    device, timer, copy_bw, info = cycle_environment(args, 2**30)
     with torch.inference_mode() if device.type == "cpu" else contextlib.nullcontext():
         rows, checks, arms = bench_family(args, device, timer, copy_bw)
     info.update(arms=arms, fla=arms["fla_version"])
@@ -928,12 +886,7 @@ def main(argv: list[str] | None = None) -> dict:
         if fla_rows:
             best = max(fla_rows, key=lambda r: r["speedup_replay_vs_fla"])
             print(f"best replay vs fla: {best['speedup_replay_vs_fla']:.2f}x ({best['shape']}, batch {best['batch']})")
-    if checks and not all(c["ok"] for c in checks.values()):
-        print("WARNING: the on-device correctness check failed:", checks)
-    if args.out is not None:
-        args.out.write_text(json.dumps(result, indent=1, default=_json_default))
-        print(f"wrote {args.out}")
-    return result
+    return finish_cycle_bench(args, result)
 
 
 if __name__ == "__main__":

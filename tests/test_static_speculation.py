@@ -87,6 +87,22 @@ def test_draft_model_on_a_static_cache_equals_greedy(monkeypatch):
     assert cache.stats()["rolled_back_tokens"] > 0
 
 
+@pytest.mark.parametrize("policy", ["separated-fp8", "separated-nvfp4"])
+def test_separated_precision_speculation_on_a_static_cache(policy):
+    """A read copy in a static cache through speculation: the same tokens as a dynamic cache with the same policy
+    (logits within float32 rounding), drafts rejected on the way."""
+    model = _model("kimi_linear")
+    base = torch.randint(3, model.config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(2))
+    prompt = torch.cat([base] * 3, dim=1)
+    dynamic = model.generate(prompt, past_key_values=ReplayCache(4, precision=policy), prompt_lookup_num_tokens=DRAFTS,
+                             **GREEDY)
+    cache = ReplayCache(4, precision=policy, max_cache_len=prompt.shape[1] + NEW + DRAFTS)
+    out = model.generate(prompt, past_key_values=cache, prompt_lookup_num_tokens=DRAFTS, **GREEDY)
+    assert torch.equal(out.sequences, dynamic.sequences)
+    assert max_logit_diff(out.logits, dynamic.logits) < 1e-4
+    assert cache.stats()["rolled_back_tokens"] > 0
+
+
 def _stock_logits(model, tokens: torch.Tensor) -> torch.Tensor:
     """Logits of the last position after feeding ``tokens`` to a stock cache one token at a time after the first 8."""
     cache = DynamicCache(config=model.config)

@@ -85,6 +85,19 @@ def test_speculative_mode_matches_plain_greedy(tmp_path):
     assert entries["greedy-stock"]["acceptance"] is None and entries["greedy-stock"]["drafted"] == 0
 
 
+def test_speculative_arms_on_a_static_cache(tmp_path):
+    """``lookup-static`` / ``draft-static``: speculation on a ReplayCache with max_cache_len (static attention
+    layers, eager verify forwards), sized by the bench; the tokens equal plain greedy."""
+    results = _main(tmp_path, "--speculative", "--models", "kimi_linear", "--layers", "8", "--draft-layers", "4",
+                    "--lookup", "3", "--prompt-kinds", "code-edit",
+                    "--speculative-arms", "greedy-replay,lookup-static,draft-static")
+    entries = {e["arm"]: e for e in results["speculative"]}
+    assert set(entries) == {"greedy-replay", "lookup-static", "draft-static"}
+    for arm in ("lookup-static", "draft-static"):
+        entry = entries[arm]
+        assert entry["tokens_per_s"] > 0 and entry["drafted"] > 0 and entry["identical"] is True, (arm, entry)
+
+
 @pytest.mark.parametrize("kind", bench.PROMPT_KINDS)
 def test_repetitive_prompts(kind):
     seed = int(torch.randint(0, 1000, (1,)))

@@ -11,7 +11,9 @@
 #   1.75x target, KDA's 1.28x against 1.55x.
 # STAGE=2 (about 5 minutes): issue 8's batch 1 ("never slower"): compiled `generate` Qwen3.5-like and
 #   Kimi-Linear-like at batch 1, stock static compiled against ReplayCache compiled, four repeats (0.99x-1.03x in
-#   earlier runs).
+#   earlier runs). Then (forty-first session, about 3 minutes) batch-1 speculation on a static ReplayCache (eager
+#   verify forwards, static attention layers) next to the dynamic cache's (`--speculative-arms ...,lookup-static,
+#   draft-static`, Qwen3.5-like, random weights: acceptance near 0, so this compares the caches' overheads).
 # STAGE=3 (about 6 minutes): the streamed replay launches of a read copy on other tiles now that the records' values
 #   load late (the default since run 213): offline (sm_90, batch 256, records late) GDN fp8 [K, 128] x 1 in chunks
 #   of 16 holds 255 registers (56 bytes spilled: 8 one-warp programs an SM), [K, 128] x 2 168 (6 two-warp programs),
@@ -70,7 +72,10 @@ elif [ "$STAGE" = 2 ]; then
       --arms stock-static-compiled,replay-compiled --prompt 512 --new 128 --repeats 4 \
       --out "$RES/generate_compiled_${model}_b1.json"; pack
   done
-  for f in "$RES"/generate_*.txt; do grep -v "^ *$" "$f" | tail -4; done
+  bench_job 180 speculative_static_qwen3_5 generate --speculative --models qwen3_5 --prompt 512 --new 64 \
+    --repeats 2 --speculative-arms greedy-replay,lookup-replay,lookup-static,draft-replay,draft-static \
+    --out "$RES/speculative_static_qwen3_5.json"; pack
+  for f in "$RES"/generate_*.txt "$RES"/speculative_*.txt; do grep -v "^ *$" "$f" | tail -6; done
 elif [ "$STAGE" = 3 ]; then
   script_job 400 read_copy_late_tiles read_copy_defaults.py --batches 256 \
     --specs gdn:fp8,kda:fp8,gdn:nvfp4,kda:nvfp4 --stream-tiles --stream-late \

@@ -57,6 +57,8 @@ REPLAY_PRECISION = {"replay": "fp32", "replay-compiled": "fp32", "replay-fp8-com
                     "replay-nvfp4-compiled": "separated-nvfp4", "replay-fp8": "separated-fp8",
                     "replay-nvfp4": "separated-nvfp4"}
 SPECULATIVE_ARMS = ("greedy-stock", "greedy-replay", "lookup-stock", "lookup-replay", "draft-stock", "draft-replay")
+# speculation on a static ReplayCache (max_cache_len: static attention layers, eager verify forwards), by name
+SPECULATIVE_EXTRA_ARMS = ("lookup-static", "draft-static")
 PROMPT_KINDS = ("code-edit", "summary")
 # In-vocabulary special tokens for every shaped model (Kimi-Linear's config defaults, 163584+, lie outside the
 # shaped 32000-token vocabulary); prompts draw ids >= 3 and generation suppresses these.
@@ -526,15 +528,19 @@ class DraftCounter:
         return self.accepted / self.drafted if self.drafted else None
 
 
-def _speculative_kwargs(arm: str, model, draft, settings: Settings, lookup: int) -> dict:
+def _speculative_kwargs(arm: str, model, draft, settings: Settings, lookup: int, length: int) -> dict:
+    """``generate()`` keywords of a speculative arm; ``length``: prompt plus new tokens (what a static cache holds,
+    with one window of drafts more)."""
     from ..cache import ReplayCache, cache_argument
 
-    if arm not in SPECULATIVE_ARMS:
-        raise ValueError(f"unknown speculative arm {arm!r}; arms: {SPECULATIVE_ARMS}")
+    if arm not in SPECULATIVE_ARMS + SPECULATIVE_EXTRA_ARMS:
+        raise ValueError(f"unknown speculative arm {arm!r}; arms: {SPECULATIVE_ARMS + SPECULATIVE_EXTRA_ARMS}")
     kind, _, cache = arm.partition("-")
+    window = lookup if kind == "lookup" else int(getattr(draft.generation_config, "num_assistant_tokens", None) or 20)
+    static = dict(max_cache_len=length + window) if cache == "static" else {}
     # stock: transformers' own cache (its speculation on hybrids: refused before 5.25, its own rollback from 5.25)
     kwargs = {} if cache == "stock" else {
-        cache_argument(model): ReplayCache(settings.buffer_len, backend=settings.backend)}
+        cache_argument(model): ReplayCache(settings.buffer_len, backend=settings.backend, **static)}
     if kind == "lookup":
         kwargs["prompt_lookup_num_tokens"] = lookup
     elif kind == "draft":
@@ -543,7 +549,8 @@ def _speculative_kwargs(arm: str, model, draft, settings: Settings, lookup: int)
 
 
 def _speculative_run(model, draft, ids, arm: str, new_tokens: int, settings: Settings, lookup: int) -> dict:
-    kwargs = dict(disable_compile=True, **_speculative_kwargs(arm, model, draft, settings, lookup))
+    kwargs = dict(disable_compile=True, **_speculative_kwargs(arm, model, draft, settings, lookup,
+                                                              ids.shape[1] + new_tokens))
     try:
         with DraftCounter(model) as counter:
             run = timed_generate(model, ids, new_tokens, kwargs)
@@ -697,7 +704,8 @@ def build_parser():
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--speculative", action="store_true", help="batch 1 speculative decoding instead (greedy vs "
                         "prompt lookup vs a draft model, repetitive prompts)")
-    parser.add_argument("--speculative-arms", default=",".join(SPECULATIVE_ARMS))
+    parser.add_argument("--speculative-arms", default=",".join(SPECULATIVE_ARMS),
+                        help=f"comma-separated, from {SPECULATIVE_ARMS + SPECULATIVE_EXTRA_ARMS}")
     parser.add_argument("--prompt-kinds", default=",".join(PROMPT_KINDS))
     parser.add_argument("--lookup", type=int, default=10, help="prompt_lookup_num_tokens")
     parser.add_argument("--draft-layers", type=int, default=4, help="layers of the draft model: the first N of the "

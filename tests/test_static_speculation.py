@@ -11,7 +11,7 @@ from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
 from transformers.generation import CompileConfig
 
-from hf_replayssm import ReplayCache
+from hf_replayssm import ReplayCache, cache_argument
 from hf_replayssm.layers import RollbackError
 from hf_replayssm.tiny import tiny_model
 
@@ -71,6 +71,36 @@ def test_prompt_lookup_on_a_static_cache_equals_greedy(model_type):
     stock = model.generate(prompt, **dict(GREEDY, max_new_tokens=NEW + 6, min_new_tokens=NEW + 6))
     assert torch.equal(more.sequences, stock.sequences)
     assert max_logit_diff(more.logits, stock.logits[NEW:]) < 1e-4
+
+
+def test_prompt_lookup_runs_past_max_length_in_a_static_cache():
+    """transformers' prompt lookup caps its drafts by the prompt, not by max_length, so a last verify forward can
+    write past max_length (a stock static cache sized to it raises IndexError there: transformers 5.25,
+    ``cache_implementation="static"``). A static ReplayCache is sized for one window more (generate() asks for it)
+    and absorbs it: some run here writes past max_length, and every run equals greedy."""
+    model = _model("qwen3_5_text")
+    keyword = cache_argument(model)
+    written = []
+
+    def after_forward(module, args, kwargs, output):
+        written.append(int(kwargs[keyword].get_seq_length()))
+
+    hook = model.register_forward_hook(after_forward, with_kwargs=True)
+    past = False
+    try:
+        for attempt in range(6):
+            prompt = _lookup_prompt(model, attempt)
+            greedy = model.generate(prompt, **GREEDY)
+            max_length = prompt.shape[1] + NEW
+            cache = ReplayCache(4, max_cache_len=max_length + DRAFTS)  # the least generate() accepts
+            written.clear()
+            out = model.generate(prompt, past_key_values=cache, prompt_lookup_num_tokens=DRAFTS, **GREEDY)
+            assert torch.equal(out.sequences, greedy.sequences)
+            assert max_logit_diff(out.logits, greedy.logits) < 1e-4
+            past |= max(written) > max_length
+    finally:
+        hook.remove()
+    assert past, "no verify forward ran past max_length"
 
 
 def test_draft_model_on_a_static_cache_equals_greedy(monkeypatch):

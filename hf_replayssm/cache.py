@@ -448,6 +448,14 @@ class ReplayCache(DynamicCache):
         return bool(facts.replay) and facts.compileable
 
     @property
+    def is_croppable(self) -> bool:
+        """Whether ``crop`` can undo tokens in every layer (transformers 5.25 checks it before assisted decoding). A
+        static cache's full-attention layers can (``crop``), also on 5.17, whose static layer says it cannot; stock
+        linear layers that never ran hold nothing to undo."""
+        return all(_static_layer_croppable(layer) if isinstance(layer, StaticLayer) else layer.is_croppable
+                   for layer in self._layers_with_state())
+
+    @property
     def is_linear(self) -> list[bool]:
         """transformers re-feeds the whole prefix to a cache whose layers are all linear (it cannot tell how many
         tokens such a cache holds); a ReplayCache knows (``get_seq_length``), so an SSM-only model reports its

@@ -511,7 +511,8 @@ class ReplayCache(DynamicCache):
                 if isinstance(layer, StaticLayer) and not _static_layer_croppable(layer):
                     raise RollbackError(
                         f"attention layer {idx} is a sliding-window static layer, which cannot give back its newest "
-                        "slots once it has wrapped; use ReplayCache() without max_cache_len for speculative decoding"
+                        "slots (transformers 5.25: when the cache is longer than its window; 5.17: never); use "
+                        "ReplayCache() without max_cache_len for speculative decoding"
                     )
         for idx, layer in self.replay_layers.items():
             try:

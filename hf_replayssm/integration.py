@@ -285,8 +285,9 @@ def _new_tokens(model, kwargs: dict, prompt_len: int) -> int:
 
 def _check_static_length(cache, length: int | None, drafts: int | None) -> None:
     """A static cache must hold every token a generate() call writes: up to ``max_length``, and with speculation up
-    to ``drafts`` more (prompt lookup caps its drafts by the prompt, not by max_length: its last verify forward may
-    run past max_length, and the tokens past it are cropped)."""
+    to ``drafts`` more in every mode (prompt lookup caps its drafts by the prompt, not by max_length: its last verify
+    forward may run past max_length, and the tokens past it are cropped; transformers' other candidate generators
+    cap theirs, but a window more is the bound that holds for all)."""
     if length is None:
         return
     needed = length + (drafts or 0)

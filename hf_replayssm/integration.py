@@ -220,7 +220,12 @@ _NOT_BATCHED = {
     "forced_bos_token_id": None, "forced_eos_token_id": None, "exponential_decay_length_penalty": None,
     "guidance_scale": None, "watermarking_config": None, "stop_strings": None, "max_time": None,
 }
-_NOT_BATCHED_ARGUMENTS = ("logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn")
+_NOT_BATCHED_ARGUMENTS = ("logits_processor", "stopping_criteria", "prefix_allowed_tokens_fn", "streamer",
+                          "negative_prompt_ids", "negative_prompt_attention_mask", "custom_generate")
+# generate() keywords that are not generation settings and that the batched route reads, or that change nothing there
+_ROUTE_KEYWORDS = frozenset({"inputs", "input_ids", "attention_mask", "generation_config", "assistant_model",
+                             "tokenizer", "assistant_tokenizer", "past_key_values", "cache", "cache_params",
+                             "synced_gpus", "use_model_defaults"})
 
 
 def _non_neutral_settings(model, kwargs: dict, neutral: dict):
@@ -247,9 +252,25 @@ def _refuse_unbatched_settings(model, kwargs: dict) -> None:
                          "supported; decode this batch without prompt_lookup_num_tokens / assistant_model, or one row "
                          "at a time (transformers' own assisted generation returns them at batch size 1)")
     for name in _NOT_BATCHED_ARGUMENTS:
-        if kwargs.get(name):
+        if kwargs.get(name) is not None:
             raise ValueError(f"batched speculation with a ReplayCache does not run {name}=...; decode this batch "
                              "without prompt_lookup_num_tokens / assistant_model, or one row at a time")
+    ignored = sorted(name for name, value in kwargs.items()
+                     if value is not None and name not in _ROUTE_KEYWORDS and name not in _generation_settings())
+    if ignored:  # model inputs plain generate() would pass to the forward (images, position ids, embeddings, ...)
+        raise ValueError(
+            f"batched speculation with a ReplayCache feeds the model input_ids and an attention mask only, so it "
+            f"would ignore {', '.join(ignored)}; decode this batch without prompt_lookup_num_tokens / "
+            "assistant_model, or one row at a time (transformers' own assisted generation passes them at batch size 1)"
+        )
+
+
+@functools.cache
+def _generation_settings() -> frozenset:
+    """Every setting a GenerationConfig holds (generate() takes each as a keyword)."""
+    from transformers import GenerationConfig
+
+    return frozenset(GenerationConfig().to_dict())
 
 
 def _attention_mask(model, kwargs: dict, prompt: torch.Tensor, eos) -> torch.Tensor | None:

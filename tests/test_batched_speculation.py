@@ -263,6 +263,15 @@ def test_generate_routes_a_batch_with_prompt_lookup(model_type):
         model.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=4, prompt_lookup_num_tokens=3,
                        past_key_values=ReplayCache(4),
                        logits_processor=LogitsProcessorList([MinLengthLogitsProcessor(20, eos_token_id=2)]))
+    with pytest.raises(ValueError, match="does not run streamer"):  # it would never stream
+        from transformers import TextStreamer
+
+        model.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=4, prompt_lookup_num_tokens=3,
+                       past_key_values=ReplayCache(4), streamer=TextStreamer(tokenizer=None))
+    # model inputs plain generate() would hand to the forward (here: position ids; images in test_vision_language)
+    with pytest.raises(ValueError, match="would ignore position_ids"):
+        model.generate(input_ids, attention_mask=mask, do_sample=False, max_new_tokens=4, prompt_lookup_num_tokens=3,
+                       past_key_values=ReplayCache(4), position_ids=torch.arange(input_ids.shape[1]).expand(2, -1))
 
 
 def test_generate_route_counts_new_tokens_as_generate_does():

@@ -1,5 +1,6 @@
-"""An image-text model around a supported language model (LFM2-VL: a SigLIP2 vision tower feeding LFM2's short-conv
-and attention layers): ReplayCache decodes it, with an image in the prompt, as stock transformers does."""
+"""Image-text models around supported language models (LFM2-VL: a SigLIP2 vision tower feeding LFM2's short-conv and
+attention layers; Qwen3.5: a vision tower feeding Gated DeltaNet and attention layers with multimodal rotary
+positions): ReplayCache decodes them, with an image in the prompt, as stock transformers does."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ NEW = 12
 PATCH, GRID = 4, 4  # 4 x 4 patches of 4 x 4 pixels: 4 image tokens after LFM2-VL's 2 x 2 pixel unshuffle
 
 
-def _model():
+def _lfm2_vl():
+    """(model, prompt maker, special ids) for a tiny LFM2-VL."""
     transformers = pytest.importorskip("transformers")
     if not hasattr(transformers, "Lfm2VlForConditionalGeneration"):
         pytest.skip(f"transformers {transformers.__version__} has no lfm2_vl")
@@ -25,47 +27,89 @@ def _model():
     config = transformers.Lfm2VlConfig(text_config=text, vision_config=vision, projector_hidden_size=32,
                                        downsample_factor=2, image_token_id=text["vocab_size"] - 1)
     torch.manual_seed(0)
-    return transformers.Lfm2VlForConditionalGeneration(config).eval()
+    model = transformers.Lfm2VlForConditionalGeneration(config).eval()
+    image = config.image_token_id
+
+    def prompt(rows: int, seed: int):
+        generator = torch.Generator().manual_seed(seed)
+        ids = torch.cat([torch.randint(3, image, (rows, 5), generator=generator),
+                         torch.full((rows, GRID * GRID // 4), image),
+                         torch.randint(3, image, (rows, 6), generator=generator)], dim=1)
+        pixels = dict(pixel_values=torch.randn(rows, GRID * GRID, 3 * PATCH * PATCH, generator=generator),
+                      spatial_shapes=torch.tensor([[GRID, GRID]] * rows),
+                      pixel_attention_mask=torch.ones(rows, GRID * GRID, dtype=torch.long))
+        return ids, pixels
+
+    return model, prompt, [image]
 
 
-def _image_prompt(model, rows: int, seed: int = 0):
-    """Token ids with one image's placeholder tokens in the middle, and that image's patch inputs."""
-    generator = torch.Generator().manual_seed(seed)
-    image = model.config.image_token_id
-    ids = torch.cat([torch.randint(3, image, (rows, 5), generator=generator),
-                     torch.full((rows, GRID * GRID // 4), image),
-                     torch.randint(3, image, (rows, 6), generator=generator)], dim=1)
-    pixels = dict(pixel_values=torch.randn(rows, GRID * GRID, 3 * PATCH * PATCH, generator=generator),
-                  spatial_shapes=torch.tensor([[GRID, GRID]] * rows),
-                  pixel_attention_mask=torch.ones(rows, GRID * GRID, dtype=torch.long))
-    return ids, pixels
+def _qwen3_5():
+    """(model, prompt maker, special ids) for a tiny Qwen3.5 image-text model (Gated DeltaNet layers under a vision
+    tower, multimodal rotary positions)."""
+    transformers = pytest.importorskip("transformers")
+    text = tiny_config("qwen3_5_text", initializer_range=0.2).to_dict()
+    vocab = text["vocab_size"]
+    image, start, end = vocab - 1, vocab - 3, vocab - 4
+    vision = dict(depth=1, hidden_size=32, num_heads=2, intermediate_size=64, patch_size=PATCH,
+                  temporal_patch_size=2, spatial_merge_size=2, out_hidden_size=text["hidden_size"], in_channels=3,
+                  num_position_embeddings=GRID * GRID)
+    config = transformers.Qwen3_5Config(text_config=text, vision_config=vision, image_token_id=image,
+                                        video_token_id=vocab - 2, vision_start_token_id=start, vision_end_token_id=end)
+    torch.manual_seed(0)
+    model = transformers.Qwen3_5ForConditionalGeneration(config).eval()
+
+    def prompt(rows: int, seed: int):
+        assert rows == 1
+        generator = torch.Generator().manual_seed(seed)
+        ids = torch.cat([torch.randint(3, vocab - 5, (1, 5), generator=generator), torch.tensor([[start]]),
+                         torch.full((1, GRID * GRID // 4), image), torch.tensor([[end]]),
+                         torch.randint(3, vocab - 5, (1, 6), generator=generator)], dim=1)
+        pixels = dict(pixel_values=torch.randn(GRID * GRID, 3 * 2 * PATCH * PATCH, generator=generator),
+                      image_grid_thw=torch.tensor([[1, GRID, GRID]]))
+        return ids, pixels
+
+    return model, prompt, [image, vocab - 2, start, end]
 
 
-def _greedy(model):
+MODELS = {"lfm2_vl": _lfm2_vl, "qwen3_5": _qwen3_5}
+
+
+def _greedy(special: list[int]):
     return dict(do_sample=False, max_new_tokens=NEW, min_new_tokens=NEW, output_logits=True,
-                return_dict_in_generate=True, suppress_tokens=[0, model.config.image_token_id])
+                return_dict_in_generate=True, suppress_tokens=[0, *special])
 
 
-def test_image_prompt_decodes_like_stock():
-    model = _model()
-    ids, pixels = _image_prompt(model, rows=2)
-    stock = model.generate(ids, **pixels, **_greedy(model))
-    out = model.generate(ids, **pixels, past_key_values=ReplayCache(4), **_greedy(model))
-    assert torch.equal(out.sequences, stock.sequences)
-    assert max_logit_diff(out.logits, stock.logits) < 1e-4
-    # the image mattered: other pixels, other logits
-    _, other = _image_prompt(model, rows=2, seed=1)
-    moved = model.generate(ids, **other, past_key_values=ReplayCache(4), **_greedy(model))
-    assert max_logit_diff(moved.logits, out.logits) > 1e-3
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_image_prompt_decodes_like_stock(name):
+    """Plain decoding, dynamic and static (compiled-path) caches, equal to stock; the image matters (other pixels give
+    other logits)."""
+    model, prompt, special = MODELS[name]()
+    ids, pixels = prompt(1, 0)
+    stock = model.generate(ids, **pixels, **_greedy(special))
+    static = ReplayCache(4, max_cache_len=ids.shape[1] + NEW)
+    if name == "lfm2_vl":  # short-conv layers have no device-position step: a static cache refuses them at bind
+        with pytest.raises(ValueError, match="Lfm2ShortConv"):
+            model.generate(ids, **pixels, past_key_values=static, **_greedy(special))
+        static = None
+    for cache in (ReplayCache(4), static):
+        if cache is None:
+            continue
+        out = model.generate(ids, **pixels, past_key_values=cache, **_greedy(special))
+        assert torch.equal(out.sequences, stock.sequences)
+        assert max_logit_diff(out.logits, stock.logits) < 1e-4
+    _, other = prompt(1, 1)
+    moved = model.generate(ids, **other, past_key_values=ReplayCache(4), **_greedy(special))
+    assert max_logit_diff(moved.logits, stock.logits) > 1e-3
 
 
-def test_prompt_lookup_with_an_image_equals_greedy():
-    model = _model()
-    ids, pixels = _image_prompt(model, rows=1)
-    ids = torch.cat([ids, ids[:, :5]], dim=1)  # text that repeats: prompt lookup finds drafts
-    greedy = model.generate(ids, **pixels, **_greedy(model))
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_prompt_lookup_with_an_image_equals_greedy(name):
+    model, prompt, special = MODELS[name]()
+    ids, pixels = prompt(1, 0)
+    ids = torch.cat([ids, ids[:, -6:], ids[:, -6:]], dim=1)  # text that repeats: prompt lookup finds drafts
+    greedy = model.generate(ids, **pixels, **_greedy(special))
     cache = ReplayCache(4)
-    out = model.generate(ids, **pixels, past_key_values=cache, prompt_lookup_num_tokens=3, **_greedy(model))
+    out = model.generate(ids, **pixels, past_key_values=cache, prompt_lookup_num_tokens=3, **_greedy(special))
     assert torch.equal(out.sequences, greedy.sequences)
     assert max_logit_diff(out.logits, greedy.logits) < 1e-4
     assert cache.stats()["rolled_back_tokens"] > 0  # drafts were rejected and rolled back on the way
@@ -74,8 +118,8 @@ def test_prompt_lookup_with_an_image_equals_greedy():
 def test_batched_speculation_refuses_the_image_it_would_drop():
     """The batched route feeds the model token ids and a mask only: with images it would decode as if there were
     none, so it refuses and names them; plain batched decoding takes them."""
-    model = _model()
-    ids, pixels = _image_prompt(model, rows=2)
+    model, prompt, _ = _lfm2_vl()
+    ids, pixels = prompt(2, 0)
     with pytest.raises(ValueError, match="ignore pixel_attention_mask, pixel_values, spatial_shapes"):
         model.generate(ids, **pixels, past_key_values=ReplayCache(4), prompt_lookup_num_tokens=3, do_sample=False,
                        max_new_tokens=4)

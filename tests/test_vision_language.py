@@ -57,6 +57,31 @@ def _qwen3_5():
                                         video_token_id=vocab - 2, vision_start_token_id=start, vision_end_token_id=end)
     torch.manual_seed(0)
     model = transformers.Qwen3_5ForConditionalGeneration(config).eval()
+    return model, _grid_prompt(vocab, image, start, end), [image, vocab - 2, start, end]
+
+
+def _lfm3_vl():
+    """(model, prompt maker, special ids) for a tiny LFM3-VL (its vision tower has short-conv layers of its own,
+    which are not the language model's and must stay stock)."""
+    transformers = pytest.importorskip("transformers")
+    if not hasattr(transformers, "Lfm3VlForConditionalGeneration"):
+        pytest.skip(f"transformers {transformers.__version__} has no lfm3_vl")
+    text = tiny_config("lfm3", initializer_range=0.2).to_dict()
+    vocab = text["vocab_size"]
+    image, start, end = vocab - 1, vocab - 3, vocab - 4
+    vision = dict(hidden_size=32, intermediate_size=64, patch_size=PATCH, spatial_merge_size=2, temporal_patch_size=2,
+                  num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+                  layer_types=["conv", "full_attention"])
+    config = transformers.Lfm3VlConfig(text_config=text, vision_config=vision, image_token_id=image,
+                                       video_token_id=vocab - 2, vision_start_token_id=start, vision_end_token_id=end,
+                                       projector_hidden_size=32)
+    torch.manual_seed(0)
+    return transformers.Lfm3VlForConditionalGeneration(config).eval(), _grid_prompt(vocab, image, start, end), [
+        image, vocab - 2, start, end]
+
+
+def _grid_prompt(vocab: int, image: int, start: int, end: int):
+    """Prompts for towers that take flattened patches and a (t, h, w) grid per image (Qwen3.5, LFM3-VL)."""
 
     def prompt(rows: int, seed: int):
         assert rows == 1
@@ -68,10 +93,10 @@ def _qwen3_5():
                       image_grid_thw=torch.tensor([[1, GRID, GRID]]))
         return ids, pixels
 
-    return model, prompt, [image, vocab - 2, start, end]
+    return prompt
 
 
-MODELS = {"lfm2_vl": _lfm2_vl, "qwen3_5": _qwen3_5}
+MODELS = {"lfm2_vl": _lfm2_vl, "lfm3_vl": _lfm3_vl, "qwen3_5": _qwen3_5}
 
 
 def _greedy(special: list[int]):
@@ -87,8 +112,8 @@ def test_image_prompt_decodes_like_stock(name):
     ids, pixels = prompt(1, 0)
     stock = model.generate(ids, **pixels, **_greedy(special))
     static = ReplayCache(4, max_cache_len=ids.shape[1] + NEW)
-    if name == "lfm2_vl":  # short-conv layers have no device-position step: a static cache refuses them at bind
-        with pytest.raises(ValueError, match="Lfm2ShortConv"):
+    if name.startswith("lfm"):  # short-conv layers have no device-position step: a static cache refuses them at bind
+        with pytest.raises(ValueError, match="ShortConv"):
             model.generate(ids, **pixels, past_key_values=static, **_greedy(special))
         static = None
     for cache in (ReplayCache(4), static):

@@ -58,7 +58,7 @@ if __package__:
         add_cycle_arguments,
         cycle_environment,
         device_read_copy_times,
-        finish_cycle_bench,
+        finish_bench,
         host_reencode_times,
         load_kernels,
         parse_walks,
@@ -73,7 +73,7 @@ else:  # run as a script from a checkout: python kernels/bench.py
         add_cycle_arguments,
         cycle_environment,
         device_read_copy_times,
-        finish_cycle_bench,
+        finish_bench,
         host_reencode_times,
         load_kernels,
         parse_walks,
@@ -673,7 +673,7 @@ def main(argv: list[str] | None = None) -> dict:
         best = max(rows, key=lambda r: r["speedup_replay_vs_standard"])
         print(f"\nbest replay vs standard: {best['speedup_replay_vs_standard']:.2f}x ({best['shape']}, batch "
               f"{best['batch']}); state-only ideal 2L/(L+1) = {2 * args.buffer_len / (args.buffer_len + 1):.2f}x")
-    return finish_cycle_bench(args, result)
+    return finish_bench(args, result)
 
 
 if __name__ == "__main__":

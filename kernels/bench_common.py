@@ -311,8 +311,9 @@ def cycle_environment(args, copy_bytes: int):
     return device, timer, copy["best"], info
 
 
-def finish_cycle_bench(args, result: dict) -> dict:
-    """Warn when the on-device check failed, write ``result`` as JSON to ``args.out`` where given; returns it."""
+def finish_bench(args, result: dict) -> dict:
+    """The end of a kernel bench (cycle or verify): warn when the on-device check failed, write ``result`` as JSON to
+    ``args.out`` where given; returns it."""
     import json
 
     checks = result.get("checks")

@@ -59,7 +59,7 @@ if __package__:
         add_cycle_arguments,
         cycle_environment,
         device_read_copy_times,
-        finish_cycle_bench,
+        finish_bench,
         host_reencode_times,
         load_kernels,
         parse_walks,
@@ -74,7 +74,7 @@ else:  # run as a script from a checkout: python kernels/bench.py
         add_cycle_arguments,
         cycle_environment,
         device_read_copy_times,
-        finish_cycle_bench,
+        finish_bench,
         host_reencode_times,
         load_kernels,
         parse_walks,
@@ -886,7 +886,7 @@ def main(argv: list[str] | None = None) -> dict:
         if fla_rows:
             best = max(fla_rows, key=lambda r: r["speedup_replay_vs_fla"])
             print(f"best replay vs fla: {best['speedup_replay_vs_fla']:.2f}x ({best['shape']}, batch {best['batch']})")
-    return finish_cycle_bench(args, result)
+    return finish_bench(args, result)
 
 
 if __name__ == "__main__":

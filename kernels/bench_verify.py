@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import platform
 from pathlib import Path
@@ -49,14 +48,12 @@ from pathlib import Path
 import torch
 
 if __package__:
-    from .bench_common import Timer, copy_bandwidth, load_kernels
+    from .bench_common import Timer, copy_bandwidth, finish_bench, load_kernels
     from .bench_common import compiled_info as _compiled_info
-    from .bench_common import json_default as _json_default
     from .bench_common import num_copies as _num_copies
 else:  # run as a script from a checkout: python kernels/bench_verify.py
-    from bench_common import Timer, copy_bandwidth, load_kernels
+    from bench_common import Timer, copy_bandwidth, finish_bench, load_kernels
     from bench_common import compiled_info as _compiled_info
-    from bench_common import json_default as _json_default
     from bench_common import num_copies as _num_copies
 
 SHAPES = {
@@ -501,13 +498,7 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"device-to-device copy bandwidth: {copy_bw:.0f} GB/s (read + write)")
     with torch.inference_mode() if device.type == "cpu" else contextlib.nullcontext():
         rows, checks = bench(args, device, timer, copy_bw)
-    result = dict(info, checks=checks, results=rows)
-    if checks and not all(c["ok"] for c in checks.values()):
-        print("WARNING: the on-device correctness check failed:", checks)
-    if args.out is not None:
-        args.out.write_text(json.dumps(result, indent=1, default=_json_default))
-        print(f"wrote {args.out}")
-    return result
+    return finish_bench(args, dict(info, checks=checks, results=rows))
 
 
 if __name__ == "__main__":

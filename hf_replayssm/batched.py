@@ -195,6 +195,9 @@ def batched_prompt_lookup(model, input_ids: torch.Tensor, attention_mask: torch.
                 drop_newest(cache, mask, dropped)
     finally:
         cache.deactivate_past_recording()
+        # its attention layers keep every rejected draft, which only this route's masks hid
+        cache.seal("batched speculation left the rejected drafts' attention entries in it (only that route's masks "
+                   "hid them)")
     for r in range(batch):
         emitted = until_stop(result.new_tokens[r][:max_new_tokens], stops)
         result.new_tokens[r] = emitted

@@ -208,6 +208,7 @@ class ReplayCache(DynamicCache):
         self._packed_rollback: PackedRollback | None = None  # per-row rollback of all SSM layers at once
         self._prompt_tokens = 0
         self._facts: _LayerFacts | None = None
+        self._sealed: str | None = None  # why this cache takes no more tokens until reset() (see seal)
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -325,6 +326,18 @@ class ReplayCache(DynamicCache):
             )
         self.check_batch_size(batch_size)
         return layer
+
+    def seal(self, reason: str) -> None:
+        """Refuse every later forward until ``reset()``: the cache holds what no later forward could read correctly
+        (batched speculation leaves the rejected drafts' attention K/V in place, hidden only by that route's own
+        masks)."""
+        self._sealed = reason
+
+    def check_unsealed(self) -> None:
+        reason = getattr(self, "_sealed", None)  # a cache pickled by an older version has none
+        if reason:
+            raise ValueError(f"this ReplayCache takes no more tokens: {reason}. Call cache.reset() or use a new "
+                             "ReplayCache() (to continue such a batch, feed the returned sequences to a fresh cache)")
 
     def check_static_batch(self, batch_size: int) -> None:
         """A static cache after ``reset()`` holds storage for one batch size: refuse another before any layer runs."""
@@ -587,6 +600,7 @@ class ReplayCache(DynamicCache):
     def reset(self) -> None:
         """Forget every token: the cache takes any batch size afterwards. A static cache (``max_cache_len``) keeps
         its storage, so compiled graphs and CUDA graphs stay valid: it takes the same batch size again."""
+        self._sealed = None
         model = self.bound_model
         if self.static_cache_len is not None and model is not None and self._batch_size is not None:
             for layer in self.layers:

@@ -405,6 +405,7 @@ def _wrap_generate(original):
         if cache is None:
             return original(self, *args, **kwargs)
         cache.bind(self)
+        cache.check_unsealed()
         drafts = _speculative_window(self, kwargs)
         if cache.static_cache_len is not None:
             _check_static_length(cache, _max_length(self, args, kwargs), drafts)
@@ -489,6 +490,7 @@ def _wrap_call(original):
         cache = _replay_cache_in(kwargs)
         if cache is not None:
             cache.bind(self)
+            cache.check_unsealed()
             inputs = kwargs.get("input_ids", kwargs.get("inputs_embeds", args[0] if args else None))
             if isinstance(inputs, torch.Tensor):
                 cache.check_static_batch(inputs.shape[0])

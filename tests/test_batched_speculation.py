@@ -274,6 +274,25 @@ def test_generate_routes_a_batch_with_prompt_lookup(model_type):
                        past_key_values=ReplayCache(4), position_ids=torch.arange(input_ids.shape[1]).expand(2, -1))
 
 
+def test_a_cache_after_batched_speculation_takes_no_more_tokens():
+    """The batched route leaves every rejected draft's attention K/V in the cache (its own masks hid them), and its
+    cache has fed the last emitted tokens too: a later forward on it would decode wrongly (it did: another
+    continuation than stock). It refuses until reset(); after reset the cache serves a new prompt exactly."""
+    model = _model("qwen3_5_text")
+    input_ids = torch.tensor(_repetitive_prompts(model.config.vocab_size, [12, 12], seed=4))
+    cache = ReplayCache(4)
+    out = model.generate(input_ids, do_sample=False, max_new_tokens=8, prompt_lookup_num_tokens=3,
+                         past_key_values=cache)
+    with pytest.raises(ValueError, match=r"takes no more tokens.*cache.reset\(\)"):
+        model.generate(out, do_sample=False, max_new_tokens=4, past_key_values=cache)
+    with pytest.raises(ValueError, match="takes no more tokens"), torch.no_grad():
+        model(out[:, -1:], past_key_values=cache, use_cache=True)
+    assert cache.stats()["ssm_layers"] > 0  # questions that feed nothing still work
+    cache.reset()
+    again = model.generate(out, do_sample=False, max_new_tokens=4, past_key_values=cache)
+    assert torch.equal(again, model.generate(out, do_sample=False, max_new_tokens=4))
+
+
 def test_generate_route_counts_new_tokens_as_generate_does():
     """Without max_new_tokens the batched route takes max_length minus the prompt, or transformers' default of 20 new
     tokens, as plain generate() does (it used to refuse such calls); a max_length that leaves no room is an error."""

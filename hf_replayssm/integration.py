@@ -116,6 +116,14 @@ def _prompt_ids(args: tuple, kwargs: dict):
     return kwargs.get("input_ids", kwargs.get("inputs", args[0] if args else None))
 
 
+def _batch_of_prompts(args: tuple, kwargs: dict) -> torch.Tensor | None:
+    """The prompt ids when they are a batch of more than one row (what the batched speculation route takes)."""
+    prompt = _prompt_ids(args, kwargs)
+    if isinstance(prompt, torch.Tensor) and prompt.dim() == 2 and prompt.shape[0] > 1:
+        return prompt
+    return None
+
+
 def _max_length(model, args: tuple, kwargs: dict) -> int | None:
     prompt = _prompt_ids(args, kwargs)
     new = _setting(model, kwargs, "max_new_tokens")
@@ -324,8 +332,8 @@ def _check_static_speculation(args: tuple, kwargs: dict) -> None:
     """A static ReplayCache speculates at batch size 1 (transformers' assisted loop, which crops every layer): the
     batched route keeps each rejected draft's attention slots (masked), so its cache would outgrow max_cache_len by
     up to a whole window per round."""
-    prompt = _prompt_ids(args, kwargs)
-    if isinstance(prompt, torch.Tensor) and prompt.dim() == 2 and prompt.shape[0] > 1:
+    prompt = _batch_of_prompts(args, kwargs)
+    if prompt is not None:
         raise ValueError(
             f"batched speculative decoding ({prompt.shape[0]} rows) keeps every rejected draft's attention slots, so a "
             "static ReplayCache (max_cache_len) could run out of them; use ReplayCache() without max_cache_len for "
@@ -339,8 +347,8 @@ def _batched_lookup(model, cache, drafts: int, args: tuple, kwargs: dict):
     ``hf_replayssm.batched``. Returns the [B, S + new] sequences (new tokens right-padded with the pad id after a row's
     end of sequence; in a ``GenerateDecoderOnlyOutput`` with ``return_dict_in_generate``), or None where transformers'
     own path applies (batch 1, other modes)."""
-    prompt = _prompt_ids(args, kwargs)
-    if not isinstance(prompt, torch.Tensor) or prompt.dim() != 2 or prompt.shape[0] == 1:
+    prompt = _batch_of_prompts(args, kwargs)
+    if prompt is None:
         return None
     if _early_exit_layer(model, kwargs) is not None:
         return None

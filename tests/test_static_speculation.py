@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import max_logit_diff
+from conftest import decode, max_logit_diff
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
 from transformers.generation import CompileConfig
@@ -133,16 +133,6 @@ def test_separated_precision_speculation_on_a_static_cache(policy):
     assert cache.stats()["rolled_back_tokens"] > 0
 
 
-def _stock_logits(model, tokens: torch.Tensor) -> torch.Tensor:
-    """Logits of the last position after feeding ``tokens`` to a stock cache one token at a time after the first 8."""
-    cache = DynamicCache(config=model.config)
-    with torch.no_grad():
-        logits = model(tokens[:, :8], past_key_values=cache, use_cache=True).logits[:, -1]
-        for pos in range(8, tokens.shape[1]):
-            logits = model(tokens[:, pos : pos + 1], past_key_values=cache, use_cache=True).logits[:, -1]
-    return logits
-
-
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_crop_a_static_cache_by_hand(model_type):
     """The manual cache API: plain steps on device positions, a recorded window, crop (by count and by the length to
@@ -167,7 +157,7 @@ def test_crop_a_static_cache_by_hand(model_type):
             ours = model(tokens[:, pos : pos + 1], past_key_values=cache, use_cache=True).logits[:, -1]
         assert _device_positions_active(cache)
     assert cache.get_seq_length() == 22
-    reference = _stock_logits(model, tokens[:, :22])
+    reference = decode(model, tokens[:, :22], 8, DynamicCache(config=model.config))[:, -1]
     assert (ours - reference).abs().max().item() < 1e-4
     assert cache.stats()["rolled_back_tokens"] == 5 * len(cache.replay_layers)
 

@@ -58,7 +58,7 @@ def _qwen3_5():
                                         video_token_id=vocab - 2, vision_start_token_id=start, vision_end_token_id=end)
     torch.manual_seed(0)
     model = transformers.Qwen3_5ForConditionalGeneration(config).eval()
-    return model, _grid_prompt(vocab, image, start, end), [image, vocab - 2, start, end]
+    return model, _grid_prompt(vocab - 5, image, start, end), [image, vocab - 2, start, end]
 
 
 def _lfm3_vl():
@@ -77,20 +77,21 @@ def _lfm3_vl():
                                        video_token_id=vocab - 2, vision_start_token_id=start, vision_end_token_id=end,
                                        projector_hidden_size=32)
     torch.manual_seed(0)
-    return transformers.Lfm3VlForConditionalGeneration(config).eval(), _grid_prompt(vocab, image, start, end), [
-        image, vocab - 2, start, end]
+    model = transformers.Lfm3VlForConditionalGeneration(config).eval()
+    return model, _grid_prompt(vocab - 5, image, start, end), [image, vocab - 2, start, end]
 
 
-def _grid_prompt(vocab: int, image: int, start: int, end: int):
-    """Prompts for towers that take flattened patches and a (t, h, w) grid per image (Qwen3.5, LFM3-VL)."""
+def _grid_prompt(top: int, image: int, start: int, end: int, patch: int = PATCH):
+    """Prompts for towers that take flattened patches and a (t, h, w) grid per image (Qwen3.5, LFM3-VL, GLM-5-Next):
+    text ids below ``top``, an image of ``patch``-pixel patches between its start and end tokens."""
 
     def prompt(rows: int, seed: int):
         assert rows == 1
         generator = torch.Generator().manual_seed(seed)
-        ids = torch.cat([torch.randint(3, vocab - 5, (1, 5), generator=generator), torch.tensor([[start]]),
+        ids = torch.cat([torch.randint(3, top, (1, 5), generator=generator), torch.tensor([[start]]),
                          torch.full((1, GRID * GRID // 4), image), torch.tensor([[end]]),
-                         torch.randint(3, vocab - 5, (1, 6), generator=generator)], dim=1)
-        pixels = dict(pixel_values=torch.randn(GRID * GRID, 3 * 2 * PATCH * PATCH, generator=generator),
+                         torch.randint(3, top, (1, 6), generator=generator)], dim=1)
+        pixels = dict(pixel_values=torch.randn(GRID * GRID, 3 * 2 * patch * patch, generator=generator),
                       image_grid_thw=torch.tensor([[1, GRID, GRID]]))
         return ids, pixels
 
@@ -105,18 +106,7 @@ def _glm5_next():
     model = tiny_model("glm5_next", initializer_range=0.2)
     config = model.config
     image, start, end = config.image_token_id, config.image_start_token_id, config.image_end_token_id
-
-    def prompt(rows: int, seed: int):
-        assert rows == 1
-        generator = torch.Generator().manual_seed(seed)
-        ids = torch.cat([torch.randint(3, 100, (1, 5), generator=generator), torch.tensor([[start]]),
-                         torch.full((1, GRID * GRID // 4), image), torch.tensor([[end]]),
-                         torch.randint(3, 100, (1, 6), generator=generator)], dim=1)
-        pixels = dict(pixel_values=torch.randn(GRID * GRID, 3 * 2 * 14 * 14, generator=generator),
-                      image_grid_thw=torch.tensor([[1, GRID, GRID]]))
-        return ids, pixels
-
-    return model, prompt, list(range(image, image + 6))
+    return model, _grid_prompt(100, image, start, end, patch=14), list(range(image, image + 6))
 
 
 MODELS = {"lfm2_vl": _lfm2_vl, "lfm3_vl": _lfm3_vl, "qwen3_5": _qwen3_5, "glm5_next": _glm5_next}

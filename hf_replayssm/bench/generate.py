@@ -536,8 +536,11 @@ def _speculative_kwargs(arm: str, model, draft, settings: Settings, lookup: int,
     if arm not in SPECULATIVE_ARMS + SPECULATIVE_EXTRA_ARMS:
         raise ValueError(f"unknown speculative arm {arm!r}; arms: {SPECULATIVE_ARMS + SPECULATIVE_EXTRA_ARMS}")
     kind, _, cache = arm.partition("-")
-    window = lookup if kind == "lookup" else int(getattr(draft.generation_config, "num_assistant_tokens", None) or 20)
-    static = dict(max_cache_len=length + window) if cache == "static" else {}
+    static = {}
+    if cache == "static":  # one window of drafts more than the tokens (what generate() asks a static cache for)
+        window = lookup if kind == "lookup" else int(getattr(draft.generation_config, "num_assistant_tokens", None)
+                                                     or 20)
+        static = dict(max_cache_len=length + window)
     # stock: transformers' own cache (its speculation on hybrids: refused before 5.25, its own rollback from 5.25)
     kwargs = {} if cache == "stock" else {
         cache_argument(model): ReplayCache(settings.buffer_len, backend=settings.backend, **static)}

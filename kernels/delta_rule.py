@@ -165,10 +165,13 @@ KDA_WEIGHTS_WARPS = 1
 # 255 registers and 20 bytes spilled on one warp, 204 on two, 117 on four)
 SOLVE_WARPS = 1
 KDA_SOLVE_WARPS = 4
-# What ``_replay_step``'s ``_newest_first`` / ``_flush_weights`` ("auto", the default) resolve to: off until an H200
-# run times them (built offline in the fortieth session; see _replay_step and BENCHMARKS.md)
+# What ``_replay_step``'s ``_newest_first`` / ``_flush_weights`` ("auto", the default) resolve to (built offline in the
+# fortieth session, timed on the H200 in runs 218-219, batch 256; see _replay_step and BENCHMARKS.md). Newest first
+# lost (KDA fp32 host cycle 216.7 -> 220.9 us). Flush weights, by gate kind (per-key gates: True): KDA's separated
+# cycles gained (nvfp4 device step with rows out of phase 368.0 -> 276.2 us, fp8 host cycle 217.4 -> 210.3), GDN's
+# lost (fp8 device step 244.8 -> 264.7, in phase 184.9 -> 204.2).
 NEWEST_FIRST_DEFAULT = False
-FLUSH_WEIGHTS_DEFAULT = False
+FLUSH_WEIGHTS_DEFAULT = {False: False, True: True}
 LAST_COMPILED: dict = {}  # last compiled kernel per entry point (n_regs / n_spills for the benchmark)
 
 
@@ -1696,21 +1699,21 @@ def _replay_step(
     since the checkpoint and to the flush, so they load no record key or gate; sm_90, Triton 3.6, batch 256, outputs
     from an fp8 copy: the flush program on [K, 32] x 4 246 registers in-program, 217 given, none spilled (the stepped
     fold's [K, 32] x 1: 255 and spills). ``_solve_warps``: the pre-launch's warps (default :data:`SOLVE_WARPS`, per-key
-    gates :data:`KDA_SOLVE_WARPS`). ``_newest_first`` (per-key gates; ``"auto"``: :data:`NEWEST_FIRST_DEFAULT`, off
-    until timed): the weights pre-launch reads the records newest first (:func:`_newest_first_decays`), so their
-    decays are a forward scan over the rows, and stores the weights in logical order (same values within float32
-    rounding: the scan sums in another order). Why: its gate tile's rows span two lanes and Triton 3.6 lowers the
-    reverse scan with 832 of the launch's 970 warp shuffles (sm_90, batch 256); newest first 330 (2680 -> 2152
+    gates :data:`KDA_SOLVE_WARPS`). ``_newest_first`` (per-key gates; ``"auto"``: :data:`NEWEST_FIRST_DEFAULT`, off:
+    slower on the H200, run 218): the weights pre-launch reads the records newest first (:func:`_newest_first_decays`),
+    so their decays are a forward scan over the rows, and stores the weights in logical order (same values within
+    float32 rounding: the scan sums in another order). Why: its gate tile's rows span two lanes and Triton 3.6 lowers
+    the reverse scan with 832 of the launch's 970 warp shuffles (sm_90, batch 256); newest first 330 (2680 -> 2152
     instructions, 128 -> 156 registers). At a shuffle a clock per SM, 8192 programs x 970 are about 34 us of the
     launch's 45.7 (H200, run 102). ``_flush_weights`` (exact fold, ``flush_reads_copy``; ``"auto"``:
-    :data:`FLUSH_WEIGHTS_DEFAULT`, off until timed): the flush-only launches (host phase 2, a split step's 3) take
-    the decay and the records' weights for their outputs from the weights pre-launch (KDA's split step runs it anyway
-    for its replay launch; otherwise it is one more launch a period) instead of every V tile loading the record keys
-    and, for per-key gates, scanning their [R, K] decays; same expressions. Offline, sm_90, Triton 3.6, batch 256
-    (registers / spilled bytes / warp shuffles / static instructions): KDA's host flush reading an fp8 copy 255 /
-    216 / 1337 / 6216 -> 244 / 0 / 377 / 3400; its split step's flush launch fp8 255 / 192 / 858 / 5688 -> 255 / 0 /
-    374 / 4032, nvfp4 255 / 0 / 1201 / 4776 -> 128 / 0 / 233 / 2192; GDN's host flush fp8 128 / 0 / 355 / 2912 ->
-    128 / 0 / 233 / 2024, nvfp4 168 -> 128 registers.
+    :data:`FLUSH_WEIGHTS_DEFAULT`, by gate kind: on for per-key gates since run 218): the flush-only launches (host
+    phase 2, a split step's 3) take the decay and the records' weights for their outputs from the weights pre-launch
+    (KDA's split step runs it anyway for its replay launch; otherwise it is one more launch a period) instead of every V
+    tile loading the record keys and, for per-key gates, scanning their [R, K] decays; same expressions. Offline, sm_90,
+    Triton 3.6, batch 256 (registers / spilled bytes / warp shuffles / static instructions): KDA's host flush reading an
+    fp8 copy 255 / 216 / 1337 / 6216 -> 244 / 0 / 377 / 3400; its split step's flush launch fp8 255 / 192 / 858 / 5688
+    -> 255 / 0 / 374 / 4032, nvfp4 255 / 0 / 1201 / 4776 -> 128 / 0 / 233 / 2192; GDN's host flush fp8 128 / 0 / 355 /
+    2912 -> 128 / 0 / 233 / 2024, nvfp4 168 -> 128 registers.
     ``_flush_scale_per_row`` (default on; ``flush_reads_copy`` with an fp8 copy): the host-positions flush-only
     launch decodes the copy's tile with one scale load per row instead of one per element (H200, batch 256, run 188,
     host cycle as the cache runs it: Qwen3-Next 201.6 -> 200.0 us, Kimi-Linear 250.7 -> 245.8); a split step's flush
@@ -1756,10 +1759,10 @@ def _replay_step(
     hold no more than 160 registers: the Nsight Compute run 211 has the replay launch at 14 records on 41 % of DRAM
     bandwidth at 12 % achieved occupancy (GDN fp8), 17 % with chunks of 4, and still 124.5 against 125.7 us."""
     batch, value_heads, key_heads, key_dim, value_dim, per_key = _check_step_inputs(state, q, k, v, beta, g)
+    _flush_weights = FLUSH_WEIGHTS_DEFAULT[per_key] if _flush_weights == "auto" else bool(_flush_weights)
     phase = host_phase(origin, count, buffer_len)
     ring_size = ring_k.shape[1]
     _newest_first = NEWEST_FIRST_DEFAULT if _newest_first == "auto" else bool(_newest_first)
-    _flush_weights = FLUSH_WEIGHTS_DEFAULT if _flush_weights == "auto" else bool(_flush_weights)
     assert ring_k.shape == (batch, ring_size, key_heads, key_dim), f"ring_k must be [B, R, Hk, K], got {ring_k.shape}"
     assert ring_d.shape == (batch, ring_size, value_heads, value_dim), (
         f"ring_d must be [B, R, Hv, V], got {ring_d.shape}")

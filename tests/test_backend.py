@@ -192,13 +192,14 @@ for model_type in ("qwen3_5_text", "kimi_linear"):  # GVA Gated DeltaNet and KDA
     assert kernel_windows(cache) > 0 and kernel_folds(cache) > 0, model_type
     assert cache.stats()["rolled_back_tokens"] > 0, model_type
 """,
-    # the delta rule's untimed options switched on as their defaults would be (delta_rule.NEWEST_FIRST_DEFAULT /
-    # FLUSH_WEIGHTS_DEFAULT): KDA's weights pre-launches (replay and verify) read the records newest first, the
-    # separated flushes take their outputs' record weights from the weights pre-launch; through ReplayCache as the
-    # parts above, each launch recorded
+    # the delta rule's options switched on as defaults (delta_rule.NEWEST_FIRST_DEFAULT, off: slower on the H200;
+    # FLUSH_WEIGHTS_DEFAULT, on for KDA only): KDA's weights pre-launches (replay and verify) read the records newest
+    # first, the separated flushes of both families take their outputs' record weights from the weights pre-launch;
+    # through ReplayCache as the parts above, each launch recorded
     "untimed_defaults": """
 from hf_replayssm.kernels import delta_rule
-delta_rule.NEWEST_FIRST_DEFAULT = delta_rule.FLUSH_WEIGHTS_DEFAULT = True
+delta_rule.NEWEST_FIRST_DEFAULT = True
+delta_rule.FLUSH_WEIGHTS_DEFAULT = {False: True, True: True}
 weights_launches = delta_rule._kda_weights_kernel = RecordedKernel(delta_rule._kda_weights_kernel)
 step_launches = delta_rule._delta_replay_step_kernel = RecordedKernel(delta_rule._delta_replay_step_kernel)
 for model_type, policy in (("qwen3_5_text", "separated-nvfp4"), ("kimi_linear", "separated-fp8")):

@@ -875,13 +875,15 @@ def case_kda_exact_solve(_, device):
 
 
 def case_delta_flush_weights(_, device):
-    """``_flush_weights`` (exact fold, outputs from the copy; off, untimed): the flush-only launches take the decay
+    """``_flush_weights`` (exact fold, outputs from the copy; by default on for KDA, off for GDN: H200, run 218):
+    the flush-only launches take the decay
     and the records' weights for their outputs from the per-head weights pre-launch instead of each V tile
     recomputing them (KDA: the [R, K] decays' reverse scan, 832 warp shuffles of a program, sm_90; GDN: the record
     keys and their reductions). Host flushes (stepped fold, solved fold with its pre-launch) and a split step in
     mixed phases, GDN and KDA, each against the reference and against the launch without it (same expressions: bit
     for bit on the CPU); the flush launch reads the weights (WEIGHTS_GIVEN) and the pre-launch ran before it (KDA's
-    split step runs it anyway, GDN's only for this)."""
+    split step runs it anyway, GDN's only for this). The host stepped flush also runs with the default ("auto"),
+    which must be the family's setting."""
 
     for name, read_format in (("gdn", "fp8"), ("kda", "nvfp4")):
         family = _Family(name)
@@ -905,13 +907,15 @@ def _flush_weights_cases(family, read_format, device, recorded_weights, recorded
         p["ring_v"], p["ring_beta"] = _raw_rings(p)
         copy, _ = _store_copy(p["state"], read_format)
         split = isinstance(counts, list)
-        for on in (True, False):
+        for setting in (True, False) if launch else (True, False, "auto"):
+            on = setting if setting != "auto" else family.name == "kda"  # delta_rule.FLUSH_WEIGHTS_DEFAULT
             recorded_weights.launches.clear()
             recorded_step.launches.clear()
             got = _clone(p)
             raw = dict(ring_v=got.pop("ring_v"), ring_beta=got.pop("ring_beta"))
             y = family.kernel(got, *_positions(origins, counts, device), 6, read_copy=copy, read_format=read_format,
-                              flush_reads_copy=True, **raw, **launch, _flush_weights=on)
+                              flush_reads_copy=True, **raw, **launch,
+                              **({} if setting == "auto" else {"_flush_weights": setting}))
             flush_launches = [kw for kw in recorded_step.launches if kw["PHASE"] in (2, 3)]
             assert [kw["WEIGHTS_GIVEN"] for kw in flush_launches] == [on], (launch, recorded_step.launches)
             runs_weights = 1 if on or (split and family.name == "kda") else 0
@@ -923,10 +927,14 @@ def _flush_weights_cases(family, read_format, device, recorded_weights, recorded
         y_ref = family.ref(want, *_positions(origins if split else [origins] * 3, row_counts, device), 6,
                            read_copy=copy, read_format=read_format, flush_reads_copy=True, **raw)
         print(f" {family.name} flush weights: origins={origins} counts={counts} {launch}")
-        (y, got), (y_off, got_off) = runs
+        (y, got), (y_off, got_off) = runs[:2]
+        exact = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=1e-6, atol=1e-6)
+        if len(runs) == 3:  # the default: the run with the family's setting
+            (y_auto, got_auto), (y_set, got_set) = runs[2], runs[0 if family.name == "kda" else 1]
+            torch.testing.assert_close(y_auto, y_set, **exact)
+            torch.testing.assert_close(got_auto["state"], got_set["state"], **exact)
         _close("o vs reference", y, y_ref, REL)
         _close("state vs reference", got["state"], want["state"], REL)
-        exact = dict(rtol=0, atol=0) if device == "cpu" else dict(rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(y, y_off, **exact)
         for name in ("state", *family.rings):
             torch.testing.assert_close(got[name], got_off[name], **exact)

@@ -496,6 +496,21 @@ class ReplayCache(DynamicCache):
             elif hasattr(layer, "record_past"):
                 layer.record_past = False
 
+    def verifies_on_device(self) -> bool:
+        """Whether speculative verify forwards can run on device positions in every SSM layer (a static cache whose
+        layers have verify ops and a float32 checkpoint without a read copy), so that a compiled verify forward
+        reads no host position."""
+        return (self.static_cache_len is not None and bool(self.replay_layers)
+                and all(layer.schedule.device_verify_supported() for layer in self.replay_layers.values()))
+
+    def set_device_verify(self, on: bool) -> None:
+        """Let verify forwards run on device positions (``on``: transformers' assisted loop drives the cache, one
+        window then its crop), or keep them on the host schedule."""
+        for layer in self.replay_layers.values():
+            if not on:
+                layer.schedule.leave_device_positions()
+            layer.schedule.device_verify = bool(on)
+
     def expect_prompt(self, num_tokens: int) -> None:
         """The first ``num_tokens`` tokens fed to an empty cache are prompt: while recording they take the
         model's prefill path instead of becoming rollback-able drafts (default: the first forward)."""

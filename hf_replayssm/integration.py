@@ -427,12 +427,15 @@ def _wrap_generate(original):
         _check_early_exit(self, kwargs)
         if drafts is None:
             return original(self, *args, **kwargs)
+        device_verify = False
         if cache.static_cache_len is not None:
             _check_static_speculation(args, kwargs)
-            # A verify window runs on the host schedule (its width and ring positions are host integers), which a
-            # compiled forward would specialise on: transformers 5.25 compiles the verify forwards of a compileable
-            # cache, so keep them eager; plain decode steps after this call compile again.
-            kwargs["disable_compile"] = True
+            # transformers 5.25 compiles the verify forwards of a compileable cache. Layers with verify ops run their
+            # windows on device positions (no host integer: the graph holds); otherwise a window runs on the host
+            # schedule, whose width and ring positions a graph would specialise on: keep the verify forwards eager.
+            device_verify = cache.verifies_on_device()
+            if not device_verify:
+                kwargs["disable_compile"] = True
         batched = _batched_lookup(self, cache, drafts, args, kwargs)
         if batched is not None:
             return batched
@@ -444,11 +447,13 @@ def _wrap_generate(original):
         _scope_stateful_flag(self)
         lifted = _LIFTED.set(_LIFTED.get() | {id(self)})  # ReplayCache makes rollback exact: allow assisted decoding
         draft = _DRAFT.set(_DraftSettings(cache.buffer_len, cache.policy, drafts + 1))
+        cache.set_device_verify(device_verify)
         try:
             return original(self, *args, **kwargs)
         finally:
             _DRAFT.reset(draft)
             _LIFTED.reset(lifted)
+            cache.set_device_verify(False)
             cache.deactivate_past_recording()
 
     generate._replayssm_original = original

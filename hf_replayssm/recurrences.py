@@ -97,6 +97,17 @@ class Mamba2Recurrence:
         return y[:, None]
 
     @staticmethod
+    def device_verify(state, ring: Records, origin, count, tokens: Records) -> torch.Tensor:
+        """A speculative window on per-row device positions through the ``hf_replayssm::mamba2_verify`` op (the
+        Triton verify kernel on CUDA, the reference elsewhere): what a compiled verify forward traces. ``tokens`` as
+        :meth:`device_step`'s (a raw dt with dt_bias / dt_softplus and the z gate, or a processed dt without them);
+        y [B, T, H, P] float32; the window's records written after the ``count`` committed ones."""
+        return torch.ops.hf_replayssm.mamba2_verify(
+            state, ring["x"], ring["dt"], ring["B"], origin, count, tokens["x"], tokens["dt"], tokens["B"],
+            tokens["C"], tokens["A"], tokens.get("D"), tokens.get("z"), tokens.get("dt_bias"),
+            bool(tokens.get("dt_softplus", False)))
+
+    @staticmethod
     def kernel_verify(state, ring: Records, origin: torch.Tensor, count: torch.Tensor, tokens: Records,
                       params: Records, out: torch.Tensor | None = None) -> torch.Tensor:
         """A speculative window of T <= 16 tokens through the Triton verify kernel (``hf_replayssm.kernels.
@@ -217,6 +228,14 @@ class DeltaRuleRecurrence:
                 state, ring["k"], ring["d"], ring["g"], ring["v"], ring["beta"], origin, count,
                 *read_copy_parts(read_copy, read_format), read_format, *token)
         return o[:, None]
+
+    @staticmethod
+    def device_verify(state, ring: Records, origin, count, tokens: Records) -> torch.Tensor:
+        """A speculative window on per-row device positions through the ``hf_replayssm::delta_verify`` op (see
+        ``Mamba2Recurrence.device_verify``); o [B, T, Hv, V] float32."""
+        return torch.ops.hf_replayssm.delta_verify(
+            state, ring["k"], ring["d"], ring["g"], origin, count, tokens["q"], tokens["k"], tokens["v"],
+            tokens["beta"], tokens["g"], tokens.get("normalize") is not None, None)
 
     @staticmethod
     def kernel_verify(state, ring: Records, origin: torch.Tensor, count: torch.Tensor, tokens: Records,

@@ -92,6 +92,8 @@ class ReplaySchedule:
         # A static cache (compileable decoding): plain decode steps keep their positions on the device
         self.static = False
         self.device_positions = DevicePositions()
+        # ... and speculative windows too, while transformers' assisted loop drives it (one window, then its crop)
+        self.device_verify = False
 
     def _ring_capacity(self, window: int) -> int:
         return max(1, self.buffer_len - 1 + window)
@@ -181,6 +183,8 @@ class ReplaySchedule:
         """How many leading tokens of a forward of ``count`` tokens are prompt (prefill) rather than generated.
         The prompt is the first ``prompt_tokens`` tokens when generate() announced them, else the first forward;
         a prompt token fed again after a rollback is still a prompt token."""
+        if self.device_positions.verifying:  # (maybe compiled) verify forward: generated tokens only
+            return 0
         self.leave_device_positions()
         if self.tokens_seen == 0 and not self.prompt_tokens:
             self._prompt_len = count
@@ -190,9 +194,12 @@ class ReplaySchedule:
     # ------------------------------------------------------------------ the conv window
     def conv_update(self, inputs: torch.Tensor, kernel: int) -> torch.Tensor:
         """``[history, inputs]`` ([B, C, K + T]) for the model's own causal conv; remembers the new inputs."""
-        if self.device_positions.active:
+        positions = self.device_positions
+        if positions.active:
+            if positions.verifying and inputs.shape[-1] <= positions.verify_window:
+                return positions.conv_verify(inputs)
             if inputs.shape[-1] == 1 and not self.recording:
-                return self.device_positions.conv_step(inputs)
+                return positions.conv_step(inputs)
             self.leave_device_positions()
         self._ensure_conv(inputs, kernel)
         if self.recording:  # every speculative token must stay rewindable until the crop
@@ -206,9 +213,13 @@ class ReplaySchedule:
     def forward_tokens(self, tokens: Mapping[str, torch.Tensor], chunk_fn: ChunkFn | None = None,
                        out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """Outputs [B, T, ...] of T new tokens (in ``out_dtype``, default float32); updates ring and checkpoint."""
-        if self.device_positions.active:
-            if self.device_positions.takes(tokens) and not self.recording:
-                return self.device_positions.step(tokens, out_dtype)
+        positions = self.device_positions
+        if positions.active:
+            if positions.verifies(tokens):
+                y = positions.verify(tokens)
+                return y if out_dtype is None else y.to(out_dtype)
+            if positions.takes(tokens) and not self.recording:
+                return positions.step(tokens, out_dtype)
             self.leave_device_positions()
         self._ensure_state(tokens)
         self._params = {k: v for k, v in tokens.items() if k not in self.recurrence.per_token}
@@ -477,24 +488,40 @@ class ReplaySchedule:
         policy = self.store.policies[0]
         return policy.checkpoint_format == "fp32" and policy.read_format in (None, "fp8", "nvfp4")
 
+    def device_verify_supported(self) -> bool:
+        """Whether speculative windows of this layer can run on device positions (see ``_device_verify_applies``),
+        from its family and policy alone (before anything is allocated)."""
+        return (self.device_positions_supported() and getattr(self.recurrence, "device_verify", None) is not None
+                and self.store.policies[0].read_format is None)
+
     def _device_positions_apply(self) -> bool:
         """Whether plain decode steps from here can run on device positions: a static cache's layer after its
         prefill, outside speculation, whose family has a decode-step op for this store (float32 checkpoint, no read
         copy or an fp8 / nvfp4 one) and whose ring holds less than a period."""
-        if not self.static or self.recording or not self.store.allocated or not self.tokens_seen:
+        if not self.static or not self.store.allocated or not self.tokens_seen:
+            return False
+        if self.recording and not self._device_verify_applies():
             return False
         if not self.device_positions_supported() or self._staged or self.ring.num_pending:
             return False
         return self.ring.size < self.buffer_len
+
+    def _device_verify_applies(self) -> bool:
+        """Whether speculative windows can run on device positions (``device_verify``, set while transformers'
+        assisted loop drives a static cache): the family has a verify op and the store a float32 checkpoint without
+        a read copy (the verify ops read no copy)."""
+        return (self.device_verify and getattr(self.recurrence, "device_verify", None) is not None
+                and self.store.kernel_operands()[1] is None)
 
     def _enter_device_positions(self) -> None:
         from .kernels import ops  # noqa: F401  (registers the decode-step ops before any trace sees them)
 
         window = None if self.conv.buffer is None else self.conv.window(self.conv_kernel)
         operands = self.store.kernel_operands()
+        verify_fn = self.recurrence.device_verify if self.recording else None
         self.device_positions.enter(self.ring.origin, self.ring.num_committed, self.batch_size, self.device, window,
                                     operands, self.ring.fields, self.recurrence.device_step, self.buffer_len,
-                                    self.recurrence.per_token[0])
+                                    self.recurrence.per_token[0], verify_fn=verify_fn, verify_window=self.window)
         state, read_copy, _ = operands
         mark_static(state, *(read_copy or {}).values(), *self.ring.fields.values())  # written in place by the op
 
@@ -507,12 +534,17 @@ class ReplaySchedule:
         """Tokens fed so far, the steps on device positions included (which the host fields leave out)."""
         if not self.device_positions.active:
             return self.tokens_seen
+        if self.device_positions.verifying:
+            return self.tokens_seen + self.device_positions.progress()[1]
         return self.tokens_seen + self._device_progress()[0]
 
     def current_counters(self) -> Counter:
         """The counters, the steps on device positions included."""
         if not self.device_positions.active:
             return self.counters
+        if self.device_positions.verifying:
+            windows, width = self.device_positions.progress()
+            return self.counters + Counter(decode_steps=windows if self.tokens_seen else 0, tokens=width)
         steps, flushes = self._device_progress()
         return self.counters + Counter(decode_steps=steps, tokens=steps, flushes=flushes, checkpoint_writes=flushes)
 
@@ -520,6 +552,9 @@ class ReplaySchedule:
         """Hand the positions back to the host schedule (before anything that reads them)."""
         positions = self.device_positions
         if not positions.active:
+            return
+        if positions.verifying:
+            self._leave_verifying_positions()
             return
         steps, flushes = self._device_progress()
         committed = (positions.entry_committed + steps) % self.buffer_len
@@ -533,6 +568,24 @@ class ReplaySchedule:
         if positions.conv is not None:
             self.conv.load_window(positions.conv, self.tokens_seen)
         positions.leave()
+
+    def _leave_verifying_positions(self) -> None:
+        """Hand back positions that verified a window: its records become pending records of the host ring (the op
+        wrote them after the committed ones) and its conv inputs the conv ring's newest, so ``crop`` commits or drops
+        them as after a host verify forward."""
+        positions = self.device_positions
+        windows, width = positions.progress()
+        if windows > 1 or not bool((positions.count == self.ring.num_committed).all()):
+            raise RuntimeError(f"device positions verified {windows} windows without a crop (count "
+                               f"{positions.count.tolist()}, expected {self.ring.num_committed}): the assisted loop "
+                               "crops after every verify forward")
+        positions.leave()
+        if not windows:
+            return
+        self.ring.extend(width, pending=True)
+        if positions.conv_hist is not None:
+            self.conv.load_window(positions.conv_hist[..., : self.conv_kernel + width], self.tokens_seen + width)
+        self._finish_host_forward(width)
 
     # ------------------------------------------------------------------ speculation and rollback
     def activate_recording(self) -> None:
@@ -568,6 +621,13 @@ class ReplaySchedule:
             self.counters["rolled_back_tokens"] += count
         self.ring.commit()
         self._resolve_staged()
+        if self.recording and self.static and self._device_verify_applies() and self.store.allocated:
+            # the next window verifies on device positions (maybe compiled): fold complete periods now, as the next
+            # host forward would
+            while self.ring.num_committed >= self.buffer_len:
+                self._commit_staged_or_fold(self.checkpoint_position + self.buffer_len)
+            if self._device_positions_apply():
+                self._enter_device_positions()
 
     def check_drop_rows(self, dropped: list[int], most: int | None = None) -> None:
         """Raise (changing nothing) unless ``drop_rows_newest(dropped)`` can drop exactly what it is asked to.

@@ -12,6 +12,12 @@ window, a crop, batch reordering).
 
 Every tensor is allocated once per batch layout and marked as a static address, so CUDA graphs captured against
 them stay valid however often a layer leaves and re-enters device positions.
+
+Speculative verify forwards can run on device positions too (``verifying``: a static cache inside transformers'
+assisted loop, which feeds one window and crops after it): the verify op writes the window's records after the
+committed ones and leaves ``count`` alone, a ``pending`` counter holds the window's width, and the conv window stays
+put while ``conv_hist`` keeps ``[window, inputs]``. The crop (eager, on the host) then reads the width once and
+commits or drops the drafts on the host schedule.
 """
 
 from __future__ import annotations
@@ -27,10 +33,11 @@ def mark_static(*tensors: torch.Tensor) -> None:
             torch._dynamo.mark_static_address(tensor)
 
 
-def _split_positions(positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(origin [B], count [B], steps [1])``, views of one int32 [2B + 1] tensor."""
-    batch = positions.shape[0] // 2
-    return positions[:batch], positions[batch : 2 * batch], positions[2 * batch :]
+def _split_positions(positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(origin [B], count [B], steps [1], pending [1])``, views of one int32 [2B + 2] tensor."""
+    batch = (positions.shape[0] - 2) // 2
+    return (positions[:batch], positions[batch : 2 * batch], positions[2 * batch : 2 * batch + 1],
+            positions[2 * batch + 1 :])
 
 
 class DevicePositions:
@@ -38,8 +45,9 @@ class DevicePositions:
 
     # no instance dict: Dynamo guards every method a compiled step calls on an object with one (that the instance
     # does not shadow it), before each CUDA-graph replay
-    __slots__ = ("active", "buffer_len", "conv", "count", "entry_committed", "fields", "operands", "origin",
-                 "positions", "step_fn", "steps", "token_name")
+    __slots__ = ("active", "buffer_len", "conv", "conv_hist", "count", "entry_committed", "fields", "operands",
+                 "origin", "pending", "positions", "step_fn", "steps", "token_name", "verify_fn", "verify_window",
+                 "verifying")
 
     def __init__(self):
         self.active = False
@@ -49,8 +57,10 @@ class DevicePositions:
         self.positions: torch.Tensor | None = None
         self.origin: torch.Tensor | None = None  # int32 [B] view: ring slot of the oldest record (read only)
         self.count: torch.Tensor | None = None  # int32 [B] view: records in the ring (the kernel advances it)
-        self.steps: torch.Tensor | None = None  # int32 [1] view: decode steps since entry
+        self.steps: torch.Tensor | None = None  # int32 [1] view: decode steps (verifying: windows) since entry
+        self.pending: torch.Tensor | None = None  # int32 [1] view: width of the window verified since entry
         self.conv: torch.Tensor | None = None  # [B, C, K]: the last K conv inputs, oldest first
+        self.conv_hist: torch.Tensor | None = None  # [B, C, K + verify_window]: [window, inputs] of a verify forward
         self.entry_committed = 0  # records in the ring when device positions took over (every row alike)
         # What a decode step reads, fixed while the positions are active: the store's kernel operands (checkpoint,
         # read copy, read format) and the ring's record tensors. A compiled step reads them here, one attribute
@@ -63,30 +73,47 @@ class DevicePositions:
         self.step_fn = None
         self.buffer_len = 0
         self.token_name = ""
+        # verifying: every forward is a speculative window of at most ``verify_window`` tokens, through ``verify_fn``
+        # (the recurrence's ``device_verify``)
+        self.verifying = False
+        self.verify_fn = None
+        self.verify_window = 0
 
-    def _allocate(self, batch: int, device: torch.device, conv_window: torch.Tensor | None) -> None:
+    def _allocate(self, batch: int, device: torch.device, conv_window: torch.Tensor | None,
+                  verify_window: int) -> None:
         fits = self.count is not None and self.count.shape[0] == batch and self.count.device == device
         conv_fits = (conv_window is None) == (self.conv is None) and (
             conv_window is None or (self.conv.shape == conv_window.shape and self.conv.dtype == conv_window.dtype))
-        if fits and conv_fits:
+        hist_columns = 0 if conv_window is None or not verify_window else conv_window.shape[-1] + verify_window
+        hist_fits = (self.conv_hist.shape[-1] if self.conv_hist is not None else 0) == hist_columns
+        if fits and conv_fits and hist_fits:
             return
-        self.positions = torch.zeros(2 * batch + 1, dtype=torch.int32, device=device)
-        self.origin, self.count, self.steps = _split_positions(self.positions)
-        self.conv = None if conv_window is None else torch.empty_like(conv_window)
-        mark_static(self.positions, *([] if self.conv is None else [self.conv]))
+        if not (fits and conv_fits):
+            self.positions = torch.zeros(2 * batch + 2, dtype=torch.int32, device=device)
+            self.origin, self.count, self.steps, self.pending = _split_positions(self.positions)
+            self.conv = None if conv_window is None else torch.empty_like(conv_window)
+            mark_static(self.positions, *([] if self.conv is None else [self.conv]))
+        self.conv_hist = None
+        if hist_columns:
+            self.conv_hist = conv_window.new_zeros((*conv_window.shape[:-1], hist_columns))
+            mark_static(self.conv_hist)
 
     def enter(self, origin: int, committed: int, batch: int, device: torch.device,
               conv_window: torch.Tensor | None, operands: tuple, fields: dict, step_fn, buffer_len: int,
-              token_name: str) -> None:
+              token_name: str, verify_fn=None, verify_window: int = 0) -> None:
         """Take over from the host schedule: every row at ring slot ``origin`` with ``committed`` records;
         ``operands`` / ``fields``: the store's kernel operands and the ring's records, which nothing replaces until
-        the host schedule takes over again; ``step_fn``: the recurrence's ``device_step``."""
-        self._allocate(batch, device, conv_window)
+        the host schedule takes over again; ``step_fn``: the recurrence's ``device_step``; ``verify_fn`` (the
+        recurrence's ``device_verify``): every forward is a speculative window of up to ``verify_window`` tokens."""
+        self._allocate(batch, device, conv_window, verify_window if verify_fn is not None else 0)
         self.operands, self.fields = operands, fields
         self.step_fn, self.buffer_len, self.token_name = step_fn, buffer_len, token_name
+        self.verifying, self.verify_fn = verify_fn is not None, verify_fn
+        self.verify_window = verify_window if verify_fn is not None else 0
         self.origin.fill_(origin)
         self.count.fill_(committed)
         self.steps.zero_()
+        self.pending.zero_()
         if conv_window is not None:
             self.conv.copy_(conv_window)
         self.entry_committed = committed
@@ -96,21 +123,48 @@ class DevicePositions:
         """Decode steps since entry (reads the device)."""
         return int(self.steps.item())
 
+    def progress(self) -> tuple[int, int]:
+        """(steps or verified windows, width of the pending window) since entry: one device read."""
+        steps, pending = self.positions[-2:].tolist()
+        return steps, pending
+
     def leave(self) -> None:
-        self.active = False
-        self.operands = self.fields = self.step_fn = None
+        self.active = self.verifying = False
+        self.operands = self.fields = self.step_fn = self.verify_fn = None
 
     def takes(self, tokens) -> bool:
-        """Whether a forward of these tokens is a plain decode step on these positions (one token; a schedule on
-        device positions never records)."""
-        return tokens[self.token_name].shape[1] == 1
+        """Whether a forward of these tokens is a plain decode step on these positions (one token, not verifying)."""
+        return not self.verifying and tokens[self.token_name].shape[1] == 1
+
+    def verifies(self, tokens) -> bool:
+        """Whether a forward of these tokens is a speculative window these positions verify (at most
+        ``verify_window`` tokens; a wider one goes back to the host schedule, which grows the rings)."""
+        return self.verifying and tokens[self.token_name].shape[1] <= self.verify_window
+
+    def verify(self, tokens) -> torch.Tensor:
+        """A speculative window (float32 outputs): the verify op writes its records after the committed ones and
+        changes no position; ``pending`` records its width for the crop, ``steps`` counts windows (one per crop)."""
+        if torch.compiler.is_compiling():
+            origin, count, steps, pending = _split_positions(self.positions)
+        else:
+            origin, count, steps, pending = self.origin, self.count, self.steps, self.pending
+        y = self.verify_fn(self.operands[0], self.fields, origin, count, tokens)
+        pending.fill_(tokens[self.token_name].shape[1])
+        steps.add_(1)
+        return y
+
+    def conv_verify(self, inputs: torch.Tensor) -> torch.Tensor:
+        """``[window, inputs]`` for the model's own conv; kept in ``conv_hist`` for the crop, the window unchanged."""
+        full = torch.cat([self.conv.to(inputs.dtype), inputs], dim=-1)
+        self.conv_hist[..., : full.shape[-1]].copy_(full)
+        return full
 
     def step(self, tokens, out_dtype: torch.dtype | None) -> torch.Tensor:
         """One plain decode token: the fused replay-or-flush op reads and advances the positions; no host integer
         is read or written (a compiled step may be replayed as a CUDA graph)."""
         state, read_copy, read_format = self.operands
         if torch.compiler.is_compiling():  # views made inside the graph: its one input is the positions tensor
-            origin, count, steps = _split_positions(self.positions)
+            origin, count, steps, _ = _split_positions(self.positions)
         else:
             origin, count, steps = self.origin, self.count, self.steps
         y = self.step_fn(state, self.fields, origin, count, tokens, self.buffer_len, read_copy=read_copy,

@@ -21,7 +21,14 @@ Ops (namespace ``hf_replayssm``; signatures of the Triton wrappers without ``out
   a compiled step keeps the copy current without the host. The delta rule's also writes the raw v / beta records of
   the exact fold.
 
-Each op returns a fresh contiguous tensor in the dtype of x (Mamba-2) or v (delta rule). ``origin`` is only read.
+* ``mamba2_verify(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=None, z=None, dt_bias=None,
+  dt_softplus=False) -> y [B, T, H, P]`` and ``delta_verify(state, ring_k, ring_d, ring_g, origin, count, q, k, v,
+  beta, g, use_qk_l2norm=True, scale=None) -> o [B, T, Hv, V]`` (float32): a speculative window of T tokens per row
+  from the checkpoint and the row's ``count`` records, its records written after them; the state and ``count`` are
+  only read (a compiled verify forward; the commit is the host's, at the crop).
+
+Each step op returns a fresh contiguous tensor in the dtype of x (Mamba-2) or v (delta rule), each verify op one in
+float32. ``origin`` is only read.
 
 Implementations: CUDA tensors run the Triton kernel; every other device runs the torch reference of
 ``hf_replayssm.ops`` (bit-identical to calling it directly). The replay references read ``origin``/``count`` on the
@@ -38,7 +45,8 @@ import torch
 from hf_replayssm.ops.delta_step import delta_replay_step_ref, delta_state_update_ref
 from hf_replayssm.ops.mamba2_step import mamba2_replay_step_ref, mamba2_state_update_ref
 
-__all__ = ["TRITON_IMPLS", "delta_replay_step", "delta_state_update", "mamba2_replay_step", "mamba2_state_update"]
+__all__ = ["TRITON_IMPLS", "delta_replay_step", "delta_state_update", "delta_verify", "mamba2_replay_step",
+           "mamba2_state_update", "mamba2_verify"]
 
 NAMESPACE = "hf_replayssm"
 
@@ -67,7 +75,13 @@ SCHEMAS = {
                                    "Tensor(i!) ring_v, Tensor(j!) ring_beta, Tensor origin, Tensor(e!) count, "
                                    f"{_READ_COPY}, {_DELTA_TOKEN}, int buffer_len=16, {_DELTA_OPTIONS}) -> Tensor",
 }
+SCHEMAS["mamba2_verify"] = ("(Tensor state, Tensor(b!) ring_x, Tensor(c!) ring_dt, Tensor(d!) ring_B, Tensor origin, "
+                           f"Tensor count, {_MAMBA2_TOKEN}) -> Tensor")
+SCHEMAS["delta_verify"] = ("(Tensor state, Tensor(b!) ring_k, Tensor(c!) ring_d, Tensor(d!) ring_g, Tensor origin, "
+                          f"Tensor count, {_DELTA_TOKEN}, {_DELTA_OPTIONS}) -> Tensor")
 MUTATES = {
+    "mamba2_verify": ("ring_x", "ring_dt", "ring_B"),
+    "delta_verify": ("ring_k", "ring_d", "ring_g"),
     "mamba2_replay_step": ("state", "ring_x", "ring_dt", "ring_B", "count"),
     "mamba2_state_update": ("state",),
     "delta_replay_step": ("state", "ring_k", "ring_d", "ring_g", "count"),
@@ -318,8 +332,101 @@ def delta_replay_step_read_copy(
                                  buffer_len, use_qk_l2norm, scale)
 
 
+def _window_out(like: torch.Tensor) -> torch.Tensor:
+    """A verify op's output: float32 [B, T, ...] shaped like the window input ``like``."""
+    return like.new_empty(like.shape, dtype=torch.float32)
+
+
+def _check_verify_rings(state, rings: tuple, origin, count, window: int) -> None:
+    batch, ring_size = rings[0].shape[:2]
+    for ring in rings:
+        if ring.shape[:2] != (batch, ring_size) or ring.device != state.device:
+            raise ValueError(f"ring tensors must be [B, R, ...] = [{batch}, {ring_size}, ...] on {state.device}")
+    if state.shape[0] != batch:
+        raise ValueError(f"state holds {state.shape[0]} rows, the ring {batch}")
+    _check_positions(origin, count, batch, ring_size, 1, state.device)
+    if not 1 <= window <= ring_size:
+        raise ValueError(f"a verify window of {window} tokens does not fit a ring of {ring_size} records")
+
+
+@torch.library.custom_op(f"{NAMESPACE}::mamba2_verify", mutates_args=MUTATES["mamba2_verify"],
+                         schema=SCHEMAS["mamba2_verify"])
+def mamba2_verify(
+    state: torch.Tensor, ring_x: torch.Tensor, ring_dt: torch.Tensor, ring_B: torch.Tensor, origin: torch.Tensor,
+    count: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, B: torch.Tensor, C: torch.Tensor, A: torch.Tensor,
+    D: torch.Tensor | None = None, z: torch.Tensor | None = None, dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = False,
+) -> torch.Tensor:
+    """Outputs y [B, T, H, P] (float32) of a speculative window; semantics of ``ops.mamba2_verify_ref``."""
+    from hf_replayssm.ops.mamba2_verify import mamba2_verify_ref
+
+    _check_verify_rings(state, (ring_x, ring_dt, ring_B), origin, count, x.shape[1])
+    return mamba2_verify_ref(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D, z, dt_bias,
+                             dt_softplus, out=_window_out(x))
+
+
+@torch.library.custom_op(f"{NAMESPACE}::delta_verify", mutates_args=MUTATES["delta_verify"],
+                         schema=SCHEMAS["delta_verify"])
+def delta_verify(
+    state: torch.Tensor, ring_k: torch.Tensor, ring_d: torch.Tensor, ring_g: torch.Tensor, origin: torch.Tensor,
+    count: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, beta: torch.Tensor, g: torch.Tensor,
+    use_qk_l2norm: bool = True, scale: float | None = None,
+) -> torch.Tensor:
+    """Outputs o [B, T, Hv, V] (float32) of a speculative window; semantics of ``ops.delta_verify_ref``."""
+    from hf_replayssm.ops.delta_verify import delta_verify_ref
+
+    _check_verify_rings(state, (ring_k, ring_d, ring_g), origin, count, v.shape[1])
+    return delta_verify_ref(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_qk_l2norm, scale,
+                            out=_window_out(v))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # CUDA: the Triton kernels (imported lazily: triton is optional on CPU installs)
+
+
+def _in_pieces(kernel, window: int, count: torch.Tensor, out: torch.Tensor, call) -> torch.Tensor:
+    """The verify kernels take at most ``MAX_WINDOW`` tokens a launch: a longer window runs in pieces, each after
+    the records of the pieces before it (``count + start``, on the device)."""
+    for start in range(0, window, kernel.MAX_WINDOW):
+        stop = min(window, start + kernel.MAX_WINDOW)
+        piece = out[:, start:stop]
+        result = call(count if start == 0 else count + start, start, stop,
+                      piece if piece.is_contiguous() else None)
+        if result.data_ptr() != piece.data_ptr():
+            piece.copy_(result)
+    return out
+
+
+def _mamba2_verify_triton(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=None, z=None,
+                          dt_bias=None, dt_softplus=False):
+    from . import mamba2_verify as kernel
+
+    _check_verify_rings(state, (ring_x, ring_dt, ring_B), origin, count, x.shape[1])
+
+    def call(piece_count, start, stop, out):
+        return kernel.mamba2_verify(state, ring_x, ring_dt, ring_B, origin, piece_count, x[:, start:stop],
+                                    dt[:, start:stop], B[:, start:stop], C[:, start:stop], A, D,
+                                    None if z is None else z[:, start:stop], dt_bias, dt_softplus,
+                                    out=torch.empty(x[:, start:stop].shape, dtype=torch.float32, device=x.device)
+                                    if out is None else out)
+
+    return _in_pieces(kernel, x.shape[1], count, _window_out(x), call)
+
+
+def _delta_verify_triton(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_qk_l2norm=True,
+                         scale=None):
+    from . import delta_verify as kernel
+
+    _check_verify_rings(state, (ring_k, ring_d, ring_g), origin, count, v.shape[1])
+
+    def call(piece_count, start, stop, out):
+        return kernel.delta_verify(state, ring_k, ring_d, ring_g, origin, piece_count, q[:, start:stop],
+                                   k[:, start:stop], v[:, start:stop], beta[:, start:stop], g[:, start:stop],
+                                   use_qk_l2norm, scale,
+                                   out=torch.empty(v[:, start:stop].shape, dtype=torch.float32, device=v.device)
+                                   if out is None else out)
+
+    return _in_pieces(kernel, v.shape[1], count, _window_out(v), call)
 
 
 def _mamba2_replay_step_triton(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=None, z=None,
@@ -383,6 +490,8 @@ TRITON_IMPLS = {
     delta_state_update: _delta_state_update_triton,
     mamba2_replay_step_read_copy: _mamba2_replay_step_read_copy_triton,
     delta_replay_step_read_copy: _delta_replay_step_read_copy_triton,
+    mamba2_verify: _mamba2_verify_triton,
+    delta_verify: _delta_verify_triton,
 }
 for _op, _impl in TRITON_IMPLS.items():
     _op.register_kernel("cuda")(_impl)
@@ -433,3 +542,16 @@ def _(state, ring_k, ring_d, ring_g, ring_v, ring_beta, origin, count, rc_values
     _check_raw_records(ring_v, ring_beta, ring_d)
     _read_copy(rc_values, rc_scales, rc_tensor_scale, rc_row, read_format, state)
     return _fresh(v)
+
+
+@mamba2_verify.register_fake
+def _(state, ring_x, ring_dt, ring_B, origin, count, x, dt, B, C, A, D=None, z=None, dt_bias=None,
+      dt_softplus=False):
+    _check_verify_rings(state, (ring_x, ring_dt, ring_B), origin, count, x.shape[1])
+    return _window_out(x)
+
+
+@delta_verify.register_fake
+def _(state, ring_k, ring_d, ring_g, origin, count, q, k, v, beta, g, use_qk_l2norm=True, scale=None):
+    _check_verify_rings(state, (ring_k, ring_d, ring_g), origin, count, v.shape[1])
+    return _window_out(v)

@@ -136,6 +136,12 @@ class DevicePositions:
         """Whether a forward of these tokens is a plain decode step on these positions (one token, not verifying)."""
         return not self.verifying and tokens[self.token_name].shape[1] == 1
 
+    def accepts(self, count) -> bool:
+        """Whether a forward of ``count`` tokens runs on these positions (a plain step, or a window they verify)."""
+        if not self.active:
+            return False
+        return count <= self.verify_window if self.verifying else count == 1
+
     def verifies(self, tokens) -> bool:
         """Whether a forward of these tokens is a speculative window these positions verify (at most
         ``verify_window`` tokens; a wider one goes back to the host schedule, which grows the rings)."""

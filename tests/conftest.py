@@ -75,6 +75,17 @@ def load_offline_tool(name: str):
     return module
 
 
+@functools.cache
+def assisted_forwards_compile() -> bool:
+    """Whether this transformers version compiles the verify forwards of assisted decoding for a compileable cache
+    (5.25 does; 5.17 runs them eagerly)."""
+    import inspect
+
+    from transformers.generation.utils import GenerationMixin
+
+    return "get_compiled_call" in inspect.getsource(GenerationMixin._assisted_decoding)
+
+
 def max_logit_diff(a, b) -> float:
     assert len(a) == len(b), (len(a), len(b))
     return max((x - y).abs().max().item() for x, y in zip(a, b, strict=True))

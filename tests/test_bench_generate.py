@@ -87,15 +87,29 @@ def test_speculative_mode_matches_plain_greedy(tmp_path):
 
 def test_speculative_arms_on_a_static_cache(tmp_path):
     """``lookup-static`` / ``draft-static``: speculation on a ReplayCache with max_cache_len (static attention
-    layers, eager verify forwards), sized by the bench; the tokens equal plain greedy."""
+    layers), sized by the bench, eager; ``-compiled``: the same through transformers' compiled forward (from 5.25 the
+    verify forwards too; 5.17 runs them eagerly, which the entry says), beside plain greedy compiled on a static
+    cache; the tokens equal plain greedy, and no compiled arm compiles again in its timed runs."""
+    from conftest import assisted_forwards_compile
+
+    arms = ["greedy-replay", "lookup-static", "draft-static", "greedy-static-compiled", "lookup-static-compiled",
+            "draft-static-compiled"]
     results = _main(tmp_path, "--speculative", "--models", "kimi_linear", "--layers", "8", "--draft-layers", "4",
-                    "--lookup", "3", "--prompt-kinds", "code-edit",
-                    "--speculative-arms", "greedy-replay,lookup-static,draft-static")
+                    "--lookup", "3", "--prompt-kinds", "code-edit", "--repeats", "2",
+                    "--speculative-arms", ",".join(arms))
     entries = {e["arm"]: e for e in results["speculative"]}
-    assert set(entries) == {"greedy-replay", "lookup-static", "draft-static"}
-    for arm in ("lookup-static", "draft-static"):
+    assert set(entries) == set(arms)
+    for arm in arms[1:]:
         entry = entries[arm]
-        assert entry["tokens_per_s"] > 0 and entry["drafted"] > 0 and entry["identical"] is True, (arm, entry)
+        assert entry["tokens_per_s"] > 0 and entry["identical"] is True, (arm, entry)
+        assert (entry["drafted"] > 0) == (not arm.startswith("greedy")), (arm, entry)
+    assert entries["greedy-static-compiled"]["compiled"] is True
+    for arm in ("lookup-static-compiled", "draft-static-compiled"):
+        assert entries[arm]["compiled"] is assisted_forwards_compile(), (arm, entries[arm])
+        assert entries[arm]["dynamo_frames_timed"] == 0, (arm, entries[arm])  # one cache: no recompilation
+    assert entries["lookup-static"]["compiled"] is False
+    table = bench.speculative_table(results["speculative"])
+    assert ("EAGER!" in table) is not assisted_forwards_compile()
 
 
 @pytest.mark.parametrize("kind", bench.PROMPT_KINDS)

@@ -1,12 +1,13 @@
 """Speculative decoding on a static ReplayCache (``max_cache_len``): transformers' assisted loop at batch size 1,
-its verify forwards eager on the host schedule, its crops giving back the static attention layers' newest slots;
-plain decode steps before and after it on device positions (and compiled)."""
+its verify forwards on device positions (compiled where transformers compiles them), its crops committing on the
+host and giving back the static attention layers' newest slots; plain decode steps before and after it on device
+positions (and compiled)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import decode, max_logit_diff
+from conftest import assisted_forwards_compile, decode, max_logit_diff
 from transformers import DynamicCache, StaticCache
 from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
 from transformers.generation import CompileConfig
@@ -162,30 +163,79 @@ def test_crop_a_static_cache_by_hand(model_type):
     assert cache.stats()["rolled_back_tokens"] == 5 * len(cache.replay_layers)
 
 
-def test_verify_forwards_stay_eager_and_plain_steps_compile():
-    """transformers 5.25 compiles the verify forwards of a compileable cache; a static ReplayCache keeps them eager
-    (their host schedule would specialise a graph), and a plain generate on it afterwards compiles as before."""
-    model = _model("nemotron_h")
-    graphs = []
-
+def _recording_config(graphs, fullgraph=True):
     def recording_backend(gm, example_inputs):
         graphs.append(gm)
         return gm.forward
 
-    config = CompileConfig(fullgraph=True, backend=recording_backend, mode=None)
+    config = CompileConfig(fullgraph=fullgraph, backend=recording_backend, mode=None)
     config._compile_all_devices = True  # transformers compiles on CUDA only otherwise
+    return config
+
+
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_verify_forwards_compile_on_device_positions(model_type):
+    """transformers 5.25 compiles the verify forwards of a compileable cache: a static ReplayCache's run on device
+    positions through the verify ops, whole (fullgraph: no host position read, no graph break), at most one graph per
+    window width, with the greedy tokens, within 1e-5 of the same call kept eager and with its statistics; a plain
+    generate on the same cache afterwards compiles too. (5.17 runs assisted forwards eagerly: no graph there.)"""
+    model = _model(model_type)
+    graphs = []
+    config = _recording_config(graphs)
     prompt = _lookup_prompt(model, 0)
     greedy = model.generate(prompt, **GREEDY)
-    cache = ReplayCache(4, max_cache_len=prompt.shape[1] + NEW + DRAFTS)
+    size = prompt.shape[1] + NEW + DRAFTS
+    eager_cache = ReplayCache(4, max_cache_len=size)
+    eager = model.generate(prompt, past_key_values=eager_cache, prompt_lookup_num_tokens=DRAFTS, disable_compile=True,
+                           **GREEDY)
+    cache = ReplayCache(4, max_cache_len=size)
     torch._dynamo.reset()
     out = model.generate(prompt, past_key_values=cache, prompt_lookup_num_tokens=DRAFTS, compile_config=config,
                          **GREEDY)
-    assert graphs == []
     assert torch.equal(out.sequences, greedy.sequences) and max_logit_diff(out.logits, greedy.logits) < 1e-4
+    assert max_logit_diff(out.logits, eager.logits) < 1e-5  # transformers' compiled masks round a little apart
+    assert cache.stats() == eager_cache.stats() and cache.stats()["rolled_back_tokens"] > 0
+    if assisted_forwards_compile():
+        assert graphs and all("verify" in gm.code for gm in graphs), "the verify forwards did not compile"
+        assert len(graphs) <= DRAFTS + 1  # no recompilation per step
+    else:
+        assert graphs == []
     cache.reset()
+    graphs.clear()
     again = model.generate(prompt, past_key_values=cache, compile_config=config, **GREEDY)
     assert graphs, "the plain decode steps did not compile"
     assert torch.equal(again.sequences, greedy.sequences) and max_logit_diff(again.logits, greedy.logits) < 1e-4
+    torch._dynamo.reset()
+
+
+def test_verify_windows_wider_than_reserved_and_read_copies_stay_on_the_host():
+    """A draft model whose heuristic schedule drafts more tokens than the cache reserved: those windows leave device
+    positions for the host schedule (which grows the rings; a graph break where compiled), and the tokens stay
+    greedy. A read copy (separated precision: the verify ops read none) keeps every verify forward eager."""
+    model = _model("qwen3_5_text")
+    draft = _model("qwen3_5_text")  # the same weights: every draft accepted, so the window grows by 2 a round
+    draft.generation_config.num_assistant_tokens = 2
+    draft.generation_config.num_assistant_tokens_schedule = "heuristic"
+    draft.generation_config.assistant_confidence_threshold = 0.0  # (random weights: low confidence cuts drafts)
+    prompt = torch.randint(3, model.config.vocab_size, (1, 7), generator=torch.Generator().manual_seed(1))
+    greedy = model.generate(prompt, **GREEDY)
+    graphs = []
+    torch._dynamo.reset()
+    cache = ReplayCache(4, max_cache_len=prompt.shape[1] + NEW + 40)
+    out = model.generate(prompt, past_key_values=cache, assistant_model=draft,
+                         compile_config=_recording_config(graphs, fullgraph=False), **GREEDY)
+    assert torch.equal(out.sequences, greedy.sequences) and max_logit_diff(out.logits, greedy.logits) < 1e-4
+    assert draft.generation_config.num_assistant_tokens > 3 + 4  # windows past the reserved slots (3)
+    assert max(layer.schedule.window for layer in cache.replay_layers.values()) > 3
+    graphs.clear()
+    torch._dynamo.reset()
+    cache = ReplayCache(4, precision="separated-fp8", max_cache_len=prompt.shape[1] + NEW + DRAFTS)
+    out = model.generate(prompt, past_key_values=cache, prompt_lookup_num_tokens=DRAFTS,
+                         compile_config=_recording_config(graphs), **GREEDY)
+    dynamic = model.generate(prompt, past_key_values=ReplayCache(4, precision="separated-fp8"),
+                             prompt_lookup_num_tokens=DRAFTS, **GREEDY)
+    assert graphs == []
+    assert torch.equal(out.sequences, dynamic.sequences) and max_logit_diff(out.logits, dynamic.logits) < 1e-4
     torch._dynamo.reset()
 
 

@@ -70,7 +70,7 @@ test_job() {  # test_job SECONDS NAME PYTEST-ARGS...: pytest from a copy of test
   # folder would shadow the installed package), fla off the path (CPU references run inside these processes)
   local limit=$1 name=$2; shift 2
   rm -rf /tmp/w/t && mkdir -p /tmp/w/t && cp -r "$R/tests" "$R/pyproject.toml" /tmp/w/t/
-  (cd /tmp/w/t && PYTHONPATH=/tmp/site timeout "$limit" python3 -m pytest -q -p no:cacheprovider "$@" \
+  (cd /tmp/w/t && PYTHONPATH=${TEST_PYTHONPATH:-/tmp/site} timeout "$limit" python3 -m pytest -q -p no:cacheprovider "$@" \
     > "$RES/$name.txt" 2>&1)
   echo "$name rc=$? $(date +%T)" | tee -a "$RES/done.txt"
 }

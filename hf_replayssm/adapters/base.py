@@ -164,32 +164,45 @@ def wrap_mixer_forward(mixer_cls: type) -> None:
             return original(self, hidden_states, *args, **kwargs)
         if torch.compiler.is_compiling():
             return _compiled_forward(original, self, cache, hidden_states, args, kwargs)
-        if kwargs.get("cu_seq_lens_q") is not None or kwargs.get("cu_seqlens") is not None:
-            raise ValueError("ReplayCache does not support packed sequences (cu_seqlens); pad the batch instead")
-        layer = cache.replay_layer_for(self, hidden_states.shape[0])
-        call = ReplayCall(layer, self)
-        token = _ACTIVE.set(call)
-        try:
-            out = original(self, hidden_states, *args, **kwargs)
-        finally:
-            _ACTIVE.reset(token)
-        count = hidden_states.shape[1]
-        if call.handled_tokens != count:
-            raise RuntimeError(
-                f"{type(self).__name__} did not route its recurrence through ReplayCache ({call.handled_tokens} of "
-                f"{count} tokens); this kernel path is not supported"
-            )
-        layer.finish_forward(count)
-        return out
+        return _replay_forward(original, self, cache, hidden_states, args, kwargs)
 
     forward._replayssm_original = original
     mixer_cls.forward = forward
 
 
+def _replay_forward(original, mixer, cache, hidden_states, args, kwargs):
+    """A mixer forward on a ReplayCache, eagerly: inside a replay call, then the layer's bookkeeping."""
+    if kwargs.get("cu_seq_lens_q") is not None or kwargs.get("cu_seqlens") is not None:
+        raise ValueError("ReplayCache does not support packed sequences (cu_seqlens); pad the batch instead")
+    layer = cache.replay_layer_for(mixer, hidden_states.shape[0])
+    call = ReplayCall(layer, mixer)
+    token = _ACTIVE.set(call)
+    try:
+        out = original(mixer, hidden_states, *args, **kwargs)
+    finally:
+        _ACTIVE.reset(token)
+    count = hidden_states.shape[1]
+    if call.handled_tokens != count:
+        raise RuntimeError(
+            f"{type(mixer).__name__} did not route its recurrence through ReplayCache ({call.handled_tokens} of "
+            f"{count} tokens); this kernel path is not supported"
+        )
+    layer.finish_forward(count)
+    return out
+
+
+# A forward the layer's device positions cannot take (a speculative window wider than the verify slots, which the host
+# schedule grows the rings for) runs outside the graph: Dynamo must not trace the host schedule
+_eager_replay_forward = torch.compiler.disable(_replay_forward)
+
+
 def _compiled_forward(original, mixer, cache, hidden_states, args, kwargs):
-    """A mixer forward traced by ``torch.compile``: only a static ReplayCache's plain decode step gets here (the
-    cache says ``is_compileable`` for nothing else), and it touches no host-side position, so the graph holds."""
+    """A mixer forward traced by ``torch.compile``: a static ReplayCache's plain decode step or speculative window on
+    device positions (the cache says ``is_compileable`` for nothing else), which touches no host-side position, so
+    the graph holds; anything else runs eagerly (a graph break)."""
     layer = cache.layers[mixer.layer_idx]
+    if not layer.schedule.device_positions.accepts(hidden_states.shape[1]):
+        return _eager_replay_forward(original, mixer, cache, hidden_states, args, kwargs)
     previous = _COMPILED_CALL[0]
     _COMPILED_CALL[0] = ReplayCall(layer, mixer)
     try:

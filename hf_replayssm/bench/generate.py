@@ -57,8 +57,11 @@ REPLAY_PRECISION = {"replay": "fp32", "replay-compiled": "fp32", "replay-fp8-com
                     "replay-nvfp4-compiled": "separated-nvfp4", "replay-fp8": "separated-fp8",
                     "replay-nvfp4": "separated-nvfp4"}
 SPECULATIVE_ARMS = ("greedy-stock", "greedy-replay", "lookup-stock", "lookup-replay", "draft-stock", "draft-replay")
-# speculation on a static ReplayCache (max_cache_len: static attention layers, eager verify forwards), by name
-SPECULATIVE_EXTRA_ARMS = ("lookup-static", "draft-static")
+# speculation on a static ReplayCache (max_cache_len: static attention layers), by name: eager, or "-compiled"
+# (transformers' compiled forward: from 5.25 the verify forwards too, on device positions; 5.17 runs them eagerly)
+# beside plain greedy decoding compiled on the same kind of cache
+SPECULATIVE_EXTRA_ARMS = ("lookup-static", "draft-static", "greedy-static-compiled", "lookup-static-compiled",
+                          "draft-static-compiled")
 PROMPT_KINDS = ("code-edit", "summary")
 # In-vocabulary special tokens for every shaped model (Kimi-Linear's config defaults, 163584+, lie outside the
 # shaped 32000-token vocabulary); prompts draw ids >= 3 and generation suppresses these.
@@ -530,20 +533,28 @@ class DraftCounter:
 
 def _speculative_kwargs(arm: str, model, draft, settings: Settings, lookup: int, length: int) -> dict:
     """``generate()`` keywords of a speculative arm; ``length``: prompt plus new tokens (what a static cache holds,
-    with one window of drafts more)."""
+    with one window of drafts more). A compiled arm reuses one static cache (reset) across its runs, so that its
+    graphs keep their addresses, as ``_replay_cache`` does for the plain compiled arms."""
     from ..cache import ReplayCache, cache_argument
 
     if arm not in SPECULATIVE_ARMS + SPECULATIVE_EXTRA_ARMS:
         raise ValueError(f"unknown speculative arm {arm!r}; arms: {SPECULATIVE_ARMS + SPECULATIVE_EXTRA_ARMS}")
-    kind, _, cache = arm.partition("-")
-    static = {}
+    compiled = arm.endswith("-compiled")
+    kind, _, cache = arm.removesuffix("-compiled").partition("-")
+    kwargs = dict(compile_config=settings.compile_config()) if compiled else dict(disable_compile=True)
     if cache == "static":  # one window of drafts more than the tokens (what generate() asks a static cache for)
-        window = lookup if kind == "lookup" else int(getattr(draft.generation_config, "num_assistant_tokens", None)
-                                                     or 20)
-        static = dict(max_cache_len=length + window)
-    # stock: transformers' own cache (its speculation on hybrids: refused before 5.25, its own rollback from 5.25)
-    kwargs = {} if cache == "stock" else {
-        cache_argument(model): ReplayCache(settings.buffer_len, backend=settings.backend, **static)}
+        window = {"greedy": 0, "lookup": lookup}.get(kind) or int(
+            getattr(draft.generation_config, "num_assistant_tokens", None) or 20)
+        key = (id(model), arm, length + window)
+        replay = _STATIC_CACHES.get(key) if compiled else None
+        if replay is None:
+            replay = ReplayCache(settings.buffer_len, backend=settings.backend, max_cache_len=length + window)
+            if compiled:
+                _STATIC_CACHES[key] = replay
+        replay.reset()
+        kwargs[cache_argument(model)] = replay
+    elif cache == "replay":  # stock: transformers' own cache (its speculation on hybrids: refused before 5.25)
+        kwargs[cache_argument(model)] = ReplayCache(settings.buffer_len, backend=settings.backend)
     if kind == "lookup":
         kwargs["prompt_lookup_num_tokens"] = lookup
     elif kind == "draft":
@@ -552,8 +563,7 @@ def _speculative_kwargs(arm: str, model, draft, settings: Settings, lookup: int,
 
 
 def _speculative_run(model, draft, ids, arm: str, new_tokens: int, settings: Settings, lookup: int) -> dict:
-    kwargs = dict(disable_compile=True, **_speculative_kwargs(arm, model, draft, settings, lookup,
-                                                              ids.shape[1] + new_tokens))
+    kwargs = _speculative_kwargs(arm, model, draft, settings, lookup, ids.shape[1] + new_tokens)
     try:
         with DraftCounter(model) as counter:
             run = timed_generate(model, ids, new_tokens, kwargs)
@@ -573,7 +583,9 @@ def _speculative_entry(arm: str, runs: list[dict], new_tokens: int, reference) -
              "peak_bytes": max(r["peak_bytes"] for r in runs), "drafted": best["drafted"],
              "accepted": best["accepted"], "acceptance": best["acceptance"],
              "repeats_tokens_per_s": [new_tokens / r["seconds"] for r in runs],
-             "tokens_checksum": _checksum(best["tokens"])}
+             "tokens_checksum": _checksum(best["tokens"]), "compiled": best["compiled"],
+             # frames Dynamo compiled during the timed runs (after the warm-up): a compiled arm should show none
+             "dynamo_frames_timed": sum(r["dynamo_frames"] for r in runs[1:])}
     if reference is not None:
         entry["identical"] = bool(torch.equal(best["tokens"], reference))
     return entry
@@ -662,15 +674,18 @@ def table(entries: Sequence[dict], title: str = "") -> str:
 
 
 def speculative_table(entries: Sequence[dict], title: str = "") -> str:
-    lines = [title, f"{'prompt':<10} {'arm':<14} {'tok/s':>8} {'ms/token':>9} {'acceptance':>10} {'drafted':>8} "
-             f"{'identical':>9}"]
+    lines = [title, f"{'prompt':<10} {'arm':<22} {'tok/s':>8} {'ms/token':>9} {'acceptance':>10} {'drafted':>8} "
+             f"{'identical':>9} {'compiled':>8}"]
     for e in entries:
         if "tokens_per_s" not in e:
-            lines.append(f"{e['prompt_kind']:<10} {e['arm']:<14} {_status(e)}")
+            lines.append(f"{e['prompt_kind']:<10} {e['arm']:<22} {_status(e)}")
             continue
         acceptance = "-" if e["acceptance"] is None else f"{e['acceptance']:.3f}"
-        lines.append(f"{e['prompt_kind']:<10} {e['arm']:<14} {e['tokens_per_s']:>8.1f} {e['ms_per_token']:>9.2f} "
-                     f"{acceptance:>10} {e['drafted']:>8} {str(e.get('identical', '-')).lower():>9}")
+        compiled = "yes" if e.get("compiled") else ("EAGER!" if e["arm"].endswith("-compiled") else "no")
+        if e.get("dynamo_frames_timed"):
+            compiled += f" (+{e['dynamo_frames_timed']} frames timed)"
+        lines.append(f"{e['prompt_kind']:<10} {e['arm']:<22} {e['tokens_per_s']:>8.1f} {e['ms_per_token']:>9.2f} "
+                     f"{acceptance:>10} {e['drafted']:>8} {str(e.get('identical', '-')).lower():>9} {compiled:>8}")
     return "\n".join(lines)
 
 

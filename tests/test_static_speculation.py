@@ -208,6 +208,27 @@ def test_verify_forwards_compile_on_device_positions(model_type):
     torch._dynamo.reset()
 
 
+def test_speculative_sampling_compiled_equals_a_dynamic_cache():
+    """Speculative sampling with a draft model (the assisted loop's rejection sampling): a static cache, its verify
+    forwards compiled on device positions where transformers compiles them, draws the dynamic cache's tokens under
+    the same seed, with its logits and rollback counts."""
+    model, draft = _model("qwen3_5_text"), _model("qwen3_5_text", seed=3)
+    prompt = torch.randint(3, model.config.vocab_size, (1, 9), generator=torch.Generator().manual_seed(1))
+    sampling = dict(GREEDY, do_sample=True, temperature=1.5)
+    graphs = []
+    torch._dynamo.reset()
+    runs = []
+    for cache in (ReplayCache(4), ReplayCache(4, max_cache_len=prompt.shape[1] + NEW + 25)):
+        torch.manual_seed(7)
+        runs.append((cache, model.generate(prompt, past_key_values=cache, assistant_model=draft,
+                                           compile_config=_recording_config(graphs, fullgraph=False), **sampling)))
+    (dynamic, expected), (static, out) = runs
+    assert torch.equal(out.sequences, expected.sequences) and max_logit_diff(out.logits, expected.logits) < 1e-4
+    assert static.stats()["rolled_back_tokens"] == dynamic.stats()["rolled_back_tokens"] > 0
+    assert bool(graphs) == assisted_forwards_compile()
+    torch._dynamo.reset()
+
+
 def test_verify_windows_wider_than_reserved_and_read_copies_stay_on_the_host():
     """A draft model whose heuristic schedule drafts more tokens than the cache reserved: those windows leave device
     positions for the host schedule (which grows the rings; a graph break where compiled), and the tokens stay

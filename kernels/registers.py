@@ -188,7 +188,7 @@ def _delta_call(fmt: str, device_phase: bool, block_v: int | None = None, num_wa
                 per_key: bool = False, gdn_weights: bool = False, batch: int = 2, flush: bool = False,
                 flush_outputs: bool | None = None, code_vector: int | None = None, reload_token: bool | None = None,
                 exact_solve: bool = False, solve_weights: bool = False, newest_first: bool = False,
-                flush_weights: bool = False):
+                flush_weights: bool | None = None):
     """``delta_rule._replay_step`` on ``batch`` rows at a real shape (launch options None: the wrapper's defaults);
     ``flush``: at host positions, the flush instead of a replay. With a copy, ``flush_outputs`` (default: with device
     positions or ``flush``) gives flushing rows' outputs from it; ``code_vector``: the host flush's
@@ -196,7 +196,8 @@ def _delta_call(fmt: str, device_phase: bool, block_v: int | None = None, num_wa
     the default (``_reload_token``); ``exact_solve`` / ``solve_weights``: the solved exact fold, with its per-head
     pre-launch (``_exact_solve`` / ``_solve_weights``); ``newest_first``: KDA's weights pre-launch reads the records
     newest first (``_newest_first``); ``flush_weights``: a KDA flush giving its outputs from a copy takes the records'
-    weights from that pre-launch (``_flush_weights``)."""
+    weights from that pre-launch (``_flush_weights``; None: the wrapper's default, ``FLUSH_WEIGHTS_DEFAULT``, on for
+    per-key gates; False is passed on, unlike the other options)."""
     from hf_replayssm.kernels import delta_rule
 
     # Qwen3-Next's GDN shape; Kimi-Linear's KDA: 32 heads of 128, a decay per key channel
@@ -218,8 +219,8 @@ def _delta_call(fmt: str, device_phase: bool, block_v: int | None = None, num_wa
             -torch.rand(batch, *gate), buffer_len=16, out=torch.empty(batch, value_heads, dim),
             **_launch(_block_v=block_v, _num_warps=num_warps, _gdn_weights=gdn_weights,
                       _flush_code_vector=code_vector, _reload_token=reload_token, _exact_solve=exact_solve,
-                      _solve_weights=solve_weights, _newest_first=newest_first, _flush_weights=flush_weights),
-            **read)
+                      _solve_weights=solve_weights, _newest_first=newest_first),
+            **({} if flush_weights is None else dict(_flush_weights=flush_weights)), **read)
 
     # the per-head pre-launches (weights: per-key gates, scalar ones with gdn_weights; the solved fold's chain) come
     # first (compiled, not run)
@@ -366,8 +367,10 @@ def solve_registers(family: str = "gdn", arch: int = 90, batch: int = 256,
     state tile (for KDA also the decayed keys)."""
     rows = []
     for (block_v, num_warps), given in itertools.product(tiles, (False, True)):
+        # the solved fold alone: its flush reads no weights pre-launch (KDA's default since run 218)
         module, kernels, call = _delta_call("fp8", False, block_v, num_warps, per_key=family == "kda", batch=batch,
-                                            flush=True, flush_outputs=True, exact_solve=True, solve_weights=given)
+                                            flush=True, flush_outputs=True, exact_solve=True, solve_weights=given,
+                                            flush_weights=False)
         for r in compile_launches(module, kernels, call, arch, skip=("advance_counts",)):
             arm = f"[K, {block_v}] x {num_warps}{', pre-launch given' if given else ''}"
             rows.append(dict(r, arm="pre-launch" if r["kernel"] == "_delta_solve_kernel" else arm))

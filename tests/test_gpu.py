@@ -233,7 +233,7 @@ def test_cuda_static_cache_speculation(model_type):
     """Speculation on a static ReplayCache on CUDA: transformers 5.25 compiles the verify forwards of a compileable
     cache (CUDA graphs; 5.17 runs them eagerly), which run on device positions through the verify ops (the Triton
     verify kernels; a draft model's windows of 21 tokens in pieces of 16). Prompt lookup and a draft model equal
-    greedy decoding and the same calls kept eager (``disable_compile``) within 1e-5; a plain generate on the same
+    greedy decoding and the same calls kept eager (``disable_compile``) within 1e-4; a plain generate on the same
     cache afterwards compiles and equals stock."""
     pytest.importorskip("triton")
     from torch._dynamo.utils import counters
@@ -253,7 +253,9 @@ def test_cuda_static_cache_speculation(model_type):
         assert (counters["stats"]["unique_graphs"] > 0) == assisted_forwards_compile()  # (5.17: eager windows)
         assert torch.equal(out.sequences, greedy.sequences) and torch.equal(eager.sequences, greedy.sequences)
         assert max_logit_diff(out.logits, greedy.logits) < 1e-4
-        assert max_logit_diff(out.logits, eager.logits) < 1e-5
+        # Inductor's fused kernels round apart from eager (H100, 5.25, the draft model's windows: 1.7e-5), as in
+        # test_cuda_compiled_static_cache_with_cuda_graphs
+        assert max_logit_diff(out.logits, eager.logits) < 1e-4
     cache.reset()
     counters.clear()
     out = model.generate(prompt, past_key_values=cache, **GREEDY)

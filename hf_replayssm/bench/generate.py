@@ -168,23 +168,32 @@ def _replay_cache(arm: str, model, settings: Settings, max_cache_len: int):
     precision = REPLAY_PRECISION[arm]
     if not arm.endswith("-compiled"):
         return ReplayCache(settings.buffer_len, precision=precision, backend=settings.backend)
-    key = (id(model), arm, max_cache_len)
-    if key in _STATIC_CACHES:
-        cache = _STATIC_CACHES[key]
+
+    def build():
+        try:
+            cache = ReplayCache(settings.buffer_len, precision=precision, backend=settings.backend,
+                                max_cache_len=max_cache_len)
+        except TypeError as error:
+            raise ArmSkipped(f"ReplayCache(max_cache_len=...) is not available yet: {error}") from None
+        try:
+            cache.bind(model)
+        except ValueError as error:  # a static cache refuses layers / policies that cannot decode on device positions
+            raise ArmSkipped(str(error)) from None
+        if not cache.is_compileable:
+            raise ArmSkipped(f"ReplayCache(precision={precision!r}, max_cache_len=...) reports is_compileable=False")
+        return cache
+
+    return _reused_static_cache((id(model), arm, max_cache_len), build)
+
+
+def _reused_static_cache(key: tuple, build):
+    """The static cache of ``key`` from an earlier run, reset; else ``build()``'s, kept for the next run (a build
+    that raises keeps nothing)."""
+    cache = _STATIC_CACHES.get(key)
+    if cache is not None:
         cache.reset()
         return cache
-    try:
-        cache = ReplayCache(settings.buffer_len, precision=precision, backend=settings.backend,
-                            max_cache_len=max_cache_len)
-    except TypeError as error:
-        raise ArmSkipped(f"ReplayCache(max_cache_len=...) is not available yet: {error}") from None
-    try:
-        cache.bind(model)
-    except ValueError as error:  # a static cache refuses layers / policies that cannot decode on device positions
-        raise ArmSkipped(str(error)) from None
-    if not cache.is_compileable:
-        raise ArmSkipped(f"ReplayCache(precision={precision!r}, max_cache_len=...) reports is_compileable=False")
-    _STATIC_CACHES[key] = cache
+    cache = _STATIC_CACHES[key] = build()
     return cache
 
 
@@ -543,16 +552,18 @@ def _speculative_kwargs(arm: str, model, draft, settings: Settings, lookup: int,
     kind, _, cache = arm.removesuffix("-compiled").partition("-")
     kwargs = dict(compile_config=settings.compile_config()) if compiled else dict(disable_compile=True)
     if cache == "static":  # one window of drafts more than the tokens (what generate() asks a static cache for)
-        window = {"greedy": 0, "lookup": lookup}.get(kind) or int(
-            getattr(draft.generation_config, "num_assistant_tokens", None) or 20)
-        key = (id(model), arm, length + window)
-        replay = _STATIC_CACHES.get(key) if compiled else None
-        if replay is None:
-            replay = ReplayCache(settings.buffer_len, backend=settings.backend, max_cache_len=length + window)
-            if compiled:
-                _STATIC_CACHES[key] = replay
-        replay.reset()
-        kwargs[cache_argument(model)] = replay
+        if kind == "greedy":
+            window = 0
+        elif kind == "lookup":
+            window = lookup
+        else:
+            window = int(getattr(draft.generation_config, "num_assistant_tokens", None) or 20)
+
+        def build():
+            return ReplayCache(settings.buffer_len, backend=settings.backend, max_cache_len=length + window)
+
+        kwargs[cache_argument(model)] = (_reused_static_cache((id(model), arm, length + window), build) if compiled
+                                         else build())
     elif cache == "replay":  # stock: transformers' own cache (its speculation on hybrids: refused before 5.25)
         kwargs[cache_argument(model)] = ReplayCache(settings.buffer_len, backend=settings.backend)
     if kind == "lookup":
@@ -584,8 +595,8 @@ def _speculative_entry(arm: str, runs: list[dict], new_tokens: int, reference) -
              "accepted": best["accepted"], "acceptance": best["acceptance"],
              "repeats_tokens_per_s": [new_tokens / r["seconds"] for r in runs],
              "tokens_checksum": _checksum(best["tokens"]), "compiled": best["compiled"],
-             # frames Dynamo compiled during the timed runs (after the warm-up): a compiled arm should show none
-             "dynamo_frames_timed": sum(r["dynamo_frames"] for r in runs[1:])}
+             # frames Dynamo compiled during the timed runs (``runs`` holds no warm-up): a compiled arm should show none
+             "dynamo_frames_timed": sum(r["dynamo_frames"] for r in runs)}
     if reference is not None:
         entry["identical"] = bool(torch.equal(best["tokens"], reference))
     return entry

@@ -112,6 +112,35 @@ def test_speculative_arms_on_a_static_cache(tmp_path):
     assert ("EAGER!" in table) is not assisted_forwards_compile()
 
 
+def test_speculative_mode_on_a_bundled_model(tmp_path):
+    """A bundled model (tiny-gdn-copy, with its tokenizer): the passage prompt by default, a bundled draft model by
+    name, tokens equal to plain greedy; without --draft-model its draft arms are skipped with the reason."""
+    arms = "greedy-replay,lookup-replay,draft-replay"
+    out = tmp_path / "bundled.json"
+    common = ["--speculative", "--models", "tiny-gdn-copy", "--prompt", "96", "--new", "12", "--repeats", "1",
+              "--dtype", "float32", "--device", "cpu", "--lookup", "4", "--speculative-arms", arms]
+    assert bench.main([*common, "--draft-model", "tiny-gdn", "--out", str(out)]) == 0
+    entries = {e["arm"]: e for e in json.loads(out.read_text())["speculative"]}
+    assert set(entries) == set(arms.split(","))
+    for arm, entry in entries.items():
+        assert entry["prompt_kind"] == "passage" and entry["model"] == "tiny-gdn-copy"
+        assert entry["draft_model"] == "tiny-gdn" and entry["tokens_per_s"] > 0
+        assert entry["identical"] is True, arm
+    assert entries["lookup-replay"]["drafted"] > 0 and entries["draft-replay"]["drafted"] > 0
+    assert bench.main([*common, "--out", str(out)]) == 0
+    skipped = {e["arm"]: e for e in json.loads(out.read_text())["speculative"]}["draft-replay"]
+    assert "--draft-model" in skipped["skipped"] and "tokens_per_s" not in skipped
+
+
+def test_special_tokens_and_prompt_kinds():
+    model = bench.build_model("qwen3_5", "cpu", torch.float32, tiny=True, layers=4)
+    assert bench.special_token_ids(model) == [0, 1, 2]
+    with pytest.raises(ValueError, match="needs a model with a tokenizer"):
+        bench.speculative_prompt("passage", 256, 32)
+    with pytest.raises(ValueError, match="code-edit"):
+        bench.speculative_prompt("poem", 256, 32)
+
+
 @pytest.mark.parametrize("kind", bench.PROMPT_KINDS)
 def test_repetitive_prompts(kind):
     seed = int(torch.randint(0, 1000, (1,)))

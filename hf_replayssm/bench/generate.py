@@ -26,7 +26,10 @@ on hybrid models: those arms report its error; from 5.25 it rolls its linear lay
 repetitive prompts (a "code file" of repeated function templates asked to be edited; a document followed by
 "Summary:"), token ids drawn from a seed (no tokenizer). With random weights the continuation means nothing, so the
 arms report acceptance (accepted / drafted tokens), end-to-end tokens/s, and whether their tokens equal plain
-greedy's.
+greedy's. ``--models`` also takes a bundled model (``tiny-gdn-copy``, which copies repeated text, so prompt lookup
+drafts are accepted) or a saved model folder: its prompt kind is ``passage`` (a passage of Hamlet said twice, through
+its tokenizer), its draft model ``--draft-model`` (another bundled name or folder; without one the draft arms report
+that they need it).
 """
 
 from __future__ import annotations
@@ -63,6 +66,8 @@ SPECULATIVE_ARMS = ("greedy-stock", "greedy-replay", "lookup-stock", "lookup-rep
 SPECULATIVE_EXTRA_ARMS = ("lookup-static", "draft-static", "greedy-static-compiled", "lookup-static-compiled",
                           "draft-static-compiled")
 PROMPT_KINDS = ("code-edit", "summary")
+# a model with a tokenizer (bundled, or a saved folder): a passage of Hamlet said twice, through its tokenizer
+TOKENIZER_PROMPT_KINDS = ("passage",)
 # In-vocabulary special tokens for every shaped model (Kimi-Linear's config defaults, 163584+, lie outside the
 # shaped 32000-token vocabulary); prompts draw ids >= 3 and generation suppresses these.
 SPECIAL_TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
@@ -138,6 +143,17 @@ def copy_shared_weights(draft, model) -> int:
         for key, tensor in shared.items():
             tensor.copy_(source[key])
     return len(shared)
+
+
+def special_token_ids(model) -> list[int]:
+    """The ids ``generate`` suppresses so that every arm emits exactly ``new`` tokens: the model's bos / eos / pad
+    (``SPECIAL_TOKENS`` for the shaped models), those inside its vocabulary."""
+    config = model.config.get_text_config(decoder=True)
+    ids = set()
+    for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        value = getattr(config, name, None)
+        ids.update(value if isinstance(value, (list, tuple)) else [] if value is None else [value])
+    return sorted(i for i in ids if 0 <= i < _vocab(model))
 
 
 def _vocab(model) -> int:
@@ -286,7 +302,7 @@ def timed_generate(model, ids: torch.Tensor, new_tokens: int, kwargs: dict) -> d
 
     device = ids.device
     clock = _first_token_clock()
-    suppress = [t for t in SPECIAL_TOKENS.values() if t < _vocab(model)]
+    suppress = special_token_ids(model)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     frames, skips = _dynamo_frames(), cudagraph_skips()
@@ -550,6 +566,9 @@ def _speculative_kwargs(arm: str, model, draft, settings: Settings, lookup: int,
         raise ValueError(f"unknown speculative arm {arm!r}; arms: {SPECULATIVE_ARMS + SPECULATIVE_EXTRA_ARMS}")
     compiled = arm.endswith("-compiled")
     kind, _, cache = arm.removesuffix("-compiled").partition("-")
+    if kind == "draft" and draft is None:
+        raise ArmSkipped("a draft arm needs a draft model: pass --draft-model (a bundled name or a saved folder) "
+                         "for a bundled or saved main model")
     kwargs = dict(compile_config=settings.compile_config()) if compiled else dict(disable_compile=True)
     if cache == "static":  # one window of drafts more than the tokens (what generate() asks a static cache for)
         if kind == "greedy":
@@ -574,7 +593,10 @@ def _speculative_kwargs(arm: str, model, draft, settings: Settings, lookup: int,
 
 
 def _speculative_run(model, draft, ids, arm: str, new_tokens: int, settings: Settings, lookup: int) -> dict:
-    kwargs = _speculative_kwargs(arm, model, draft, settings, lookup, ids.shape[1] + new_tokens)
+    try:
+        kwargs = _speculative_kwargs(arm, model, draft, settings, lookup, ids.shape[1] + new_tokens)
+    except ArmSkipped as skipped:
+        return {"skipped": str(skipped)}
     try:
         with DraftCounter(model) as counter:
             run = timed_generate(model, ids, new_tokens, kwargs)
@@ -585,9 +607,9 @@ def _speculative_run(model, draft, ids, arm: str, new_tokens: int, settings: Set
 
 
 def _speculative_entry(arm: str, runs: list[dict], new_tokens: int, reference) -> dict:
-    failed = next((r for r in runs if "error" in r), None)
+    failed = next((r for r in runs if "error" in r or "skipped" in r), None)
     if failed is not None:
-        return {"arm": arm, "error": failed["error"]}
+        return {"arm": arm, **{k: failed[k] for k in ("error", "skipped") if k in failed}}
     best = min(runs, key=lambda r: r["seconds"])
     entry = {"arm": arm, "tokens_per_s": new_tokens / best["seconds"],
              "ms_per_token": best["seconds"] * 1e3 / new_tokens, "prefill_ms": best["prefill_s"] * 1e3,
@@ -610,23 +632,42 @@ def _plain_greedy_tokens(runs: dict[str, list[dict]]):
     return None
 
 
+def speculative_prompt(kind: str, vocab: int, length: int, seed: int = 0, tokenizer=None) -> torch.Tensor:
+    """[1, length] ids of a prompt kind: ``PROMPTS`` (synthetic ids), or ``passage`` (needs the model's tokenizer)."""
+    if kind in TOKENIZER_PROMPT_KINDS:
+        if tokenizer is None:
+            raise ValueError(f"prompt kind {kind!r} needs a model with a tokenizer (a bundled model or a saved "
+                             f"folder); shaped random-weight models take {PROMPT_KINDS}")
+        from .speculative import repetitive_batch
+
+        return repetitive_batch(vocab, 1, length, seed, tokenizer)
+    if kind not in PROMPTS:
+        raise ValueError(f"unknown prompt kind {kind!r}; kinds: {PROMPT_KINDS + TOKENIZER_PROMPT_KINDS}")
+    return PROMPTS[kind](vocab, length, seed)
+
+
 def measure_speculative(model, draft, prompt: int = 512, new_tokens: int = 256, lookup: int = 10,
-                        arms: Sequence[str] = SPECULATIVE_ARMS, kinds: Sequence[str] = PROMPT_KINDS,
-                        repeats: int = 2, settings: Settings | None = None, seed: int = 0) -> list[dict]:
-    """Batch 1, per prompt kind: every speculative arm warmed once, then ``repeats`` interleaved timed runs; tokens/s
-    end to end (prefill included: a verify forward mixes prompt and drafts), acceptance = accepted / drafted tokens,
-    ``identical``: the new tokens equal plain greedy's (``greedy-stock``, else ``greedy-replay``); ``prefill_ms``:
-    time to the first logits (for speculative arms the first verify forward, which includes the first drafts)."""
+                        arms: Sequence[str] = SPECULATIVE_ARMS, kinds: Sequence[str] | None = None,
+                        repeats: int = 2, settings: Settings | None = None, seed: int = 0,
+                        tokenizer=None) -> list[dict]:
+    """Batch 1, per prompt kind (default: ``passage`` with a tokenizer, else ``PROMPT_KINDS``): every speculative
+    arm warmed once, then ``repeats`` interleaved timed runs; tokens/s end to end (prefill included: a verify forward
+    mixes prompt and drafts), acceptance = accepted / drafted tokens, ``identical``: the new tokens equal plain
+    greedy's (``greedy-stock``, else ``greedy-replay``); ``prefill_ms``: time to the first logits (for speculative
+    arms the first verify forward, which includes the first drafts). ``draft`` None: the draft arms are skipped."""
     settings = settings or Settings()
     device = next(model.parameters()).device
+    if kinds is None:
+        kinds = TOKENIZER_PROMPT_KINDS if tokenizer is not None else PROMPT_KINDS
     results = []
     for kind in kinds:
-        ids = PROMPTS[kind](_vocab(model), prompt, seed).to(device)
+        ids = speculative_prompt(kind, _vocab(model), prompt, seed, tokenizer).to(device)
         warmups = {arm: _speculative_run(model, draft, ids, arm, new_tokens, settings, lookup) for arm in arms}
-        runs = {arm: [warmups[arm]] if "error" in warmups[arm] else [] for arm in arms}
+        failed = {arm for arm in arms if "error" in warmups[arm] or "skipped" in warmups[arm]}
+        runs = {arm: [warmups[arm]] if arm in failed else [] for arm in arms}
         for _ in range(repeats):
             for arm in arms:
-                if "error" not in warmups[arm]:
+                if arm not in failed:
                     runs[arm].append(_speculative_run(model, draft, ids, arm, new_tokens, settings, lookup))
         plain = _plain_greedy_tokens(runs)
         for arm in arms:
@@ -735,13 +776,16 @@ def build_parser():
                         "prompt lookup vs a draft model, repetitive prompts)")
     parser.add_argument("--speculative-arms", default=",".join(SPECULATIVE_ARMS),
                         help=f"comma-separated, from {SPECULATIVE_ARMS + SPECULATIVE_EXTRA_ARMS}")
-    parser.add_argument("--prompt-kinds", default=",".join(PROMPT_KINDS))
+    parser.add_argument("--prompt-kinds", help=f"comma-separated, from {PROMPT_KINDS + TOKENIZER_PROMPT_KINDS} "
+                        "(default: passage for a model with a tokenizer, else the synthetic kinds)")
     parser.add_argument("--lookup", type=int, default=10, help="prompt_lookup_num_tokens")
     parser.add_argument("--draft-layers", type=int, default=4, help="layers of the draft model: the first N of the "
                         "family's pattern, same shapes and vocabulary (include an attention layer: transformers' "
                         "Kimi-Linear fails without one)")
     parser.add_argument("--draft-init", choices=("copy", "random"), default="copy", help="copy: the draft takes the "
                         "main model's embeddings, first layers and head (a truncated copy); random: its own weights")
+    parser.add_argument("--draft-model", help="the draft arms' model: a bundled name or a saved folder (default: a "
+                        "shaped main model's truncated copy, --draft-layers; none for a bundled or saved main model)")
     parser.add_argument("--out", help="write the results as JSON here")
     return parser
 
@@ -779,19 +823,46 @@ def _bench_model(name: str, args, settings: Settings) -> list[dict]:
     return entries
 
 
-def _speculate_model(name: str, args, settings: Settings) -> list[dict]:
+def is_saved_model(name: str) -> bool:
+    """A bundled model name or a folder holding a saved model (as opposed to a shaped random-weight model)."""
+    from pathlib import Path
+
+    from ..models import BUNDLED
+
+    return name in BUNDLED or Path(name, "config.json").is_file()
+
+
+def speculative_models(name: str, args):
+    """(model, draft or None, tokenizer or None, draft description) of one ``--speculative`` model."""
+    from ..models import load_model
+
     dtype = getattr(torch, args.dtype)
-    model = build_model(name, args.device, dtype, args.tiny, args.layers, args.seed)
+    if is_saved_model(name):
+        model, tokenizer = load_model(name, device=args.device, dtype=dtype)
+    else:
+        model, tokenizer = build_model(name, args.device, dtype, args.tiny, args.layers, args.seed), None
+    if args.draft_model:
+        draft, _ = load_model(args.draft_model, device=args.device, dtype=dtype)
+        return model, draft, tokenizer, dict(draft_model=args.draft_model, draft_layers=_num_layers(draft))
+    if tokenizer is not None or is_saved_model(name):
+        return model, None, tokenizer, dict(draft_model=None, draft_layers=None)
     draft = build_model(name, args.device, dtype, args.tiny, args.draft_layers, args.seed + 1)
     if args.draft_init == "copy":
         copy_shared_weights(draft, model)
+    return model, draft, tokenizer, dict(draft_model=None, draft_layers=args.draft_layers, draft_init=args.draft_init)
+
+
+def _speculate_model(name: str, args, settings: Settings) -> list[dict]:
+    model, draft, tokenizer, about_draft = speculative_models(name, args)
+    kinds = args.prompt_kinds.split(",") if args.prompt_kinds else None
     rows = measure_speculative(model, draft, args.prompt, args.new, args.lookup, args.speculative_arms.split(","),
-                               args.prompt_kinds.split(","), args.repeats, settings, args.seed)
-    rows = [{"model": name, "layers": _num_layers(model), "draft_layers": args.draft_layers,
-             "draft_init": args.draft_init, **row} for row in rows]
-    print(speculative_table(rows, f"== {name}-like ({type(model).__name__}, {_num_layers(model)} layers), batch 1, "
-                            f"prompt {args.prompt}, "
-                            f"{args.new} new tokens, draft of {args.draft_layers} layers"), flush=True)
+                               kinds, args.repeats, settings, args.seed, tokenizer)
+    rows = [{"model": name, "layers": _num_layers(model), **about_draft, **row} for row in rows]
+    like = "" if is_saved_model(name) else "-like"
+    draft_text = (f"draft {about_draft['draft_model'] or ''} of {about_draft['draft_layers']} layers"
+                  if about_draft["draft_layers"] else "no draft model")
+    print(speculative_table(rows, f"== {name}{like} ({type(model).__name__}, {_num_layers(model)} layers), batch 1, "
+                            f"prompt {args.prompt}, {args.new} new tokens, {draft_text}"), flush=True)
     return rows
 
 

@@ -45,12 +45,16 @@ class DevicePositions:
 
     # no instance dict: Dynamo guards every method a compiled step calls on an object with one (that the instance
     # does not shadow it), before each CUDA-graph replay
-    __slots__ = ("active", "buffer_len", "conv", "conv_hist", "count", "entry_committed", "fields", "operands",
-                 "origin", "pending", "positions", "step_fn", "steps", "token_name", "verify_fn", "verify_window",
-                 "verifying")
+    __slots__ = ("buffer_len", "conv", "conv_hist", "count", "entry_committed", "fields", "operands", "origin",
+                 "pending", "phase", "positions", "step_fn", "steps", "token_name", "verify_fn", "verify_window")
+
+    # ``phase``: OFF (the host schedule decides), STEP (plain decode steps) or VERIFY (speculative windows). One
+    # attribute for both questions, read once where a compiled forward asks: each read through another path is
+    # another guard checked before every CUDA-graph replay
+    OFF, STEP, VERIFY = 0, 1, 2
 
     def __init__(self):
-        self.active = False
+        self.phase = self.OFF
         # origin, count and the step counter share one int32 tensor, ``positions`` [2B + 1]: a compiled step slices it
         # inside the graph, so the graph takes (and Dynamo guards, and the runtime bumps the version of) one tensor
         # per layer for the three
@@ -73,9 +77,8 @@ class DevicePositions:
         self.step_fn = None
         self.buffer_len = 0
         self.token_name = ""
-        # verifying: every forward is a speculative window of at most ``verify_window`` tokens, through ``verify_fn``
+        # VERIFY: every forward is a speculative window of at most ``verify_window`` tokens, through ``verify_fn``
         # (the recurrence's ``device_verify``)
-        self.verifying = False
         self.verify_fn = None
         self.verify_window = 0
 
@@ -108,7 +111,7 @@ class DevicePositions:
         self._allocate(batch, device, conv_window, verify_window if verify_fn is not None else 0)
         self.operands, self.fields = operands, fields
         self.step_fn, self.buffer_len, self.token_name = step_fn, buffer_len, token_name
-        self.verifying, self.verify_fn = verify_fn is not None, verify_fn
+        self.verify_fn = verify_fn
         self.verify_window = verify_window if verify_fn is not None else 0
         self.origin.fill_(origin)
         self.count.fill_(committed)
@@ -117,7 +120,17 @@ class DevicePositions:
         if conv_window is not None:
             self.conv.copy_(conv_window)
         self.entry_committed = committed
-        self.active = True
+        self.phase = self.STEP if verify_fn is None else self.VERIFY
+
+    @property
+    def active(self) -> bool:
+        """On device positions (plain steps or verify windows)."""
+        return self.phase != self.OFF
+
+    @property
+    def verifying(self) -> bool:
+        """On device positions, every forward a speculative window."""
+        return self.phase == self.VERIFY
 
     def steps_taken(self) -> int:
         """Decode steps since entry (reads the device)."""
@@ -129,23 +142,22 @@ class DevicePositions:
         return steps, pending
 
     def leave(self) -> None:
-        self.active = self.verifying = False
+        self.phase = self.OFF
         self.operands = self.fields = self.step_fn = self.verify_fn = None
 
     def takes(self, tokens) -> bool:
         """Whether a forward of these tokens is a plain decode step on these positions (one token, not verifying)."""
-        return not self.verifying and tokens[self.token_name].shape[1] == 1
+        return self.phase == self.STEP and tokens[self.token_name].shape[1] == 1
 
     def accepts(self, count) -> bool:
         """Whether a forward of ``count`` tokens runs on these positions (a plain step, or a window they verify)."""
-        if not self.active:
-            return False
-        return count <= self.verify_window if self.verifying else count == 1
+        phase = self.phase
+        return count == 1 if phase == self.STEP else phase == self.VERIFY and count <= self.verify_window
 
     def verifies(self, tokens) -> bool:
         """Whether a forward of these tokens is a speculative window these positions verify (at most
         ``verify_window`` tokens; a wider one goes back to the host schedule, which grows the rings)."""
-        return self.verifying and tokens[self.token_name].shape[1] <= self.verify_window
+        return self.phase == self.VERIFY and tokens[self.token_name].shape[1] <= self.verify_window
 
     def verify(self, tokens) -> torch.Tensor:
         """A speculative window (float32 outputs): the verify op writes its records after the committed ones and

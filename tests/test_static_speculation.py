@@ -120,17 +120,29 @@ def test_draft_model_on_a_static_cache_equals_greedy(monkeypatch):
 
 @pytest.mark.parametrize("policy", ["separated-fp8", "separated-nvfp4"])
 def test_separated_precision_speculation_on_a_static_cache(policy):
-    """A read copy in a static cache through speculation: the same tokens as a dynamic cache with the same policy
-    (logits within float32 rounding), drafts rejected on the way."""
+    """A read copy in a static cache through speculation: the same tokens as a dynamic cache with the same policy,
+    drafts rejected on the way. The recurrence (the float32 state) agrees within float32 rounding; the logits too,
+    but where that rounding puts a checkpoint value on the other side of a read-copy code's boundary: nvfp4's coarse
+    codes can round one way in one cache and the other way in the other (seen at 2 torch threads: one step of 24
+    off by 1.8e-4), which moves the steps that read that copy, and only them (its error never re-enters the
+    recurrence)."""
     model = _model("kimi_linear")
     base = torch.randint(3, model.config.vocab_size, (1, 6), generator=torch.Generator().manual_seed(2))
     prompt = torch.cat([base] * 3, dim=1)
-    dynamic = model.generate(prompt, past_key_values=ReplayCache(4, precision=policy), prompt_lookup_num_tokens=DRAFTS,
-                             **GREEDY)
+    dynamic_cache = ReplayCache(4, precision=policy)
+    dynamic = model.generate(prompt, past_key_values=dynamic_cache, prompt_lookup_num_tokens=DRAFTS, **GREEDY)
     cache = ReplayCache(4, precision=policy, max_cache_len=prompt.shape[1] + NEW + DRAFTS)
     out = model.generate(prompt, past_key_values=cache, prompt_lookup_num_tokens=DRAFTS, **GREEDY)
     assert torch.equal(out.sequences, dynamic.sequences)
-    assert max_logit_diff(out.logits, dynamic.logits) < 1e-4
+    for index, layer in cache.replay_layers.items():
+        state, reference = layer.current_state(), dynamic_cache.replay_layers[index].current_state()
+        assert torch.allclose(state, reference, rtol=1e-5, atol=1e-6), index
+    steps = sorted(max_logit_diff([a], [b]) for a, b in zip(out.logits, dynamic.logits, strict=True))
+    assert all(d == d for d in steps), steps  # no NaN (which sorts anywhere)
+    if policy == "separated-fp8":
+        assert steps[-1] < 1e-4
+    else:  # a flipped code moves a few steps, never most of them, and never far
+        assert steps[-1] < 1e-3 and steps[-len(steps) // 8] < 1e-5, steps
     assert cache.stats()["rolled_back_tokens"] > 0
 
 

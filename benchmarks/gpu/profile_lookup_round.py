@@ -22,8 +22,16 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from hf_replayssm.bench.generate import (DraftCounter, Settings, _speculative_kwargs, _vocab, build_model,
-                                         is_saved_model, speculative_prompt, timed_generate)
+from hf_replayssm.bench.generate import (
+    DraftCounter,
+    Settings,
+    _speculative_kwargs,
+    _vocab,
+    build_model,
+    is_saved_model,
+    speculative_prompt,
+    timed_generate,
+)
 from hf_replayssm.models import load_model
 
 

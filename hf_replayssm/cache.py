@@ -530,6 +530,8 @@ class ReplayCache(DynamicCache):
         static cache the attention layers' newest slots are given back (the next forward overwrites them, and the
         causal mask never shows them), as transformers' ``StaticLayer.crop`` does."""
         count = int(tokens_to_remove)
+        if self._crop_on_device(count):
+            return
         if count > 0:
             count -= int(self.get_seq_length())
             if count > 0:
@@ -553,6 +555,39 @@ class ReplayCache(DynamicCache):
                     _crop_static_layer(layer, count)
             elif hasattr(layer, "crop"):
                 layer.crop(count)
+
+    def _crop_on_device(self, count: int) -> bool:
+        """``crop(count)`` after a window every SSM layer verified on device positions, where none of them needs the
+        host schedule for it (``ReplaySchedule.kept_on_device``): the SSM layers commit the kept tokens on the
+        device, the static attention layers give back the dropped slots; nothing is read from the device. Else
+        False (nothing changed) and ``crop`` goes the host way."""
+        kept = {layer.schedule.kept_on_device(count) for layer in self.replay_layers.values()}
+        if len(kept) != 1 or None in kept:
+            return False
+        # the others: plain static layers (not sliding-window ones) whose length is a device tensor, as in 5.17 to
+        # 5.25, and 5.25's placeholders of the mlp / moe blocks (``DummyLayer``: no data, nothing to crop)
+        attention = [layer for layer in self._layers_with_state()
+                     if not isinstance(layer, ReplayLayer) and type(layer).__name__ != "DummyLayer"]
+        if not all(type(layer) is StaticLayer and (not layer.is_initialized or isinstance(
+                getattr(layer, "cumulative_length", None), torch.Tensor)) for layer in attention):
+            return False
+        (kept,) = kept
+        for layer in self.replay_layers.values():
+            layer.schedule.crop_on_device(kept)
+        for layer in attention:
+            if not layer.is_initialized:
+                continue
+            if count > 0:
+                layer.cumulative_length.fill_(count)
+            elif count:
+                layer.cumulative_length.sub_(-count)
+        return True
+
+    def note_window(self, width: int) -> None:
+        """The next forward feeds ``width`` tokens (told by the caller of a compiled forward, which the host does not
+        see run): layers verifying on device positions can then crop after it without reading the device."""
+        for layer in self.replay_layers.values():
+            layer.schedule.device_positions.note_window(width)
 
     def drop_rows(self, dropped) -> None:
         """Per-row rollback for batched speculation: row r forgets its newest ``dropped[r]`` tokens (fed while

@@ -39,6 +39,9 @@ class _DraftSettings:
 _DRAFT: contextvars.ContextVar[_DraftSettings | None] = contextvars.ContextVar("hf_replayssm_draft", default=None)
 # ids of the models whose "stateful models cannot do assisted generation" refusal is lifted in this context (thread)
 _LIFTED: contextvars.ContextVar[frozenset] = contextvars.ContextVar("hf_replayssm_lifted", default=frozenset())
+# the static cache whose verify forwards run on device positions in this generate() call: its compiled forwards are
+# called through a wrapper that tells it each window's width (``_wrap_get_compiled_call``)
+_VERIFYING: contextvars.ContextVar[object | None] = contextvars.ContextVar("hf_replayssm_verifying", default=None)
 
 
 def _is_replay_cache(value) -> bool:
@@ -448,9 +451,11 @@ def _wrap_generate(original):
         lifted = _LIFTED.set(_LIFTED.get() | {id(self)})  # ReplayCache makes rollback exact: allow assisted decoding
         draft = _DRAFT.set(_DraftSettings(cache.buffer_len, cache.policy, drafts + 1))
         cache.set_device_verify(device_verify)
+        verifying = _VERIFYING.set(cache if device_verify else None)
         try:
             return original(self, *args, **kwargs)
         finally:
+            _VERIFYING.reset(verifying)
             _DRAFT.reset(draft)
             _LIFTED.reset(lifted)
             cache.set_device_verify(False)
@@ -516,6 +521,30 @@ def _wrap_call(original):
     return __call__
 
 
+def _wrap_get_compiled_call(original):
+    """Inside a generate() call whose verify forwards run on device positions, the compiled forward comes wrapped:
+    before each call the wrapper tells the cache the width of the window (the compiled frame runs no Python of ours
+    that could), so that the crop after it commits on the device without reading it back. Elsewhere (plain compiled
+    decoding, whose every step the wrapper would cost host time) the compiled forward is returned as it is."""
+    @functools.wraps(original)
+    def get_compiled_call(self, *args, **kwargs):
+        compiled = original(self, *args, **kwargs)
+        cache = _VERIFYING.get()
+        if cache is None:
+            return compiled
+
+        def noting_window(*call_args, **call_kwargs):
+            inputs = call_kwargs.get("input_ids", call_kwargs.get("inputs_embeds"))
+            if _replay_cache_in(call_kwargs) is cache and isinstance(inputs, torch.Tensor):
+                cache.note_window(inputs.shape[1])
+            return compiled(*call_args, **call_kwargs)
+
+        return noting_window
+
+    get_compiled_call._replayssm_original = original
+    return get_compiled_call
+
+
 def install_hooks() -> None:
     """Install the pass-through hooks (idempotent; ``ReplayCache()`` calls it)."""
     global _installed
@@ -529,4 +558,6 @@ def install_hooks() -> None:
             GenerationMixin._prepare_cache_for_generation
         )
         PreTrainedModel.__call__ = _wrap_call(PreTrainedModel.__call__)
+        if hasattr(PreTrainedModel, "get_compiled_call"):
+            PreTrainedModel.get_compiled_call = _wrap_get_compiled_call(PreTrainedModel.get_compiled_call)
         _installed = True

@@ -543,8 +543,9 @@ class ReplaySchedule:
         if not self.device_positions.active:
             return self.counters
         if self.device_positions.verifying:
-            windows, width = self.device_positions.progress()
-            return self.counters + Counter(decode_steps=windows if self.tokens_seen else 0, tokens=width)
+            windows, width, dropped, _ = self.device_positions.ledger()
+            return self.counters + Counter(decode_steps=windows if self.tokens_seen else 0, tokens=width + dropped,
+                                           rolled_back_tokens=dropped)
         steps, flushes = self._device_progress()
         return self.counters + Counter(decode_steps=steps, tokens=steps, flushes=flushes, checkpoint_writes=flushes)
 
@@ -574,13 +575,20 @@ class ReplaySchedule:
         wrote them after the committed ones) and its conv inputs the conv ring's newest, so ``crop`` commits or drops
         them as after a host verify forward."""
         positions = self.device_positions
-        windows, width = positions.progress()
+        windows, width, dropped, errors = positions.ledger()
+        if errors:
+            positions.leave()
+            raise RuntimeError(f"{errors} crop(s) on device positions kept more tokens than their verify window fed: "
+                               "crop only within the window just verified (the assisted loop does)")
         if windows > 1 or not bool((positions.count == self.ring.num_committed).all()):
             raise RuntimeError(f"device positions verified {windows} windows without a crop (count "
                                f"{positions.count.tolist()}, expected {self.ring.num_committed}): the assisted loop "
                                "crops after every verify forward")
+        self.counters.update(tokens=dropped, rolled_back_tokens=dropped)
         positions.leave()
         if not windows:
+            if positions.committed_here and positions.conv is not None:  # the conv ring missed the crops' windows
+                self.conv.load_window(positions.conv, self.tokens_seen)
             return
         self.ring.extend(width, pending=True)
         if positions.conv_hist is not None:
@@ -608,6 +616,35 @@ class ReplaySchedule:
                 "activate_past_recording() before feeding tokens you may drop, and crop after every verify step as "
                 "generate() does."
             )
+
+    def kept_on_device(self, count: int) -> int | None:
+        """How many tokens of the window verified on device positions a ``crop`` keeps, where the host can tell
+        without reading the device and the crop can commit them there (``crop_on_device``); else None. ``count``:
+        as ``ReplayCache.crop`` takes it, a length to keep (> 0) or minus the tokens to drop, which needs the
+        window's width as the host saw it (``DevicePositions.fed``). The ring must stay under a period (completing
+        one folds it, on the host). A length past the window is counted on the device (``errors``)."""
+        positions = self.device_positions
+        if not positions.verifying or self._staged or self.ring.num_pending:
+            return None
+        if count > 0:
+            kept = count - self.tokens_seen
+        elif positions.fed is not None:
+            kept = positions.fed + count
+        else:
+            return None
+        if not 0 <= kept <= positions.verify_window or self.ring.num_committed + kept >= self.buffer_len:
+            return None
+        return kept
+
+    def crop_on_device(self, kept: int) -> None:
+        """The crop after a window verified on device positions that keeps ``kept`` tokens (``kept_on_device``):
+        they are committed on the device and the positions stay (no host read; see ``commit_window``)."""
+        self.device_positions.commit_window(kept)
+        if self.tokens_seen:
+            self.counters["decode_steps"] += 1
+        self.counters["tokens"] += kept
+        self.tokens_seen += kept
+        self.ring.num_committed += kept
 
     def crop(self, count: int) -> None:
         """Drop the newest ``count`` tokens and commit the rest."""

@@ -16,8 +16,11 @@ them stay valid however often a layer leaves and re-enters device positions.
 Speculative verify forwards can run on device positions too (``verifying``: a static cache inside transformers'
 assisted loop, which feeds one window and crops after it): the verify op writes the window's records after the
 committed ones and leaves ``count`` alone, a ``pending`` counter holds the window's width, and the conv window stays
-put while ``conv_hist`` keeps ``[window, inputs]``. The crop (eager, on the host) then reads the width once and
-commits or drops the drafts on the host schedule.
+put while ``conv_hist`` keeps ``[window, inputs]``. The crop after it knows from the host how many tokens to keep
+(the length transformers crops to, less the committed tokens), so while that keeps the ring under a period it
+commits them on the device (``commit_window``: ``count`` advances, the conv window moves along ``conv_hist``, the
+dropped drafts are counted in ``dropped``) and reads nothing; a crop that would complete a period, or anything else
+that needs the host schedule, hands the positions back, reading the device once.
 """
 
 from __future__ import annotations
@@ -33,11 +36,16 @@ def mark_static(*tensors: torch.Tensor) -> None:
             torch._dynamo.mark_static_address(tensor)
 
 
+# the counters after origin [B] and count [B]: steps, pending, dropped, errors
+_COUNTERS = 4
+
+
 def _split_positions(positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(origin [B], count [B], steps [1], pending [1])``, views of one int32 [2B + 2] tensor."""
-    batch = (positions.shape[0] - 2) // 2
+    """``(origin [B], count [B], steps [1], pending [1])``, views of one int32 [2B + 4] tensor (then ``dropped``,
+    ``errors``: see ``DevicePositions``)."""
+    batch = (positions.shape[0] - _COUNTERS) // 2
     return (positions[:batch], positions[batch : 2 * batch], positions[2 * batch : 2 * batch + 1],
-            positions[2 * batch + 1 :])
+            positions[2 * batch + 1 : 2 * batch + 2])
 
 
 class DevicePositions:
@@ -45,8 +53,9 @@ class DevicePositions:
 
     # no instance dict: Dynamo guards every method a compiled step calls on an object with one (that the instance
     # does not shadow it), before each CUDA-graph replay
-    __slots__ = ("buffer_len", "conv", "conv_hist", "count", "entry_committed", "fields", "operands", "origin",
-                 "pending", "phase", "positions", "step_fn", "steps", "token_name", "verify_fn", "verify_window")
+    __slots__ = ("buffer_len", "committed_here", "conv", "conv_hist", "count", "counters", "entry_committed", "fed",
+                 "fields", "operands", "origin", "pending", "phase", "positions", "step_fn", "steps", "token_name",
+                 "verify_fn", "verify_window")
 
     # ``phase``: OFF (the host schedule decides), STEP (plain decode steps) or VERIFY (speculative windows). One
     # attribute for both questions, read once where a compiled forward asks: each read through another path is
@@ -63,9 +72,16 @@ class DevicePositions:
         self.count: torch.Tensor | None = None  # int32 [B] view: records in the ring (the kernel advances it)
         self.steps: torch.Tensor | None = None  # int32 [1] view: decode steps (verifying: windows) since entry
         self.pending: torch.Tensor | None = None  # int32 [1] view: width of the window verified since entry
+        # int32 [4] view: steps, pending, then (verifying) the drafts dropped by crops on the device since entry and
+        # how many of those crops kept more tokens than their window fed (a caller's error, raised on leaving)
+        self.counters: torch.Tensor | None = None
         self.conv: torch.Tensor | None = None  # [B, C, K]: the last K conv inputs, oldest first
         self.conv_hist: torch.Tensor | None = None  # [B, C, K + verify_window]: [window, inputs] of a verify forward
         self.entry_committed = 0  # records in the ring when device positions took over (every row alike)
+        self.committed_here = False  # a crop committed a window on the device since entry (the conv ring is stale)
+        # the width of the window verified since the last crop, as the host saw it (an eager verify forward, or the
+        # compiled call's caller: ``note_window``); None where it did not see one
+        self.fed: int | None = None
         # What a decode step reads, fixed while the positions are active: the store's kernel operands (checkpoint,
         # read copy, read format) and the ring's record tensors. A compiled step reads them here, one attribute
         # away, instead of through the store's slots and policies (each hop is a Dynamo guard checked before every
@@ -92,8 +108,9 @@ class DevicePositions:
         if fits and conv_fits and hist_fits:
             return
         if not (fits and conv_fits):
-            self.positions = torch.zeros(2 * batch + 2, dtype=torch.int32, device=device)
+            self.positions = torch.zeros(2 * batch + _COUNTERS, dtype=torch.int32, device=device)
             self.origin, self.count, self.steps, self.pending = _split_positions(self.positions)
+            self.counters = self.positions[2 * batch :]
             self.conv = None if conv_window is None else torch.empty_like(conv_window)
             mark_static(self.positions, *([] if self.conv is None else [self.conv]))
         self.conv_hist = None
@@ -115,11 +132,12 @@ class DevicePositions:
         self.verify_window = verify_window if verify_fn is not None else 0
         self.origin.fill_(origin)
         self.count.fill_(committed)
-        self.steps.zero_()
-        self.pending.zero_()
+        self.counters.zero_()
         if conv_window is not None:
             self.conv.copy_(conv_window)
         self.entry_committed = committed
+        self.committed_here = False
+        self.fed = None
         self.phase = self.STEP if verify_fn is None else self.VERIFY
 
     @property
@@ -138,11 +156,41 @@ class DevicePositions:
 
     def progress(self) -> tuple[int, int]:
         """(steps or verified windows, width of the pending window) since entry: one device read."""
-        steps, pending = self.positions[-2:].tolist()
+        steps, pending = self.counters[:2].tolist()
         return steps, pending
+
+    def ledger(self) -> tuple[int, int, int, int]:
+        """(windows verified since the last crop, the pending window's width, drafts dropped by crops on the device,
+        crops that kept more than their window fed) since entry: one device read."""
+        windows, pending, dropped, errors = self.counters.tolist()
+        return windows, pending, dropped, errors
+
+    def commit_window(self, kept: int) -> None:
+        """A crop on the device after a verified window: its first ``kept`` tokens become committed records (the
+        verify op wrote them after the committed ones), the rest are dropped (counted), the conv window moves on by
+        the kept inputs, and the next window verifies from there. No host read: a crop that keeps more than the
+        window fed is counted in ``errors``, which leaving raises."""
+        batch = self.count.shape[0]
+        steps_pending, dropped_errors = self.positions[2 * batch : 2 * batch + 2], self.positions[2 * batch + 2 :]
+        surplus = self.pending - kept  # [1]: the dropped drafts, negative for a crop past the window
+        dropped_errors.add_(torch.cat([surplus, (surplus < 0).to(surplus.dtype)]))
+        self.count.add_(kept)
+        steps_pending.zero_()
+        if self.conv is not None:
+            kernel = self.conv.shape[-1]
+            self.conv.copy_(self.conv_hist[..., kept : kept + kernel])
+        self.entry_committed += kept
+        self.committed_here = True
+        self.fed = None
+
+    def note_window(self, width: int) -> None:
+        """The host's view of the next forward, from outside a compiled call: a window of ``width`` tokens, which
+        these positions verify when it fits (a wider one leaves them for the host schedule)."""
+        self.fed = width if self.phase == self.VERIFY and width <= self.verify_window else None
 
     def leave(self) -> None:
         self.phase = self.OFF
+        self.fed = None
         self.operands = self.fields = self.step_fn = self.verify_fn = None
 
     def takes(self, tokens) -> bool:
@@ -166,9 +214,12 @@ class DevicePositions:
             origin, count, steps, pending = _split_positions(self.positions)
         else:
             origin, count, steps, pending = self.origin, self.count, self.steps, self.pending
+        width = tokens[self.token_name].shape[1]
         y = self.verify_fn(self.operands[0], self.fields, origin, count, tokens)
-        pending.fill_(tokens[self.token_name].shape[1])
+        pending.fill_(width)
         steps.add_(1)
+        if not torch.compiler.is_compiling():  # an eager verify forward: the host sees its width
+            self.fed = width
         return y
 
     def conv_verify(self, inputs: torch.Tensor) -> torch.Tensor:

@@ -5,6 +5,8 @@ positions (and compiled)."""
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pytest
 import torch
 from conftest import assisted_forwards_compile, decode, max_logit_diff
@@ -14,6 +16,7 @@ from transformers.generation import CompileConfig
 
 from hf_replayssm import ReplayCache, cache_argument
 from hf_replayssm.layers import RollbackError
+from hf_replayssm.static_decode import DevicePositions
 from hf_replayssm.tiny import tiny_model
 
 pytestmark = pytest.mark.equivalence
@@ -175,6 +178,60 @@ def test_crop_a_static_cache_by_hand(model_type):
     assert cache.stats()["rolled_back_tokens"] == 5 * len(cache.replay_layers)
 
 
+@pytest.mark.parametrize("model_type", FAMILIES)
+def test_crops_after_device_verify_stay_on_the_device(model_type, monkeypatch):
+    """In the assisted loop a crop that keeps the ring under a period commits the kept drafts on the device
+    (``commit_window``) and leaves the positions alone: no device read; only crops that complete a period hand the
+    positions back. Same tokens, logits and statistics as a dynamic cache; a plain continuation decodes on."""
+    model = _model(model_type)
+    prompt = _lookup_prompt(model, 0)
+    dynamic_cache = ReplayCache(16)
+    dynamic = model.generate(prompt, past_key_values=dynamic_cache, prompt_lookup_num_tokens=DRAFTS, **GREEDY)
+    calls = Counter()
+    for name in ("commit_window", "leave", "ledger", "progress"):
+        original = getattr(DevicePositions, name)
+        monkeypatch.setattr(DevicePositions, name, lambda self, *a, _f=original, _n=name: (calls.update([_n]),
+                                                                                           _f(self, *a))[1])
+    cache = ReplayCache(16, max_cache_len=prompt.shape[1] + NEW + DRAFTS + 6)
+    out = model.generate(prompt, past_key_values=cache, prompt_lookup_num_tokens=DRAFTS, **GREEDY)
+    assert torch.equal(out.sequences, dynamic.sequences) and max_logit_diff(out.logits, dynamic.logits) < 1e-4
+    layers = len(cache.replay_layers)
+    rounds = calls["commit_window"] // layers
+    assert rounds > 0 and calls["commit_window"] == rounds * layers
+    # leaving reads the ledger: once per layer per period completed (NEW tokens: at most 2 periods of 16) and once
+    # at the end of generate; every other crop read nothing
+    assert calls["ledger"] <= 4 * layers and calls["leave"] <= 4 * layers, calls
+    assert calls["progress"] <= 2 * layers, calls  # prefill bookkeeping only (get_seq_length while verifying)
+    # (a dynamic cache stages the checkpoints of windows that cross a flush; a static one folds at the crop)
+    ours, theirs = ({k: v for k, v in c.stats().items() if k != "staged_checkpoints"} for c in (cache, dynamic_cache))
+    assert ours == theirs and ours["rolled_back_tokens"] > 0 and ours["flushes"] > 0
+    more = model.generate(out.sequences, past_key_values=cache, **dict(GREEDY, max_new_tokens=6, min_new_tokens=6))
+    reference = model.generate(out.sequences, past_key_values=dynamic_cache,
+                               **dict(GREEDY, max_new_tokens=6, min_new_tokens=6))
+    assert torch.equal(more.sequences, reference.sequences) and max_logit_diff(more.logits, reference.logits) < 1e-4
+    assert _device_positions_active(cache)
+
+
+def test_a_crop_past_the_verified_window_is_refused_on_leaving():
+    """A crop on device positions reads nothing, so one that keeps more tokens than the window fed (a caller's
+    error: the assisted loop never does it) is counted on the device and raised when the positions are handed back,
+    before anything reads the cache."""
+    model = _model("qwen3_5_text")
+    tokens = torch.randint(3, model.config.vocab_size, (1, 20), generator=torch.Generator().manual_seed(4))
+    cache = ReplayCache(16, window=4, max_cache_len=24)
+    with torch.no_grad():
+        model(tokens[:, :8], past_key_values=cache, use_cache=True)
+        cache.set_device_verify(True)
+        cache.activate_past_recording()
+        model(tokens[:, 8:11], past_key_values=cache, use_cache=True)  # a host window, then the first crop
+        cache.crop(9)  # enters device positions for the next window
+        assert _device_positions_active(cache)
+        model(tokens[:, 9:11], past_key_values=cache, use_cache=True)  # a window of 2 on the device
+        cache.crop(12)  # keeps 3 of 2
+        with pytest.raises(RuntimeError, match="kept more tokens than their verify window fed"):
+            cache.set_device_verify(False)  # hands the positions back
+
+
 def _recording_config(graphs, fullgraph=True):
     def recording_backend(gm, example_inputs):
         graphs.append(gm)
@@ -186,7 +243,7 @@ def _recording_config(graphs, fullgraph=True):
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)
-def test_verify_forwards_compile_on_device_positions(model_type):
+def test_verify_forwards_compile_on_device_positions(model_type, monkeypatch):
     """transformers 5.25 compiles the verify forwards of a compileable cache: a static ReplayCache's run on device
     positions through the verify ops, whole (fullgraph: no host position read, no graph break), at most one graph per
     window width, with the greedy tokens, within 1e-5 of the same call kept eager and with its statistics; a plain
@@ -202,8 +259,13 @@ def test_verify_forwards_compile_on_device_positions(model_type):
                            **GREEDY)
     cache = ReplayCache(4, max_cache_len=size)
     torch._dynamo.reset()
+    commits = []  # crops on the device: the compiled call's caller told the cache each window's width
+    commit_window = DevicePositions.commit_window
+    monkeypatch.setattr(DevicePositions, "commit_window", lambda self, kept: (commits.append(kept),
+                                                                             commit_window(self, kept))[1])
     out = model.generate(prompt, past_key_values=cache, prompt_lookup_num_tokens=DRAFTS, compile_config=config,
                          **GREEDY)
+    assert commits and all(1 <= kept <= DRAFTS + 1 for kept in commits)
     assert torch.equal(out.sequences, greedy.sequences) and max_logit_diff(out.logits, greedy.logits) < 1e-4
     assert max_logit_diff(out.logits, eager.logits) < 1e-5  # transformers' compiled masks round a little apart
     assert cache.stats() == eager_cache.stats() and cache.stats()["rolled_back_tokens"] > 0

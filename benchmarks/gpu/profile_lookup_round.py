@@ -53,6 +53,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--compile-backend", default="inductor")
+    parser.add_argument("--processors", action="store_true", help="the bench's old logits processors (exact length "
+                        "by suppressed special tokens, a first-token clock), which the assisted loop runs per draft")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -71,7 +73,7 @@ def main() -> None:
     def run(arm):
         kwargs = _speculative_kwargs(arm, model, None, settings, args.lookup, length)
         with DraftCounter(model) as counter:
-            result = timed_generate(model, ids, args.new, kwargs)
+            result = timed_generate(model, ids, args.new, kwargs, processors=args.processors)
         return result, counter
 
     for arm in args.arms.split(","):

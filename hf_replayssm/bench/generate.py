@@ -26,10 +26,12 @@ on hybrid models: those arms report its error; from 5.25 it rolls its linear lay
 repetitive prompts (a "code file" of repeated function templates asked to be edited; a document followed by
 "Summary:"), token ids drawn from a seed (no tokenizer). With random weights the continuation means nothing, so the
 arms report acceptance (accepted / drafted tokens), end-to-end tokens/s, and whether their tokens equal plain
-greedy's. ``--models`` also takes a bundled model (``tiny-gdn-copy``, which copies repeated text, so prompt lookup
-drafts are accepted) or a saved model folder: its prompt kind is ``passage`` (a passage of Hamlet said twice, through
-its tokenizer), its draft model ``--draft-model`` (another bundled name or folder; without one the draft arms report
-that they need it).
+greedy's. Speculative runs carry no logits processor (transformers' assisted loop runs each one per draft position:
+host time a default call does not spend) and stop by length alone (``eos_token_id=None``). ``--models`` also takes
+a bundled model (``tiny-gdn-copy``, which copies repeated text, so prompt lookup drafts are accepted) or a saved
+model folder: its prompt kind is ``passage`` (a passage of Hamlet said several times, through its tokenizer), its
+draft model ``--draft-model`` (another bundled name or folder; without one the draft arms are skipped, saying
+so).
 """
 
 from __future__ import annotations
@@ -295,14 +297,23 @@ def cudagraph_skips() -> int:
     return _dynamo_counter("inductor", "cudagraph_skips")
 
 
-def timed_generate(model, ids: torch.Tensor, new_tokens: int, kwargs: dict) -> dict:
+def timed_generate(model, ids: torch.Tensor, new_tokens: int, kwargs: dict, processors: bool = True) -> dict:
     """One greedy ``generate`` of exactly ``new_tokens`` tokens; seconds in all and up to the first token, the
-    allocator peak, whether the compiled forward ran, and the new tokens (on CPU)."""
+    allocator peak, whether the compiled forward ran, and the new tokens (on CPU). ``processors``: exactly that many
+    tokens by suppressing the special ones (``min_new_tokens``, ``suppress_tokens``) and the first token timed by a
+    logits processor; False: by switching off the end of sequence (``eos_token_id=None``), with no logits processor
+    at all (``prefill_s`` None). transformers' assisted loop calls each logits processor once per draft position
+    (and 5.25's prompt lookup again on its candidates), a host cost that a plain call without processors (the
+    default) does not pay: the speculative bench runs without them."""
     from transformers import LogitsProcessorList
 
     device = ids.device
     clock = _first_token_clock()
-    suppress = special_token_ids(model)
+    if processors:
+        exact = dict(min_new_tokens=new_tokens, suppress_tokens=special_token_ids(model),
+                     logits_processor=LogitsProcessorList([clock]))
+    else:
+        exact = dict(eos_token_id=None)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     frames, skips = _dynamo_frames(), cudagraph_skips()
@@ -310,12 +321,11 @@ def timed_generate(model, ids: torch.Tensor, new_tokens: int, kwargs: dict) -> d
     with torch.no_grad(), CompileProbe(model) as probe, JitCompiles() as jit:
         start = time.perf_counter()
         out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new_tokens,
-                             min_new_tokens=new_tokens, suppress_tokens=suppress,
-                             logits_processor=LogitsProcessorList([clock]), **kwargs)
+                             **exact, **kwargs)
         _sync(device)
         seconds = time.perf_counter() - start
     peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else 0
-    prefill = (clock.time or start + seconds) - start
+    prefill = (clock.time or start + seconds) - start if processors else None
     return dict(seconds=seconds, prefill_s=prefill, peak_bytes=peak, compiled=probe.used,
                 dynamo_frames=_dynamo_frames() - frames, cudagraph_skips=cudagraph_skips() - skips,
                 jit_compiles=jit.summary(), cuda=device.type == "cuda",
@@ -599,7 +609,7 @@ def _speculative_run(model, draft, ids, arm: str, new_tokens: int, settings: Set
         return {"skipped": str(skipped)}
     try:
         with DraftCounter(model) as counter:
-            run = timed_generate(model, ids, new_tokens, kwargs)
+            run = timed_generate(model, ids, new_tokens, kwargs, processors=False)
     except Exception as error:  # recorded in the results; the benchmark goes on
         return {"error": f"{type(error).__name__}: {str(error)[:500]}"}
     return dict(run, drafted=counter.drafted, accepted=counter.accepted, rounds=counter.rounds,
@@ -612,7 +622,7 @@ def _speculative_entry(arm: str, runs: list[dict], new_tokens: int, reference) -
         return {"arm": arm, **{k: failed[k] for k in ("error", "skipped") if k in failed}}
     best = min(runs, key=lambda r: r["seconds"])
     entry = {"arm": arm, "tokens_per_s": new_tokens / best["seconds"],
-             "ms_per_token": best["seconds"] * 1e3 / new_tokens, "prefill_ms": best["prefill_s"] * 1e3,
+             "ms_per_token": best["seconds"] * 1e3 / new_tokens,
              "peak_bytes": max(r["peak_bytes"] for r in runs), "drafted": best["drafted"],
              "accepted": best["accepted"], "acceptance": best["acceptance"],
              "repeats_tokens_per_s": [new_tokens / r["seconds"] for r in runs],
@@ -653,8 +663,9 @@ def measure_speculative(model, draft, prompt: int = 512, new_tokens: int = 256, 
     """Batch 1, per prompt kind (default: ``passage`` with a tokenizer, else ``PROMPT_KINDS``): every speculative
     arm warmed once, then ``repeats`` interleaved timed runs; tokens/s end to end (prefill included: a verify forward
     mixes prompt and drafts), acceptance = accepted / drafted tokens, ``identical``: the new tokens equal plain
-    greedy's (``greedy-stock``, else ``greedy-replay``); ``prefill_ms``: time to the first logits (for speculative
-    arms the first verify forward, which includes the first drafts). ``draft`` None: the draft arms are skipped."""
+    greedy's (``greedy-stock``, else ``greedy-replay``). No logits processor and no end of sequence: every arm
+    emits exactly ``new_tokens`` tokens (``timed_generate(processors=False)``). ``draft`` None: the draft arms are
+    skipped."""
     settings = settings or Settings()
     device = next(model.parameters()).device
     if kinds is None:

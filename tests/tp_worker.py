@@ -106,20 +106,20 @@ def main() -> None:
             # both ranks done before either tears its process group down: a rank destroying gloo while its peer
             # still sends once aborted the peer natively ("terminate called without an active exception", CI)
             torch.distributed.barrier()
+        # Past the barrier every rank has saved every result. torch 2.11's gloo teardown below still aborted a
+        # rank natively in CI (stop 54: SIGABRT, no traceback, and torchrun then killed its peer); the marker
+        # lets the test tell such an abort from a failed run.
+        (out_dir / f"rank{rank}.barrier").write_text("every rank saved its results\n")
     except BaseException:
         (out_dir / f"rank{rank}.err").write_text(traceback.format_exc())
         raise
     finally:
         if torch.distributed.is_initialized():
             torch.distributed.destroy_process_group()
-    # Every result is saved and both ranks passed the barrier. torch 2.11's gloo teardown still aborted a rank
-    # natively once more in CI (stop 54); the marker lets the test tell such an abort from a failed run, and
-    # leaving without interpreter finalization skips the thread destructors where such aborts come from.
-    (out_dir / f"rank{rank}.finished").write_text("results saved, process group destroyed\n")
+    # leaving without interpreter finalization skips the thread destructors such aborts come from
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
-
 
 if __name__ == "__main__":
     main()

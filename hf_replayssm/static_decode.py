@@ -54,8 +54,8 @@ class DevicePositions:
     # no instance dict: Dynamo guards every method a compiled step calls on an object with one (that the instance
     # does not shadow it), before each CUDA-graph replay
     __slots__ = ("buffer_len", "committed_here", "conv", "conv_hist", "count", "counters", "entry_committed", "fed",
-                 "fields", "operands", "origin", "pending", "phase", "positions", "step_fn", "steps", "token_name",
-                 "verify_fn", "verify_window")
+                 "fields", "host_dropped", "host_errors", "operands", "origin", "pending", "phase", "positions",
+                 "step_fn", "steps", "token_name", "verify_fn", "verify_window")
 
     # ``phase``: OFF (the host schedule decides), STEP (plain decode steps) or VERIFY (speculative windows). One
     # attribute for both questions, read once where a compiled forward asks: each read through another path is
@@ -82,6 +82,10 @@ class DevicePositions:
         # the width of the window verified since the last crop, as the host saw it (an eager verify forward, or the
         # compiled call's caller: ``note_window``); None where it did not see one
         self.fed: int | None = None
+        # the same two counts for the crops whose window's width the host knew (``fed``): kept on the host, they
+        # cost no device operation
+        self.host_dropped = 0
+        self.host_errors = 0
         # What a decode step reads, fixed while the positions are active: the store's kernel operands (checkpoint,
         # read copy, read format) and the ring's record tensors. A compiled step reads them here, one attribute
         # away, instead of through the store's slots and policies (each hop is a Dynamo guard checked before every
@@ -138,6 +142,7 @@ class DevicePositions:
         self.entry_committed = committed
         self.committed_here = False
         self.fed = None
+        self.host_dropped = self.host_errors = 0
         self.phase = self.STEP if verify_fn is None else self.VERIFY
 
     @property
@@ -163,17 +168,23 @@ class DevicePositions:
         """(windows verified since the last crop, the pending window's width, drafts dropped by crops on the device,
         crops that kept more than their window fed) since entry: one device read."""
         windows, pending, dropped, errors = self.counters.tolist()
-        return windows, pending, dropped, errors
+        return windows, pending, dropped + self.host_dropped, errors + self.host_errors
 
     def commit_window(self, kept: int) -> None:
         """A crop on the device after a verified window: its first ``kept`` tokens become committed records (the
         verify op wrote them after the committed ones), the rest are dropped (counted), the conv window moves on by
         the kept inputs, and the next window verifies from there. No host read: a crop that keeps more than the
-        window fed is counted in ``errors``, which leaving raises."""
+        window fed is counted in ``errors``, which leaving raises. Where the host saw the window's width (``fed``:
+        the assisted loop's crops) it counts both itself, so such a crop is three small device operations."""
         batch = self.count.shape[0]
-        steps_pending, dropped_errors = self.positions[2 * batch : 2 * batch + 2], self.positions[2 * batch + 2 :]
-        surplus = self.pending - kept  # [1]: the dropped drafts, negative for a crop past the window
-        dropped_errors.add_(torch.cat([surplus, (surplus < 0).to(surplus.dtype)]))
+        steps_pending = self.positions[2 * batch : 2 * batch + 2]
+        if self.fed is not None:
+            surplus = self.fed - kept  # the dropped drafts, negative for a crop past the window
+            self.host_dropped += surplus
+            self.host_errors += surplus < 0
+        else:
+            surplus = self.pending - kept  # [1], on the device
+            self.positions[2 * batch + 2 :].add_(torch.cat([surplus, (surplus < 0).to(surplus.dtype)]))
         self.count.add_(kept)
         steps_pending.zero_()
         if self.conv is not None:

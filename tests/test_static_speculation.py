@@ -212,11 +212,14 @@ def test_crops_after_device_verify_stay_on_the_device(model_type, monkeypatch):
     assert _device_positions_active(cache)
 
 
-def test_a_crop_past_the_verified_window_is_refused_on_leaving():
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager-window", "compiled-window"])
+def test_a_crop_past_the_verified_window_is_refused_on_leaving(compiled):
     """A crop on device positions reads nothing, so one that keeps more tokens than the window fed (a caller's
-    error: the assisted loop never does it) is counted on the device and raised when the positions are handed back,
-    before anything reads the cache."""
+    error: the assisted loop never does it) is counted and raised when the positions are handed back, before
+    anything reads the cache: on the host where it saw the window's width (an eager verify forward), on the device
+    where it did not (a compiled forward called without generate()'s wrapper)."""
     model = _model("qwen3_5_text")
+    window_forward = torch.compile(model, backend="eager") if compiled else model
     tokens = torch.randint(3, model.config.vocab_size, (1, 20), generator=torch.Generator().manual_seed(4))
     cache = ReplayCache(16, window=4, max_cache_len=24)
     with torch.no_grad():
@@ -226,8 +229,11 @@ def test_a_crop_past_the_verified_window_is_refused_on_leaving():
         model(tokens[:, 8:11], past_key_values=cache, use_cache=True)  # a host window, then the first crop
         cache.crop(9)  # enters device positions for the next window
         assert _device_positions_active(cache)
-        model(tokens[:, 9:11], past_key_values=cache, use_cache=True)  # a window of 2 on the device
+        window_forward(tokens[:, 9:11], past_key_values=cache, use_cache=True)  # a window of 2 on the device
+        positions = cache.replay_layers[next(iter(cache.replay_layers))].schedule.device_positions
+        assert positions.verifying and (positions.fed is None) == compiled
         cache.crop(12)  # keeps 3 of 2
+        assert positions.verifying and (positions.host_errors == 0) == compiled
         with pytest.raises(RuntimeError, match="kept more tokens than their verify window fed"):
             cache.set_device_verify(False)  # hands the positions back
 

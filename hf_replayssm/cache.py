@@ -28,6 +28,7 @@ from .integration import install_hooks
 from .layers import ReplayHybridLayer, ReplayLayer, RollbackError
 from .packed_rollback import PackedRollback
 from .precision import PrecisionPolicy, resolve_policy
+from .static_decode import commit_windows
 
 BACKENDS = ("auto", "torch", "triton")
 STAT_KEYS = ("decode_steps", "flushes", "checkpoint_writes", "rolled_back_tokens", "prefills", "tokens",
@@ -572,15 +573,16 @@ class ReplayCache(DynamicCache):
                 getattr(layer, "cumulative_length", None), torch.Tensor)) for layer in attention):
             return False
         (kept,) = kept
-        for layer in self.replay_layers.values():
-            layer.schedule.crop_on_device(kept)
-        for layer in attention:
-            if not layer.is_initialized:
-                continue
-            if count > 0:
-                layer.cumulative_length.fill_(count)
-            elif count:
-                layer.cumulative_length.sub_(-count)
+        schedules = [layer.schedule for layer in self.replay_layers.values()]
+        commit_windows([schedule.device_positions for schedule in schedules], kept)
+        for schedule in schedules:
+            schedule.crop_on_device(kept)
+        lengths = [layer.cumulative_length for layer in attention if layer.is_initialized]
+        if lengths and count > 0:  # the length to keep
+            torch._foreach_zero_(lengths)
+            torch._foreach_add_(lengths, count)
+        elif lengths and count:  # minus the tokens to drop
+            torch._foreach_add_(lengths, count)
         return True
 
     def note_window(self, width: int) -> None:

@@ -619,10 +619,11 @@ class ReplaySchedule:
 
     def kept_on_device(self, count: int) -> int | None:
         """How many tokens of the window verified on device positions a ``crop`` keeps, where the host can tell
-        without reading the device and the crop can commit them there (``crop_on_device``); else None. ``count``:
-        as ``ReplayCache.crop`` takes it, a length to keep (> 0) or minus the tokens to drop, which needs the
-        window's width as the host saw it (``DevicePositions.fed``). The ring must stay under a period (completing
-        one folds it, on the host). A length past the window is counted on the device (``errors``)."""
+        without reading the device and the crop can commit them there (``ReplayCache._crop_on_device``); else
+        None. ``count``: as ``ReplayCache.crop`` takes it, a length to keep (> 0) or minus the tokens to drop, which
+        needs the window's width as the host saw it (``DevicePositions.fed``). The ring must stay under a period
+        (completing one folds it, on the host). A length past the window is counted (``errors``) and raised when
+        the positions are handed back."""
         positions = self.device_positions
         if not positions.verifying or self._staged or self.ring.num_pending:
             return None
@@ -637,9 +638,9 @@ class ReplaySchedule:
         return kept
 
     def crop_on_device(self, kept: int) -> None:
-        """The crop after a window verified on device positions that keeps ``kept`` tokens (``kept_on_device``):
-        they are committed on the device and the positions stay (no host read; see ``commit_window``)."""
-        self.device_positions.commit_window(kept)
+        """The crop after a window verified on device positions that keeps ``kept`` tokens (``kept_on_device``), on
+        the host schedule's side: the caller commits them on the device, for every layer at once
+        (``static_decode.commit_windows``), and the positions stay (no host read)."""
         if self.tokens_seen:
             self.counters["decode_steps"] += 1
         self.counters["tokens"] += kept

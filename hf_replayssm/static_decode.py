@@ -18,7 +18,7 @@ assisted loop, which feeds one window and crops after it): the verify op writes 
 committed ones and leaves ``count`` alone, a ``pending`` counter holds the window's width, and the conv window stays
 put while ``conv_hist`` keeps ``[window, inputs]``. The crop after it knows from the host how many tokens to keep
 (the length transformers crops to, less the committed tokens), so while that keeps the ring under a period it
-commits them on the device (``commit_window``: ``count`` advances, the conv window moves along ``conv_hist``, the
+commits them on the device (``commit_windows``: ``count`` advances, the conv window moves along ``conv_hist``, the
 dropped drafts are counted in ``dropped``) and reads nothing; a crop that would complete a period, or anything else
 that needs the host schedule, hands the positions back, reading the device once.
 """
@@ -46,6 +46,27 @@ def _split_positions(positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     batch = (positions.shape[0] - _COUNTERS) // 2
     return (positions[:batch], positions[batch : 2 * batch], positions[2 * batch : 2 * batch + 1],
             positions[2 * batch + 1 : 2 * batch + 2])
+
+
+def commit_windows(layers: list[DevicePositions], kept: int) -> None:
+    """A crop on the device after a window these layers verified: its first ``kept`` tokens become committed records
+    (the verify op wrote them after the committed ones), the rest are dropped (counted), each conv window moves on by
+    the kept inputs, and the next window verifies from there. No host read: a crop that keeps more than the window
+    fed is counted in ``errors`` (on the host where it saw the window's width, ``fed``: the assisted loop's crops),
+    which leaving raises. Three multi-tensor launches for all the layers (count, the window counters, the conv
+    windows), not three a layer: a real hybrid crops dozens of SSM layers every speculative round."""
+    counts, window_counters, convs, conv_sources = [], [], [], []
+    for positions in layers:
+        positions._count_crop(kept)
+        counts.append(positions.count)
+        window_counters.append(positions.counters[:2])  # steps (windows since the last crop), pending
+        if positions.conv is not None:
+            convs.append(positions.conv)
+            conv_sources.append(positions.conv_hist[..., kept : kept + positions.conv.shape[-1]])
+    torch._foreach_add_(counts, kept)
+    torch._foreach_zero_(window_counters)
+    if convs:
+        torch._foreach_copy_(convs, conv_sources)
 
 
 class DevicePositions:
@@ -170,26 +191,16 @@ class DevicePositions:
         windows, pending, dropped, errors = self.counters.tolist()
         return windows, pending, dropped + self.host_dropped, errors + self.host_errors
 
-    def commit_window(self, kept: int) -> None:
-        """A crop on the device after a verified window: its first ``kept`` tokens become committed records (the
-        verify op wrote them after the committed ones), the rest are dropped (counted), the conv window moves on by
-        the kept inputs, and the next window verifies from there. No host read: a crop that keeps more than the
-        window fed is counted in ``errors``, which leaving raises. Where the host saw the window's width (``fed``:
-        the assisted loop's crops) it counts both itself, so such a crop is three small device operations."""
-        batch = self.count.shape[0]
-        steps_pending = self.positions[2 * batch : 2 * batch + 2]
+    def _count_crop(self, kept: int) -> None:
+        """The host side of ``commit_windows``: the dropped drafts and the crops past the window counted (on the host
+        where it saw the window's width, else on the device), the host's fields moved on."""
         if self.fed is not None:
             surplus = self.fed - kept  # the dropped drafts, negative for a crop past the window
             self.host_dropped += surplus
             self.host_errors += surplus < 0
         else:
             surplus = self.pending - kept  # [1], on the device
-            self.positions[2 * batch + 2 :].add_(torch.cat([surplus, (surplus < 0).to(surplus.dtype)]))
-        self.count.add_(kept)
-        steps_pending.zero_()
-        if self.conv is not None:
-            kernel = self.conv.shape[-1]
-            self.conv.copy_(self.conv_hist[..., kept : kept + kernel])
+            self.counters[2:].add_(torch.cat([surplus, (surplus < 0).to(surplus.dtype)]))
         self.entry_committed += kept
         self.committed_here = True
         self.fed = None

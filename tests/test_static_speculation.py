@@ -15,6 +15,7 @@ from transformers.cache_utils import StaticLayer, StaticSlidingWindowLayer
 from transformers.generation import CompileConfig
 
 from hf_replayssm import ReplayCache, cache_argument
+from hf_replayssm import cache as cache_module
 from hf_replayssm.layers import RollbackError
 from hf_replayssm.static_decode import DevicePositions
 from hf_replayssm.tiny import tiny_model
@@ -181,23 +182,27 @@ def test_crop_a_static_cache_by_hand(model_type):
 @pytest.mark.parametrize("model_type", FAMILIES)
 def test_crops_after_device_verify_stay_on_the_device(model_type, monkeypatch):
     """In the assisted loop a crop that keeps the ring under a period commits the kept drafts on the device
-    (``commit_window``) and leaves the positions alone: no device read; only crops that complete a period hand the
-    positions back. Same tokens, logits and statistics as a dynamic cache; a plain continuation decodes on."""
+    (``commit_windows``, once for all the layers) and leaves the positions alone: no device read; only crops that
+    complete a period hand the positions back. Same tokens, logits and statistics as a dynamic cache; a plain
+    continuation decodes on."""
     model = _model(model_type)
     prompt = _lookup_prompt(model, 0)
     dynamic_cache = ReplayCache(16)
     dynamic = model.generate(prompt, past_key_values=dynamic_cache, prompt_lookup_num_tokens=DRAFTS, **GREEDY)
     calls = Counter()
-    for name in ("commit_window", "leave", "ledger", "progress"):
+    for name in ("_count_crop", "leave", "ledger", "progress"):
         original = getattr(DevicePositions, name)
         monkeypatch.setattr(DevicePositions, name, lambda self, *a, _f=original, _n=name: (calls.update([_n]),
                                                                                            _f(self, *a))[1])
+    commit_windows = cache_module.commit_windows
+    monkeypatch.setattr(cache_module, "commit_windows",
+                        lambda layers, kept: (calls.update(["commit_windows"]), commit_windows(layers, kept))[1])
     cache = ReplayCache(16, max_cache_len=prompt.shape[1] + NEW + DRAFTS + 6)
     out = model.generate(prompt, past_key_values=cache, prompt_lookup_num_tokens=DRAFTS, **GREEDY)
     assert torch.equal(out.sequences, dynamic.sequences) and max_logit_diff(out.logits, dynamic.logits) < 1e-4
     layers = len(cache.replay_layers)
-    rounds = calls["commit_window"] // layers
-    assert rounds > 0 and calls["commit_window"] == rounds * layers
+    rounds = calls["commit_windows"]  # one call a crop on the device, every layer's count in it
+    assert rounds > 0 and calls["_count_crop"] == rounds * layers
     # leaving reads the ledger: once per layer per period completed (NEW tokens: at most 2 periods of 16) and once
     # at the end of generate; every other crop read nothing
     assert calls["ledger"] <= 4 * layers and calls["leave"] <= 4 * layers, calls
@@ -266,9 +271,9 @@ def test_verify_forwards_compile_on_device_positions(model_type, monkeypatch):
     cache = ReplayCache(4, max_cache_len=size)
     torch._dynamo.reset()
     commits = []  # crops on the device: the compiled call's caller told the cache each window's width
-    commit_window = DevicePositions.commit_window
-    monkeypatch.setattr(DevicePositions, "commit_window", lambda self, kept: (commits.append(kept),
-                                                                             commit_window(self, kept))[1])
+    count_crop = DevicePositions._count_crop
+    monkeypatch.setattr(DevicePositions, "_count_crop", lambda self, kept: (commits.append(kept),
+                                                                           count_crop(self, kept))[1])
     out = model.generate(prompt, past_key_values=cache, prompt_lookup_num_tokens=DRAFTS, compile_config=config,
                          **GREEDY)
     assert commits and all(1 <= kept <= DRAFTS + 1 for kept in commits)

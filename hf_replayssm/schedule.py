@@ -621,9 +621,10 @@ class ReplaySchedule:
         """How many tokens of the window verified on device positions a ``crop`` keeps, where the host can tell
         without reading the device and the crop can commit them there (``ReplayCache._crop_on_device``); else
         None. ``count``: as ``ReplayCache.crop`` takes it, a length to keep (> 0) or minus the tokens to drop, which
-        needs the window's width as the host saw it (``DevicePositions.fed``). The ring must stay under a period
-        (completing one folds it, on the host). A length past the window is counted (``errors``) and raised when
-        the positions are handed back."""
+        needs the window's width as the host saw it (``DevicePositions.fed``). A crop that completes a period (then
+        folded by ``crop_on_device``) or keeps more tokens than the window fed (then refused at once by the host
+        way) needs that width too; without it, a length past the window is counted on the device (``errors``) and
+        raised when the positions are handed back."""
         positions = self.device_positions
         if not positions.verifying or self._staged or self.ring.num_pending:
             return None
@@ -633,19 +634,27 @@ class ReplaySchedule:
             kept = positions.fed + count
         else:
             return None
-        if not 0 <= kept <= positions.verify_window or self.ring.num_committed + kept >= self.buffer_len:
+        if not 0 <= kept <= positions.verify_window:
             return None
-        return kept
+        if positions.fed is None:
+            return kept if self.ring.num_committed + kept < self.buffer_len else None
+        return kept if kept <= positions.fed else None
 
     def crop_on_device(self, kept: int) -> None:
         """The crop after a window verified on device positions that keeps ``kept`` tokens (``kept_on_device``), on
         the host schedule's side: the caller commits them on the device, for every layer at once
-        (``static_decode.commit_windows``), and the positions stay (no host read)."""
+        (``static_decode.commit_windows``), and the positions stay (no host read). A crop that completes a period
+        folds it here, as the host way would (the fold kernel on the ring's host-known origin: one launch a layer),
+        and points the device positions at the ring's new origin."""
         if self.tokens_seen:
             self.counters["decode_steps"] += 1
         self.counters["tokens"] += kept
         self.tokens_seen += kept
         self.ring.num_committed += kept
+        if self.ring.num_committed >= self.buffer_len:
+            while self.ring.num_committed >= self.buffer_len:
+                self._commit_staged_or_fold(self.checkpoint_position + self.buffer_len)
+            self.device_positions.restart(self.ring.origin, self.ring.num_committed)
 
     def crop(self, count: int) -> None:
         """Drop the newest ``count`` tokens and commit the rest."""

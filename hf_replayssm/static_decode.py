@@ -17,10 +17,11 @@ Speculative verify forwards can run on device positions too (``verifying``: a st
 assisted loop, which feeds one window and crops after it): the verify op writes the window's records after the
 committed ones and leaves ``count`` alone, a ``pending`` counter holds the window's width, and the conv window stays
 put while ``conv_hist`` keeps ``[window, inputs]``. The crop after it knows from the host how many tokens to keep
-(the length transformers crops to, less the committed tokens), so while that keeps the ring under a period it
-commits them on the device (``commit_windows``: ``count`` advances, the conv window moves along ``conv_hist``, the
-dropped drafts are counted in ``dropped``) and reads nothing; a crop that would complete a period, or anything else
-that needs the host schedule, hands the positions back, reading the device once.
+(the length transformers crops to, less the committed tokens), so it commits them on the device
+(``commit_windows``: ``count`` advances, the conv window moves along ``conv_hist``, the dropped drafts are counted)
+and reads nothing; a crop that completes a period folds it on the host schedule, whose ring positions the host
+knows, and points these positions at the ring's new origin (``restart``). Anything that needs the host schedule
+otherwise hands the positions back, reading the device once.
 """
 
 from __future__ import annotations
@@ -51,10 +52,11 @@ def _split_positions(positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
 def commit_windows(layers: list[DevicePositions], kept: int) -> None:
     """A crop on the device after a window these layers verified: its first ``kept`` tokens become committed records
     (the verify op wrote them after the committed ones), the rest are dropped (counted), each conv window moves on by
-    the kept inputs, and the next window verifies from there. No host read: a crop that keeps more than the window
-    fed is counted in ``errors`` (on the host where it saw the window's width, ``fed``: the assisted loop's crops),
-    which leaving raises. Three multi-tensor launches for all the layers (count, the window counters, the conv
-    windows), not three a layer: a real hybrid crops dozens of SSM layers every speculative round."""
+    the kept inputs, and the next window verifies from there. No host read: the dropped drafts are counted on the
+    host where it saw the window's width (``fed``: the assisted loop's crops), else on the device, where a crop
+    that keeps more than the window fed is counted in ``errors``, which leaving raises. Three multi-tensor launches
+    for all the layers (count, the window counters, the conv windows), not three a layer: a real hybrid crops
+    dozens of SSM layers every speculative round."""
     counts, window_counters, convs, conv_sources = [], [], [], []
     for positions in layers:
         positions._count_crop(kept)
@@ -75,8 +77,8 @@ class DevicePositions:
     # no instance dict: Dynamo guards every method a compiled step calls on an object with one (that the instance
     # does not shadow it), before each CUDA-graph replay
     __slots__ = ("buffer_len", "committed_here", "conv", "conv_hist", "count", "counters", "entry_committed", "fed",
-                 "fields", "host_dropped", "host_errors", "operands", "origin", "pending", "phase", "positions",
-                 "step_fn", "steps", "token_name", "verify_fn", "verify_window")
+                 "fields", "host_dropped", "operands", "origin", "pending", "phase", "positions", "step_fn", "steps",
+                 "token_name", "verify_fn", "verify_window")
 
     # ``phase``: OFF (the host schedule decides), STEP (plain decode steps) or VERIFY (speculative windows). One
     # attribute for both questions, read once where a compiled forward asks: each read through another path is
@@ -103,10 +105,9 @@ class DevicePositions:
         # the width of the window verified since the last crop, as the host saw it (an eager verify forward, or the
         # compiled call's caller: ``note_window``); None where it did not see one
         self.fed: int | None = None
-        # the same two counts for the crops whose window's width the host knew (``fed``): kept on the host, they
-        # cost no device operation
+        # the drafts dropped by the crops whose window's width the host knew (``fed``): counted on the host, no
+        # device operation (such a crop never keeps more than the window fed: ``ReplaySchedule.kept_on_device``)
         self.host_dropped = 0
-        self.host_errors = 0
         # What a decode step reads, fixed while the positions are active: the store's kernel operands (checkpoint,
         # read copy, read format) and the ring's record tensors. A compiled step reads them here, one attribute
         # away, instead of through the store's slots and policies (each hop is a Dynamo guard checked before every
@@ -163,7 +164,7 @@ class DevicePositions:
         self.entry_committed = committed
         self.committed_here = False
         self.fed = None
-        self.host_dropped = self.host_errors = 0
+        self.host_dropped = 0
         self.phase = self.STEP if verify_fn is None else self.VERIFY
 
     @property
@@ -189,21 +190,27 @@ class DevicePositions:
         """(windows verified since the last crop, the pending window's width, drafts dropped by crops on the device,
         crops that kept more than their window fed) since entry: one device read."""
         windows, pending, dropped, errors = self.counters.tolist()
-        return windows, pending, dropped + self.host_dropped, errors + self.host_errors
+        return windows, pending, dropped + self.host_dropped, errors
 
     def _count_crop(self, kept: int) -> None:
         """The host side of ``commit_windows``: the dropped drafts and the crops past the window counted (on the host
         where it saw the window's width, else on the device), the host's fields moved on."""
         if self.fed is not None:
-            surplus = self.fed - kept  # the dropped drafts, negative for a crop past the window
-            self.host_dropped += surplus
-            self.host_errors += surplus < 0
+            self.host_dropped += self.fed - kept
         else:
             surplus = self.pending - kept  # [1], on the device
             self.counters[2:].add_(torch.cat([surplus, (surplus < 0).to(surplus.dtype)]))
         self.entry_committed += kept
         self.committed_here = True
         self.fed = None
+
+    def restart(self, origin: int, committed: int) -> None:
+        """Point the positions at the ring after a fold on the host schedule (``ReplaySchedule.crop_on_device``):
+        every row at ring slot ``origin`` with ``committed`` records; the window counters stay as the crop left
+        them."""
+        self.origin.fill_(origin)
+        self.count.fill_(committed)
+        self.entry_committed = committed
 
     def note_window(self, width: int) -> None:
         """The host's view of the next forward, from outside a compiled call: a window of ``width`` tokens, which

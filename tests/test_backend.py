@@ -238,6 +238,29 @@ for model_type in ("qwen3_5_text", "nemotron_h"):
     assert kernel_windows(cache) > 0 and kernel_folds(cache) > 0, model_type
     assert cache.stats()["rolled_back_tokens"] > 0, model_type
 """,
+    # speculation on a static cache: verify windows on device positions through the verify ops' Triton
+    # implementations (registered for the CPU here), every crop on the device, those that complete a period folded
+    # by the fold kernel while the positions stay (DevicePositions.restart)
+    "static_speculation": """
+from hf_replayssm.kernels import ops
+from hf_replayssm.static_decode import DevicePositions
+for op, impl in ops.TRITON_IMPLS.items():
+    op.register_kernel("cpu")(impl)
+restarts = []
+restart = DevicePositions.restart
+DevicePositions.restart = lambda self, origin, committed: (restarts.append(committed), restart(self, origin, committed))
+for model_type in ("qwen3_5_text", "nemotron_h"):
+    other = tiny_model(model_type, initializer_range=0.2)
+    prompt = torch.cat([torch.randint(3, 120, (1, 5))] * 3, dim=1)
+    greedy = other.generate(prompt, past_key_values=DynamicCache(config=other.config), **greedy_kw(10))
+    cache = ReplayCache(4, backend="triton", max_cache_len=prompt.shape[1] + 14)
+    restarts.clear()
+    out = other.generate(prompt, past_key_values=cache, prompt_lookup_num_tokens=3, **greedy_kw(10))
+    assert torch.equal(out.sequences, greedy.sequences), model_type
+    assert max_logit_diff(out.logits, greedy.logits) < 1e-4, model_type
+    assert restarts and kernel_folds(cache) > 0, (model_type, restarts, kernel_folds(cache))
+    assert cache.stats()["flushes"] > 0, model_type
+""",
     "separated": """
 # the reference where the kernels do not apply: the torch backend, and separated precision (window outputs read the
 # low-precision copy, which the verify kernels do not)

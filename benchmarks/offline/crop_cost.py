@@ -77,6 +77,7 @@ def main() -> None:
         summary = (f"median {statistics.median(values):.1f} us, mean {statistics.mean(values):.1f} us"
                    if values else "none")
         print(f"crops {path:6s} {len(values):4d}: {summary}")
+    print(f"all crops of the run: {sum(map(sum, times.values())) / 1e3:.1f} ms")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Speculative decoding on a static ReplayCache (``max_cache_len``): transformers' assisted loop at batch size 1,
 its verify forwards on device positions (compiled where transformers compiles them), its crops committing on the
-host and giving back the static attention layers' newest slots; plain decode steps before and after it on device
-positions (and compiled)."""
+device (or, where the host schedule must take over, on the host) and giving back the static attention layers' newest
+slots; plain decode steps before and after it on device positions (and compiled)."""
 
 from __future__ import annotations
 

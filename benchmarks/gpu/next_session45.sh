@@ -4,8 +4,9 @@
 # 600-second call; STAGE=2 follows STAGE=1 at once (the machine goes back after 30 s idle).
 # Call: run(command="STAGE=1 bash benchmarks/gpu/next_session45.sh", carry=[".whl/tf525"], timeout_s=600)
 # STAGE=1 (about 8 minutes), transformers 5.25 (compiles the verify forwards of a compileable cache). Since runs
-# 222 / 223: crops after a device-verified window commit on the device (no device read; the host counts the dropped
-# drafts), and the speculative bench passes no logits processor.
+# 222 / 223: every crop after a device-verified window commits on the device (no device read; the host counts the
+# dropped drafts; all SSM layers in three foreach launches; a crop that completes a period folds it without leaving
+# the device positions), and the speculative bench passes no logits processor.
 #   1. test_gpu's static-cache speculation (CUDA graphs; the crops now commit on the device between graph replays);
 #   2. tiny-gdn-copy, bf16: compiled prompt lookup against compiled greedy on a static ReplayCache and the eager arms
 #      (run 222: 494.6 against 543.9 tok/s, eager 303.5 against 116.1);

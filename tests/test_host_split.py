@@ -49,4 +49,29 @@ def test_step_clock_counts_one_call_per_decode_step():
         clock.install()
         timed_generate(model, ids, 6, arm_kwargs(arm, model, settings, 11))
         assert len(clock.calls) == 5, arm  # the prefill runs eagerly; five decode steps run the compiled call
-        assert all(start < end for start, end, _, _ in clock.calls), arm
+        assert all(start < end for start, end, *_ in clock.calls), arm
+
+
+def test_inner_clock_times_only_inside_a_timed_call():
+    """The CUDA-graph tree's ``run`` and ``CUDAGraph.replay`` are timed through the same wrapper: it adds the time of
+    calls made while a compiled call is timed, passes every other call through untimed, and keeps the result."""
+    import time
+
+    tool = _load()
+
+    class Slow:
+        def work(self, value):
+            time.sleep(0.002)
+            return value + 1
+
+    clock = tool.InnerClock.__new__(tool.InnerClock)  # no torch classes patched: only the wrapper under test
+    clock.totals, clock.active = {"tree_host": 0.0, "replay_host": 0.0}, False
+    clock._wrap(Slow, "work", "tree_host")
+    assert Slow().work(1) == 2 and clock.totals["tree_host"] == 0.0  # untimed outside a call
+    clock.start()
+    assert Slow().work(2) == 3 and Slow().work(3) == 4
+    parts = clock.stop()
+    assert 4000 <= parts["tree_host"] < 1e6 and parts["replay_host"] == 0.0, parts
+    assert Slow().work(4) == 5 and clock.totals["tree_host"] == parts["tree_host"]
+    clock.start()  # a new call starts from zero
+    assert clock.stop() == {"tree_host": 0.0, "replay_host": 0.0}

@@ -8,7 +8,10 @@ step of ``generate`` in three parts:
   preparation and mask building; with a device, the wait for the previous step's results is in here too);
 - ``call host``: the compiled call itself on the host (Dynamo's guard check, the input list, AOT and CUDA-graph
   wrappers, the graph launch);
-- ``call GPU``: on CUDA, the device time between events recorded before and after the compiled call.
+- ``call GPU``: on CUDA, the device time between events recorded before and after the compiled call;
+- ``tree host`` and ``replay host``: on CUDA, the part of ``call host`` inside the CUDA-graph tree's ``run`` (input
+  checks, launch, outputs) and inside ``CUDAGraph.replay`` alone; ``call host`` less ``tree host`` is Dynamo's
+  guard check and transformed bytecode with the AOT / Inductor wrappers.
 
 The arms alternate per repeat (a drifting host reaches both) and each part is reported as the median over steps,
 then over repeats, with the median of the paired differences (ReplayCache minus stock, same repeat). With
@@ -41,7 +44,47 @@ from guard_check import decode_frame  # this folder's guard reader (a script's f
 from hf_replayssm.bench.generate import Settings, arm_kwargs, build_model, timed_generate
 
 ARMS = ("stock-static-compiled", "replay-compiled")
-PARTS = ("outside", "call_host", "call_gpu", "step")
+PARTS = ("outside", "call_host", "call_gpu", "step", "tree_host", "replay_host")
+
+
+class InnerClock:
+    """Host time spent inside the CUDA-graph tree's ``run`` (its input checks, the graph launch, the outputs'
+    reconstruction) and inside ``CUDAGraph.replay`` alone during each compiled call, so that the compiled call's host
+    part splits into Dynamo + AOT / Inductor wrappers (the rest), the tree's own work and the launch. Patches the two
+    methods at class level for the life of the process (a plain pass-through when no call is being timed)."""
+
+    def __init__(self):
+        self.totals = {"tree_host": 0.0, "replay_host": 0.0}
+        self.active = False
+        try:
+            from torch._inductor import cudagraph_trees
+        except ImportError:  # no Inductor: the parts stay 0
+            return
+        self._wrap(cudagraph_trees.CUDAGraphTreeManager, "run", "tree_host")
+        self._wrap(torch.cuda.CUDAGraph, "replay", "replay_host")
+
+    def _wrap(self, cls, name: str, part: str) -> None:
+        original = getattr(cls, name)
+        clock = self
+
+        def timed(*args, **kwargs):
+            if not clock.active:
+                return original(*args, **kwargs)
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                clock.totals[part] += (time.perf_counter() - start) * 1e6
+
+        setattr(cls, name, timed)
+
+    def start(self) -> None:
+        self.totals = dict.fromkeys(self.totals, 0.0)
+        self.active = True
+
+    def stop(self) -> dict[str, float]:
+        self.active = False
+        return dict(self.totals)
 
 
 class StepClock:
@@ -53,6 +96,7 @@ class StepClock:
         self.calls: list[tuple[float, float, object, object]] = []
         self.profile: cProfile.Profile | None = None  # enabled only inside compiled calls when set
         self.last_call: tuple | None = None  # (args, kwargs) of the newest compiled call
+        self.inner = InnerClock() if cuda else None
 
     def install(self) -> None:
         self.calls.clear()
@@ -68,15 +112,18 @@ class StepClock:
                     start_event.record()
                 if self.profile is not None:
                     self.profile.enable()
+                if self.inner is not None:
+                    self.inner.start()
                 start = time.perf_counter()
                 out = compiled(*args, **kwargs)
                 end = time.perf_counter()
+                inner = self.inner.stop() if self.inner is not None else {}
                 if self.profile is not None:
                     self.profile.disable()
                 self.last_call = (args, kwargs)
                 if self.cuda:
                     end_event.record()
-                self.calls.append((start, end, start_event, end_event))
+                self.calls.append((start, end, start_event, end_event, inner))
                 return out
 
             return call
@@ -91,11 +138,13 @@ class StepClock:
         if len(calls) < 3:
             raise ValueError(f"only {len(calls)} timed decode steps: generate more tokens")
         outside = [(nxt[0] - cur[1]) * 1e6 for cur, nxt in itertools.pairwise(calls)]
-        call_host = [(end - start) * 1e6 for start, end, _, _ in calls[:-1]]
-        call_gpu = ([s.elapsed_time(e) * 1e3 for _, _, s, e in calls[:-1]] if self.cuda else [0.0] * len(call_host))
+        call_host = [(end - start) * 1e6 for start, end, _, _, _ in calls[:-1]]
+        call_gpu = ([s.elapsed_time(e) * 1e3 for _, _, s, e, _ in calls[:-1]] if self.cuda else [0.0] * len(call_host))
         step = [(nxt[0] - cur[0]) * 1e6 for cur, nxt in itertools.pairwise(calls)]
+        tree = [inner.get("tree_host", 0.0) for *_, inner in calls[:-1]]
+        replay = [inner.get("replay_host", 0.0) for *_, inner in calls[:-1]]
         return {name: statistics.median(values) for name, values in
-                zip(PARTS, (outside, call_host, call_gpu, step), strict=True)}
+                zip(PARTS, (outside, call_host, call_gpu, step, tree, replay), strict=True)}
 
 
 def measure(model_name: str, args) -> dict:

@@ -28,10 +28,12 @@ split() {  # split MODEL: host_split.py at batch 1, six repeats
   echo "host_split_$1 rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
   tail -n 5 "$RES/host_split_$1_b1.txt"
 }
-if [ "$STAGE" = 1 ]; then
+if [ "$STAGE" = 0 ] || [ "$STAGE" = 1 ]; then  # STAGE=0: the tests alone (a call with little device time left)
   TEST_PYTHONPATH=/tmp/tf525:/tmp/site test_job 150 test_static_speculation_tf525 -rs tests/test_gpu.py \
     -k static_cache_speculation; pack
   show_tests
+fi
+if [ "$STAGE" = 1 ]; then
   PYTHONPATH=/tmp/tf525:/tmp/site bench_job 130 speculative_copy_bf16 generate --speculative --models tiny-gdn-copy \
     --prompt 512 --new 256 --repeats 2 --lookup 10 --speculative-arms $ARMS --out "$RES/speculative_copy_bf16.json"
   pack; grep -v "^ *$" "$RES/speculative_copy_bf16.txt" | tail -6

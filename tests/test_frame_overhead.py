@@ -12,13 +12,17 @@ from conftest import load_offline_tool
 pytestmark = pytest.mark.equivalence
 
 
-def test_frame_overhead_times_both_arms(tmp_path):
+@pytest.mark.parametrize("through", ["frame", "aot"])
+def test_frame_overhead_times_both_arms(tmp_path, through):
+    """Both arms timed through Dynamo's frame alone and behind AOTAutograd (``--through aot``: functionalized, input
+    mutations kept in the graph, as Inductor compiles it)."""
     tool = load_offline_tool("frame_overhead")
     out = tmp_path / "frames.json"
-    rows = tool.main(["--models", "nemotron_h", "--blocks", "2", "--out", str(out)])
+    rows = tool.main(["--models", "nemotron_h", "--blocks", "2", "--through", through, "--out", str(out)])
     by_arm = {row["arm"]: row for row in rows}
     assert sorted(by_arm) == ["replay", "stock"]
     for row in rows:  # (no order between the two: each is the best of two noisy blocks)
+        assert row["through"] == through, row
         assert 0 < row["guard_check_us"] < 1e5 and 0 < row["call_us"] < 1e5, row
     # each of the tiny model's two Mamba-2 layers hands the graph its conv window, checkpoint, positions and three
     # record fields, and the step writes all but the checkpoint in place; stock writes its conv and recurrent states

@@ -13,11 +13,16 @@ counts the graph's inputs (tensors, and how many of them the graph mutates). Run
     python benchmarks/offline/frame_overhead.py --models nemotron_h,qwen3_5_text,kimi_linear --out frames.json
 
 Inductor's and the CUDA-graph tree's wrappers, which a real compiled step adds, are not in it (in runs 155-156 they
-differed by a few us between the arms).
+differed by a few us between the arms). ``--through aot`` puts AOTAutograd between the frame and the null graph, as
+Inductor compiles it (functionalized, input mutations kept in the graph: ``keep_inference_input_mutations``), so a
+call also costs AOTAutograd's runtime wrappers (the version bump of every input the graph writes, outputs that alias
+inputs regenerated, the input list unpacked): the frame plus those wrappers, per arm, which leaves only Inductor's
+own call and the CUDA-graph tree (its run, timed on the GPU by ``host_split.py``) to a real step.
 """
 
 from __future__ import annotations
 
+import functools
 import time
 
 import torch
@@ -64,23 +69,53 @@ def null_backend(graphs: list[dict]):
     return backend
 
 
-def compiled_step(model_type: str, arm: str, new_tokens: int = 6) -> dict:
-    """One arm's decode step compiled with the null backend on a tiny model: the compiled callable, a decode step's
-    arguments, the frame's passing guard manager and locals, and the graph's input counts."""
+def aot_null_backend(graphs: list[dict]):
+    """``null_backend`` behind AOTAutograd as Inductor uses it (inference, input mutations kept in the functionalized
+    graph): the graph runs on the first call only, every call goes through AOTAutograd's runtime wrappers."""
+    from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func
+
+    count_inputs = null_backend(graphs)
+
+    def null_compiler(gm: torch.fx.GraphModule, example_inputs):
+        first: list = []
+
+        def run(*args):
+            if not first:
+                first.append(gm(*args))
+            return first[0]
+
+        return make_boxed_func(run)  # AOTAutograd calls it with the input list (and may free its items)
+
+    def backend(gm: torch.fx.GraphModule, example_inputs):
+        count_inputs(gm, example_inputs)  # the Dynamo graph's input counts, as without AOTAutograd
+        return aot_module_simplified(gm, example_inputs, fw_compiler=null_compiler,
+                                     keep_inference_input_mutations=True)
+
+    return backend
+
+
+BACKENDS = {"frame": null_backend, "aot": aot_null_backend}
+
+
+def compiled_step(model_type: str, arm: str, new_tokens: int = 6, through: str = "frame") -> dict:
+    """One arm's decode step compiled with the null backend on a tiny model (``through="aot"``: behind
+    AOTAutograd): the compiled callable, a decode step's arguments, the frame's passing guard manager and locals, and
+    the graph's input counts."""
     graphs: list[dict] = []
-    step = compile_decode_step(model_type, arm, CompileConfig(fullgraph=True, backend=null_backend(graphs), mode=None),
-                               new_tokens)
+    backend = BACKENDS[through](graphs)
+    step = compile_decode_step(model_type, arm, CompileConfig(fullgraph=True, backend=backend, mode=None), new_tokens)
     if not graphs:
         raise RuntimeError("the null backend compiled no graph")
     return dict(step, graph=graphs[-1])
 
 
-def measure(model_type: str, blocks: int = 20, per_block: int = 200) -> list[dict]:
-    """Per arm: us per compiled call (the frame alone) and per guard check, best block of each; the graph's inputs."""
+def measure(model_type: str, blocks: int = 20, per_block: int = 200, through: str = "frame") -> list[dict]:
+    """Per arm: us per compiled call (the frame alone, or with AOTAutograd's wrappers: ``through``) and per guard
+    check, best block of each; the graph's inputs."""
     torch._dynamo.reset()
     # ReplayCache first: binding it wraps module functions of the model's file, which a frame compiled before
     # guards against (as in guard_check.py)
-    steps = {arm: compiled_step(model_type, arm) for arm in ("replay", "stock")}
+    steps = {arm: compiled_step(model_type, arm, through=through) for arm in ("replay", "stock")}
     calls = {arm: [] for arm in steps}
     checks = {arm: [] for arm in steps}
     with torch.no_grad():
@@ -99,7 +134,7 @@ def measure(model_type: str, blocks: int = 20, per_block: int = 200) -> list[dic
     rows = []
     for arm, step in steps.items():
         call, check = min(calls[arm]), min(checks[arm])
-        rows.append({"model": model_type, "arm": arm, "call_us": call, "guard_check_us": check,
+        rows.append({"model": model_type, "arm": arm, "through": through, "call_us": call, "guard_check_us": check,
                      "rest_us": call - check, **step["graph"]})
     return rows
 
@@ -115,7 +150,12 @@ def _report(model_type: str, stock: dict, replay: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    return compare_arms(frame_tool_args(__doc__, argv, blocks=20), measure, _report)
+    def add_options(parser):
+        parser.add_argument("--through", choices=sorted(BACKENDS), default="frame",
+                            help="frame: the null graph called by Dynamo's frame; aot: behind AOTAutograd too")
+
+    args = frame_tool_args(__doc__, argv, blocks=20, add_options=add_options)
+    return compare_arms(args, functools.partial(measure, through=args.through), _report)
 
 
 if __name__ == "__main__":

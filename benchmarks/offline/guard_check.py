@@ -124,13 +124,15 @@ def measure(model_type: str, blocks: int = 30, per_block: int = 300) -> list[dic
              "cache_guard_types": dict(frame["counts"]["cache"].most_common())} for arm, frame in frames.items()]
 
 
-def frame_tool_args(doc: str, argv: list[str] | None, blocks: int) -> argparse.Namespace:
-    """The command line of the frame-reading tools here (``--models``, ``--blocks``, ``--out``); exits where this
-    torch cannot show Dynamo's frame cache."""
+def frame_tool_args(doc: str, argv: list[str] | None, blocks: int, add_options=None) -> argparse.Namespace:
+    """The command line of the frame-reading tools here (``--models``, ``--blocks``, ``--out``, and a tool's own
+    options: ``add_options(parser)``); exits where this torch cannot show Dynamo's frame cache."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--models", default="nemotron_h,qwen3_5_text,kimi_linear")
     parser.add_argument("--blocks", type=int, default=blocks, help="timed blocks per arm (the best counts)")
     parser.add_argument("--out", help="JSON results")
+    if add_options is not None:
+        add_options(parser)
     args = parser.parse_args(argv)
     if not hasattr(torch._dynamo.eval_frame, "_debug_get_cache_entry_list"):
         raise SystemExit("this torch has no torch._dynamo.eval_frame._debug_get_cache_entry_list to read guards from")

@@ -49,6 +49,11 @@ session_results() {  # session_results NAME: a fresh $RES for this STAGE's files
   RES=/tmp/w/res_${1}_$STAGE; rm -rf "$RES"; mkdir -p "$RES"; PACK=$OUT/${1}_$STAGE.tgz
 }
 pack() { tar czf "$PACK" -C "$RES" . ; }
+carried_wheels() {  # carried_wheels NAME: the wheels carried in .whl/NAME (fetch_wheels.sh NAME) into /tmp/NAME, once
+  # per machine; put /tmp/NAME first on PYTHONPATH (TEST_PYTHONPATH for test_job) to use them
+  [ -d "/tmp/$1" ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "/tmp/$1" \
+    "$R"/.whl/"$1"/*.whl
+}
 show_tests() {  # the test jobs' summaries and failures so far
   tail -n 3 "$RES"/test_*.txt; grep -h "^FAILED\|Error" "$RES"/test_*.txt | head -20
 }

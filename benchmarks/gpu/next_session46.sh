@@ -16,10 +16,7 @@
 #   tok/s); the round profile on the Qwen3.5-like model (run 222: 5.84 ms a token against 2.30 for compiled greedy).
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session46; cd /tmp/w
-if [ ! -d /tmp/tf525 ]; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/tf525 \
-    "$R"/.whl/tf525/*.whl || exit 1
-fi
+carried_wheels tf525 || exit 1
 ARMS=greedy-replay,greedy-static-compiled,lookup-replay,lookup-static-compiled
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$RES/device.txt"
 split() {  # split MODEL: host_split.py at batch 1, six repeats

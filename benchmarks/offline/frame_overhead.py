@@ -57,16 +57,21 @@ def null_backend(graphs: list[dict]):
         graphs.append({"inputs": len(example_inputs),
                        "tensor_inputs": sum(isinstance(x, torch.Tensor) for x in example_inputs),
                        "mutated_inputs": len(mutated)})
-        first: list = []
-
-        def run(*args):
-            if not first:
-                first.append(gm(*args))
-            return first[0]
-
-        return run
+        return run_once(gm)
 
     return backend
+
+
+def run_once(gm: torch.fx.GraphModule):
+    """A callable that runs ``gm`` on its first call and hands back those outputs on every later one."""
+    first: list = []
+
+    def run(*args):
+        if not first:
+            first.append(gm(*args))
+        return first[0]
+
+    return run
 
 
 def aot_null_backend(graphs: list[dict]):
@@ -77,14 +82,7 @@ def aot_null_backend(graphs: list[dict]):
     count_inputs = null_backend(graphs)
 
     def null_compiler(gm: torch.fx.GraphModule, example_inputs):
-        first: list = []
-
-        def run(*args):
-            if not first:
-                first.append(gm(*args))
-            return first[0]
-
-        return make_boxed_func(run)  # AOTAutograd calls it with the input list (and may free its items)
+        return make_boxed_func(run_once(gm))  # AOTAutograd calls it with the input list (and may free its items)
 
     def backend(gm: torch.fx.GraphModule, example_inputs):
         count_inputs(gm, example_inputs)  # the Dynamo graph's input counts, as without AOTAutograd

@@ -75,3 +75,14 @@ def test_inner_clock_times_only_inside_a_timed_call():
     assert Slow().work(4) == 5 and clock.totals["tree_host"] == parts["tree_host"]
     clock.start()  # a new call starts from zero
     assert clock.stop() == {"tree_host": 0.0, "replay_host": 0.0}
+
+
+def test_inner_clock_is_shared(monkeypatch):
+    """Every step clock on CUDA gets the same inner clock, so the two methods are wrapped once per process however
+    many models a run times (``__init__`` replaced here: it would patch torch's classes in this test process)."""
+    tool = _load()
+    made = []
+    monkeypatch.setattr(tool.InnerClock, "__init__", lambda self: made.append(self))
+    monkeypatch.setattr(tool.InnerClock, "_shared", None)
+    first = tool.InnerClock.shared()
+    assert tool.InnerClock.shared() is first and made == [first]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The forty-sixth session's GPU calls (its device time was short: failed starts cost 5 of its 30 minutes, so
-# next_session45.sh's two stages are regrouped here, most needed first). Carry `.whl/tf525`
+# GPU calls planned in the forty-sixth session, which got no machine (failed starts spent its 30 minutes):
+# next_session45.sh's two stages regrouped, most needed first, with the batch-1 host split. Carry `.whl/tf525`
 # (`bash benchmarks/gpu/fetch_wheels.sh tf525`).
 # Call: run(command="STAGE=1 bash benchmarks/gpu/next_session46.sh", carry=[".whl/tf525"], timeout_s=600)
 # STAGE=1 (about 7 minutes):

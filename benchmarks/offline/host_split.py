@@ -51,7 +51,16 @@ class InnerClock:
     """Host time spent inside the CUDA-graph tree's ``run`` (its input checks, the graph launch, the outputs'
     reconstruction) and inside ``CUDAGraph.replay`` alone during each compiled call, so that the compiled call's host
     part splits into Dynamo + AOT / Inductor wrappers (the rest), the tree's own work and the launch. Patches the two
-    methods at class level for the life of the process (a plain pass-through when no call is being timed)."""
+    methods at class level for the life of the process (a plain pass-through when no call is being timed), once:
+    ``shared()`` hands every step clock the same instance, so timing several models does not stack wrappers."""
+
+    _shared: InnerClock | None = None
+
+    @classmethod
+    def shared(cls) -> InnerClock:
+        if cls._shared is None:
+            cls._shared = cls()
+        return cls._shared
 
     def __init__(self):
         self.totals = {"tree_host": 0.0, "replay_host": 0.0}
@@ -93,10 +102,11 @@ class StepClock:
 
     def __init__(self, model, cuda: bool):
         self.model, self.cuda = model, cuda
-        self.calls: list[tuple[float, float, object, object]] = []
+        # (start, end, start event, end event, inner parts) of each compiled call
+        self.calls: list[tuple[float, float, object, object, dict]] = []
         self.profile: cProfile.Profile | None = None  # enabled only inside compiled calls when set
         self.last_call: tuple | None = None  # (args, kwargs) of the newest compiled call
-        self.inner = InnerClock() if cuda else None
+        self.inner = InnerClock.shared() if cuda else None
 
     def install(self) -> None:
         self.calls.clear()

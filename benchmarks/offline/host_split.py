@@ -11,7 +11,10 @@ step of ``generate`` in three parts:
 - ``call GPU``: on CUDA, the device time between events recorded before and after the compiled call;
 - ``tree host`` and ``replay host``: on CUDA, the part of ``call host`` inside the CUDA-graph tree's ``run`` (input
   checks, launch, outputs) and inside ``CUDAGraph.replay`` alone; ``call host`` less ``tree host`` is Dynamo's
-  guard check and transformed bytecode with the AOT / Inductor wrappers.
+  guard check and transformed bytecode with the AOT / Inductor wrappers;
+- ``graph GPU``: on CUDA, the device time from just before the (last) graph launch to the call's end, so the graph's
+  own work without the wait for the host to launch it; ``after replay``: host time from the launch's return to the
+  call's return.
 
 The arms alternate per repeat (a drifting host reaches both) and each part is reported as the median over steps,
 then over repeats, with the median of the paired differences (ReplayCache minus stock, same repeat). With
@@ -29,6 +32,7 @@ and on a CPU (tiny shapes, Dynamo's ``eager`` backend, no CUDA graphs)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import itertools
@@ -44,7 +48,8 @@ from guard_check import decode_frame  # this folder's guard reader (a script's f
 from hf_replayssm.bench.generate import Settings, arm_kwargs, build_model, timed_generate
 
 ARMS = ("stock-static-compiled", "replay-compiled")
-PARTS = ("outside", "call_host", "call_gpu", "step", "tree_host", "replay_host")
+PARTS = ("outside", "call_host", "call_gpu", "step", "tree_host", "replay_host", "graph_gpu", "after_replay",
+         "before_aot", "after_aot")
 
 
 class InnerClock:
@@ -65,12 +70,35 @@ class InnerClock:
     def __init__(self):
         self.totals = {"tree_host": 0.0, "replay_host": 0.0}
         self.active = False
+        self.replay_event = None  # CUDA event recorded just before the call's last graph launch
+        self.replay_end = 0.0  # host clock when the call's last graph launch returned
+        self.aot_span: list[float] = []  # host clock at the first entry into, and the last exit from, AOT's call
         try:
+            import torch._dynamo  # AOTAutograd's modules import Dynamo's: it goes first
+            from torch._functorch._aot_autograd import runtime_wrappers
             from torch._inductor import cudagraph_trees
         except ImportError:  # no Inductor: the parts stay 0
             return
         self._wrap(cudagraph_trees.CUDAGraphTreeManager, "run", "tree_host")
         self._wrap(torch.cuda.CUDAGraph, "replay", "replay_host")
+        if hasattr(runtime_wrappers, "call_func_at_runtime_with_args"):  # the compiled graph's call, AOT's runtime
+            self._span(runtime_wrappers, "call_func_at_runtime_with_args")  # wrappers on either side of it
+
+    def _span(self, module, name: str) -> None:
+        original = getattr(module, name)
+        clock = self
+
+        def spanned(*args, **kwargs):
+            if not clock.active:
+                return original(*args, **kwargs)
+            if not clock.aot_span:
+                clock.aot_span.append(time.perf_counter())
+            try:
+                return original(*args, **kwargs)
+            finally:
+                clock.aot_span[1:] = [time.perf_counter()]
+
+        setattr(module, name, spanned)
 
     def _wrap(self, cls, name: str, part: str) -> None:
         original = getattr(cls, name)
@@ -79,21 +107,39 @@ class InnerClock:
         def timed(*args, **kwargs):
             if not clock.active:
                 return original(*args, **kwargs)
+            if part == "replay_host":  # the graph's own device time starts here, not at the call's start
+                clock.replay_event = torch.cuda.Event(enable_timing=True)
+                clock.replay_event.record()
             start = time.perf_counter()
             try:
                 return original(*args, **kwargs)
             finally:
-                clock.totals[part] += (time.perf_counter() - start) * 1e6
+                end = time.perf_counter()
+                clock.totals[part] += (end - start) * 1e6
+                if part == "replay_host":
+                    clock.replay_end = end
 
         setattr(cls, name, timed)
 
     def start(self) -> None:
         self.totals = dict.fromkeys(self.totals, 0.0)
+        self.replay_event, self.replay_end, self.aot_span = None, 0.0, []
         self.active = True
 
-    def stop(self) -> dict[str, float]:
+    def stop(self, start: float, end: float) -> dict:
+        """The call's inner parts; ``start`` and ``end``: the host clock at the call's start and return.
+        ``after_replay``: from the last graph launch's return to the call's return (output reconstruction, AOT's
+        epilogue, Dynamo's return); ``before_aot``: from the call's start to the compiled graph's call inside AOT's
+        runtime wrapper (the guard check, the transformed bytecode gathering the inputs, AOT's prologue);
+        ``after_aot``: from that call's return to the call's return."""
         self.active = False
-        return dict(self.totals)
+        parts = dict(self.totals)
+        parts["replay_event"] = self.replay_event
+        parts["after_replay"] = (end - self.replay_end) * 1e6 if self.replay_event is not None else 0.0
+        spanned = len(self.aot_span) == 2
+        parts["before_aot"] = (self.aot_span[0] - start) * 1e6 if spanned else 0.0
+        parts["after_aot"] = (end - self.aot_span[1]) * 1e6 if spanned else 0.0
+        return parts
 
 
 class StepClock:
@@ -127,7 +173,7 @@ class StepClock:
                 start = time.perf_counter()
                 out = compiled(*args, **kwargs)
                 end = time.perf_counter()
-                inner = self.inner.stop() if self.inner is not None else {}
+                inner = self.inner.stop(start, end) if self.inner is not None else {}
                 if self.profile is not None:
                     self.profile.disable()
                 self.last_call = (args, kwargs)
@@ -153,8 +199,15 @@ class StepClock:
         step = [(nxt[0] - cur[0]) * 1e6 for cur, nxt in itertools.pairwise(calls)]
         tree = [inner.get("tree_host", 0.0) for *_, inner in calls[:-1]]
         replay = [inner.get("replay_host", 0.0) for *_, inner in calls[:-1]]
+        # the graph's device time alone: from just before its launch to the call's end event
+        graph_gpu = [inner["replay_event"].elapsed_time(e) * 1e3 if inner.get("replay_event") is not None else 0.0
+                     for _, _, _, e, inner in calls[:-1]]
+        after = [inner.get("after_replay", 0.0) for *_, inner in calls[:-1]]
+        before_aot = [inner.get("before_aot", 0.0) for *_, inner in calls[:-1]]
+        after_aot = [inner.get("after_aot", 0.0) for *_, inner in calls[:-1]]
         return {name: statistics.median(values) for name, values in
-                zip(PARTS, (outside, call_host, call_gpu, step, tree, replay), strict=True)}
+                zip(PARTS, (outside, call_host, call_gpu, step, tree, replay, graph_gpu, after, before_aot, after_aot),
+                    strict=True)}
 
 
 def measure(model_name: str, args) -> dict:
@@ -171,12 +224,18 @@ def measure(model_name: str, args) -> dict:
             clock.install()
             timed_generate(model, ids, args.new, arm_kwargs(arm, model, settings, cache_len))
     runs = {arm: [] for arm in ARMS}
-    for _ in range(args.repeats):
-        for arm in ARMS:
-            clock.install()
-            timed_generate(model, ids, args.new, arm_kwargs(arm, model, settings, cache_len))
-            runs[arm].append(clock.parts(skip=2))
-    result = {"model": model_name, "batch": args.batch, "prompt": args.prompt, "new": args.new, "arms": {}}
+    # --skip-guards: Dynamo checks only the guards that tell its cached entries apart (unsafe in general; here both
+    # arms replay the frames they just compiled), so the guard check's share of the call shows as the difference
+    stance = (torch.compiler.set_stance(skip_guard_eval_unsafe=True) if args.skip_guards
+              else contextlib.nullcontext())
+    with stance:
+        for _ in range(args.repeats):
+            for arm in ARMS:
+                clock.install()
+                timed_generate(model, ids, args.new, arm_kwargs(arm, model, settings, cache_len))
+                runs[arm].append(clock.parts(skip=2))
+    result = {"model": model_name, "batch": args.batch, "prompt": args.prompt, "new": args.new,
+              "skip_guards": args.skip_guards, "arms": {}}
     for arm in ARMS:
         result["arms"][arm] = {part: statistics.median(run[part] for run in runs[arm]) for part in PARTS}
     stock, replay = runs[ARMS[0]], runs[ARMS[1]]
@@ -253,17 +312,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--tiny", action="store_true", help="tiny shapes (a CPU run)")
     parser.add_argument("--out", help="JSON results")
     parser.add_argument("--profile-dir", help="also profile inside the compiled calls and time the guard check")
+    parser.add_argument("--skip-guards", action="store_true",
+                        help="time the repeats under torch.compiler.set_stance(skip_guard_eval_unsafe=True)")
     args = parser.parse_args(argv)
     results = []
     for model_name in args.models.split(","):
         result = measure(model_name, args)
         results.append(result)
         print(f"== {model_name}, batch {args.batch}, prompt {args.prompt}: us per decode step (median over steps, "
-              f"then over {args.repeats} interleaved repeats)")
-        print(f"{'arm':24s} " + " ".join(f"{part:>10s}" for part in PARTS))
+              f"then over {args.repeats} interleaved repeats){', guard check skipped' if args.skip_guards else ''}")
+        print(f"{'arm':24s} " + " ".join(f"{part:>12s}" for part in PARTS))
         for arm, parts in result["arms"].items():
-            print(f"{arm:24s} " + " ".join(f"{parts[part]:10.1f}" for part in PARTS))
-        print(f"{'paired excess':24s} " + " ".join(f"{result['paired_excess_us'][part]:+10.1f}" for part in PARTS),
+            print(f"{arm:24s} " + " ".join(f"{parts[part]:12.1f}" for part in PARTS))
+        print(f"{'paired excess':24s} " + " ".join(f"{result['paired_excess_us'][part]:+12.1f}" for part in PARTS),
               flush=True)
         inside = result.get("inside_call")
         if inside:

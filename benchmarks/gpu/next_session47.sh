@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Forty-seventh session, after runs 224-226 (H100) put Nemotron-H-like's batch-1 host excess outside the CUDA-graph
+# tree's run. STAGE=1 (run 227): the split again with the graph's own device time (``graph_gpu``), the host time
+# after the launch (``after_replay``) and cProfile inside the compiled calls (--profile-dir), per model.
+# STAGE=2: the call's host part split around AOT's call of the compiled graph (``before_aot``: guards, transformed
+# bytecode, AOT's prologue; ``after_aot``), with the guard check and without it (--skip-guards).
+# Call: run(command="STAGE=2 bash benchmarks/gpu/next_session47.sh", timeout_s=600)
+source benchmarks/gpu/install.sh || exit 1
+session_results next_session47; cd /tmp/w
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$RES/device.txt"
+if [ "$STAGE" = 1 ]; then
+  for model in ${MODELS:-nemotron_h kimi_linear qwen3_5}; do
+    timeout 170 python3 "$R/benchmarks/offline/host_split.py" --models "$model" --prompt "$(shaped_prompt "$model")" \
+      --new 64 --repeats 6 --profile-dir "$RES/profile" --out "$RES/host_split_${model}_b1.json" \
+      > "$RES/host_split_${model}_b1.txt" 2>&1
+    echo "host_split_$model rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+    grep -v "^ *$" "$RES/host_split_${model}_b1.txt" | tail -n 30
+  done
+fi
+if [ "$STAGE" = 2 ]; then
+  for model in ${MODELS:-nemotron_h kimi_linear}; do
+    for guards in "" --skip-guards; do
+      name=host_split_${model}_b1${guards:+_noguards}
+      timeout 140 python3 "$R/benchmarks/offline/host_split.py" --models "$model" --prompt "$(shaped_prompt "$model")" \
+        --new 64 --repeats 6 $guards --out "$RES/$name.json" > "$RES/$name.txt" 2>&1
+      echo "$name rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+      grep -v "^ *$" "$RES/$name.txt" | tail -n 4
+    done
+  done
+fi

@@ -19,7 +19,7 @@ def test_guard_check_reads_both_caches(tmp_path):
 
     tool = _load()
     out = tmp_path / "guards.json"
-    rows = tool.main(["--models", "nemotron_h", "--blocks", "2", "--out", str(out)])
+    rows = tool.main(["--models", "nemotron_h", "--blocks", "2", "--out", str(out), "--dump", str(tmp_path / "g")])
     by_arm = {row["arm"]: row for row in rows}
     assert sorted(by_arm) == ["replay", "stock"]
     for row in rows:
@@ -30,3 +30,10 @@ def test_guard_check_reads_both_caches(tmp_path):
     replay_tensors = by_arm["replay"]["cache_guard_types"].get("TENSOR_MATCH", 0)
     assert replay_tensors >= 2 * 6, by_arm["replay"]
     assert json.loads(out.read_text())["results"] == rows
+    # the dumped lists hold every guard, one `type<TAB>source` a line: the counts above, and the cache's tensors
+    for arm, row in by_arm.items():
+        lines = (tmp_path / "g" / f"nemotron_h_{arm}_guards.txt").read_text().splitlines()
+        assert len(lines) == row["cache_guards"] + row["other_guards"], arm
+        assert all(len(line.split("\t")) == 2 for line in lines), arm
+    replay_lines = (tmp_path / "g" / "nemotron_h_replay_guards.txt").read_text().splitlines()
+    assert sum(line.startswith("TENSOR_MATCH\tkwargs['cache']") for line in replay_lines) == replay_tensors

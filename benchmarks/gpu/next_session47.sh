@@ -4,6 +4,7 @@
 # after the launch (``after_replay``) and cProfile inside the compiled calls (--profile-dir), per model.
 # STAGE=2: the call's host part split around AOT's call of the compiled graph (``before_aot``: guards, transformed
 # bytecode, AOT's prologue; ``after_aot``), with the guard check and without it (--skip-guards).
+# STAGE=3: guard_check.py on the tiny models, on CUDA and on the CPU, with every guard listed (--dump).
 # Call: run(command="STAGE=2 bash benchmarks/gpu/next_session47.sh", timeout_s=600)
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session47; cd /tmp/w
@@ -26,5 +27,13 @@ if [ "$STAGE" = 2 ]; then
       echo "$name rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
       grep -v "^ *$" "$RES/$name.txt" | tail -n 4
     done
+  done
+fi
+if [ "$STAGE" = 3 ]; then  # the guards of the tiny models' decode frames on CUDA and on the CPU, listed
+  for device in cuda cpu; do
+    timeout 200 python3 "$R/benchmarks/offline/guard_check.py" --models nemotron_h,kimi_linear --device $device \
+      --blocks 40 --dump "$RES/guards_$device" --out "$RES/guard_check_$device.json" > "$RES/guard_check_$device.txt" 2>&1
+    echo "guard_check_$device rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+    grep -v "falling\|Warning\|return orig" "$RES/guard_check_$device.txt" | tail -n 6
   done
 fi

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections import Counter
 
@@ -52,12 +53,13 @@ def decode_frame(model, args: tuple, kwargs: dict) -> tuple[list, dict, int | No
     return managers, frame_locals, passing[0] if len(passing) == 1 else None
 
 
-def compile_decode_step(model_type: str, arm: str, config: CompileConfig, new_tokens: int = 6) -> dict:
+def compile_decode_step(model_type: str, arm: str, config: CompileConfig, new_tokens: int = 6,
+                        device: str = "cpu") -> dict:
     """Run ``generate`` on a tiny model with ``config`` (compiled on any device) for one arm (``replay``: a static
     ReplayCache; ``stock``: transformers' static cache). Returns the compiled decode callable (``fn``), a decode step's
     arguments (``kwargs``), and its frame's passing guard manager (``guards``) and ``locals``."""
-    model = tiny_model(model_type, seed=0, initializer_range=0.2)
-    prompt = torch.randint(3, model.config.vocab_size, (1, 11), generator=torch.Generator().manual_seed(1))
+    model = tiny_model(model_type, seed=0, initializer_range=0.2).to(device)
+    prompt = torch.randint(3, model.config.vocab_size, (1, 11), generator=torch.Generator().manual_seed(1)).to(device)
     config._compile_all_devices = True  # transformers compiles the decode step on CUDA only otherwise
     seen = {}
     compiled_call = model.get_compiled_call
@@ -84,27 +86,36 @@ def compile_decode_step(model_type: str, arm: str, config: CompileConfig, new_to
     return {"fn": seen["fn"], "kwargs": seen["kwargs"], "guards": managers[passing], "locals": frame_locals}
 
 
-def compiled_frame(model_type: str, arm: str, new_tokens: int = 6) -> dict:
+def compiled_frame(model_type: str, arm: str, new_tokens: int = 6, device: str = "cpu") -> dict:
     """Compile one arm's decode step on a tiny model (eager backend); its frame's guard manager, a decode step's
-    locals and the guard counts by type (on the cache's objects and elsewhere)."""
+    locals, the guard counts by type (on the cache's objects and elsewhere) and every guard as ``(type, source)``
+    (the CUDA path of a step can read other objects than the CPU path, so its guards are counted on its device)."""
     counts: dict[str, Counter] = {}
+    listed: list[tuple[str, str]] = []
 
     def record_guards(entries):
         counts["cache"] = Counter(e.guard_type for e in entries if _is_cache_guard(e.name))
         counts["other"] = Counter(e.guard_type for e in entries if not _is_cache_guard(e.name))
+        listed.extend((e.guard_type, e.name) for e in entries)
         return [True] * len(entries)  # keeps every guard: only counts them
 
     config = CompileConfig(fullgraph=True, backend="eager", mode=None, options={"guard_filter_fn": record_guards})
-    return dict(compile_decode_step(model_type, arm, config, new_tokens), counts=counts)
+    return dict(compile_decode_step(model_type, arm, config, new_tokens, device), counts=counts, listed=listed)
 
 
-def measure(model_type: str, blocks: int = 30, per_block: int = 300) -> list[dict]:
+def measure(model_type: str, blocks: int = 30, per_block: int = 300, device: str = "cpu",
+            dump: str | None = None) -> list[dict]:
     """Both arms' guard check time (us, best block; the arms' blocks alternate, so a drift of the host's speed
-    reaches both) and guard counts."""
+    reaches both) and guard counts; ``dump``: a folder for each arm's guard list (``<model>_<arm>_guards.txt``)."""
     torch._dynamo.reset()
     # two entries of one frame; ReplayCache first: binding it wraps module functions of the model's file (the conv
     # interceptors, pass-through outside a replay step), which a frame compiled before guards against
-    frames = {arm: compiled_frame(model_type, arm) for arm in ("replay", "stock")}
+    frames = {arm: compiled_frame(model_type, arm, device=device) for arm in ("replay", "stock")}
+    if dump:
+        os.makedirs(dump, exist_ok=True)
+        for arm, frame in frames.items():
+            with open(os.path.join(dump, f"{model_type}_{arm}_guards.txt"), "w") as f:
+                f.writelines(f"{kind}\t{source}\n" for kind, source in sorted(frame["listed"]))
     times = {arm: [] for arm in frames}
     with torch.no_grad():
         for arm, frame in frames.items():
@@ -118,7 +129,7 @@ def measure(model_type: str, blocks: int = 30, per_block: int = 300) -> list[dic
                 for _ in range(per_block):
                     check(frame_locals)
                 times[arm].append((time.perf_counter() - start) / per_block * 1e6)
-    return [{"model": model_type, "arm": arm, "guard_check_us": min(times[arm]),
+    return [{"model": model_type, "arm": arm, "device": device, "guard_check_us": min(times[arm]),
              "cache_guards": sum(frame["counts"]["cache"].values()),
              "other_guards": sum(frame["counts"]["other"].values()),
              "cache_guard_types": dict(frame["counts"]["cache"].most_common())} for arm, frame in frames.items()]
@@ -145,12 +156,12 @@ def write_rows(path: str | None, rows: list[dict]) -> None:
             json.dump({"torch": torch.__version__, "results": rows}, f, indent=1)
 
 
-def compare_arms(args: argparse.Namespace, measure, report) -> list[dict]:
-    """The frame tools' run: ``measure(model_type, blocks=...)`` (rows of both arms) for each model of ``--models``,
-    ``report(model_type, stock_row, replay_row)`` prints the pair; the rows go to ``--out``."""
+def compare_arms(args: argparse.Namespace, measure, report, **options) -> list[dict]:
+    """The frame tools' run: ``measure(model_type, blocks=..., **options)`` (rows of both arms) for each model of
+    ``--models``, ``report(model_type, stock_row, replay_row)`` prints the pair; the rows go to ``--out``."""
     rows = []
     for model_type in args.models.split(","):
-        pair = {row["arm"]: row for row in measure(model_type, blocks=args.blocks)}
+        pair = {row["arm"]: row for row in measure(model_type, blocks=args.blocks, **options)}
         rows.extend(pair.values())
         report(model_type, pair["stock"], pair["replay"])
     write_rows(args.out, rows)
@@ -165,8 +176,14 @@ def _report(model_type: str, stock: dict, replay: dict) -> None:
     print(f"{'':14s} ReplayCache's cache guards by type: {replay['cache_guard_types']}")
 
 
+def _options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="cpu", help="where the tiny model runs (cuda: its GPU path's guards)")
+    parser.add_argument("--dump", help="a folder for each arm's guard list, one `type<TAB>source` a line")
+
+
 def main(argv: list[str] | None = None) -> list[dict]:
-    return compare_arms(frame_tool_args(__doc__, argv, blocks=30), measure, _report)
+    args = frame_tool_args(__doc__, argv, blocks=30, add_options=_options)
+    return compare_arms(args, measure, _report, device=args.device, dump=args.dump)
 
 
 if __name__ == "__main__":

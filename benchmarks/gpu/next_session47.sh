@@ -37,3 +37,10 @@ if [ "$STAGE" = 3 ]; then  # the guards of the tiny models' decode frames on CUD
     grep -v "falling\|Warning\|return orig" "$RES/guard_check_$device.txt" | tail -n 6
   done
 fi
+if [ "$STAGE" = 4 ]; then  # the shaped models' decode-frame guard trees as Dynamo logs them (TORCH_LOGS=guards)
+  for model in ${MODELS:-nemotron_h kimi_linear}; do
+    TORCH_LOGS=guards timeout 150 python3 "$R/benchmarks/offline/host_split.py" --models "$model" \
+      --prompt "$(shaped_prompt "$model")" --new 32 --repeats 2 > "$RES/guards_$model.txt" 2>&1
+    echo "guards_$model rc=$? $(date +%T)" | tee -a "$RES/done.txt"; gzip -f "$RES/guards_$model.txt"; pack
+  done
+fi

@@ -5,6 +5,7 @@
 # STAGE=2: the call's host part split around AOT's call of the compiled graph (``before_aot``: guards, transformed
 # bytecode, AOT's prologue; ``after_aot``), with the guard check and without it (--skip-guards).
 # STAGE=3: guard_check.py on the tiny models, on CUDA and on the CPU, with every guard listed (--dump).
+# STAGE=4: the shaped models' guard trees (TORCH_LOGS=guards); STAGE=5: the split on the tiny shapes on CUDA.
 # Call: run(command="STAGE=2 bash benchmarks/gpu/next_session47.sh", timeout_s=600)
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session47; cd /tmp/w
@@ -42,5 +43,14 @@ if [ "$STAGE" = 4 ]; then  # the shaped models' decode-frame guard trees as Dyna
     TORCH_LOGS=guards timeout 150 python3 "$R/benchmarks/offline/host_split.py" --models "$model" \
       --prompt "$(shaped_prompt "$model")" --new 32 --repeats 2 > "$RES/guards_$model.txt" 2>&1
     echo "guards_$model rc=$? $(date +%T)" | tee -a "$RES/done.txt"; gzip -f "$RES/guards_$model.txt"; pack
+  done
+fi
+if [ "$STAGE" = 5 ]; then  # the batch-1 split on the tiny shapes on CUDA: is the excess before AOT's call the shapes'?
+  for guards in "" --skip-guards; do
+    name=host_split_tiny_nemotron_h_b1${guards:+_noguards}
+    timeout 140 python3 "$R/benchmarks/offline/host_split.py" --tiny --models nemotron_h --prompt 64 --new 64 \
+      --repeats 6 $guards --out "$RES/$name.json" > "$RES/$name.txt" 2>&1
+    echo "$name rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+    grep -v "^ *$" "$RES/$name.txt" | tail -n 4
   done
 fi

@@ -25,25 +25,27 @@ __all__ = ["ReplayHybridLayer", "ReplayLayer", "RollbackError"]
 
 
 class _StockView(dict):
-    """``layer.recurrent_states`` / ``layer.conv_states``: ``{0: current value}``, computed when read."""
+    """``layer.recurrent_states`` / ``layer.conv_states``: ``{0: current value}``, computed when read.
 
-    def __init__(self, layer: ReplayLayer, kind: str):
+    A view holds its layer's schedule, not the layer (no reference cycle: a dropped cache frees its GPU memory at
+    once; ``ReplayLayer.reset`` installs new views with the new schedule), and says its kind by its class: a compiled
+    step reads a view through ``layers[i]``, and each attribute it reads here is a Dynamo guard per layer, checked
+    before every CUDA-graph replay (a weak reference's call was a Python guard; an instance dict adds one per method
+    looked up)."""
+
+    __slots__ = ("_schedule",)
+
+    def __init__(self, schedule: ReplaySchedule):
         super().__init__({0: None})
-        self._layer, self._kind = weakref.ref(layer), kind
+        self._schedule = schedule
+
+    def _current(self):
+        raise NotImplementedError
 
     def __getitem__(self, state_idx):
         if state_idx != 0:
             return super().__getitem__(state_idx)
-        schedule = self._layer().schedule
-        inside = active_call() is not None
-        if self._kind == "conv":
-            return schedule.conv_window()
-        if inside and schedule.device_positions.active:  # (maybe compiled) decode step: no host position read
-            # schedule.checkpoint() gives the same tensor, but through one more call: 4-6 more Dynamo guards per step
-            return schedule.device_positions.operands[0]
-        if schedule.current_tokens_seen() == 0:
-            return None
-        return schedule.checkpoint() if inside else schedule.current_state()
+        return self._current()
 
     def get(self, state_idx, default=None):
         try:
@@ -58,6 +60,27 @@ class _StockView(dict):
 
     def __reduce__(self):  # pickled as a plain marker; the layer rebuilds its views
         return (dict, ({},))
+
+
+class _ConvView(_StockView):
+    __slots__ = ()
+
+    def _current(self):
+        return self._schedule.conv_window()
+
+
+class _RecurrentView(_StockView):
+    __slots__ = ()
+
+    def _current(self):
+        schedule = self._schedule
+        inside = active_call() is not None
+        if inside and schedule.device_positions.is_active():  # (maybe compiled) decode step: no host position read
+            # schedule.checkpoint() gives the same tensor, but through one more call: 4-6 more Dynamo guards per step
+            return schedule.device_positions.operands[0]
+        if schedule.current_tokens_seen() == 0:
+            return None
+        return schedule.checkpoint() if inside else schedule.current_state()
 
 
 def _new_schedule(recurrence, buffer_len: int, window: int, policy, layer_idx: int) -> ReplaySchedule:
@@ -84,8 +107,8 @@ class ReplayLayer(LinearAttentionLayer):
         self.__dict__.pop("cumulative_length_linear", None)
 
     def _install_views(self) -> None:
-        self.conv_states = _StockView(self, "conv")
-        self.recurrent_states = _StockView(self, "recurrent")
+        self.conv_states = _ConvView(self.schedule)
+        self.recurrent_states = _RecurrentView(self.schedule)
 
     def __getstate__(self):
         state = dict(self.__dict__)
@@ -103,7 +126,7 @@ class ReplayLayer(LinearAttentionLayer):
     def checkpoint(self) -> torch.Tensor | None:
         """The state the recurrence continues from (float32)."""
         positions = self.schedule.device_positions
-        if positions.active:  # what schedule.checkpoint() returns, with one method lookup (a guard) less
+        if positions.is_active():  # what schedule.checkpoint() returns, with one method lookup (a guard) less
             return positions.operands[0]
         return self.schedule.checkpoint()
 
@@ -171,8 +194,8 @@ class ReplayLayer(LinearAttentionLayer):
     def update_conv_state(self, conv_states: torch.Tensor, state_idx: int = 0, conv_kernel_size=None, **kwargs):
         """Return ``[history, new]`` for the model's own causal conv and remember the new inputs."""
         positions = self.schedule.device_positions
-        if positions.active:  # (maybe compiled) decode step: no attribute writes
-            if conv_states.shape[-1] == 1 and not positions.verifying:  # straight to the positions: fewer guards
+        if positions.is_active():  # (maybe compiled) decode step: no attribute writes
+            if conv_states.shape[-1] == 1 and not positions.is_verifying():  # straight to the positions: fewer guards
                 return positions.conv_step(conv_states)  # before each graph replay
             return self.schedule.conv_update(conv_states, self.schedule.conv_kernel)
         kernel = conv_kernel_size or self.schedule.conv_kernel
@@ -201,7 +224,7 @@ class ReplayLayer(LinearAttentionLayer):
     # ------------------------------------------------------------------ the replay step (called by the adapters)
     def forward_tokens(self, tokens, chunk_fn=None, out_dtype=None) -> torch.Tensor:
         positions = self.schedule.device_positions
-        if positions.active:  # (maybe compiled) decode step: no attribute writes
+        if positions.is_active():  # (maybe compiled) decode step: no attribute writes
             if positions.takes(tokens):  # straight to the positions: fewer guards before each graph replay
                 return positions.step(tokens, out_dtype)
             return self.schedule.forward_tokens(tokens, chunk_fn, out_dtype)
@@ -252,6 +275,7 @@ class ReplayLayer(LinearAttentionLayer):
         self.schedule = _new_schedule(old.recurrence, old.buffer_len, old.window, old.store.policies,
                                       self.layer_idx)
         self.schedule.backend = old.backend
+        self._install_views()  # the views hold the schedule
         self.has_previous_state[0] = False
         self.is_conv_states_initialized[0] = self.is_recurrent_states_initialized[0] = False
 

@@ -106,7 +106,7 @@ class ReplaySchedule:
     def checkpoint(self) -> torch.Tensor | None:
         """The state the recurrence continues from (float32; the stored tensor itself for an fp32 checkpoint, which
         device positions hold at hand: see ``DevicePositions.operands``)."""
-        if self.device_positions.active:
+        if self.device_positions.is_active():
             return self.device_positions.operands[0]
         return self.store.recurrence() if self.store.allocated else None
 
@@ -125,7 +125,7 @@ class ReplaySchedule:
 
     def conv_window(self) -> torch.Tensor | None:
         """The last ``conv_kernel`` conv inputs [B, C, K], the stock layout of a conv state."""
-        if self.device_positions.active:
+        if self.device_positions.is_active():
             return self.device_positions.conv.clone()
         return None if self.conv.buffer is None else self.conv.window(self.conv_kernel).clone()
 
@@ -183,7 +183,7 @@ class ReplaySchedule:
         """How many leading tokens of a forward of ``count`` tokens are prompt (prefill) rather than generated.
         The prompt is the first ``prompt_tokens`` tokens when generate() announced them, else the first forward;
         a prompt token fed again after a rollback is still a prompt token."""
-        if self.device_positions.verifying:  # (maybe compiled) verify forward: generated tokens only
+        if self.device_positions.is_verifying():  # (maybe compiled) verify forward: generated tokens only
             return 0
         self.leave_device_positions()
         if self.tokens_seen == 0 and not self.prompt_tokens:
@@ -195,8 +195,8 @@ class ReplaySchedule:
     def conv_update(self, inputs: torch.Tensor, kernel: int) -> torch.Tensor:
         """``[history, inputs]`` ([B, C, K + T]) for the model's own causal conv; remembers the new inputs."""
         positions = self.device_positions
-        if positions.active:
-            if positions.verifying and inputs.shape[-1] <= positions.verify_window:
+        if positions.is_active():
+            if positions.is_verifying() and inputs.shape[-1] <= positions.verify_window:
                 return positions.conv_verify(inputs)
             if inputs.shape[-1] == 1 and not self.recording:
                 return positions.conv_step(inputs)
@@ -214,7 +214,7 @@ class ReplaySchedule:
                        out_dtype: torch.dtype | None = None) -> torch.Tensor:
         """Outputs [B, T, ...] of T new tokens (in ``out_dtype``, default float32); updates ring and checkpoint."""
         positions = self.device_positions
-        if positions.active:
+        if positions.is_active():
             if positions.verifies(tokens):
                 y = positions.verify(tokens)
                 return y if out_dtype is None else y.to(out_dtype)
@@ -263,7 +263,7 @@ class ReplaySchedule:
     def next_step_uses_kernel(self, count: int) -> bool:
         """Whether a forward of ``count`` tokens now would be one decode step through the family's kernel (an
         adapter may then hand the kernel raw inputs it processes itself, e.g. Mamba-2's dt before softplus)."""
-        if self.device_positions.active:  # read no host position: this may run inside a compiled step
+        if self.device_positions.is_active():  # read no host position: this may run inside a compiled step
             return count == 1 and not self.recording
         return count == 1 and not self.recording and self.tokens_seen > 0 and self._kernel_applies()
 
@@ -468,7 +468,7 @@ class ReplaySchedule:
 
     def finish_forward(self, count: int) -> None:
         """Called once per mixer forward after the replay step ran (eagerly: a compiled step skips it)."""
-        if self.device_positions.active:  # the device counted the step
+        if self.device_positions.is_active():  # the device counted the step
             return
         self._finish_host_forward(count)
         if self._device_positions_apply():
@@ -532,17 +532,17 @@ class ReplaySchedule:
 
     def current_tokens_seen(self) -> int:
         """Tokens fed so far, the steps on device positions included (which the host fields leave out)."""
-        if not self.device_positions.active:
+        if not self.device_positions.is_active():
             return self.tokens_seen
-        if self.device_positions.verifying:
+        if self.device_positions.is_verifying():
             return self.tokens_seen + self.device_positions.progress()[1]
         return self.tokens_seen + self._device_progress()[0]
 
     def current_counters(self) -> Counter:
         """The counters, the steps on device positions included."""
-        if not self.device_positions.active:
+        if not self.device_positions.is_active():
             return self.counters
-        if self.device_positions.verifying:
+        if self.device_positions.is_verifying():
             windows, width, dropped, _ = self.device_positions.ledger()
             return self.counters + Counter(decode_steps=windows if self.tokens_seen else 0, tokens=width + dropped,
                                            rolled_back_tokens=dropped)
@@ -552,9 +552,9 @@ class ReplaySchedule:
     def leave_device_positions(self) -> None:
         """Hand the positions back to the host schedule (before anything that reads them)."""
         positions = self.device_positions
-        if not positions.active:
+        if not positions.is_active():
             return
-        if positions.verifying:
+        if positions.is_verifying():
             self._leave_verifying_positions()
             return
         steps, flushes = self._device_progress()
@@ -626,7 +626,7 @@ class ReplaySchedule:
         way) needs that width too; without it, a length past the window is counted on the device (``errors``) and
         raised when the positions are handed back."""
         positions = self.device_positions
-        if not positions.verifying or self._staged or self.ring.num_pending:
+        if not positions.is_verifying() or self._staged or self.ring.num_pending:
             return None
         if count > 0:
             kept = count - self.tokens_seen

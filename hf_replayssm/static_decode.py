@@ -71,6 +71,11 @@ def commit_windows(layers: list[DevicePositions], kept: int) -> None:
         torch._foreach_copy_(convs, conv_sources)
 
 
+# ``DevicePositions.phase``: module constants, so that a compiled step's comparisons read globals (one guard per frame)
+# rather than class attributes through each layer's instance (one guard per layer, checked before every replay)
+OFF, STEP, VERIFY = 0, 1, 2
+
+
 class DevicePositions:
     """The device-side positions of one layer (see the module docstring)."""
 
@@ -83,10 +88,10 @@ class DevicePositions:
     # ``phase``: OFF (the host schedule decides), STEP (plain decode steps) or VERIFY (speculative windows). One
     # attribute for both questions, read once where a compiled forward asks: each read through another path is
     # another guard checked before every CUDA-graph replay
-    OFF, STEP, VERIFY = 0, 1, 2
+    OFF, STEP, VERIFY = OFF, STEP, VERIFY
 
     def __init__(self):
-        self.phase = self.OFF
+        self.phase = OFF
         # origin, count and the step counter share one int32 tensor, ``positions`` [2B + 1]: a compiled step slices it
         # inside the graph, so the graph takes (and Dynamo guards, and the runtime bumps the version of) one tensor
         # per layer for the three
@@ -165,17 +170,16 @@ class DevicePositions:
         self.committed_here = False
         self.fed = None
         self.host_dropped = 0
-        self.phase = self.STEP if verify_fn is None else self.VERIFY
+        self.phase = STEP if verify_fn is None else VERIFY
 
-    @property
-    def active(self) -> bool:
+    # methods, not properties: Dynamo guards a property's getter per instance (per layer), a method by its class
+    def is_active(self) -> bool:
         """On device positions (plain steps or verify windows)."""
-        return self.phase != self.OFF
+        return self.phase != OFF
 
-    @property
-    def verifying(self) -> bool:
+    def is_verifying(self) -> bool:
         """On device positions, every forward a speculative window."""
-        return self.phase == self.VERIFY
+        return self.phase == VERIFY
 
     def steps_taken(self) -> int:
         """Decode steps since entry (reads the device)."""
@@ -215,26 +219,26 @@ class DevicePositions:
     def note_window(self, width: int) -> None:
         """The host's view of the next forward, from outside a compiled call: a window of ``width`` tokens, which
         these positions verify when it fits (a wider one leaves them for the host schedule)."""
-        self.fed = width if self.phase == self.VERIFY and width <= self.verify_window else None
+        self.fed = width if self.phase == VERIFY and width <= self.verify_window else None
 
     def leave(self) -> None:
-        self.phase = self.OFF
+        self.phase = OFF
         self.fed = None
         self.operands = self.fields = self.step_fn = self.verify_fn = None
 
     def takes(self, tokens) -> bool:
         """Whether a forward of these tokens is a plain decode step on these positions (one token, not verifying)."""
-        return self.phase == self.STEP and tokens[self.token_name].shape[1] == 1
+        return self.phase == STEP and tokens[self.token_name].shape[1] == 1
 
     def accepts(self, count) -> bool:
         """Whether a forward of ``count`` tokens runs on these positions (a plain step, or a window they verify)."""
         phase = self.phase
-        return count == 1 if phase == self.STEP else phase == self.VERIFY and count <= self.verify_window
+        return count == 1 if phase == STEP else phase == VERIFY and count <= self.verify_window
 
     def verifies(self, tokens) -> bool:
         """Whether a forward of these tokens is a speculative window these positions verify (at most
         ``verify_window`` tokens; a wider one goes back to the host schedule, which grows the rings)."""
-        return self.phase == self.VERIFY and tokens[self.token_name].shape[1] <= self.verify_window
+        return self.phase == VERIFY and tokens[self.token_name].shape[1] <= self.verify_window
 
     def verify(self, tokens) -> torch.Tensor:
         """A speculative window (float32 outputs): the verify op writes its records after the committed ones and

@@ -54,7 +54,7 @@ def test_static_cache_decodes_like_stock(model_type, buffer_len):
     assert torch.equal(out.sequences, stock.sequences)
     assert max_logit_diff(out.logits, stock.logits) < 1e-4
     assert max_logit_diff(out.logits, reference.logits) < 1e-4
-    assert all(layer.schedule.device_positions.active for layer in cache.replay_layers.values())
+    assert all(layer.schedule.device_positions.is_active() for layer in cache.replay_layers.values())
     assert cache.stats() == dynamic.stats()
     assert cache.is_compileable and not dynamic.is_compileable
 
@@ -113,22 +113,22 @@ def test_manual_steps_views_and_a_continuation(model_type):
             theirs = model(ids[:, pos : pos + 1], past_key_values=stock)
             assert (ours.logits - theirs.logits).abs().max() < 1e-4
         layer_idx, layer = next(iter(cache.replay_layers.items()))
-        assert layer.schedule.device_positions.active
+        assert layer.schedule.device_positions.is_active()
         assert layer.tokens_seen == 20 and cache.stats()["tokens"] == 20 * len(cache.replay_layers)
         stock_layer = stock.layers[layer_idx]
         assert torch.allclose(layer.conv_states[0].float(), stock_layer.conv_states[0].float())
-        assert layer.schedule.device_positions.active, "reading counts or the conv window left device positions"
+        assert layer.schedule.device_positions.is_active(), "reading counts or the conv window left device positions"
         ours = model(ids[:, 20:26], past_key_values=cache)  # several tokens: back on the host schedule
         theirs = model(ids[:, 20:26], past_key_values=stock)
         assert (ours.logits - theirs.logits).abs().max() < 1e-4
         assert cache.stats()["prefills"] == 2 * len(cache.replay_layers)  # it took the host's prefill path
         assert torch.allclose(layer.current_state(), stock_layer.recurrent_states[0].float(), atol=1e-5)
-        assert not layer.schedule.device_positions.active  # reading the full state needs the host positions
+        assert not layer.schedule.device_positions.is_active()  # reading the full state needs the host positions
         for pos in range(26, 30):  # and back on the device
             ours = model(ids[:, pos : pos + 1], past_key_values=cache)
             theirs = model(ids[:, pos : pos + 1], past_key_values=stock)
             assert (ours.logits - theirs.logits).abs().max() < 1e-4
-        assert layer.schedule.device_positions.active and layer.tokens_seen == 30
+        assert layer.schedule.device_positions.is_active() and layer.tokens_seen == 30
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)
@@ -144,7 +144,7 @@ def test_static_cache_with_a_read_copy(model_type, policy):
     dynamic = model.generate(prompt, past_key_values=ReplayCache(4, precision=policy), **GREEDY)
     cache = ReplayCache(4, precision=policy, max_cache_len=prompt.shape[1] + NEW)
     out = model.generate(prompt, past_key_values=cache, **GREEDY)
-    assert all(layer.schedule.device_positions.active for layer in cache.replay_layers.values())
+    assert all(layer.schedule.device_positions.is_active() for layer in cache.replay_layers.values())
     assert torch.equal(out.sequences, dynamic.sequences)
     # The paths fold and replay in different float32 orders (and CPU kernels round a tensor's tail apart), so a
     # checkpoint value next to a code boundary can encode to the neighbouring fp8 / nvfp4 code in one of them: the

@@ -41,7 +41,7 @@ def _lookup_prompt(model, attempt):
 
 
 def _device_positions_active(cache) -> bool:
-    return all(layer.schedule.device_positions.active for layer in cache.replay_layers.values())
+    return all(layer.schedule.device_positions.is_active() for layer in cache.replay_layers.values())
 
 
 @pytest.mark.parametrize("model_type", FAMILIES)
@@ -236,7 +236,7 @@ def test_a_crop_past_the_verified_window_is_refused(compiled):
         assert _device_positions_active(cache)
         window_forward(tokens[:, 9:11], past_key_values=cache, use_cache=True)  # a window of 2 on the device
         positions = cache.replay_layers[next(iter(cache.replay_layers))].schedule.device_positions
-        assert positions.verifying and (positions.fed is None) == compiled
+        assert positions.is_verifying() and (positions.fed is None) == compiled
         if not compiled:
             with pytest.raises(ValueError, match="cannot crop to length 12"):
                 cache.crop(12)  # keeps 3 of 2

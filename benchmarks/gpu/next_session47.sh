@@ -54,3 +54,12 @@ if [ "$STAGE" = 5 ]; then  # the batch-1 split on the tiny shapes on CUDA: is th
     grep -v "^ *$" "$RES/$name.txt" | tail -n 4
   done
 fi
+if [ "$STAGE" = 6 ]; then  # after the views / phase-constant change (fewer guards per SSM layer): tiny and shaped
+  for spec in "--tiny --prompt 64 tiny" "--prompt 128 shaped"; do
+    set -- $spec; label=${!#}; name=host_split_${label}_nemotron_h_b1_fewer_guards
+    timeout 100 python3 "$R/benchmarks/offline/host_split.py" ${spec% *} --models nemotron_h --new 64 --repeats 6 \
+      --out "$RES/$name.json" > "$RES/$name.txt" 2>&1
+    echo "$name rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+    grep -v "^ *$" "$RES/$name.txt" | tail -n 4
+  done
+fi

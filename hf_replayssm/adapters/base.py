@@ -294,7 +294,7 @@ def conv_fn_interceptor(module, call, a: CallArgs, original):
         return a.call(original)
     tokens = x.shape[-1] - kernel
     if torch.compiler.is_compiling():
-        if schedule.device_positions.active:
+        if schedule.device_positions.is_active():
             return causal_conv_tail(x, a["weight"], a["bias"], a["activation"], tokens)
     elif not _HAS_CAUSAL_CONV1D and call.conv_window == x.shape[-1]:
         return causal_conv_window(x, a["weight"], a["bias"], a["activation"], tokens)

@@ -29,7 +29,7 @@ def _step(module, call, a: CallArgs, original):
     """``mamba2_selective_state_update``: one token per sequence."""
     x = a["hidden_states"]  # [B, H, P]
     schedule = call.layer.schedule
-    if schedule.device_positions.active or schedule.next_step_uses_kernel(1):  # (on device positions it does)
+    if schedule.device_positions.is_active() or schedule.next_step_uses_kernel(1):  # (on device positions it does)
         # The decode-step kernel applies dt_bias, softplus and the z gate itself and writes y in x's dtype: the step
         # launches what a fused stock kernel would, nothing more.
         tokens = {

@@ -222,7 +222,33 @@ def test_reset_takes_any_batch():
     assert cache.get_seq_length() == 0
     tokens = torch.randint(3, 120, (3, 11))
     got = decode(model, tokens, 5, cache)
-    assert max_logit_diff(got, decode(model, tokens, 5, DynamicCache(config=model.config))) < 1e-4
+    stock = DynamicCache(config=model.config)
+    assert max_logit_diff(got, decode(model, tokens, 5, stock)) < 1e-4
+    # the stock views follow the schedule a reset put in place (they hold the schedule, not the layer)
+    for idx, layer in cache.replay_layers.items():
+        torch.testing.assert_close(layer.recurrent_states[0], stock.layers[idx].recurrent_states[0].float(),
+                                   atol=1e-5, rtol=1e-5)
+        assert layer.conv_states[0].shape == stock.layers[idx].conv_states[0].shape
+
+
+def test_a_dropped_cache_is_freed_without_the_cycle_collector():
+    """No reference cycle through the stock views: the last reference gone, the cache and its tensors go at once
+    (GPU memory with them), not at the garbage collector's next pass."""
+    import gc
+    import weakref
+
+    model = get_model("nemotron_h")
+    cache = ReplayCache(buffer_len=4)
+    decode(model, torch.randint(3, 120, (2, 9)), 5, cache)
+    layer = next(iter(cache.replay_layers.values()))
+    refs = [weakref.ref(cache), weakref.ref(layer), weakref.ref(layer.schedule)]
+    del layer
+    gc.disable()
+    try:
+        del cache
+        assert [ref() for ref in refs] == [None, None, None]
+    finally:
+        gc.enable()
 
 
 @pytest.mark.parametrize("model_type", ["nemotron_h", "kimi_linear"])

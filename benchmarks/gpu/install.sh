@@ -66,6 +66,12 @@ bench_job() {  # bench_job SECONDS NAME ARGS...: one `hf-replayssm bench ARGS` w
   timeout "$limit" python3 -m hf_replayssm.cli bench "$@" > "$RES/$name.txt" 2>&1
   echo "$name rc=$? $(date +%T)" | tee -a "$RES/done.txt"
 }
+paired_b1_job() {  # paired_b1_job SECONDS MODEL REPEATS: compiled batch-1 generate, stock static cache against
+  # ReplayCache, REPEATS interleaved repeats, into $RES/generate_compiled_MODEL_b1_rREPEATS.{txt,json}, packed
+  local name=generate_compiled_$2_b1_r$3
+  bench_job "$1" "$name" generate --models "$2" --batches 1 --arms stock-static-compiled,replay-compiled \
+    --prompt "$(shaped_prompt "$2")" --new 128 --repeats "$3" --out "$RES/$name.json"; pack
+}
 script_job() {  # script_job SECONDS NAME SCRIPT ARGS...: benchmarks/gpu/SCRIPT with a time limit, into $RES/NAME.txt
   local limit=$1 name=$2 script=$3; shift 3
   timeout "$limit" python3 "$R/benchmarks/gpu/$script" "$@" > "$RES/$name.txt" 2>&1

@@ -12,11 +12,7 @@
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session29; cd /tmp/w
 if [ "$STAGE" = 1 ]; then
-  for model in nemotron_h kimi_linear qwen3_5; do
-    bench_job 150 generate_compiled_${model}_b1_r12 generate --models $model --batches 1 \
-      --arms stock-static-compiled,replay-compiled --prompt "$(shaped_prompt $model)" --new 128 --repeats 12 \
-      --out "$RES/generate_compiled_${model}_b1_r12.json"; pack
-  done
+  for model in nemotron_h kimi_linear qwen3_5; do paired_b1_job 150 $model 12; done
   timeout 120 python3 "$R/benchmarks/offline/host_split.py" --models nemotron_h --prompt 128 --new 64 --repeats 4 \
     --profile-dir "$RES/calls" --out "$RES/host_split_nemotron_h_b1.json" > "$RES/host_split_nemotron_h_b1.txt" 2>&1
   echo "host_split_nemotron_h rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack

@@ -11,11 +11,7 @@ source benchmarks/gpu/install.sh || exit 1
 session_results next_session48; cd /tmp/w
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$RES/device.txt"
 if [ "$STAGE" = 1 ]; then
-  for model in nemotron_h kimi_linear qwen3_5; do
-    bench_job 130 generate_compiled_${model}_b1_r12 generate --models $model --batches 1 \
-      --arms stock-static-compiled,replay-compiled --prompt "$(shaped_prompt $model)" --new 128 --repeats 12 \
-      --out "$RES/generate_compiled_${model}_b1_r12.json"; pack
-  done
+  for model in nemotron_h kimi_linear qwen3_5; do paired_b1_job 130 $model 12; done
   for model in nemotron_h kimi_linear qwen3_5; do
     timeout 100 python3 "$R/benchmarks/offline/host_split.py" --models "$model" --prompt "$(shaped_prompt "$model")" \
       --new 64 --repeats 6 --out "$RES/host_split_${model}_b1.json" > "$RES/host_split_${model}_b1.txt" 2>&1

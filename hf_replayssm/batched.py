@@ -27,7 +27,9 @@ DRAFT_SCHEDULES = ("constant", "heuristic")
 
 def lookup_drafts(tokens: list[int], num_drafts: int, max_ngram: int = 2) -> list[int]:
     """Up to ``num_drafts`` tokens that followed the latest earlier occurrence of the last n-gram of ``tokens``
-    (n from ``max_ngram`` down to 1), as transformers' prompt lookup drafts them; [] when nothing matches.
+    (n from ``max_ngram`` down to 1); [] when nothing matches. transformers' prompt lookup (batch 1, and
+    ``host_lookup``, which drafts as it does) takes the earliest occurrence instead; the latest follows the text a
+    row is editing or repeating now. Either way the output is greedy's: only acceptance can differ.
 
     Candidates are found with ``list.index`` on the reversed history (a C-level scan) and only those that start
     with the n-gram's first token are compared: a Python loop over every start cost about 9 ms per round for 64 rows

@@ -7,6 +7,8 @@
   models (ReplayCache rolls back exactly) for this call only, preallocates the rollback window, gives a hybrid draft
   model a ReplayCache of its own, and returns the cache to plain decoding afterwards.
 * ``GenerationMixin._prepare_cache_for_generation``: creates that draft ReplayCache.
+* ``GenerationMixin._get_candidate_generator``: in those calls, transformers' prompt lookup searches a host copy of
+  the ids (``host_lookup``: the same drafts, one device read a round instead of a dozen).
 
 Installed once the package and transformers are both loaded (see ``hf_replayssm.__init__``). Calls without
 a ReplayCache pass straight through, compiled ones included (the hooks read no context variable under
@@ -545,6 +547,25 @@ def _wrap_get_compiled_call(original):
     return get_compiled_call
 
 
+def _wrap_candidate_generator(original):
+    """Inside a speculative generate() call on a ReplayCache, transformers' prompt lookup finds its drafts in a host
+    copy of the ids (``host_lookup.HostPromptLookup``: the same drafts, one device read a round)."""
+    @functools.wraps(original)
+    def _get_candidate_generator(self, *args, **kwargs):
+        generator = original(self, *args, **kwargs)
+        if _DRAFT.get() is not None:
+            from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+            from .host_lookup import HostPromptLookup
+
+            if type(generator) is PromptLookupCandidateGenerator:  # a subclass may search otherwise
+                generator.get_candidates = HostPromptLookup(generator).get_candidates
+        return generator
+
+    _get_candidate_generator._replayssm_original = original
+    return _get_candidate_generator
+
+
 def install_hooks() -> None:
     """Install the pass-through hooks (idempotent; ``ReplayCache()`` calls it)."""
     global _installed
@@ -557,6 +578,10 @@ def install_hooks() -> None:
         GenerationMixin._prepare_cache_for_generation = _wrap_prepare_cache(
             GenerationMixin._prepare_cache_for_generation
         )
+        if hasattr(GenerationMixin, "_get_candidate_generator"):
+            GenerationMixin._get_candidate_generator = _wrap_candidate_generator(
+                GenerationMixin._get_candidate_generator
+            )
         PreTrainedModel.__call__ = _wrap_call(PreTrainedModel.__call__)
         if hasattr(PreTrainedModel, "get_compiled_call"):
             PreTrainedModel.get_compiled_call = _wrap_get_compiled_call(PreTrainedModel.get_compiled_call)

@@ -91,7 +91,8 @@ def _copying_prompt(model, seed, length=6, repeats=4):
     """Passages that repeat, each followed by the model's own greedy continuation, so drafts match and miss."""
     start = torch.randint(3, model.config.vocab_size, (1, length), generator=torch.Generator().manual_seed(seed))
     continuation = model.generate(start, do_sample=False, max_new_tokens=10)
-    return torch.cat([continuation] * repeats + [start], dim=1)
+    prompt = torch.cat([continuation] * repeats + [start], dim=1)
+    return prompt.masked_fill(prompt == 0, 3)  # a pad id (0) in the prompt would make generate() infer a padding mask
 
 
 @pytest.mark.equivalence
@@ -136,3 +137,27 @@ def test_generate_without_replay_cache_keeps_transformers_search(monkeypatch):
     model.generate(prompt, past_key_values=ReplayCache(8), do_sample=False, max_new_tokens=4,
                    prompt_lookup_num_tokens=3)
     assert spy  # the host search ran for the ReplayCache call (drafting nothing: the spy finds no span)
+
+
+@pytest.mark.equivalence
+@pytest.mark.parametrize("model_type", ["nemotron_h", "kimi_linear"])
+def test_static_cache_drafts_on_host_and_equals_greedy(model_type, monkeypatch):
+    """The same on a static ReplayCache (verify forwards on device positions, crops committed on the device)."""
+    model = get_model(model_type)
+    searched = []
+    original = HostPromptLookup.get_candidates
+
+    def counting(self, input_ids, *args, **kwargs):
+        candidates, logits = original(self, input_ids, *args, **kwargs)
+        searched.append(candidates.shape[1] - input_ids.shape[1])
+        return candidates, logits
+
+    monkeypatch.setattr(HostPromptLookup, "get_candidates", counting)
+    settings_ = dict(do_sample=False, max_new_tokens=20, output_logits=True, return_dict_in_generate=True)
+    prompt = _copying_prompt(model, 1)
+    greedy = model.generate(prompt, **settings_)
+    cache = ReplayCache(4, max_cache_len=prompt.shape[1] + 20 + 6)
+    out = model.generate(prompt, past_key_values=cache, prompt_lookup_num_tokens=5, **settings_)
+    assert torch.equal(out.sequences, greedy.sequences)
+    assert max_logit_diff(out.logits, greedy.logits) < 1e-4
+    assert searched and max(searched) > 0, searched

@@ -25,7 +25,7 @@ from transformers.cache_utils import (
 from .adapters import find_mixers, refuse_hub_layer, repoint_accelerate_hook
 from .adapters.base import active_call
 from .integration import install_hooks
-from .layers import ReplayHybridLayer, ReplayLayer, RollbackError
+from .layers import ReplayHybridLayer, ReplayLayer, ReplayStaticHybridLayer, RollbackError, crop_static_attention
 from .packed_rollback import PackedRollback
 from .precision import PrecisionPolicy, resolve_policy
 from .static_decode import commit_windows
@@ -136,13 +136,6 @@ def _static_layer_croppable(layer: StaticLayer) -> bool:
     return not isinstance(layer, StaticSlidingWindowLayer)
 
 
-def _crop_static_layer(layer: StaticLayer, count: int) -> None:
-    """Give back a static attention layer's newest ``-count`` slots: it writes at ``cumulative_length``, so the next
-    update overwrites them (transformers 5.25's ``StaticLayer.crop``; 5.17's static layer has no crop)."""
-    if hasattr(layer, "crop"):
-        layer.crop(count)
-    else:
-        layer.cumulative_length.sub_(-count)
 
 
 class ReplayCache(DynamicCache):
@@ -166,11 +159,12 @@ class ReplayCache(DynamicCache):
             tokens (transformers' ``StaticLayer``) and, after the prefill, every SSM layer decodes on per-row device
             positions through the fused replay-or-flush op (no host integer per step), so ``is_compileable`` is True
             and ``generate(..., compile_config=...)`` captures the decode step (CUDA graphs on a GPU). Speculative
-            decoding (batch 1: prompt lookup, draft models) and ``crop`` work too, eagerly: its verify forwards run on
-            the host schedule and are not compiled, and the attention layers give back the rejected drafts' slots.
-            Policies with a float32 checkpoint (``fp32``, and the separated ``separated-fp8`` / ``separated-nvfp4``,
-            whose read copy the decode op re-encodes on the device for the rows that flush); Mamba-2, Gated
-            DeltaNet and KDA layers (others are refused when the cache binds).
+            decoding (batch 1: prompt lookup, draft models) and ``crop`` work too (transformers 5.25 compiles the
+            verify forwards, which run on device positions; 5.17 runs them eagerly), and the attention layers give
+            back the rejected drafts' slots. Policies with a float32 checkpoint (``fp32``, and the separated
+            ``separated-fp8`` / ``separated-nvfp4``, whose read copy the decode op re-encodes on the device for the
+            rows that flush); Mamba-2, Gated DeltaNet and KDA layers, also in layers that hold attention K/V too
+            (``ReplayStaticHybridLayer``: falcon_h1, zamba2); others are refused when the cache binds.
     """
 
     _replayssm_cache = True  # how the mixer hooks recognise this cache without importing it
@@ -268,14 +262,18 @@ class ReplayCache(DynamicCache):
             layers = StaticCache(config=text_config, max_cache_len=self.static_cache_len).layers
         for layer_idx, (mixer, adapter) in mixers.items():
             stock = layers[layer_idx]
-            if self.static_cache_len is not None and isinstance(stock, CacheLayerMixin):
+            if isinstance(stock, StaticSlidingWindowLayer):
                 raise ValueError(
-                    f"{type(model).__name__} has layers with both an SSM state and attention (layer {layer_idx}); a "
-                    "static ReplayCache (max_cache_len) does not serve them yet: use ReplayCache() without "
-                    "max_cache_len (eager decoding)"
+                    f"{type(model).__name__} has layers with both an SSM state and sliding-window attention (layer "
+                    f"{layer_idx}), which ReplayCache does not serve yet"
                 )
-            layer_cls = ReplayHybridLayer if isinstance(stock, CacheLayerMixin) else ReplayLayer
-            layer = layer_cls(self.buffer_len, self.window, self.policy, layer_idx, recurrence=adapter.recurrence())
+            if isinstance(stock, StaticLayer):  # SSM + static attention: falcon_h1, zamba2 in a static cache
+                layer = ReplayStaticHybridLayer(self.buffer_len, self.window, self.policy, layer_idx,
+                                                recurrence=adapter.recurrence(), max_cache_len=self.static_cache_len)
+            else:
+                layer_cls = ReplayHybridLayer if isinstance(stock, CacheLayerMixin) else ReplayLayer
+                layer = layer_cls(self.buffer_len, self.window, self.policy, layer_idx,
+                                  recurrence=adapter.recurrence())
             layer.family = adapter.name
             layer.schedule.backend = self.resolved_backend or "torch"
             layer.schedule.static = self.static_cache_len is not None
@@ -473,9 +471,11 @@ class ReplayCache(DynamicCache):
     def is_linear(self) -> list[bool]:
         """transformers re-feeds the whole prefix to a cache whose layers are all linear (it cannot tell how many
         tokens such a cache holds); a ReplayCache knows (``get_seq_length``), so an SSM-only model reports its
-        layers as not linear and a reused cache continues from where it stopped."""
+        layers as not linear and a reused cache continues from where it stopped. A static one reports them as they
+        are: generate() builds attention masks for a compileable cache unless all its layers are linear, and a model
+        without attention refuses them."""
         facts = self._layer_facts()
-        if facts.linear and all(facts.linear) and facts.replay:
+        if facts.linear and all(facts.linear) and facts.replay and self.static_cache_len is None:
             return [False] * facts.count
         return list(facts.linear)
 
@@ -551,9 +551,9 @@ class ReplayCache(DynamicCache):
             except RollbackError as error:
                 raise RollbackError(f"SSM layer {idx}: {error}") from None
         for layer in self._layers_with_state():
-            if isinstance(layer, StaticLayer):
+            if isinstance(layer, StaticLayer) and not isinstance(layer, ReplayLayer):
                 if count and layer.is_initialized:
-                    _crop_static_layer(layer, count)
+                    crop_static_attention(layer, count)
             elif hasattr(layer, "crop"):
                 layer.crop(count)
 
@@ -577,7 +577,9 @@ class ReplayCache(DynamicCache):
         commit_windows([schedule.device_positions for schedule in schedules], kept)
         for schedule in schedules:
             schedule.crop_on_device(kept)
-        lengths = [layer.cumulative_length for layer in attention if layer.is_initialized]
+        # static attention layers, and the attention part of SSM layers that have one (ReplayStaticHybridLayer)
+        lengths = [layer.cumulative_length for layer in [*attention, *self.replay_layers.values()]
+                   if isinstance(layer, StaticLayer) and layer.is_initialized]
         if lengths and count > 0:  # the length to keep
             torch._foreach_zero_(lengths)
             torch._foreach_add_(lengths, count)

@@ -15,13 +15,13 @@ from __future__ import annotations
 import weakref
 
 import torch
-from transformers.cache_utils import DynamicLayer, LinearAttentionLayer
+from transformers.cache_utils import CacheLayerMixin, DynamicLayer, LinearAttentionLayer, StaticLayer
 
 from .adapters.base import active_call
 from .precision import PrecisionPolicy
 from .schedule import ReplaySchedule, RollbackError
 
-__all__ = ["ReplayHybridLayer", "ReplayLayer", "RollbackError"]
+__all__ = ["ReplayHybridLayer", "ReplayLayer", "ReplayStaticHybridLayer", "RollbackError"]
 
 
 class _StockView(dict):
@@ -336,3 +336,75 @@ class ReplayHybridLayer(ReplayLayer, DynamicLayer):
         self.is_initialized = False
         if hasattr(self, "cumulative_length"):
             self.cumulative_length = 0
+
+
+def crop_static_attention(layer: StaticLayer, count: int) -> None:
+    """Give back a static attention layer's newest ``-count`` slots: it writes at ``cumulative_length``, so the next
+    update overwrites them (transformers 5.25's ``StaticLayer.crop`` and its sliding-window layer's own; 5.17's
+    static layer has no crop). The attention part of a ``ReplayStaticHybridLayer`` (whose ``crop`` drops its SSM
+    records too) through ``StaticLayer``'s."""
+    if hasattr(StaticLayer, "crop"):
+        (StaticLayer.crop if isinstance(layer, ReplayLayer) else type(layer).crop)(layer, count)
+    else:
+        layer.cumulative_length.sub_(-count)
+
+
+class ReplayStaticHybridLayer(ReplayLayer, StaticLayer):
+    """A layer with both an SSM state and static attention K/V (falcon_h1, zamba2 hybrid blocks in a static cache):
+    the attention part is transformers' ``StaticLayer`` (preallocated to ``max_cache_len``, written at its
+    ``cumulative_length``), the SSM part a ``ReplayLayer`` on device positions, so a decode step compiles."""
+
+    def __init__(self, buffer_len: int, window: int, policy: PrecisionPolicy | list[PrecisionPolicy],
+                 layer_idx: int = 0, recurrence=None, number_of_states: int = 1, max_cache_len: int | None = None,
+                 **kwargs):
+        if max_cache_len is None:
+            raise ValueError("ReplayStaticHybridLayer needs max_cache_len (the attention slots it preallocates)")
+        StaticLayer.__init__(self, max_cache_len)
+        ReplayLayer.__init__(self, buffer_len, window, policy, layer_idx, recurrence,
+                             number_of_states=number_of_states)
+
+    def lazy_initialization(self, *args, **kwargs) -> None:
+        if len(args) == 2 and not kwargs:  # attention K/V
+            StaticLayer.lazy_initialization(self, *args)
+
+    def get_seq_length(self):
+        return StaticLayer.get_seq_length(self)
+
+    def get_max_length(self) -> int:
+        return StaticLayer.get_max_length(self)
+
+    def crop(self, tokens_to_remove: int) -> None:
+        ReplayLayer.crop(self, tokens_to_remove)
+        if int(tokens_to_remove) and self.is_initialized:
+            crop_static_attention(self, int(tokens_to_remove))
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        ReplayLayer.reorder_cache(self, beam_idx)
+        if self.is_initialized:
+            CacheLayerMixin.reorder_cache(self, beam_idx)
+
+    def _refuse_batch_change(self) -> None:
+        if self.is_initialized:
+            raise ValueError(
+                f"layer {self.layer_idx}'s static attention slots hold a batch: a static ReplayCache (max_cache_len) "
+                "cannot change its batch rows; use ReplayCache() without max_cache_len"
+            )
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._refuse_batch_change()
+        ReplayLayer.batch_repeat_interleave(self, repeats)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._refuse_batch_change()
+        ReplayLayer.batch_select_indices(self, indices)
+
+    def clear_keeping_storage(self) -> None:
+        """Forget every token, keeping every tensor (the static cache's reset): the attention slots are zeroed."""
+        ReplayLayer.clear_keeping_storage(self)
+        CacheLayerMixin.reset(self)
+
+    def reset(self) -> None:
+        ReplayLayer.reset(self)
+        self.keys = self.values = None
+        self.is_initialized = False
+        self.cumulative_length = torch.tensor(0, dtype=torch.int64)

@@ -102,10 +102,12 @@ class Mamba2Recurrence:
         Triton verify kernel on CUDA, the reference elsewhere): what a compiled verify forward traces. ``tokens`` as
         :meth:`device_step`'s (a raw dt with dt_bias / dt_softplus and the z gate, or a processed dt without them);
         y [B, T, H, P] float32; the window's records written after the ``count`` committed ones."""
+        z = tokens.get("z")
+        if z is not None and z.dim() == tokens["x"].dim() - 1:  # a one-token window from the step's call: [B, H, P]
+            z = z[:, None]
         return torch.ops.hf_replayssm.mamba2_verify(
             state, ring["x"], ring["dt"], ring["B"], origin, count, tokens["x"], tokens["dt"], tokens["B"],
-            tokens["C"], tokens["A"], tokens.get("D"), tokens.get("z"), tokens.get("dt_bias"),
-            bool(tokens.get("dt_softplus", False)))
+            tokens["C"], tokens["A"], tokens.get("D"), z, tokens.get("dt_bias"), bool(tokens.get("dt_softplus", False)))
 
     @staticmethod
     def kernel_verify(state, ring: Records, origin: torch.Tensor, count: torch.Tensor, tokens: Records,

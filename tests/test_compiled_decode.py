@@ -204,8 +204,6 @@ def test_static_cache_refuses_what_it_cannot_do():
         ReplayCache(4, max_cache_len=0)
     with pytest.raises(ValueError, match="max_cache_len=16"):
         model.generate(prompt, past_key_values=ReplayCache(4, max_cache_len=12), max_new_tokens=5)
-    with pytest.raises(ValueError, match="both an SSM state and attention"):
-        ReplayCache(4, max_cache_len=64).bind(_model("falcon_h1"))
 
 
 @pytest.mark.parametrize("model_type", ["nemotron_h", "kimi_linear"])
@@ -403,3 +401,32 @@ def test_decode_steps_add_no_host_reads(model_type, policy, monkeypatch):
     replay = per_token(lambda: dict(past_key_values=ReplayCache(4, precision=policy,
                                                                max_cache_len=prompt.shape[1] + 14)))
     assert replay == stock, (replay, stock)
+
+
+def test_pure_mamba2_static_cache_compiles():
+    """A static ReplayCache on a model with no attention at all (mamba2): its layers say they are linear, as stock's
+    do, so generate() builds no attention masks for the compiled step (it did, and the model refused a mask dict);
+    eager equals stock, compiled is one graph equal to eager. A dynamic cache keeps reporting them as not linear, so
+    that a reused cache continues from where it stopped."""
+    from torch._dynamo.utils import counters
+
+    from hf_replayssm import cache_argument
+
+    model = _model("mamba2")
+    prompt = _prompt(model)
+    key = cache_argument(model)
+    stock = model.generate(prompt, **GREEDY)
+    cache = ReplayCache(4, max_cache_len=prompt.shape[1] + NEW)
+    eager = model.generate(prompt, **{key: cache}, **GREEDY)
+    assert all(cache.is_linear) and cache.is_compileable
+    assert torch.equal(eager.sequences, stock.sequences) and max_logit_diff(eager.logits, stock.logits) < 1e-4
+    torch._dynamo.reset()
+    counters.clear()
+    compiled_cache = ReplayCache(4, max_cache_len=prompt.shape[1] + NEW)
+    out = model.generate(prompt, **{key: compiled_cache}, compile_config=_compile_config(), **GREEDY)
+    assert getattr(model, "_compiled_call", None) is not None, "generate did not take the compiled path"
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    assert torch.equal(out.sequences, eager.sequences) and max_logit_diff(out.logits, eager.logits) < 1e-5
+    dynamic = ReplayCache(4)
+    model.generate(prompt, **{key: dynamic}, max_new_tokens=2)
+    assert not any(dynamic.is_linear)

@@ -200,7 +200,8 @@ def test_cuda_triton_backend_separated_flushes_in_the_kernel(model_type, policy,
             assert torch.equal(value, want[name]), name
 
 
-@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text", "kimi_linear"])
+# falcon_h1 / zamba2: layers with both an SSM state and attention (ReplayStaticHybridLayer)
+@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text", "kimi_linear", "falcon_h1", "zamba2"])
 def test_cuda_compiled_static_cache_with_cuda_graphs(model_type):
     """A static ReplayCache under transformers' default compile config (Inductor, reduce-overhead: CUDA graphs):
     the same tokens as eager stock decoding and as the eager static cache, logits within 1e-4, one graph."""
@@ -228,7 +229,7 @@ def test_cuda_compiled_static_cache_with_cuda_graphs(model_type):
     assert max_logit_diff(out.logits, stock.logits) < 1e-4
 
 
-@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text", "kimi_linear"])
+@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text", "kimi_linear", "falcon_h1"])
 def test_cuda_static_cache_speculation(model_type):
     """Speculation on a static ReplayCache on CUDA: transformers 5.25 compiles the verify forwards of a compileable
     cache (CUDA graphs; 5.17 runs them eagerly), which run on device positions through the verify ops (the Triton

@@ -258,7 +258,7 @@ def _recording_config(graphs, fullgraph=True):
     return config
 
 
-@pytest.mark.parametrize("model_type", FAMILIES)
+@pytest.mark.parametrize("model_type", [*FAMILIES, "falcon_h1"])  # falcon_h1: SSM and attention in one layer
 def test_verify_forwards_compile_on_device_positions(model_type, monkeypatch):
     """transformers 5.25 compiles the verify forwards of a compileable cache: a static ReplayCache's run on device
     positions through the verify ops, whole (fullgraph: no host position read, no graph break), at most one graph per
@@ -387,9 +387,9 @@ def test_static_layers_are_what_the_crop_expects():
     keys = torch.randn(1, model.config.num_key_value_heads, 5, model.config.head_dim)
     layer.update(keys, keys.clone())
     assert int(layer.get_seq_length()) == 5
-    from hf_replayssm.cache import _crop_static_layer
+    from hf_replayssm.layers import crop_static_attention
 
-    _crop_static_layer(layer, -2)
+    crop_static_attention(layer, -2)
     assert int(layer.get_seq_length()) == 3
     layer.update(keys[:, :, :1] + 1, keys[:, :, :1] + 1)
     assert torch.equal(layer.keys[:, :, 3], keys[:, :, 0] + 1)  # written where the cropped slot was

@@ -131,7 +131,7 @@ def test_manual_steps_views_and_a_continuation(model_type):
         assert layer.schedule.device_positions.is_active() and layer.tokens_seen == 30
 
 
-@pytest.mark.parametrize("model_type", FAMILIES)
+@pytest.mark.parametrize("model_type", [*FAMILIES, "zamba2"])  # zamba2: Mamba-2 layers and hybrid blocks
 @pytest.mark.parametrize("policy", ["separated-fp8", "separated-nvfp4"])
 def test_static_cache_with_a_read_copy(model_type, policy):
     """Separated precision on device positions: replays read the read copy, the decode op re-encodes the copy of
@@ -379,7 +379,7 @@ class _HostReads:
         return False
 
 
-@pytest.mark.parametrize("model_type", FAMILIES)
+@pytest.mark.parametrize("model_type", [*FAMILIES, "falcon_h1"])  # falcon_h1: SSM and attention in one layer
 @pytest.mark.parametrize("policy", ["fp32", "separated-nvfp4"])
 def test_decode_steps_add_no_host_reads(model_type, policy, monkeypatch):
     """What a decode step of a static ReplayCache reads on the host, beyond what stock static decoding reads:

@@ -150,7 +150,7 @@ def test_separated_precision_speculation_on_a_static_cache(policy):
     assert cache.stats()["rolled_back_tokens"] > 0
 
 
-@pytest.mark.parametrize("model_type", FAMILIES)
+@pytest.mark.parametrize("model_type", [*FAMILIES, "falcon_h1", "zamba2"])  # the last two: SSM + attention layers
 def test_crop_a_static_cache_by_hand(model_type):
     """The manual cache API: plain steps on device positions, a recorded window, crop (by count and by the length to
     keep), plain steps again; the logits equal a stock cache fed only the kept tokens."""

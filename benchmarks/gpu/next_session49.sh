@@ -9,6 +9,8 @@
 #      times a round);
 #   2. tiny-gdn-copy, bf16, transformers 5.25: compiled prompt lookup against compiled greedy on a static ReplayCache
 #      (run 224 on an H100: 1622.6 against 1024.6 tok/s, 1.58x; issue 8's target 1.8x), and the eager arms.
+# STAGE=0 (about 3 minutes): the CUDA-graph tests of a static ReplayCache on the models whose layers hold both an SSM
+#   state and attention (falcon_h1, zamba2: ReplayStaticHybridLayer, new), transformers 5.17 and 5.25.
 # STAGE=2: the same bench in float32 (run 225: 1183.2 against 1071.0, 1.10x), then next_session48.sh's STAGE=1
 #   (batch-1 paired repeats) if the call has time.
 source benchmarks/gpu/install.sh || exit 1
@@ -16,6 +18,12 @@ session_results next_session49; cd /tmp/w
 carried_wheels tf525 || exit 1
 ARMS=greedy-replay,greedy-static-compiled,lookup-replay,lookup-static-compiled
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$RES/device.txt"
+if [ "$STAGE" = 0 ]; then
+  test_job 150 test_static_hybrid_cuda -rs tests/test_gpu.py -k "falcon or zamba"; pack
+  TEST_PYTHONPATH=/tmp/tf525:/tmp/site test_job 150 test_static_hybrid_cuda_tf525 -rs tests/test_gpu.py \
+    -k "falcon or zamba"; pack
+  show_tests
+fi
 if [ "$STAGE" = 1 ]; then
   PYTHONPATH=/tmp/tf525:/tmp/site timeout 120 python3 "$R/benchmarks/offline/lookup_search.py" --device cuda \
     --out "$RES/lookup_search_cuda.json" > "$RES/lookup_search_cuda.txt" 2>&1

@@ -12,6 +12,9 @@ from transformers.generation.candidate_generator import PromptLookupCandidateGen
 from hf_replayssm import ReplayCache, host_lookup
 from hf_replayssm.host_lookup import HostPromptLookup, earliest_lookup
 
+# also in the compat run (transformers 5.17): the drafts are checked against the installed transformers' own search
+pytestmark = pytest.mark.equivalence
+
 
 def _stock(num_drafts, max_ngram, max_length, eos, processors=None):
     return PromptLookupCandidateGenerator(
@@ -95,7 +98,6 @@ def _copying_prompt(model, seed, length=6, repeats=4):
     return prompt.masked_fill(prompt == 0, 3)  # a pad id (0) in the prompt would make generate() infer a padding mask
 
 
-@pytest.mark.equivalence
 @pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text"])
 def test_generate_drafts_on_host_and_equals_greedy(model_type, monkeypatch):
     """generate(prompt_lookup_num_tokens=...) on a ReplayCache without logits processors: every round's drafts come
@@ -122,7 +124,6 @@ def test_generate_drafts_on_host_and_equals_greedy(model_type, monkeypatch):
     assert rounds and max(rounds) > 0, rounds  # the host search ran and drafted
 
 
-@pytest.mark.equivalence
 def test_generate_without_replay_cache_keeps_transformers_search(monkeypatch):
     """The host search is ReplayCache's: generate() on transformers' own cache searches as it always did."""
     model = get_model("nemotron_h")
@@ -139,7 +140,6 @@ def test_generate_without_replay_cache_keeps_transformers_search(monkeypatch):
     assert spy  # the host search ran for the ReplayCache call (drafting nothing: the spy finds no span)
 
 
-@pytest.mark.equivalence
 @pytest.mark.parametrize("model_type", ["nemotron_h", "kimi_linear"])
 def test_static_cache_drafts_on_host_and_equals_greedy(model_type, monkeypatch):
     """The same on a static ReplayCache (verify forwards on device positions, crops committed on the device)."""

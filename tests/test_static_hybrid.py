@@ -7,10 +7,10 @@ import pickle
 
 import pytest
 import torch
-from conftest import get_model, max_logit_diff
+from conftest import SUPPORTED, get_model, max_logit_diff
 from transformers.generation import CompileConfig
 
-from hf_replayssm import ReplayCache
+from hf_replayssm import ReplayCache, cache_argument
 from hf_replayssm.layers import ReplayStaticHybridLayer
 
 pytestmark = pytest.mark.equivalence
@@ -116,3 +116,25 @@ def test_static_hybrid_as_a_user_would_use_it(model_type):
                              num_return_sequences=2, max_new_tokens=8)
     torch.manual_seed(0)
     assert torch.equal(sampled, model.generate(prompt, do_sample=True, num_return_sequences=2, max_new_tokens=8))
+
+
+@pytest.mark.parametrize("model_type", SUPPORTED)
+def test_static_cache_on_every_model_type(model_type):
+    """Every supported model type with an SSM recurrence takes a static ReplayCache: eager equals stock greedy
+    decoding, and the decode step compiles whole (one graph) with the eager static cache's tokens."""
+    from torch._dynamo.utils import counters
+
+    model = get_model(model_type)
+    key = cache_argument(model)
+    prompt = torch.randint(3, model.config.get_text_config().vocab_size, (2, 9),
+                           generator=torch.Generator().manual_seed(1))
+    settings = dict(GREEDY, max_new_tokens=8, min_new_tokens=8)
+    stock = model.generate(prompt, **settings)
+    eager = model.generate(prompt, **{key: ReplayCache(4, max_cache_len=17)}, **settings)
+    assert torch.equal(eager.sequences, stock.sequences) and max_logit_diff(eager.logits, stock.logits) < 1e-4
+    torch._dynamo.reset()
+    counters.clear()
+    out = model.generate(prompt, **{key: ReplayCache(4, max_cache_len=17)}, compile_config=_compile_config(), **settings)
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    assert torch.equal(out.sequences, eager.sequences) and max_logit_diff(out.logits, eager.logits) < 1e-4
+    torch._dynamo.reset()

@@ -134,7 +134,8 @@ def test_static_cache_on_every_model_type(model_type):
     assert torch.equal(eager.sequences, stock.sequences) and max_logit_diff(eager.logits, stock.logits) < 1e-4
     torch._dynamo.reset()
     counters.clear()
-    out = model.generate(prompt, **{key: ReplayCache(4, max_cache_len=17)}, compile_config=_compile_config(), **settings)
+    out = model.generate(prompt, **{key: ReplayCache(4, max_cache_len=17)}, compile_config=_compile_config(),
+                         **settings)
     assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
     assert torch.equal(out.sequences, eager.sequences) and max_logit_diff(out.logits, eager.logits) < 1e-4
     torch._dynamo.reset()

@@ -39,3 +39,15 @@ def test_guard_check_reads_both_caches(tmp_path):
     cache_tensor_lines = [line for line in replay_lines if line.startswith("TENSOR_MATCH\t")
                           and line.split("\t")[1].startswith(tool.CACHE_SOURCES)]  # the cache's keyword varies
     assert len(cache_tensor_lines) == replay_tensors
+
+
+def test_no_cache_object_is_reached_two_ways(tmp_path):
+    """An object the compiled step reaches from the cache by two paths is an aliasing guard per SSM layer, which
+    torch 2.11 checks in Python before every CUDA-graph replay: transformers 5.17's mixers read the stock views, whose
+    value comes from the positions the replay call reaches (through ``call.layer``), not the view's own schedule."""
+    tool = _load()
+    tool.main(["--models", "nemotron_h", "--blocks", "1", "--dump", str(tmp_path)])
+    lines = (tmp_path / "nemotron_h_replay_guards.txt").read_text().splitlines()
+    aliasing = [line for line in lines if line.startswith("DUPLICATE_INPUT\t")
+                and line.split("\t")[1].startswith(tool.CACHE_SOURCES)]
+    assert aliasing == []

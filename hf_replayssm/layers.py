@@ -73,7 +73,7 @@ def _traced_positions():
     call = active_call()
     if call is None:
         return None
-    positions = call.layer.schedule.device_positions
+    positions = call.layer.positions
     return positions if positions.is_active() else None
 
 
@@ -117,15 +117,21 @@ class ReplayLayer(LinearAttentionLayer):
                  layer_idx: int = 0, recurrence=None, number_of_states: int = 1, **kwargs):
         super().__init__(number_of_states=number_of_states)
         self.layer_idx = layer_idx
-        self.schedule = _new_schedule(recurrence, buffer_len, window, policy, layer_idx)
+        self._take_schedule(_new_schedule(recurrence, buffer_len, window, policy, layer_idx))
         self.mixer_ref: weakref.ref | None = None
         self.family: str | None = None
-        self._install_views()
         # Stock mixers skip their in-place single-token conv update while a layer records its past; keeping this
         # True routes every conv step through ``update_conv_state``, i.e. through the conv ring.
         self.record_past = True
         # transformers 5.25 counts a linear layer's tokens in a tensor of its own; the schedule counts ours
         self.__dict__.pop("cumulative_length_linear", None)
+
+    def _take_schedule(self, schedule: ReplaySchedule) -> None:
+        """Serve ``schedule``: ``positions`` is its device positions one attribute away (a compiled step reads them
+        through the layer: each hop through the schedule is another guard per layer), the views hold it."""
+        self.schedule = schedule
+        self.positions = schedule.device_positions
+        self._install_views()
 
     def _install_views(self) -> None:
         self.conv_states = _ConvView(self.schedule)
@@ -146,7 +152,7 @@ class ReplayLayer(LinearAttentionLayer):
     @property
     def checkpoint(self) -> torch.Tensor | None:
         """The state the recurrence continues from (float32)."""
-        positions = self.schedule.device_positions
+        positions = self.positions
         if positions.is_active():  # what schedule.checkpoint() returns, with one method lookup (a guard) less
             return positions.operands[0]
         return self.schedule.checkpoint()
@@ -214,7 +220,7 @@ class ReplayLayer(LinearAttentionLayer):
 
     def update_conv_state(self, conv_states: torch.Tensor, state_idx: int = 0, conv_kernel_size=None, **kwargs):
         """Return ``[history, new]`` for the model's own causal conv and remember the new inputs."""
-        positions = self.schedule.device_positions
+        positions = self.positions
         if positions.is_active():  # (maybe compiled) decode step: no attribute writes
             if conv_states.shape[-1] == 1 and not positions.is_verifying():  # straight to the positions: fewer guards
                 return positions.conv_step(conv_states)  # before each graph replay
@@ -244,7 +250,7 @@ class ReplayLayer(LinearAttentionLayer):
 
     # ------------------------------------------------------------------ the replay step (called by the adapters)
     def forward_tokens(self, tokens, chunk_fn=None, out_dtype=None) -> torch.Tensor:
-        positions = self.schedule.device_positions
+        positions = self.positions
         if positions.is_active():  # (maybe compiled) decode step: no attribute writes
             if positions.takes(tokens):  # straight to the positions: fewer guards before each graph replay
                 return positions.step(tokens, out_dtype)
@@ -293,10 +299,9 @@ class ReplayLayer(LinearAttentionLayer):
     def reset(self) -> None:
         """Drop every token and the storage (the next forward may use any batch size)."""
         old = self.schedule
-        self.schedule = _new_schedule(old.recurrence, old.buffer_len, old.window, old.store.policies,
-                                      self.layer_idx)
+        self._take_schedule(_new_schedule(old.recurrence, old.buffer_len, old.window, old.store.policies,
+                                          self.layer_idx))  # the views and positions follow the schedule
         self.schedule.backend = old.backend
-        self._install_views()  # the views hold the schedule
         self.has_previous_state[0] = False
         self.is_conv_states_initialized[0] = self.is_recurrent_states_initialized[0] = False
 

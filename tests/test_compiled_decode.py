@@ -225,7 +225,7 @@ def test_compiled_step_takes_one_positions_tensor_per_layer(model_type):
                    max_new_tokens=6)
     assert len(inputs) == 1, "one compiled decode graph"
     for idx, layer in cache.replay_layers.items():
-        names = [name for name in inputs[0] if f"layers_{idx}_schedule_device_positions" in name]
+        names = [name for name in inputs[0] if f"layers_{idx}_positions_" in name]  # through ReplayLayer.positions
         fields = len(layer.ring.fields)
         assert sum(name.endswith("_positions") for name in names) == 1, names
         assert not any(name.endswith(("_origin", "_count", "_steps")) for name in names), names

@@ -201,7 +201,7 @@ def _compiled_forward(original, mixer, cache, hidden_states, args, kwargs):
     device positions (the cache says ``is_compileable`` for nothing else), which touches no host-side position, so
     the graph holds; anything else runs eagerly (a graph break)."""
     layer = cache.layers[mixer.layer_idx]
-    if not layer.schedule.device_positions.accepts(hidden_states.shape[1]):
+    if not layer.positions.accepts(hidden_states.shape[1]):
         return _eager_replay_forward(original, mixer, cache, hidden_states, args, kwargs)
     previous = _COMPILED_CALL[0]
     _COMPILED_CALL[0] = ReplayCall(layer, mixer)
@@ -287,17 +287,21 @@ def conv_fn_interceptor(module, call, a: CallArgs, original):
     bit for bit) and one fusable elementwise sum in a compiled decode step (``causal_conv_tail``: F.conv1d would be a
     slow depthwise kernel under inductor; ops/short_conv.py). The CUDA ``causal_conv1d`` package, where installed, and
     any other input get the model's own conv."""
-    schedule = call.layer.schedule
     x = a["hidden_states"]
-    kernel = schedule.conv_kernel
+    if torch.compiler.is_compiling():
+        positions = call.layer.positions
+        # on device positions the window's width is the conv tensor's (already guarded), not the schedule's kernel
+        # (one more guard per layer before every CUDA-graph replay)
+        if positions.is_active() and positions.conv is not None and supports_activation(a["activation"]):
+            kernel = positions.conv.shape[-1]
+            if x.shape[-1] > kernel:
+                return causal_conv_tail(x, a["weight"], a["bias"], a["activation"], x.shape[-1] - kernel)
+        return a.call(original)
+    kernel = call.layer.schedule.conv_kernel
     if kernel is None or not supports_activation(a["activation"]) or x.shape[-1] <= kernel:
         return a.call(original)
-    tokens = x.shape[-1] - kernel
-    if torch.compiler.is_compiling():
-        if schedule.device_positions.is_active():
-            return causal_conv_tail(x, a["weight"], a["bias"], a["activation"], tokens)
-    elif not _HAS_CAUSAL_CONV1D and call.conv_window == x.shape[-1]:
-        return causal_conv_window(x, a["weight"], a["bias"], a["activation"], tokens)
+    if not _HAS_CAUSAL_CONV1D and call.conv_window == x.shape[-1]:
+        return causal_conv_window(x, a["weight"], a["bias"], a["activation"], x.shape[-1] - kernel)
     return a.call(original)
 
 

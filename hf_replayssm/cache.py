@@ -430,6 +430,12 @@ class ReplayCache(DynamicCache):
         return super().get_recurrent_state(layer_idx, state_idx)
 
     def update_conv_state(self, conv_states: torch.Tensor, layer_idx: int, state_idx: int = 0, **kwargs):
+        if torch.compiler.is_compiling():
+            layer = self.layers[layer_idx]
+            if isinstance(layer, ReplayLayer) and layer.positions.takes_conv(conv_states):
+                # a plain decode step, straight to the device positions: no method looked up on the layer (a guard
+                # per layer before every CUDA-graph replay)
+                return layer.positions.conv_step(conv_states)
         self._require_replay_call(layer_idx)
         full = super().update_conv_state(conv_states, layer_idx, state_idx, **kwargs)
         call = active_call()

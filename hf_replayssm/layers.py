@@ -222,8 +222,8 @@ class ReplayLayer(LinearAttentionLayer):
         """Return ``[history, new]`` for the model's own causal conv and remember the new inputs."""
         positions = self.positions
         if positions.is_active():  # (maybe compiled) decode step: no attribute writes
-            if conv_states.shape[-1] == 1 and not positions.is_verifying():  # straight to the positions: fewer guards
-                return positions.conv_step(conv_states)  # before each graph replay
+            if positions.takes_conv(conv_states):  # straight to the positions: fewer guards before each graph replay
+                return positions.conv_step(conv_states)
             return self.schedule.conv_update(conv_states, self.schedule.conv_kernel)
         kernel = conv_kernel_size or self.schedule.conv_kernel
         if kernel is None:

@@ -230,6 +230,11 @@ class DevicePositions:
         """Whether a forward of these tokens is a plain decode step on these positions (one token, not verifying)."""
         return self.phase == STEP and tokens[self.token_name].shape[1] == 1
 
+    def takes_conv(self, inputs: torch.Tensor) -> bool:
+        """Whether a conv update of ``inputs`` [B, C, T] is a plain decode step on these positions (one token, not
+        verifying): ``conv_step`` then serves it."""
+        return self.phase == STEP and inputs.shape[-1] == 1
+
     def accepts(self, count) -> bool:
         """Whether a forward of ``count`` tokens runs on these positions (a plain step, or a window they verify)."""
         phase = self.phase

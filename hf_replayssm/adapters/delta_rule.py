@@ -58,10 +58,15 @@ def _replay(module, call, a: CallArgs, original, chunked: bool):
                 output_final_state=True,
             )
 
-    out = call.layer.forward_tokens(_tokens(module, call, a), chunk_fn, out_dtype=a["query"].dtype)
+    tokens = _tokens(module, call, a)
+    positions = call.layer.positions
+    if positions.takes(tokens):  # a plain step on device positions: no method or property looked up on the layer
+        out, final = positions.step(tokens, a["query"].dtype), positions.operands[0]  # (a guard each, per layer)
+    else:
+        out = call.layer.forward_tokens(tokens, chunk_fn, out_dtype=a["query"].dtype)
+        final = call.layer.checkpoint
     call.handled_tokens += a["value"].shape[1]
-    final = call.layer.checkpoint if a["output_final_state"] else None
-    return out, final
+    return out, final if a["output_final_state"] else None
 
 
 @interceptor

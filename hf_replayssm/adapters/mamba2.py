@@ -28,7 +28,8 @@ def _per_head(t: torch.Tensor | None, dims: int) -> torch.Tensor | None:
 def _step(module, call, a: CallArgs, original):
     """``mamba2_selective_state_update``: one token per sequence."""
     x = a["hidden_states"]  # [B, H, P]
-    if call.layer.positions.is_active() or call.layer.schedule.next_step_uses_kernel(1):  # (device positions do)
+    positions = call.layer.positions
+    if positions.is_active() or call.layer.schedule.next_step_uses_kernel(1):  # (device positions do)
         # The decode-step kernel applies dt_bias, softplus and the z gate itself and writes y in x's dtype: the step
         # launches what a fused stock kernel would, nothing more.
         tokens = {
@@ -43,6 +44,8 @@ def _step(module, call, a: CallArgs, original):
             "z": a["z"],
         }
         call.handled_tokens += 1
+        if positions.takes(tokens):  # a plain step on device positions: no method looked up on the layer (a guard)
+            return positions.step(tokens, x.dtype)[:, 0]
         return call.layer.forward_tokens(tokens, out_dtype=x.dtype)[:, 0]
     dt = _per_head(a["dt"], 2).float()  # [B, H]
     if a["dt_bias"] is not None:

@@ -13,6 +13,10 @@
 #   state and attention (falcon_h1, zamba2: ReplayStaticHybridLayer, new), transformers 5.17 and 5.25.
 # STAGE=2: the same bench in float32 (run 225: 1183.2 against 1071.0, 1.10x), then next_session48.sh's STAGE=1
 #   (batch-1 paired repeats) if the call has time.
+# STAGE=3 (about 5 minutes): the batch-1 guard cuts of the forty-eighth session (tiny models, transformers 5.17: guards
+#   on the cache Nemotron-H-like 83 -> 67, Kimi-Linear-like 118 -> 100; no per-layer aliasing guard left):
+#   host_split.py --tiny and the shaped Nemotron-H-like split, as runs 231 / 232 (before AOT's call, excess: tiny
+#   +68.2 us, shaped +37.8 us in run 232).
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session49; cd /tmp/w
 carried_wheels tf525 || exit 1
@@ -39,4 +43,19 @@ if [ "$STAGE" = 2 ]; then
   pack; grep -v "^ *$" "$RES/speculative_copy_fp32.txt" | tail -6
   for model in nemotron_h kimi_linear qwen3_5; do paired_b1_job 130 $model 12; done
   grep -h -A 3 "^batch\|paired\|^arm" "$RES"/*.txt
+fi
+if [ "$STAGE" = 3 ]; then
+  for model in nemotron_h kimi_linear; do
+    for guards in "" --skip-guards; do
+      name=host_split_tiny_${model}_b1${guards:+_noguards}
+      timeout 100 python3 "$R/benchmarks/offline/host_split.py" --tiny --models "$model" --prompt 64 --new 64 \
+        --repeats 6 $guards --out "$RES/$name.json" > "$RES/$name.txt" 2>&1
+      echo "$name rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+      grep -v "^ *$" "$RES/$name.txt" | tail -n 4
+    done
+  done
+  timeout 120 python3 "$R/benchmarks/offline/host_split.py" --models nemotron_h --prompt 128 --new 64 --repeats 6 \
+    --out "$RES/host_split_shaped_nemotron_h_b1.json" > "$RES/host_split_shaped_nemotron_h_b1.txt" 2>&1
+  echo "host_split_shaped rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  tail -n 5 "$RES/host_split_shaped_nemotron_h_b1.txt"
 fi

@@ -62,6 +62,19 @@ def decode(model, tokens, prompt_len, cache):
     return torch.stack(logits, dim=1)
 
 
+def generate_compiled_once(model, prompt, cache, config, **kwargs):
+    """``generate()`` on ``cache`` with ``compile_config=config`` from a fresh Dynamo, asserting that the decode step
+    took the compiled path as one graph with no graph break."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    out = model.generate(prompt, **{cache_kwarg(model): cache}, compile_config=config, **kwargs)
+    assert getattr(model, "_compiled_call", None) is not None, "generate did not take the compiled path"
+    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"], dict(counters["graph_break"])
+    return out
+
+
 def load_offline_tool(name: str):
     """A script of ``benchmarks/offline/`` (not a package) imported as a module; its folder goes on the import path,
     as it does for a script run by path (the scripts import each other)."""

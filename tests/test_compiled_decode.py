@@ -8,7 +8,7 @@ import sys
 
 import pytest
 import torch
-from conftest import max_logit_diff
+from conftest import generate_compiled_once, max_logit_diff
 from transformers.generation import CompileConfig
 
 from hf_replayssm import ReplayCache
@@ -408,8 +408,6 @@ def test_pure_mamba2_static_cache_compiles():
     do, so generate() builds no attention masks for the compiled step (it did, and the model refused a mask dict);
     eager equals stock, compiled is one graph equal to eager. A dynamic cache keeps reporting them as not linear, so
     that a reused cache continues from where it stopped."""
-    from torch._dynamo.utils import counters
-
     from hf_replayssm import cache_argument
 
     model = _model("mamba2")
@@ -420,12 +418,8 @@ def test_pure_mamba2_static_cache_compiles():
     eager = model.generate(prompt, **{key: cache}, **GREEDY)
     assert all(cache.is_linear) and cache.is_compileable
     assert torch.equal(eager.sequences, stock.sequences) and max_logit_diff(eager.logits, stock.logits) < 1e-4
-    torch._dynamo.reset()
-    counters.clear()
-    compiled_cache = ReplayCache(4, max_cache_len=prompt.shape[1] + NEW)
-    out = model.generate(prompt, **{key: compiled_cache}, compile_config=_compile_config(), **GREEDY)
-    assert getattr(model, "_compiled_call", None) is not None, "generate did not take the compiled path"
-    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    out = generate_compiled_once(model, prompt, ReplayCache(4, max_cache_len=prompt.shape[1] + NEW), _compile_config(),
+                                 **GREEDY)
     assert torch.equal(out.sequences, eager.sequences) and max_logit_diff(out.logits, eager.logits) < 1e-5
     dynamic = ReplayCache(4)
     model.generate(prompt, **{key: dynamic}, max_new_tokens=2)

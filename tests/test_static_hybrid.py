@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 import torch
-from conftest import SUPPORTED, get_model, max_logit_diff
+from conftest import SUPPORTED, generate_compiled_once, get_model, max_logit_diff
 from transformers.generation import CompileConfig
 
 from hf_replayssm import ReplayCache, cache_argument
@@ -36,8 +36,6 @@ def _compile_config():
 def test_static_hybrid_decodes_like_stock_and_compiles(model_type):
     """Eager: stock greedy's tokens and logits, a dynamic ReplayCache's flush schedule, every SSM layer on device
     positions, the hybrid layers' K/V in preallocated slots; compiled (fullgraph): one graph, equal to eager."""
-    from torch._dynamo.utils import counters
-
     model = get_model(model_type)
     prompt = _prompt(model)
     stock = model.generate(prompt, **GREEDY)
@@ -54,12 +52,8 @@ def test_static_hybrid_decodes_like_stock_and_compiles(model_type):
     assert cache.stats() == dynamic.stats() and cache.is_compileable
     assert cache.memory()["attention_kv"] > 0
 
-    torch._dynamo.reset()
-    counters.clear()
-    compiled_cache = ReplayCache(4, max_cache_len=prompt.shape[1] + NEW)
-    out = model.generate(prompt, past_key_values=compiled_cache, compile_config=_compile_config(), **GREEDY)
-    assert getattr(model, "_compiled_call", None) is not None, "generate did not take the compiled path"
-    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    out = generate_compiled_once(model, prompt, ReplayCache(4, max_cache_len=prompt.shape[1] + NEW), _compile_config(),
+                                 **GREEDY)
     assert torch.equal(out.sequences, eager.sequences)
     # transformers' compiled masks round a little apart (as for the other families: within 1e-5); zamba2's larger
     # logits put that rounding at up to 1.2e-5, about 2e-6 of their size, steady across the steps
@@ -122,8 +116,6 @@ def test_static_hybrid_as_a_user_would_use_it(model_type):
 def test_static_cache_on_every_model_type(model_type):
     """Every supported model type with an SSM recurrence takes a static ReplayCache: eager equals stock greedy
     decoding, and the decode step compiles whole (one graph) with the eager static cache's tokens."""
-    from torch._dynamo.utils import counters
-
     model = get_model(model_type)
     key = cache_argument(model)
     prompt = torch.randint(3, model.config.get_text_config().vocab_size, (2, 9),
@@ -132,10 +124,6 @@ def test_static_cache_on_every_model_type(model_type):
     stock = model.generate(prompt, **settings)
     eager = model.generate(prompt, **{key: ReplayCache(4, max_cache_len=17)}, **settings)
     assert torch.equal(eager.sequences, stock.sequences) and max_logit_diff(eager.logits, stock.logits) < 1e-4
-    torch._dynamo.reset()
-    counters.clear()
-    out = model.generate(prompt, **{key: ReplayCache(4, max_cache_len=17)}, compile_config=_compile_config(),
-                         **settings)
-    assert counters["stats"]["unique_graphs"] == 1 and not counters["graph_break"]
+    out = generate_compiled_once(model, prompt, ReplayCache(4, max_cache_len=17), _compile_config(), **settings)
     assert torch.equal(out.sequences, eager.sequences) and max_logit_diff(out.logits, eager.logits) < 1e-4
     torch._dynamo.reset()

@@ -72,6 +72,19 @@ paired_b1_job() {  # paired_b1_job SECONDS MODEL REPEATS: compiled batch-1 gener
   bench_job "$1" "$name" generate --models "$2" --batches 1 --arms stock-static-compiled,replay-compiled \
     --prompt "$(shaped_prompt "$2")" --new 128 --repeats "$3" --out "$RES/$name.json"; pack
 }
+tiny_split_jobs() {  # tiny_split_jobs MODEL...: host_split.py --tiny at batch 1 (six repeats), with and without
+  # Dynamo's guard check, per model, into $RES/host_split_tiny_MODEL_b1[_noguards].{txt,json}, packed
+  local model guards name
+  for model in "$@"; do
+    for guards in "" --skip-guards; do
+      name=host_split_tiny_${model}_b1${guards:+_noguards}
+      timeout 100 python3 "$R/benchmarks/offline/host_split.py" --tiny --models "$model" --prompt 64 --new 64 \
+        --repeats 6 $guards --out "$RES/$name.json" > "$RES/$name.txt" 2>&1
+      echo "$name rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+      grep -v "^ *$" "$RES/$name.txt" | tail -n 4
+    done
+  done
+}
 script_job() {  # script_job SECONDS NAME SCRIPT ARGS...: benchmarks/gpu/SCRIPT with a time limit, into $RES/NAME.txt
   local limit=$1 name=$2 script=$3; shift 3
   timeout "$limit" python3 "$R/benchmarks/gpu/$script" "$@" > "$RES/$name.txt" 2>&1

@@ -45,15 +45,7 @@ if [ "$STAGE" = 2 ]; then
   grep -h -A 3 "^batch\|paired\|^arm" "$RES"/*.txt
 fi
 if [ "$STAGE" = 3 ]; then
-  for model in nemotron_h kimi_linear; do
-    for guards in "" --skip-guards; do
-      name=host_split_tiny_${model}_b1${guards:+_noguards}
-      timeout 100 python3 "$R/benchmarks/offline/host_split.py" --tiny --models "$model" --prompt 64 --new 64 \
-        --repeats 6 $guards --out "$RES/$name.json" > "$RES/$name.txt" 2>&1
-      echo "$name rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
-      grep -v "^ *$" "$RES/$name.txt" | tail -n 4
-    done
-  done
+  tiny_split_jobs nemotron_h kimi_linear
   timeout 120 python3 "$R/benchmarks/offline/host_split.py" --models nemotron_h --prompt 128 --new 64 --repeats 6 \
     --out "$RES/host_split_shaped_nemotron_h_b1.json" > "$RES/host_split_shaped_nemotron_h_b1.txt" 2>&1
   echo "host_split_shaped rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack

@@ -304,11 +304,12 @@ def test_static_reset_keeps_storage_and_graphs():
         model.generate(prompt[:1], past_key_values=cache, max_new_tokens=3)
 
 
-def test_static_cache_as_a_user_would_use_it():
+@pytest.mark.parametrize("model_type", ["qwen3_5_text", "falcon_h1", "zamba2"])  # the last two: SSM + attention layers
+def test_static_cache_as_a_user_would_use_it(model_type):
     """Reuse with a continuation, beam search, sampled return sequences and pickling, each equal to stock."""
     import pickle
 
-    model = _model("qwen3_5_text")
+    model = _model(model_type)
     prompt = _prompt(model)
     kw = dict(do_sample=False, max_new_tokens=8, min_new_tokens=8)
     cache = ReplayCache(4, max_cache_len=40)

@@ -3,8 +3,6 @@ blocks): ``ReplayStaticHybridLayer``, transformers' static attention plus a repl
 
 from __future__ import annotations
 
-import pickle
-
 import pytest
 import torch
 from conftest import SUPPORTED, generate_compiled_once, get_model, max_logit_diff
@@ -81,29 +79,22 @@ def test_static_hybrid_prompt_lookup_equals_greedy(model_type):
 
 
 @pytest.mark.parametrize("model_type", HYBRIDS)
-def test_static_hybrid_as_a_user_would_use_it(model_type):
-    """A continuation, pickling and reset() (the attention slots' storage kept), each equal to stock; a batch change
-    on filled attention slots is a clear error."""
+def test_static_hybrid_reset_and_batch_changes(model_type):
+    """reset() zeroes the attention slots and keeps their storage, and the cache repeats its first run; a batch
+    change on filled attention slots is a clear error. (A continuation, beams, sampling and pickling:
+    test_compiled_decode.py::test_static_cache_as_a_user_would_use_it.)"""
     model = get_model(model_type)
     prompt = _prompt(model)
     kw = dict(do_sample=False, max_new_tokens=8, min_new_tokens=8)
     cache = ReplayCache(4, max_cache_len=40)
     first = model.generate(prompt, past_key_values=cache, **kw)
-    second = model.generate(first, past_key_values=cache, **kw)  # continues from the cached prefix
-    assert torch.equal(second, model.generate(prompt, do_sample=False, max_new_tokens=16, min_new_tokens=16))
     layer = next(layer for layer in cache.layers if isinstance(layer, ReplayStaticHybridLayer))
     keys = layer.keys.data_ptr()
     with pytest.raises(ValueError, match="cannot change its batch rows"):
         layer.batch_select_indices(torch.tensor([0]))
-    copy = pickle.loads(pickle.dumps(cache))
-    with torch.no_grad():
-        ours = model(second[:, -1:], past_key_values=cache).logits
-        theirs = model(second[:, -1:], past_key_values=copy).logits
-    assert torch.equal(ours, theirs)
     cache.reset()
     assert int(layer.get_seq_length()) == 0 and layer.keys.data_ptr() == keys and not layer.keys.any()
     assert torch.equal(model.generate(prompt, past_key_values=cache, **kw), first)
-    # beams, sampled return sequences: test_compiled_decode.py::test_static_cache_as_a_user_would_use_it
 
 
 @pytest.mark.parametrize("model_type", SUPPORTED)

@@ -187,6 +187,17 @@ def _check_assisted(model, cache, args: tuple, kwargs: dict) -> None:
         )
     if _setting(model, kwargs, "use_mtp", False):
         _check_mtp_heads(model)
+    stop_strings = _setting(model, kwargs, "stop_strings")
+    if stop_strings:
+        # StopStringCriteria looks for a stop string at the end of the sequence; a round appends several tokens, so a
+        # stop string inside them is never at the end, and generation runs on to max_new_tokens (transformers' own
+        # assisted loop does the same on the caches it accepts)
+        raise ValueError(
+            f"stop_strings={stop_strings!r} with speculative decoding: transformers' assisted loop checks a stop "
+            "string only at the end of the tokens a round accepts, so one inside them is missed and generation "
+            "runs on to max_new_tokens. Decode without prompt_lookup_num_tokens / assistant_model, or drop "
+            "stop_strings and cut the text at the stop string yourself (an end-of-sequence token does stop it)."
+        )
     from .chunking import speculation_refusal
 
     reason = speculation_refusal(model, _max_length(model, args, kwargs))

@@ -143,3 +143,24 @@ def test_device_map_auto_with_offloaded_layers(tmp_path):
     out = dispatched.generate(prompt, past_key_values=cache, **kwargs)
     assert torch.equal(out.sequences, stock.sequences)
     assert cache.stats()["flushes"] > 0
+
+
+def test_stop_strings_with_speculation_are_refused():
+    """transformers' assisted loop looks for a stop string only at the end of the tokens a round accepts: a stop string
+    inside them is missed and generation runs on. With a ReplayCache that is a clear error; plain decoding stops."""
+    from conftest import STOCK_ROLLS_BACK_LINEAR
+
+    from hf_replayssm.bench.generate import speculative_prompt
+    from hf_replayssm.models import load_model
+
+    model, tokenizer = load_model("tiny-gdn-copy", device="cpu")
+    ids = speculative_prompt("passage", model.config.vocab_size, 200, 0, tokenizer)
+    greedy = model.generate(ids, do_sample=False, max_new_tokens=60)
+    stop = tokenizer.decode(greedy[0, 200:])[20:26]  # a stop string 20 characters into the continuation
+    kw = dict(do_sample=False, max_new_tokens=60, stop_strings=[stop], tokenizer=tokenizer)
+    stopped = model.generate(ids, past_key_values=ReplayCache(8), **kw)
+    assert stopped.shape[1] < greedy.shape[1]  # plain decoding on a ReplayCache stops there
+    with pytest.raises(ValueError, match="stop_strings"):
+        model.generate(ids, past_key_values=ReplayCache(8), prompt_lookup_num_tokens=10, **kw)
+    if STOCK_ROLLS_BACK_LINEAR:  # transformers 5.25 runs prompt lookup on its own cache: it runs past the stop string
+        assert model.generate(ids, prompt_lookup_num_tokens=10, **kw).shape[1] == greedy.shape[1]

@@ -136,8 +136,6 @@ def _static_layer_croppable(layer: StaticLayer) -> bool:
     return not isinstance(layer, StaticSlidingWindowLayer)
 
 
-
-
 class ReplayCache(DynamicCache):
     """ReplaySSM cache: checkpoint + a ring of the last inputs per SSM layer instead of a rewritten state.
 
@@ -568,7 +566,8 @@ class ReplayCache(DynamicCache):
         host schedule for it (``ReplaySchedule.kept_on_device``): the SSM layers commit the kept tokens on the
         device, the static attention layers give back the dropped slots; nothing is read from the device. Else
         False (nothing changed) and ``crop`` goes the host way."""
-        kept = {layer.schedule.kept_on_device(count) for layer in self.replay_layers.values()}
+        replay = list(self.replay_layers.values())
+        kept = {layer.schedule.kept_on_device(count) for layer in replay}
         if len(kept) != 1 or None in kept:
             return False
         # the others: plain static layers (not sliding-window ones) whose length is a device tensor, as in 5.17 to
@@ -579,12 +578,11 @@ class ReplayCache(DynamicCache):
                 getattr(layer, "cumulative_length", None), torch.Tensor)) for layer in attention):
             return False
         (kept,) = kept
-        schedules = [layer.schedule for layer in self.replay_layers.values()]
-        commit_windows([schedule.device_positions for schedule in schedules], kept)
-        for schedule in schedules:
-            schedule.crop_on_device(kept)
+        commit_windows([layer.positions for layer in replay], kept)
+        for layer in replay:
+            layer.schedule.crop_on_device(kept)
         # static attention layers, and the attention part of SSM layers that have one (ReplayStaticHybridLayer)
-        lengths = [layer.cumulative_length for layer in [*attention, *self.replay_layers.values()]
+        lengths = [layer.cumulative_length for layer in [*attention, *replay]
                    if isinstance(layer, StaticLayer) and layer.is_initialized]
         if lengths and count > 0:  # the length to keep
             torch._foreach_zero_(lengths)

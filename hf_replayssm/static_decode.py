@@ -85,12 +85,10 @@ class DevicePositions:
                  "fields", "host_dropped", "operands", "origin", "pending", "phase", "positions", "step_fn", "steps",
                  "token_name", "verify_fn", "verify_window")
 
-    # ``phase``: OFF (the host schedule decides), STEP (plain decode steps) or VERIFY (speculative windows). One
-    # attribute for both questions, read once where a compiled forward asks: each read through another path is
-    # another guard checked before every CUDA-graph replay
-    OFF, STEP, VERIFY = OFF, STEP, VERIFY
-
     def __init__(self):
+        # ``phase``: OFF (the host schedule decides), STEP (plain decode steps) or VERIFY (speculative windows). One
+        # attribute for both questions, read once where a compiled forward asks: each read through another path is
+        # another guard checked before every CUDA-graph replay
         self.phase = OFF
         # origin, count and the step counter share one int32 tensor, ``positions`` [2B + 1]: a compiled step slices it
         # inside the graph, so the graph takes (and Dynamo guards, and the runtime bumps the version of) one tensor

@@ -26,6 +26,7 @@ from transformers.generation.candidate_generator import PromptLookupCandidateGen
 
 from hf_replayssm import ReplayCache
 from hf_replayssm.bench.generate import speculative_prompt
+from hf_replayssm.bench.step import _sync
 from hf_replayssm.host_lookup import HostPromptLookup
 from hf_replayssm.models import load_model
 
@@ -58,14 +59,12 @@ def _stock_generator(settings: dict, vocab: int) -> PromptLookupCandidateGenerat
 
 def _pass(search, rounds: list[torch.Tensor], device: torch.device) -> tuple[float, list[int]]:
     drafted = []
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    _sync(device)
     start = time.perf_counter()
     for ids in rounds:
         candidates, _ = search(ids)
         drafted.append(candidates.shape[1] - ids.shape[1])
-    if device.type == "cuda":
-        torch.cuda.synchronize()
+    _sync(device)
     return time.perf_counter() - start, drafted
 
 

@@ -10,6 +10,7 @@
 #   2. the CUDA-graph tests of a static ReplayCache on falcon_h1 / zamba2 (ReplayStaticHybridLayer), transformers 5.25;
 #   3. lookup_search.py on CUDA (transformers' search against the host copy over a real call's rounds).
 # STAGE=B: the same tests on transformers 5.17, then next_session49.sh's STAGE=3 (host_split of the guard cuts).
+# Ran on an H100 (runs 233-235; STAGE=B's nested call then lacked the `cd`, so STAGE=3 ran as a call of its own).
 source benchmarks/gpu/install.sh || exit 1
 session_results next_session50; cd /tmp/w
 carried_wheels tf525 || exit 1
@@ -27,5 +28,5 @@ if [ "$STAGE" = A ]; then
 fi
 if [ "$STAGE" = B ]; then
   test_job 180 test_static_hybrid_cuda -rs tests/test_gpu.py -k "falcon or zamba"; pack; show_tests
-  STAGE=3 bash "$R/benchmarks/gpu/next_session49.sh"
+  (cd "$R" && STAGE=3 bash benchmarks/gpu/next_session49.sh)  # from the repository root, as install.sh wants
 fi

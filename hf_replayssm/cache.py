@@ -26,9 +26,10 @@ from .adapters import find_mixers, refuse_hub_layer, repoint_accelerate_hook
 from .adapters.base import active_call
 from .integration import install_hooks
 from .layers import ReplayHybridLayer, ReplayLayer, ReplayStaticHybridLayer, RollbackError, crop_static_attention
+from .decode_pack import DecodePack
 from .packed_rollback import PackedRollback
 from .precision import PrecisionPolicy, resolve_policy
-from .static_decode import commit_windows
+from .static_decode import STEP, commit_windows
 
 BACKENDS = ("auto", "torch", "triton")
 STAT_KEYS = ("decode_steps", "flushes", "checkpoint_writes", "rolled_back_tokens", "prefills", "tokens",
@@ -199,6 +200,7 @@ class ReplayCache(DynamicCache):
         self._batch_size: int | None = None
         self._recording = False
         self._packed_rollback: PackedRollback | None = None  # per-row rollback of all SSM layers at once
+        self.decode_pack: DecodePack | None = None  # compiled plain steps of all SSM layers on packed operands
         self._prompt_tokens = 0
         self._facts: _LayerFacts | None = None
         self._sealed: str | None = None  # why this cache takes no more tokens until reset() (see seal)
@@ -209,6 +211,7 @@ class ReplayCache(DynamicCache):
         state["_bound"] = None  # a cache pickles without its model; it re-binds on its next use
         state["_bound_ids"] = set()
         state["_packed_rollback"] = None  # weak references; the next rollback packs again
+        state["decode_pack"] = None  # the same; the layers' next entry on device positions packs again
         return state
 
     # ------------------------------------------------------------------ binding
@@ -429,11 +432,11 @@ class ReplayCache(DynamicCache):
 
     def update_conv_state(self, conv_states: torch.Tensor, layer_idx: int, state_idx: int = 0, **kwargs):
         if torch.compiler.is_compiling():
-            layer = self.layers[layer_idx]
-            if isinstance(layer, ReplayLayer) and layer.positions.takes_conv(conv_states):
-                # a plain decode step, straight to the device positions: no method looked up on the layer (a guard
-                # per layer before every CUDA-graph replay)
-                return layer.positions.conv_step(conv_states)
+            call = active_call()
+            if call is not None and call.module.layer_idx == layer_idx and call.positions.takes_conv(conv_states):
+                # a plain decode step, straight to the device positions the call runs on (the layer's, or its slice
+                # of the decode pack): no method looked up on the layer (a guard per layer before every replay)
+                return call.positions.conv_step(conv_states)
         self._require_replay_call(layer_idx)
         full = super().update_conv_state(conv_states, layer_idx, state_idx, **kwargs)
         call = active_call()
@@ -590,6 +593,19 @@ class ReplayCache(DynamicCache):
         elif lengths and count:  # minus the tokens to drop
             torch._foreach_add_(lengths, count)
         return True
+
+    def refresh_decode_pack(self) -> None:
+        """Once every SSM layer takes plain steps on device positions (a static cache after its prefill), run their
+        compiled steps on one ``DecodePack``: the one they already use (a reset keeps it), or a new one (one copy of
+        their operands). Nothing where they cannot be packed (read copies, layers of several geometries)."""
+        layers = self.replay_layers
+        if not layers or not all(layer.positions.phase == STEP for layer in layers.values()):
+            return
+        pack = self.decode_pack
+        if pack is None or not pack.holds(layers):
+            pack = self.decode_pack = DecodePack.pack(layers, len(self.layers))
+        if pack is not None:
+            pack.activate(layers)
 
     def note_window(self, width: int) -> None:
         """The next forward feeds ``width`` tokens (told by the caller of a compiled forward, which the host does not

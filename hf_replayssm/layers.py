@@ -73,7 +73,7 @@ def _traced_positions():
     call = active_call()
     if call is None:
         return None
-    positions = call.layer.positions
+    positions = call.positions
     return positions if positions.is_active() else None
 
 

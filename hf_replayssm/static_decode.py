@@ -82,8 +82,8 @@ class DevicePositions:
     # no instance dict: Dynamo guards every method a compiled step calls on an object with one (that the instance
     # does not shadow it), before each CUDA-graph replay
     __slots__ = ("buffer_len", "committed_here", "conv", "conv_hist", "count", "counters", "entry_committed", "fed",
-                 "fields", "host_dropped", "operands", "origin", "pending", "phase", "positions", "step_fn", "steps",
-                 "token_name", "verify_fn", "verify_window")
+                 "fields", "host_dropped", "operands", "origin", "pack", "pending", "phase", "positions", "step_fn",
+                 "steps", "token_name", "verify_fn", "verify_window")
 
     def __init__(self):
         # ``phase``: OFF (the host schedule decides), STEP (plain decode steps) or VERIFY (speculative windows). One
@@ -126,6 +126,9 @@ class DevicePositions:
         # (the recurrence's ``device_verify``)
         self.verify_fn = None
         self.verify_window = 0
+        # the cache's ``DecodePack`` whose slices these tensors are (None: their own storage); while it is active a
+        # compiled plain step reads the packed tensors instead, and leaving these positions switches it off
+        self.pack = None
 
     def _allocate(self, batch: int, device: torch.device, conv_window: torch.Tensor | None,
                   verify_window: int) -> None:
@@ -219,7 +222,19 @@ class DevicePositions:
         these positions verify when it fits (a wider one leaves them for the host schedule)."""
         self.fed = width if self.phase == VERIFY and width <= self.verify_window else None
 
+    def adopt(self, state: torch.Tensor | None, positions: torch.Tensor, conv: torch.Tensor | None) -> None:
+        """Hold ``state`` (the checkpoint; None: unchanged), ``positions`` and ``conv``: a ``DecodePack``'s slices
+        with the same values (the pack copied them there), or copies of them when the pack lets the layer go."""
+        self.positions = positions
+        self.origin, self.count, self.steps, self.pending = _split_positions(positions)
+        self.counters = positions[2 * self.origin.shape[0] :]
+        self.conv = conv
+        if state is not None and self.operands is not None:  # (off device positions the next entry reads the store)
+            self.operands = (state, *self.operands[1:])
+
     def leave(self) -> None:
+        if self.pack is not None:
+            self.pack.deactivate()
         self.phase = OFF
         self.fed = None
         self.operands = self.fields = self.step_fn = self.verify_fn = None

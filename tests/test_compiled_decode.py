@@ -207,10 +207,12 @@ def test_static_cache_refuses_what_it_cannot_do():
 
 
 @pytest.mark.parametrize("model_type", ["nemotron_h", "kimi_linear"])
-def test_compiled_step_takes_one_positions_tensor_per_layer(model_type):
-    """A compiled decode step's graph takes, per SSM layer, the conv window, the checkpoint, the record fields and ONE
-    positions tensor (origin, count and step counter are views of it, sliced inside the graph): every extra graph
-    input is host work before each CUDA-graph replay (BENCHMARKS.md, twenty-eighth session)."""
+def test_compiled_step_takes_the_packed_operands_once(model_type):
+    """A compiled decode step's graph takes the SSM layers' operands as the decode pack's tensors, once for all the
+    layers (checkpoint, each record field, conv window, positions: each [layers, ...], sliced inside the graph), and
+    nothing through a layer's own positions: every graph input is host work before each CUDA-graph replay
+    (BENCHMARKS.md, fiftieth session). The layers' own tensors are slices of the packed ones, and the step counters
+    advanced through them."""
     inputs = []
 
     def recording_backend(gm, example_inputs):
@@ -224,15 +226,20 @@ def test_compiled_step_takes_one_positions_tensor_per_layer(model_type):
     model.generate(prompt, past_key_values=cache, compile_config=_compile_config(recording_backend), do_sample=False,
                    max_new_tokens=6)
     assert len(inputs) == 1, "one compiled decode graph"
-    for idx, layer in cache.replay_layers.items():
-        names = [name for name in inputs[0] if f"layers_{idx}_positions_" in name]  # through ReplayLayer.positions
-        fields = len(layer.ring.fields)
-        assert sum(name.endswith("_positions") for name in names) == 1, names
-        assert not any(name.endswith(("_origin", "_count", "_steps")) for name in names), names
-        assert len(names) == 3 + fields, names  # conv window, checkpoint, positions, the record fields
+    assert not [name for name in inputs[0] if "_positions_" in name], inputs[0]
+    pack = cache.decode_pack
+    assert pack is not None and len(cache.replay_layers) >= 2
+    packed = [name for name in inputs[0] if "decode_pack" in name]
+    fields = len(pack.fields)
+    assert len(packed) == 3 + fields, packed  # checkpoint, conv window, positions, the record fields
+    for slot, (idx, layer) in enumerate(cache.replay_layers.items()):
+        assert pack.slots[idx] == slot
         positions = layer.schedule.device_positions
-        assert positions.steps_taken() > 0  # the counter view advanced through the positions tensor
-        assert positions.count.untyped_storage().data_ptr() == positions.positions.untyped_storage().data_ptr()
+        assert positions.steps_taken() > 0  # the counter view advanced through the packed positions
+        assert positions.positions.data_ptr() == pack.positions[slot].data_ptr()
+        assert layer.schedule.store.kernel_operands()[0].data_ptr() == pack.state[slot].data_ptr()
+        for name, field in layer.ring.fields.items():
+            assert field.data_ptr() == pack.fields[name][slot].data_ptr()
 
 
 def test_layer_questions_follow_the_layer_list():
@@ -425,3 +432,50 @@ def test_pure_mamba2_static_cache_compiles():
     dynamic = ReplayCache(4)
     model.generate(prompt, **{key: dynamic}, max_new_tokens=2)
     assert not any(dynamic.is_linear)
+
+
+@pytest.mark.parametrize("model_type", ["nemotron_h", "qwen3_5_text"])
+def test_decode_pack_through_reuse_and_speculation(model_type):
+    """The decode pack as a user meets it: compiled plain decoding packs the layers (memory report unchanged), a reset
+    and a second call reuse the same packed storage, a speculative call on the same cache gives every layer storage
+    of its own again (verify windows run per layer), and plain decoding after it packs again; every call gives stock
+    greedy's tokens and logits."""
+    model = _model(model_type)
+    prompt = _prompt(model, rows=1, length=13)
+    settings = dict(do_sample=False, max_new_tokens=9, min_new_tokens=9, output_logits=True,
+                    return_dict_in_generate=True, suppress_tokens=[0])
+    stock = model.generate(prompt, **settings)
+    cache = ReplayCache(4, max_cache_len=prompt.shape[1] + 9 + 8)
+
+    def plain():
+        out = model.generate(prompt, past_key_values=cache, compile_config=_compile_config(), **settings)
+        assert torch.equal(out.sequences, stock.sequences)
+        assert max_logit_diff(out.logits, stock.logits) < 1e-4
+        return cache.decode_pack
+
+    first = plain()
+    assert first is not None and first.phase == 1
+    state = first.state.data_ptr()
+    for layer in cache.replay_layers.values():
+        assert layer.schedule.device_positions.pack is first
+    memory = cache.memory()
+    cache.reset()
+    second = plain()
+    assert second is first and second.state.data_ptr() == state  # same addresses: no re-recorded graph
+    cache.reset()
+    out = model.generate(prompt, past_key_values=cache, prompt_lookup_num_tokens=3,
+                         compile_config=_compile_config(), **settings)
+    assert torch.equal(out.sequences, stock.sequences)
+    assert not cache.stats()["decode_steps"] or any(  # the verify windows ran on device positions
+        layer.schedule.device_positions.verify_fn is not None or layer.schedule.device_positions.phase == 0
+        for layer in cache.replay_layers.values())
+    assert max_logit_diff(out.logits, stock.logits) < 1e-4
+    for slot, layer in enumerate(cache.replay_layers.values()):
+        assert layer.schedule.device_positions.pack is None
+        assert layer.schedule.store.kernel_operands()[0].data_ptr() != first.state[slot].data_ptr()
+    unpacked_memory = cache.memory()
+    assert memory["checkpoint"] == unpacked_memory["checkpoint"]  # a packed slice counts its own bytes
+    assert memory["checkpoint"] == sum(layer.schedule.state_numel() * 4 for layer in cache.replay_layers.values())
+    cache.reset()
+    third = plain()
+    assert third is not None and third is not first and third.phase == 1

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..decode_pack import PackedSlot
 from ..ops.short_conv import causal_conv_tail, causal_conv_window, supports_activation
 
 # transformers' mixers use the causal_conv1d package's CUDA kernels when it is installed, their torch conv otherwise
@@ -43,6 +44,13 @@ class ReplayCall:
     # width of the last eager conv window the cache handed the mixer ([history K, new T]): lets the conv interceptor
     # recognise that window when the mixer convolves it
     conv_window: int | None = None
+    # what a step on device positions runs on: the layer's ``DevicePositions``, or in a compiled plain step on a
+    # packed cache its ``PackedSlot`` (hf_replayssm.decode_pack). None: the layer's own (``call.layer.positions``)
+    positions: object = None
+
+    def __post_init__(self):
+        if self.positions is None:
+            self.positions = self.layer.positions
 
 
 # The replay call of the mixer forward being traced by ``torch.compile``: Dynamo cannot trace a context variable (nor,
@@ -187,7 +195,10 @@ def _replay_forward(original, mixer, cache, hidden_states, args, kwargs):
             f"{type(mixer).__name__} did not route its recurrence through ReplayCache ({call.handled_tokens} of "
             f"{count} tokens); this kernel path is not supported"
         )
+    was_active = layer.positions.is_active()
     layer.finish_forward(count)
+    if not was_active and layer.positions.is_active():  # took over from the host schedule in this forward
+        cache.refresh_decode_pack()
     return out
 
 
@@ -201,10 +212,17 @@ def _compiled_forward(original, mixer, cache, hidden_states, args, kwargs):
     device positions (the cache says ``is_compileable`` for nothing else), which touches no host-side position, so
     the graph holds; anything else runs eagerly (a graph break)."""
     layer = cache.layers[mixer.layer_idx]
-    if not layer.positions.accepts(hidden_states.shape[1]):
+    pack = cache.decode_pack
+    slot = None if pack is None else pack.slot_for(mixer.layer_idx)
+    if slot is not None and hidden_states.shape[1] == 1:
+        # a plain step of a packed cache: every operand read through the pack (one source for all the layers)
+        call = ReplayCall(layer, mixer, positions=PackedSlot(pack, slot))
+    elif layer.positions.accepts(hidden_states.shape[1]):
+        call = ReplayCall(layer, mixer)
+    else:
         return _eager_replay_forward(original, mixer, cache, hidden_states, args, kwargs)
     previous = _COMPILED_CALL[0]
-    _COMPILED_CALL[0] = ReplayCall(layer, mixer)
+    _COMPILED_CALL[0] = call
     try:
         return original(mixer, hidden_states, *args, **kwargs)
     finally:
@@ -289,7 +307,7 @@ def conv_fn_interceptor(module, call, a: CallArgs, original):
     any other input get the model's own conv."""
     x = a["hidden_states"]
     if torch.compiler.is_compiling():
-        positions = call.layer.positions
+        positions = call.positions
         # on device positions the window's width is the conv tensor's (already guarded), not the schedule's kernel
         # (one more guard per layer before every CUDA-graph replay)
         if positions.is_active() and positions.conv is not None and supports_activation(a["activation"]):

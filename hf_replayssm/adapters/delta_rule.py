@@ -59,7 +59,7 @@ def _replay(module, call, a: CallArgs, original, chunked: bool):
             )
 
     tokens = _tokens(module, call, a)
-    positions = call.layer.positions
+    positions = call.positions
     if positions.takes(tokens):  # a plain step on device positions: no method or property looked up on the layer
         out, final = positions.step(tokens, a["query"].dtype), positions.operands[0]  # (a guard each, per layer)
     else:

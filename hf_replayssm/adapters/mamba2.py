@@ -28,7 +28,7 @@ def _per_head(t: torch.Tensor | None, dims: int) -> torch.Tensor | None:
 def _step(module, call, a: CallArgs, original):
     """``mamba2_selective_state_update``: one token per sequence."""
     x = a["hidden_states"]  # [B, H, P]
-    positions = call.layer.positions
+    positions = call.positions
     if positions.is_active() or call.layer.schedule.next_step_uses_kernel(1):  # (device positions do)
         # The decode-step kernel applies dt_bias, softplus and the z gate itself and writes y in x's dtype: the step
         # launches what a fused stock kernel would, nothing more.

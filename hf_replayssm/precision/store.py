@@ -101,10 +101,12 @@ def _storage_bytes(tensors: list[torch.Tensor], seen: set) -> int:
     total = 0
     for t in tensors:
         storage = t.untyped_storage()
-        key = (t.device, storage.data_ptr())
+        key, size = (t.device, storage.data_ptr()), storage.nbytes()
+        if t.dim() and t.numel() * t.element_size() < size:  # a slice of a larger buffer (a DecodePack's): its bytes
+            key, size = (t.device, t.data_ptr()), t.numel() * t.element_size()
         if key not in seen:
             seen.add(key)
-            total += storage.nbytes()
+            total += size
     return total
 
 
@@ -176,6 +178,16 @@ class CheckpointStore:
         if slot.policy.checkpoint_format != "fp32" or read_format not in (None, "fp8", "nvfp4"):
             return None
         return slot.checkpoint["values"], slot.read_copy, read_format
+
+    def repoint_checkpoint(self, values: torch.Tensor) -> None:
+        """Keep the float32 checkpoint of :meth:`kernel_operands` in ``values`` from now on (a tensor already holding
+        the same numbers: a ``DecodePack``'s slice, or a copy of it when the pack lets the layer go)."""
+        if self.kernel_operands() is None or self.slots[0].read_copy is not None:
+            raise RuntimeError("repoint_checkpoint serves one float32 checkpoint without a read copy")
+        current = self.slots[0].checkpoint["values"]
+        if values.shape != current.shape or values.dtype != current.dtype or values.device != current.device:
+            raise ValueError(f"checkpoint must stay {tuple(current.shape)} {current.dtype} on {current.device}")
+        self.slots[0].checkpoint["values"] = values
 
     def refresh_read_copy(self, reencode=None) -> None:
         """Re-encode the read copy from the checkpoint, after a kernel folded into the float32 checkpoint in place

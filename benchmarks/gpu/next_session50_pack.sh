@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# GPU calls of the fiftieth session: the decode pack (hf_replayssm/decode_pack.py: a static cache's compiled plain
+# steps read every SSM layer's operands from one tensor per kind; graph inputs from the SSM layers 6 per layer -> 6 in
+# all; guards on the cache of the tiny Nemotron-H-like model 67 -> 55, tensors 15 -> 9) against issue 8's batch-1
+# "never slower" (runs 237 / 238: Nemotron-H-like 0.997x, Kimi-Linear-like 0.98x, Qwen3.5-like 1.03x).
+# Call: run(command="STAGE=1 bash benchmarks/gpu/next_session50_pack.sh", timeout_s=600)  (transformers 5.17)
+# STAGE=1 (about 7 minutes): the CUDA-graph tests that run a static cache compiled (equal to eager / stock, one
+#   compile per phase, speculation, read copies), then the paired batch-1 repeats of Nemotron-H-like and
+#   Kimi-Linear-like (8 each, as runs 237 / 238).
+# STAGE=2 (about 7 minutes): Qwen3.5-like's paired repeats, then host_split.py --tiny (Nemotron-H-like, with and without
+#   the guard check) and the shaped Nemotron-H-like split (as run 235: before AOT's call, excess +31.9 tiny, +30.9
+#   shaped).
+source benchmarks/gpu/install.sh || exit 1
+session_results next_session50_pack; cd /tmp/w
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$RES/device.txt"
+if [ "$STAGE" = 1 ]; then
+  test_job 200 test_compiled_static_cuda -rs tests/test_gpu.py \
+    -k "compiled_static_cache or decode_compiles_once or static_cache_speculation or static_cache_with_a_read_copy"
+  pack; show_tests
+  for model in nemotron_h kimi_linear; do paired_b1_job 140 $model 8; done
+  grep -h -A 3 "^batch\|paired\|^arm" "$RES"/generate_*.txt
+fi
+if [ "$STAGE" = 2 ]; then
+  paired_b1_job 140 qwen3_5 8
+  grep -h -A 3 "^batch\|paired\|^arm" "$RES"/generate_*.txt
+  tiny_split_jobs nemotron_h
+  timeout 120 python3 "$R/benchmarks/offline/host_split.py" --models nemotron_h --prompt 128 --new 64 --repeats 6 \
+    --out "$RES/host_split_shaped_nemotron_h_b1.json" > "$RES/host_split_shaped_nemotron_h_b1.txt" 2>&1
+  echo "host_split_shaped rc=$? $(date +%T)" | tee -a "$RES/done.txt"; pack
+  tail -n 5 "$RES/host_split_shaped_nemotron_h_b1.txt"
+fi

@@ -24,9 +24,9 @@ from transformers.cache_utils import (
 
 from .adapters import find_mixers, refuse_hub_layer, repoint_accelerate_hook
 from .adapters.base import active_call
+from .decode_pack import DecodePack
 from .integration import install_hooks
 from .layers import ReplayHybridLayer, ReplayLayer, ReplayStaticHybridLayer, RollbackError, crop_static_attention
-from .decode_pack import DecodePack
 from .packed_rollback import PackedRollback
 from .precision import PrecisionPolicy, resolve_policy
 from .static_decode import STEP, commit_windows

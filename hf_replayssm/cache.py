@@ -603,7 +603,7 @@ class ReplayCache(DynamicCache):
             return
         pack = self.decode_pack
         if pack is None or not pack.holds(layers):
-            pack = self.decode_pack = DecodePack.pack(layers, len(self.layers))
+            pack = self.decode_pack = DecodePack.pack(layers, len(self.layers), previous=pack)
         if pack is not None:
             pack.activate(layers)
 

@@ -125,16 +125,29 @@ class DecodePack:
                 and _same(_geometry(p.positions) for p in positions))
 
     @classmethod
-    def pack(cls, layers: Mapping[int, object], num_layers: int) -> DecodePack | None:
-        """Move the layers' operands into packed tensors (one copy each), or None where they cannot be packed."""
+    def pack(cls, layers: Mapping[int, object], num_layers: int, previous: DecodePack | None = None
+             ) -> DecodePack | None:
+        """Move the layers' operands into packed tensors (one copy each), or None where they cannot be packed.
+        ``previous``: a pack these layers left (speculation runs per layer), whose tensors take them back when they
+        fit, so that compiled graphs and CUDA graphs keep their addresses."""
         if not cls.packable(layers):
             return None
         positions = [layer.positions for layer in layers.values()]
-        state = torch.stack([p.operands[0] for p in positions])
-        fields = {name: torch.stack([p.fields[name] for p in positions]) for name in positions[0].fields}
-        conv = None if positions[0].conv is None else torch.stack([p.conv for p in positions])
-        counters = torch.stack([p.positions for p in positions])
-        pack = cls(layers, num_layers, state, fields, conv, counters)
+        parts = {"state": [p.operands[0] for p in positions], "positions": [p.positions for p in positions],
+                 **{f"field {name}": [p.fields[name] for p in positions] for name in positions[0].fields}}
+        if positions[0].conv is not None:
+            parts["conv"] = [p.conv for p in positions]
+        if previous is not None and previous.fits(layers, parts):
+            pack = previous
+            for name, tensors in parts.items():
+                packed = pack._packed(name)
+                for slot, t in enumerate(tensors):
+                    packed[slot].copy_(t)
+        else:
+            stacked = {name: torch.stack(tensors) for name, tensors in parts.items()}
+            fields = {name: stacked[f"field {name}"] for name in positions[0].fields}
+            pack = cls(layers, num_layers, stacked["state"], fields, stacked.get("conv"), stacked["positions"])
+        state, fields, conv, counters = pack.state, pack.fields, pack.conv, pack.positions
         for slot, layer in enumerate(layers.values()):
             schedule = layer.schedule
             schedule.store.repoint_checkpoint(state[slot])
@@ -144,11 +157,33 @@ class DecodePack:
         mark_static(state, *fields.values(), counters, *([] if conv is None else [conv]))
         return pack
 
+    def _same_layers(self, layers: Mapping[int, object]) -> bool:
+        return list(layers) == list(self._layers) and all(self._layers[idx]() is layer for idx, layer in layers.items())
+
+    def _packed(self, name: str) -> torch.Tensor | None:
+        if name.startswith("field "):
+            return self.fields.get(name[len("field "):])
+        return getattr(self, name)
+
+    def fits(self, layers: Mapping[int, object], parts: dict) -> bool:
+        """Whether these layers' operands (``parts``: kind -> one tensor per layer) fit this pack's tensors: the same
+        layers, step function and geometry."""
+        if not self._same_layers(layers) or len(parts) != 2 + len(self.fields) + (self.conv is not None):
+            return False
+        first = next(iter(layers.values())).positions
+        if (first.step_fn, first.buffer_len, first.token_name) != (self.step_fn, self.buffer_len, self.token_name):
+            return False
+        for name, tensors in parts.items():
+            packed = self._packed(name)
+            if packed is None or _geometry(packed) != ((len(tensors), *tensors[0].shape), tensors[0].dtype,
+                                                       tensors[0].device):
+                return False
+        return True
+
     def holds(self, layers: Mapping[int, object]) -> bool:
         """Whether these layers still run on this pack's slices (a reset keeps them; another batch size, a reorder or
         a per-row rollback's own packing does not)."""
-        if list(layers) != list(self._layers) or any(self._layers[idx]() is not layer for idx, layer in
-                                                      layers.items()):
+        if not self._same_layers(layers):
             return False
         for slot, layer in enumerate(layers.values()):
             p = layer.positions

@@ -199,30 +199,6 @@ class DecodePack:
                 return False
         return True
 
-    def release(self) -> None:
-        """Give every layer still on this pack storage of its own again (one copy each): speculative windows on device
-        positions run per layer, and a compiled verify forward must not take slices of one tensor as separate inputs
-        (AOTAutograd would rebuild them from a synthetic base on every call)."""
-        self.phase = OFF
-        for slot, ref in enumerate(self._layers.values()):
-            layer = ref()
-            if layer is None or layer.positions.pack is not self:
-                continue
-            schedule, positions = layer.schedule, layer.positions
-            positions.pack = None
-            operands = schedule.store.kernel_operands() if schedule.store.allocated else None
-            if operands is not None and _same_memory(operands[0], self.state[slot]):
-                schedule.store.repoint_checkpoint(self.state[slot].clone())
-            for name, field in self.fields.items():
-                if _same_memory(schedule.ring.fields.get(name), field[slot]):
-                    schedule.ring.fields[name] = field[slot].clone()
-            if _same_memory(positions.positions, self.positions[slot]):
-                positions.adopt(None, positions.positions.clone(),
-                                None if positions.conv is None else positions.conv.clone())
-            mark_static(*[t for t in (schedule.store.kernel_operands()[0] if schedule.store.allocated else None,
-                                      positions.positions, positions.conv, *schedule.ring.fields.values())
-                          if t is not None])
-
     def __reduce__(self):  # a pickled or copied cache packs again on its next entry (weak references inside)
         return (type(None), ())
 

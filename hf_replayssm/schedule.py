@@ -517,8 +517,6 @@ class ReplaySchedule:
         from .kernels import ops  # noqa: F401  (registers the decode-step ops before any trace sees them)
 
         verify_fn = self.recurrence.device_verify if self.recording else None
-        if verify_fn is not None and self.device_positions.pack is not None:
-            self.device_positions.pack.release()  # verify windows run per layer, on storage of its own
         window = None if self.conv.buffer is None else self.conv.window(self.conv_kernel)
         operands = self.store.kernel_operands()
         self.device_positions.enter(self.ring.origin, self.ring.num_committed, self.batch_size, self.device, window,

@@ -3,7 +3,8 @@
 # steps read every SSM layer's operands from one tensor per kind; graph inputs from the SSM layers 6 per layer -> 6 in
 # all; guards on the cache of the tiny Nemotron-H-like model 67 -> 55, tensors 15 -> 9) against issue 8's batch-1
 # "never slower" (runs 237 / 238: Nemotron-H-like 0.997x, Kimi-Linear-like 0.98x, Qwen3.5-like 1.03x).
-# Call: run(command="STAGE=1 bash benchmarks/gpu/next_session50_pack.sh", timeout_s=600)  (transformers 5.17)
+# Call: run(command="STAGE=1 bash benchmarks/gpu/next_session50_pack.sh", carry=[".whl/tf525"], timeout_s=600)
+# (transformers 5.17 from the image; the speculation tests also on 5.25, which compiles the verify forwards)
 # STAGE=1 (about 7 minutes): the CUDA-graph tests that run a static cache compiled (equal to eager / stock, one
 #   compile per phase, speculation, read copies), then the paired batch-1 repeats of Nemotron-H-like and
 #   Kimi-Linear-like (8 each, as runs 237 / 238).
@@ -16,6 +17,9 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 if [ "$STAGE" = 1 ]; then
   test_job 200 test_compiled_static_cuda -rs tests/test_gpu.py \
     -k "compiled_static_cache or decode_compiles_once or static_cache_speculation or static_cache_with_a_read_copy"
+  pack; show_tests
+  carried_wheels tf525 && TEST_PYTHONPATH=/tmp/tf525:/tmp/site test_job 200 test_compiled_static_cuda_tf525 -rs \
+    tests/test_gpu.py -k "compiled_static_cache or static_cache_speculation"  # (5.25 compiles the verify forwards)
   pack; show_tests
   for model in nemotron_h kimi_linear; do paired_b1_job 140 $model 8; done
   grep -h -A 3 "^batch\|paired\|^arm" "$RES"/generate_*.txt

@@ -154,7 +154,13 @@ class DecodePack:
             for name in fields:  # the ring's own dict (the positions hold the same one)
                 schedule.ring.fields[name] = fields[name][slot]
             schedule.device_positions.adopt(state[slot], counters[slot], None if conv is None else conv[slot])
-        mark_static(state, *fields.values(), counters, *([] if conv is None else [conv]))
+        packed = [state, *fields.values(), counters, *([] if conv is None else [conv])]
+        mark_static(*packed)
+        # static shapes too: a pack of other shapes (rings grown for speculation) recompiles with constants instead of
+        # making the sizes symbolic, where Inductor (torch 2.13, CPU) passed every layer's op slot 0 of a ring whose
+        # capacity was symbolic (its output code: offset 0, not the slot times the symbolic stride)
+        for tensor in packed:
+            torch._dynamo.mark_static(tensor)
         return pack
 
     def _same_layers(self, layers: Mapping[int, object]) -> bool:

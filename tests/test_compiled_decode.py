@@ -477,3 +477,25 @@ def test_decode_pack_through_reuse_and_speculation(model_type):
     assert counters["stats"]["unique_graphs"] == graphs  # nothing compiled anew
     for slot, layer in enumerate(cache.replay_layers.values()):
         assert layer.schedule.store.kernel_operands()[0].data_ptr() == second.state[slot].data_ptr()
+
+
+def test_decode_pack_after_speculation_under_inductor():
+    """Plain compiled decoding, then speculation on the same static cache (its rings grow for the windows), then plain
+    decoding again on a new pack of other shapes, through Inductor: the same logits as stock greedy at every step. The
+    new pack's sizes must stay constants (``torch._dynamo.mark_static``): with them symbolic, Inductor handed every
+    layer's op the first layer's ring and the third call diverged from its second decode step."""
+    model = _model("nemotron_h")
+    prompt = _prompt(model, rows=1, length=13)
+    settings = dict(do_sample=False, max_new_tokens=6, min_new_tokens=6, output_logits=True,
+                    return_dict_in_generate=True, suppress_tokens=[0])
+    stock = model.generate(prompt, **settings)
+    cache = ReplayCache(4, max_cache_len=prompt.shape[1] + 6 + 8)
+    config = _compile_config("inductor")
+    torch._dynamo.reset()
+    for lookup in (None, 3, None):
+        cache.reset()
+        out = model.generate(prompt, past_key_values=cache, compile_config=config, prompt_lookup_num_tokens=lookup,
+                             **settings)
+        assert torch.equal(out.sequences, stock.sequences), lookup
+        assert max_logit_diff(out.logits, stock.logits) < 1e-4, lookup
+    assert cache.decode_pack is not None and cache.decode_pack.phase == 1

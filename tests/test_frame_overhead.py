@@ -24,9 +24,10 @@ def test_frame_overhead_times_both_arms(tmp_path, through):
     for row in rows:  # (no order between the two: each is the best of two noisy blocks)
         assert row["through"] == through, row
         assert 0 < row["guard_check_us"] < 1e5 and 0 < row["call_us"] < 1e5, row
-    # each of the tiny model's two Mamba-2 layers hands the graph its conv window, checkpoint, positions and three
-    # record fields, and the step writes all but the checkpoint in place; stock writes its conv and recurrent states
+    # the tiny model's two Mamba-2 layers hand the graph the decode pack's conv window, checkpoint, positions and three
+    # record fields once (stock: conv and recurrent state per layer), and the step writes all of them in place
+    # through its layer slices; both write the attention layer's keys and values
     replay, stock = by_arm["replay"], by_arm["stock"]
-    assert replay["tensor_inputs"] >= stock["tensor_inputs"] and replay["mutated_inputs"] >= 2 * 5, replay
+    assert replay["tensor_inputs"] <= stock["tensor_inputs"] and replay["mutated_inputs"] >= 6, replay
     assert stock["mutated_inputs"] >= 2 * 2, stock
     assert json.loads(out.read_text())["results"] == rows

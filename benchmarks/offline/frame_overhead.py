@@ -23,6 +23,7 @@ own call and the CUDA-graph tree (its run, timed on the GPU by ``host_split.py``
 from __future__ import annotations
 
 import functools
+import operator
 import time
 
 import torch
@@ -30,6 +31,9 @@ import torch
 # this folder's guard reader (a script's folder is on its import path)
 from guard_check import compare_arms, compile_decode_step, frame_tool_args
 from transformers.generation import CompileConfig
+
+# tensor methods that return a view of their tensor (a write into one writes the graph input it views)
+VIEW_METHODS = {"view", "select", "narrow", "unflatten", "as_strided", "__getitem__"}
 
 
 def null_backend(graphs: list[dict]):
@@ -40,9 +44,18 @@ def null_backend(graphs: list[dict]):
     def backend(gm: torch.fx.GraphModule, example_inputs):
         placeholders = {node for node in gm.graph.nodes if node.op == "placeholder"}
         mutated = set()
+
+        def base(value):
+            """The graph input a value views (a decode pack's layer slice, ``positions[:B]``), else the value."""
+            while isinstance(value, torch.fx.Node) and (
+                    (value.op == "call_function" and value.target is operator.getitem)
+                    or (value.op == "call_method" and value.target in VIEW_METHODS)):
+                value = value.args[0]
+            return value
+
         for node in gm.graph.nodes:
-            if node.op == "call_method" and node.target.endswith("_") and node.args[0] in placeholders:
-                mutated.add(node.args[0])  # tensor.copy_(...), tensor.add_(...)
+            if node.op == "call_method" and node.target.endswith("_") and base(node.args[0]) in placeholders:
+                mutated.add(base(node.args[0]))  # tensor.copy_(...), tensor.add_(...)
                 continue
             target = node.target
             if isinstance(target, torch._ops.OpOverloadPacket):
@@ -52,8 +65,8 @@ def null_backend(graphs: list[dict]):
                 continue
             values = list(node.args) + [node.kwargs.get(a.name) for a in schema.arguments[len(node.args):]]
             for argument, value in zip(schema.arguments, values, strict=False):
-                if argument.alias_info is not None and argument.alias_info.is_write and value in placeholders:
-                    mutated.add(value)
+                if argument.alias_info is not None and argument.alias_info.is_write and base(value) in placeholders:
+                    mutated.add(base(value))
         graphs.append({"inputs": len(example_inputs),
                        "tensor_inputs": sum(isinstance(x, torch.Tensor) for x in example_inputs),
                        "mutated_inputs": len(mutated)})

@@ -285,7 +285,11 @@ def interceptor(body: Callable) -> Interceptor:
 def conv_update_interceptor(module, call, a: CallArgs, original):
     """``causal_conv1d_update`` inside a replay call (mixers that skip the recording check use it for decode)."""
     x = a["hidden_states"]
-    full = call.layer.update_conv_state(x, conv_kernel_size=a["weight"].shape[-1])
+    positions = call.positions
+    if torch.compiler.is_compiling() and positions.takes_conv(x):  # a plain step: the call's positions (its pack slot)
+        full = positions.conv_step(x)
+    else:
+        full = call.layer.update_conv_state(x, conv_kernel_size=a["weight"].shape[-1])
     if torch.compiler.is_compiling() and supports_activation(a["activation"]):
         # fused by inductor with its neighbours; F.conv1d would be a slow depthwise kernel there (ops/short_conv.py)
         return causal_conv_tail(full, a["weight"], a["bias"], a["activation"], x.shape[-1])

@@ -6,11 +6,10 @@ positions live on the device: per-row ``origin`` / ``count`` (int32 [B]) that th
 reads and advances, a step counter (int32 [1]), all three views of one tensor, and the conv window as a fixed
 [B, C, K] tensor shifted in place. Once every SSM layer is on device positions, a ``DecodePack`` (``decode_pack.py``)
 holds these tensors and the checkpoints and rings of all the layers as one tensor per kind, and a compiled plain step
-reads its layer's slices from there (six graph inputs for all the layers). The host positions of the schedule then stay as they were
-at entry: ``ReplaySchedule.current_tokens_seen`` /
-``current_counters`` add the step counter (one device read), and ``leave_device_positions`` writes the positions back
-and hands the conv window to the conv ring before any step that needs the host schedule (a prefill, a speculative
-window, a crop, batch reordering).
+reads its layer's slices from there (six graph inputs for all the layers). The host positions of the schedule then
+stay as they were at entry: ``ReplaySchedule.current_tokens_seen`` / ``current_counters`` add the step counter (one
+device read), and ``leave_device_positions`` writes the positions back and hands the conv window to the conv ring
+before any step that needs the host schedule (a prefill, a speculative window, a crop, batch reordering).
 
 Every tensor is allocated once per batch layout and marked as a static address, so CUDA graphs captured against
 them stay valid however often a layer leaves and re-enters device positions.

@@ -5,9 +5,9 @@
 # "never slower" (runs 237 / 238: Nemotron-H-like 0.997x, Kimi-Linear-like 0.98x, Qwen3.5-like 1.03x).
 # Call: run(command="STAGE=1 bash benchmarks/gpu/next_session50_pack.sh", timeout_s=600) (transformers 5.17, the
 # image's); STAGE=2 with carry=[".whl/tf525"] (its speculation tests on 5.25, which compiles the verify forwards).
-# STAGE=1 (about 9 minutes): the CUDA-graph tests that run a static cache compiled (equal to eager / stock, one
-#   compile per phase, speculation, read copies; transformers 5.17), then the paired batch-1 repeats of the three
-#   shaped models (8 each, as runs 237 / 238).
+# STAGE=1 (about 6 minutes): the CUDA-graph tests that run a static cache compiled (equal to eager / stock, one
+#   compile per phase, speculation, read copies; transformers 5.17), then the paired batch-1 repeats of the shaped
+#   Nemotron-H-like and Kimi-Linear-like models (8 each, as runs 237 / 238; QWEN=1: Qwen3.5-like's too).
 # STAGE=2 (about 6 minutes): the speculation tests on transformers 5.25 (which compiles the verify forwards: they run on
 #   the layers' slices of the pack), then host_split.py --tiny (Nemotron-H-like, with and without the guard check)
 #   and the shaped Nemotron-H-like split (as run 235: before AOT's call, excess +31.9 tiny, +30.9 shaped).
@@ -15,10 +15,10 @@ source benchmarks/gpu/install.sh || exit 1
 session_results next_session50_pack; cd /tmp/w
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$RES/device.txt"
 if [ "$STAGE" = 1 ]; then
-  test_job 150 test_compiled_static_cuda -rs tests/test_gpu.py \
+  test_job 130 test_compiled_static_cuda -rs tests/test_gpu.py \
     -k "compiled_static_cache or decode_compiles_once or static_cache_speculation or static_cache_with_a_read_copy"
   pack; show_tests
-  for model in nemotron_h kimi_linear qwen3_5; do paired_b1_job 130 $model 8; done
+  for model in nemotron_h kimi_linear ${QWEN:+qwen3_5}; do paired_b1_job 125 $model 8; done
   grep -h -A 3 "^batch\|paired\|^arm" "$RES"/generate_*.txt
 fi
 if [ "$STAGE" = 2 ]; then

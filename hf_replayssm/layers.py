@@ -302,6 +302,7 @@ class ReplayLayer(LinearAttentionLayer):
         self._take_schedule(_new_schedule(old.recurrence, old.buffer_len, old.window, old.store.policies,
                                           self.layer_idx))  # the views and positions follow the schedule
         self.schedule.backend = old.backend
+        self.schedule.static = old.static  # (an unbound static cache resets this way: it stays static)
         self.has_previous_state[0] = False
         self.is_conv_states_initialized[0] = self.is_recurrent_states_initialized[0] = False
 

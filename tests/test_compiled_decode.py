@@ -499,3 +499,30 @@ def test_decode_pack_after_speculation_under_inductor():
         assert torch.equal(out.sequences, stock.sequences), lookup
         assert max_logit_diff(out.logits, stock.logits) < 1e-4, lookup
     assert cache.decode_pack is not None and cache.decode_pack.phase == 1
+
+
+def test_pickled_static_cache_decodes_compiled_again():
+    """A used static cache pickled or deep-copied (unbound: no model, no decode pack) and reset stays static: compiled
+    decoding on it gives stock greedy's tokens and logits and packs its layers again. (An unbound cache's reset used
+    to rebuild its layers' schedules as dynamic ones, and the compiled step then fell back to the host schedule.)"""
+    import copy
+    import pickle
+
+    model = _model("nemotron_h")
+    prompt = _prompt(model, rows=2, length=13)
+    settings = dict(do_sample=False, max_new_tokens=7, min_new_tokens=7, output_logits=True,
+                    return_dict_in_generate=True, suppress_tokens=[0])
+    stock = model.generate(prompt, **settings)
+    cache = ReplayCache(4, max_cache_len=prompt.shape[1] + 12)
+    config = _compile_config()
+    model.generate(prompt, past_key_values=cache, compile_config=config, **settings)
+    assert cache.decode_pack is not None
+    for clone in (pickle.loads(pickle.dumps(cache)), copy.deepcopy(cache)):
+        assert clone.decode_pack is None
+        assert all(layer.positions.pack is None for layer in clone.replay_layers.values())
+        clone.reset()
+        assert all(layer.schedule.static for layer in clone.replay_layers.values())
+        out = model.generate(prompt, past_key_values=clone, compile_config=config, **settings)
+        assert torch.equal(out.sequences, stock.sequences)
+        assert max_logit_diff(out.logits, stock.logits) < 1e-4
+        assert clone.decode_pack is not None and clone.decode_pack.phase == 1

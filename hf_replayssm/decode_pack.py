@@ -128,8 +128,9 @@ class DecodePack:
     def pack(cls, layers: Mapping[int, object], num_layers: int, previous: DecodePack | None = None
              ) -> DecodePack | None:
         """Move the layers' operands into packed tensors (one copy each), or None where they cannot be packed.
-        ``previous``: a pack these layers left (speculation runs per layer), whose tensors take them back when they
-        fit, so that compiled graphs and CUDA graphs keep their addresses."""
+        ``previous``: a pack whose slices these layers no longer hold (their storage was replaced: a batch reorder, a
+        per-row rollback's own packing), whose tensors take them back when they fit, so that compiled graphs and CUDA
+        graphs keep their addresses."""
         if not cls.packable(layers):
             return None
         positions = [layer.positions for layer in layers.values()]

@@ -54,9 +54,6 @@ class PackedSlot:
     def is_active(self) -> bool:
         return True
 
-    def is_verifying(self) -> bool:
-        return False
-
     def takes(self, tokens) -> bool:
         return tokens[self.pack.token_name].shape[1] == 1
 

@@ -24,7 +24,7 @@ from collections.abc import Mapping
 
 import torch
 
-from .static_decode import OFF, STEP, _split_positions, mark_static
+from .static_decode import OFF, STEP, _split_positions, mark_static, plain_step, roll_conv
 
 
 def _geometry(t: torch.Tensor | None) -> tuple | None:
@@ -72,19 +72,13 @@ class PackedSlot:
     def step(self, tokens, out_dtype: torch.dtype | None) -> torch.Tensor:
         """``DevicePositions.step`` on this layer's slices."""
         pack, slot = self.pack, self.slot
-        origin, count, steps, _ = _split_positions(pack.positions[slot])
         fields = {name: field[slot] for name, field in pack.fields.items()}
-        y = pack.step_fn(pack.state[slot], fields, origin, count, tokens, pack.buffer_len, read_copy=None,
-                         read_format=None)
-        steps.add_(1)
-        return y if out_dtype is None else y.to(out_dtype)
+        return plain_step(pack.step_fn, pack.state[slot], fields, _split_positions(pack.positions[slot]), tokens,
+                          pack.buffer_len, out_dtype)
 
     def conv_step(self, inputs: torch.Tensor) -> torch.Tensor:
         """``DevicePositions.conv_step`` on this layer's conv window."""
-        conv = self.pack.conv[self.slot]
-        full = torch.cat([conv.to(inputs.dtype), inputs], dim=-1)
-        conv.copy_(full[..., 1:])
-        return full
+        return roll_conv(self.pack.conv[self.slot], inputs)
 
 
 class DecodePack:

@@ -50,6 +50,25 @@ def _split_positions(positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
             positions[2 * batch + 1 : 2 * batch + 2])
 
 
+def plain_step(step_fn, state: torch.Tensor, fields: dict, positions: tuple, tokens, buffer_len: int,
+               out_dtype: torch.dtype | None, read_copy=None, read_format=None) -> torch.Tensor:
+    """One plain decode token on ``positions`` (``origin``, ``count``, ``steps``: device tensors): the fused
+    replay-or-flush op reads and advances them and the step counter moves on. Shared by a layer's own positions
+    (``DevicePositions.step``) and its slice of a decode pack (``PackedSlot.step``)."""
+    origin, count, steps = positions[:3]
+    y = step_fn(state, fields, origin, count, tokens, buffer_len, read_copy=read_copy, read_format=read_format)
+    steps.add_(1)
+    return y if out_dtype is None else y.to(out_dtype)
+
+
+def roll_conv(conv: torch.Tensor, inputs: torch.Tensor) -> torch.Tensor:
+    """``[window, inputs]`` ([B, C, K + 1]) for the model's own conv; the window ``conv`` [B, C, K] moves on by the
+    new input in place."""
+    full = torch.cat([conv.to(inputs.dtype), inputs], dim=-1)
+    conv.copy_(full[..., 1:])
+    return full
+
+
 def commit_windows(layers: list[DevicePositions], kept: int) -> None:
     """A crop on the device after a window these layers verified: its first ``kept`` tokens become committed records
     (the verify op wrote them after the committed ones), the rest are dropped (counted), each conv window moves on by
@@ -285,16 +304,12 @@ class DevicePositions:
         is read or written (a compiled step may be replayed as a CUDA graph)."""
         state, read_copy, read_format = self.operands
         if torch.compiler.is_compiling():  # views made inside the graph: its one input is the positions tensor
-            origin, count, steps, _ = _split_positions(self.positions)
+            positions = _split_positions(self.positions)
         else:
-            origin, count, steps = self.origin, self.count, self.steps
-        y = self.step_fn(state, self.fields, origin, count, tokens, self.buffer_len, read_copy=read_copy,
-                         read_format=read_format)
-        steps.add_(1)
-        return y if out_dtype is None else y.to(out_dtype)
+            positions = (self.origin, self.count, self.steps)
+        return plain_step(self.step_fn, state, self.fields, positions, tokens, self.buffer_len, out_dtype,
+                          read_copy=read_copy, read_format=read_format)
 
     def conv_step(self, inputs: torch.Tensor) -> torch.Tensor:
         """``[window, inputs]`` ([B, C, K + 1]) for the model's own conv; the window moves on by the new input."""
-        full = torch.cat([self.conv.to(inputs.dtype), inputs], dim=-1)
-        self.conv.copy_(full[..., 1:])
-        return full
+        return roll_conv(self.conv, inputs)

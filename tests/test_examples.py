@@ -95,6 +95,7 @@ def test_quickstart_script():
     assert "same tokens as stock decoding: True" in out.stdout
     assert "prompt lookup, same tokens: True" in out.stdout
     assert "assisted by a hybrid draft, same tokens: True" in out.stdout
+    assert "static cache (compiled on CUDA), same tokens: True" in out.stdout
 
 
 def _load_example(name: str):
@@ -162,6 +163,7 @@ def test_quickstart_notebook():
     outputs = "".join(o.get("text", "") for cell in notebook.cells for o in cell.get("outputs", []))
     assert "identical tokens: True" in outputs
     assert "assisted by a hybrid draft model: identical tokens" in outputs
+    assert "static cache: identical tokens: True" in outputs
 
 
 def test_precision_study_notebook(tmp_path):

@@ -134,14 +134,42 @@ class ReplayLayer(LinearAttentionLayer):
         self._install_views()
 
     def _install_views(self) -> None:
-        self.conv_states = _ConvView(self.schedule)
-        self.recurrent_states = _RecurrentView(self.schedule)
+        self._views = (_ConvView(self.schedule), _RecurrentView(self.schedule))
+
+    # The stock views as properties: transformers 5.17's mixers read ``layers[i].conv_states[0]`` and
+    # ``.recurrent_states[0]`` in every decode step. Read through an instance attribute, each view is a dict subclass
+    # that Dynamo guards by type, length and key (three guards a view, a layer, checked before every CUDA-graph replay);
+    # inside a compiled plain step the property hands the mixer a dict made in the trace instead (no guard).
+    @property
+    def conv_states(self) -> dict:
+        positions = _traced_positions()
+        if positions is not None:
+            return {0: positions.conv.clone()}  # what the view gives on device positions
+        return self._views[0]
+
+    @conv_states.setter
+    def conv_states(self, value) -> None:
+        self._refuse_new_state("conv_states")
+
+    @property
+    def recurrent_states(self) -> dict:
+        positions = _traced_positions()
+        if positions is not None:
+            return {0: positions.operands[0]}
+        return self._views[1]
+
+    @recurrent_states.setter
+    def recurrent_states(self, value) -> None:
+        self._refuse_new_state("recurrent_states")
+
+    def _refuse_new_state(self, name: str) -> None:
+        if "_views" in self.__dict__:  # transformers' __init__ assigns its own dicts before the views exist
+            raise RuntimeError(f"a ReplayLayer's {name} is managed by ReplayCache; it cannot be assigned")
 
     def __getstate__(self):
         state = dict(self.__dict__)
         state["mixer_ref"] = None  # re-attached when the cache binds to the model again
-        state.pop("conv_states", None)
-        state.pop("recurrent_states", None)
+        state.pop("_views", None)
         return state
 
     def __setstate__(self, state):

@@ -79,6 +79,19 @@ def tiny_config(model_type: str, **overrides):
     return AutoConfig.for_model(model_type, **{**COMMON, **base, **overrides})
 
 
+PER_LAYER_KEYS = ("layer_types", "layers_block_type", "mlp_layer_types")
+
+
+def deeper(model_type: str, layers: int) -> dict:
+    """Overrides that give ``model_type``'s tiny model ``layers`` layers: its layer pattern repeated (how the cost
+    of a decode step's host work grows with depth)."""
+    base = TINY_CONFIGS[model_type]
+    if "text_config" in base:
+        raise ValueError(f"{model_type}: a composite model; deepen its text_config instead")
+    overrides = {key: [base[key][i % len(base[key])] for i in range(layers)] for key in PER_LAYER_KEYS if key in base}
+    return {**overrides, "num_hidden_layers": layers}
+
+
 def slow_heads(model, decay_rate: float = 1e-3):
     """Give every SSM head a slow decay (A_log = log ``decay_rate``), like the long-memory heads of real models: with
     the fast-decaying random init a state's rounding error is forgotten within a few tokens."""

@@ -53,3 +53,32 @@ def test_no_cache_object_is_reached_two_ways(tmp_path):
     aliasing = [line for line in lines if line.startswith("DUPLICATE_INPUT\t")
                 and line.split("\t")[1].startswith(tool.CACHE_SOURCES)]
     assert aliasing == []
+
+
+def test_stock_views_add_no_dict_guards(tmp_path):
+    """transformers 5.17's mixers read ``layers[i].conv_states[0]`` / ``recurrent_states[0]`` in every decode step;
+    inside a compiled plain step the layer's properties hand them a dict made in the trace, so no view is guarded by
+    type, length or key (three guards a view a layer before)."""
+    tool = _load()
+    tool.main(["--models", "nemotron_h", "--blocks", "1", "--dump", str(tmp_path)])
+    lines = (tmp_path / "nemotron_h_replay_guards.txt").read_text().splitlines()
+    view_guards = [line for line in lines if ("conv_states" in line or "recurrent_states" in line)
+                   and not line.split("\t")[1].endswith(".fget")]  # the properties' own closure checks
+    assert not [line for line in view_guards if line.startswith(("SEQUENCE_LENGTH", "DICT_KEYS_MATCH", "TYPE_MATCH"))
+                or "dict.keys" in line], view_guards
+
+
+def test_cache_guards_grow_slower_than_stock_with_depth():
+    """Deeper tiny models (``--layers``: the layer pattern repeated): ReplayCache's guards on the cache grow by at
+    most one more per Mamba-2 layer than stock's (the layer's slot in the decode pack, a constant), and by far fewer
+    under transformers 5.25 (4 -> 8 layers: 30 against 54; 5.17: 32 against 30); its tensor guards do not grow."""
+    tool = _load()
+    counts = {}
+    for layers in (4, 8):
+        rows = tool.main(["--models", "nemotron_h", "--blocks", "1", "--layers", str(layers)])
+        counts[layers] = {row["arm"]: row for row in rows}
+    assert all(row["layers"] == 8 for row in counts[8].values())
+    growth = {arm: counts[8][arm]["cache_guards"] - counts[4][arm]["cache_guards"] for arm in ("stock", "replay")}
+    assert 0 < growth["replay"] <= growth["stock"] + 2, growth  # 4 more layers: 2 Mamba-2, 1 attention, 1 MLP
+    tensors = {layers: pair["replay"]["cache_guard_types"].get("TENSOR_MATCH", 0) for layers, pair in counts.items()}
+    assert tensors[8] == tensors[4] + 3, tensors  # only the new attention layer's keys, values and length

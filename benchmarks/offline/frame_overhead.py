@@ -108,25 +108,28 @@ def aot_null_backend(graphs: list[dict]):
 BACKENDS = {"frame": null_backend, "aot": aot_null_backend}
 
 
-def compiled_step(model_type: str, arm: str, new_tokens: int = 6, through: str = "frame") -> dict:
+def compiled_step(model_type: str, arm: str, new_tokens: int = 6, through: str = "frame",
+                  layers: int | None = None) -> dict:
     """One arm's decode step compiled with the null backend on a tiny model (``through="aot"``: behind
     AOTAutograd): the compiled callable, a decode step's arguments, the frame's passing guard manager and locals, and
     the graph's input counts."""
     graphs: list[dict] = []
     backend = BACKENDS[through](graphs)
-    step = compile_decode_step(model_type, arm, CompileConfig(fullgraph=True, backend=backend, mode=None), new_tokens)
+    step = compile_decode_step(model_type, arm, CompileConfig(fullgraph=True, backend=backend, mode=None), new_tokens,
+                               layers=layers)
     if not graphs:
         raise RuntimeError("the null backend compiled no graph")
     return dict(step, graph=graphs[-1])
 
 
-def measure(model_type: str, blocks: int = 20, per_block: int = 200, through: str = "frame") -> list[dict]:
+def measure(model_type: str, blocks: int = 20, per_block: int = 200, through: str = "frame",
+            layers: int | None = None) -> list[dict]:
     """Per arm: us per compiled call (the frame alone, or with AOTAutograd's wrappers: ``through``) and per guard
     check, best block of each; the graph's inputs."""
     torch._dynamo.reset()
     # ReplayCache first: binding it wraps module functions of the model's file, which a frame compiled before
     # guards against (as in guard_check.py)
-    steps = {arm: compiled_step(model_type, arm, through=through) for arm in ("replay", "stock")}
+    steps = {arm: compiled_step(model_type, arm, through=through, layers=layers) for arm in ("replay", "stock")}
     calls = {arm: [] for arm in steps}
     checks = {arm: [] for arm in steps}
     with torch.no_grad():
@@ -145,7 +148,8 @@ def measure(model_type: str, blocks: int = 20, per_block: int = 200, through: st
     rows = []
     for arm, step in steps.items():
         call, check = min(calls[arm]), min(checks[arm])
-        rows.append({"model": model_type, "arm": arm, "through": through, "call_us": call, "guard_check_us": check,
+        rows.append({"model": model_type, "arm": arm, "through": through, "layers": layers, "call_us": call,
+                     "guard_check_us": check,
                      "rest_us": call - check, **step["graph"]})
     return rows
 

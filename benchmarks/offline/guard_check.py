@@ -28,7 +28,7 @@ from transformers import PreTrainedModel
 from transformers.generation import CompileConfig
 
 from hf_replayssm import ReplayCache
-from hf_replayssm.tiny import tiny_model
+from hf_replayssm.tiny import deeper, tiny_model
 
 CACHE_SOURCES = ("kwargs['cache']", "kwargs['past_key_values']", "kwargs['cache_params']")
 
@@ -54,11 +54,13 @@ def decode_frame(model, args: tuple, kwargs: dict) -> tuple[list, dict, int | No
 
 
 def compile_decode_step(model_type: str, arm: str, config: CompileConfig, new_tokens: int = 6,
-                        device: str = "cpu") -> dict:
+                        device: str = "cpu", layers: int | None = None) -> dict:
     """Run ``generate`` on a tiny model with ``config`` (compiled on any device) for one arm (``replay``: a static
     ReplayCache; ``stock``: transformers' static cache). Returns the compiled decode callable (``fn``), a decode step's
-    arguments (``kwargs``), and its frame's passing guard manager (``guards``) and ``locals``."""
-    model = tiny_model(model_type, seed=0, initializer_range=0.2).to(device)
+    arguments (``kwargs``), and its frame's passing guard manager (``guards``) and ``locals``. ``layers``: the tiny
+    model's layer pattern repeated to that depth (default: the tiny model's own 4 layers)."""
+    overrides = deeper(model_type, layers) if layers else {}
+    model = tiny_model(model_type, seed=0, initializer_range=0.2, **overrides).to(device)
     prompt = torch.randint(3, model.config.vocab_size, (1, 11), generator=torch.Generator().manual_seed(1)).to(device)
     config._compile_all_devices = True  # transformers compiles the decode step on CUDA only otherwise
     seen = {}
@@ -86,7 +88,8 @@ def compile_decode_step(model_type: str, arm: str, config: CompileConfig, new_to
     return {"fn": seen["fn"], "kwargs": seen["kwargs"], "guards": managers[passing], "locals": frame_locals}
 
 
-def compiled_frame(model_type: str, arm: str, new_tokens: int = 6, device: str = "cpu") -> dict:
+def compiled_frame(model_type: str, arm: str, new_tokens: int = 6, device: str = "cpu",
+                   layers: int | None = None) -> dict:
     """Compile one arm's decode step on a tiny model (eager backend); its frame's guard manager, a decode step's
     locals, the guard counts by type (on the cache's objects and elsewhere) and every guard as ``(type, source)``
     (the CUDA path of a step can read other objects than the CPU path, so its guards are counted on its device)."""
@@ -100,17 +103,18 @@ def compiled_frame(model_type: str, arm: str, new_tokens: int = 6, device: str =
         return [True] * len(entries)  # keeps every guard: only counts them
 
     config = CompileConfig(fullgraph=True, backend="eager", mode=None, options={"guard_filter_fn": record_guards})
-    return dict(compile_decode_step(model_type, arm, config, new_tokens, device), counts=counts, listed=listed)
+    return dict(compile_decode_step(model_type, arm, config, new_tokens, device, layers), counts=counts,
+                listed=listed)
 
 
 def measure(model_type: str, blocks: int = 30, per_block: int = 300, device: str = "cpu",
-            dump: str | None = None) -> list[dict]:
+            dump: str | None = None, layers: int | None = None) -> list[dict]:
     """Both arms' guard check time (us, best block; the arms' blocks alternate, so a drift of the host's speed
     reaches both) and guard counts; ``dump``: a folder for each arm's guard list (``<model>_<arm>_guards.txt``)."""
     torch._dynamo.reset()
     # two entries of one frame; ReplayCache first: binding it wraps module functions of the model's file (the conv
     # interceptors, pass-through outside a replay step), which a frame compiled before guards against
-    frames = {arm: compiled_frame(model_type, arm, device=device) for arm in ("replay", "stock")}
+    frames = {arm: compiled_frame(model_type, arm, device=device, layers=layers) for arm in ("replay", "stock")}
     if dump:
         os.makedirs(dump, exist_ok=True)
         for arm, frame in frames.items():
@@ -129,7 +133,7 @@ def measure(model_type: str, blocks: int = 30, per_block: int = 300, device: str
                 for _ in range(per_block):
                     check(frame_locals)
                 times[arm].append((time.perf_counter() - start) / per_block * 1e6)
-    return [{"model": model_type, "arm": arm, "device": device, "guard_check_us": min(times[arm]),
+    return [{"model": model_type, "arm": arm, "device": device, "layers": layers, "guard_check_us": min(times[arm]),
              "cache_guards": sum(frame["counts"]["cache"].values()),
              "other_guards": sum(frame["counts"]["other"].values()),
              "cache_guard_types": dict(frame["counts"]["cache"].most_common())} for arm, frame in frames.items()]
@@ -142,6 +146,8 @@ def frame_tool_args(doc: str, argv: list[str] | None, blocks: int, add_options=N
     parser.add_argument("--models", default="nemotron_h,qwen3_5_text,kimi_linear")
     parser.add_argument("--blocks", type=int, default=blocks, help="timed blocks per arm (the best counts)")
     parser.add_argument("--out", help="JSON results")
+    parser.add_argument("--layers", type=int, help="the tiny models' layer pattern repeated to this depth (default: "
+                        "their own 4 layers): how the host work grows with the SSM layers")
     if add_options is not None:
         add_options(parser)
     args = parser.parse_args(argv)
@@ -161,7 +167,7 @@ def compare_arms(args: argparse.Namespace, measure, report, **options) -> list[d
     ``--models``, ``report(model_type, stock_row, replay_row)`` prints the pair; the rows go to ``--out``."""
     rows = []
     for model_type in args.models.split(","):
-        pair = {row["arm"]: row for row in measure(model_type, blocks=args.blocks, **options)}
+        pair = {row["arm"]: row for row in measure(model_type, blocks=args.blocks, layers=args.layers, **options)}
         rows.extend(pair.values())
         report(model_type, pair["stock"], pair["replay"])
     write_rows(args.out, rows)

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..tiny import PER_LAYER_KEYS
 from .attention import SDPA_CHOICES, sdpa_backend
 from .compiles import JitCompiles, describe
 from .step import _sync
@@ -73,7 +74,6 @@ TOKENIZER_PROMPT_KINDS = ("passage",)
 # In-vocabulary special tokens for every shaped model (Kimi-Linear's config defaults, 163584+, lie outside the
 # shaped 32000-token vocabulary); prompts draw ids >= 3 and generation suppresses these.
 SPECIAL_TOKENS = dict(pad_token_id=0, bos_token_id=1, eos_token_id=2)
-PER_LAYER_KEYS = ("layer_types", "layers_block_type", "mlp_layer_types")
 # --tiny: every shape cut down (layer patterns kept), for CPU tests and smoke runs
 _TINY_COMMON = dict(hidden_size=64, intermediate_size=128, vocab_size=256, initializer_range=0.2)
 TINY = {

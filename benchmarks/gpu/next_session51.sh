@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# GPU calls of the fifty-first session, after next_session50_pack.sh STAGE=1 (the decode pack at compiled batch 1).
+# GPU calls of the fifty-first session, after next_session50_pack.sh STAGE=1 (the decode pack at compiled batch 1;
+# since the fifty-first session also the stock views as properties: guards on the cache 5.17 55 -> 51 tiny
+# Nemotron-H-like, 5.25 53 -> 49), which comes first: issue 8's last target.
 # STAGE=E: issue 7's eager model-level row at batch 1, paired. BENCHMARKS.md's targets table still quotes
 #   Nemotron-H-like 0.94x (run 7, before the kernels) and Qwen3.5-like 0.83x / 0.76x (run 160: the greedy arms of a
 #   one-repeat speculative bench, prompt included), stale or not a decode-step figure. On the CPU (tiny models, the

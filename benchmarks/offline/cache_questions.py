@@ -12,10 +12,12 @@ CPU in a few seconds per model:
 from __future__ import annotations
 
 import argparse
-import json
 import timeit
 
 import torch
+
+# this folder's result writer (a script's folder is on its import path)
+from guard_check import write_rows
 from transformers import StaticCache
 
 from hf_replayssm import ReplayCache
@@ -54,9 +56,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     for row in rows:
         print(f"{row['model']:14s} " + "  ".join(
             f"{name} {row[f'{name}_stock_us']:.2f} / {row[f'{name}_replay_us']:.2f} us" for name in QUESTIONS))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"torch": torch.__version__, "results": rows}, f, indent=1)
+    write_rows(args.out, rows)
     return rows
 
 

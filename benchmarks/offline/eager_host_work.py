@@ -18,12 +18,14 @@ import argparse
 import collections
 import contextlib
 import functools
-import json
 import os
 import sys
 import time
 
 import torch
+
+# this folder's result writer (a script's folder is on its import path)
+from guard_check import write_rows
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_replayssm import ReplayCache
@@ -169,9 +171,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         cost = wrapper_cost()
         rows.append({"wrapper_us_per_call": cost})
         print(f"delta rule replay-step wrapper, launch stubbed: {cost:.1f} us per call")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"torch": torch.__version__, "results": rows}, f, indent=1)
+    write_rows(args.out, rows)
     return rows
 
 

@@ -64,10 +64,11 @@ class _StockView(dict):
 
 def _traced_positions():
     """In a compiled step, the device positions of the layer whose mixer is running, reached through the replay call
-    (``call.layer``, the path the step's own reads take) rather than through the view's schedule: one object reached
-    from ``layers[i]`` two ways is an aliasing guard, which torch 2.11 checks in Python before every CUDA-graph
-    replay (two per SSM layer, transformers 5.17's mixers read both views). None outside a compiled replay call or
-    off device positions. The mixers read only their own layer's views (``cache.layers[self.layer_idx]``)."""
+    (``call.positions``, the path the step's own reads take) rather than through the layer's schedule: one object
+    reached from ``layers[i]`` two ways is an aliasing guard, which torch 2.11 checks in Python before every CUDA-graph
+    replay. None outside a compiled replay call or off device positions. The layer's ``conv_states`` /
+    ``recurrent_states`` properties answer from them (the mixers read only their own layer's,
+    ``cache.layers[self.layer_idx]``)."""
     if not torch.compiler.is_compiling():
         return None
     call = active_call()
@@ -81,9 +82,6 @@ class _ConvView(_StockView):
     __slots__ = ()
 
     def _current(self):
-        positions = _traced_positions()
-        if positions is not None:
-            return positions.conv.clone()  # what schedule.conv_window() gives on device positions
         return self._schedule.conv_window()
 
 
@@ -91,9 +89,6 @@ class _RecurrentView(_StockView):
     __slots__ = ()
 
     def _current(self):
-        positions = _traced_positions()
-        if positions is not None:
-            return positions.operands[0]
         schedule = self._schedule
         inside = active_call() is not None
         if inside and schedule.device_positions.is_active():  # (maybe compiled) decode step: no host position read

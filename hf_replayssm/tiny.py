@@ -82,14 +82,22 @@ def tiny_config(model_type: str, **overrides):
 PER_LAYER_KEYS = ("layer_types", "layers_block_type", "mlp_layer_types")
 
 
+def repeat_layers(spec: dict, layers: int) -> dict:
+    """Overrides that give the config ``spec`` ``layers`` layers: the first ones of its layer pattern, the pattern
+    repeated when asked for more (every per-layer list alike)."""
+    cut = {key: [spec[key][i % len(spec[key])] for i in range(layers)] for key in PER_LAYER_KEYS if key in spec}
+    if "num_hidden_layers" in spec:
+        cut["num_hidden_layers"] = layers
+    return cut
+
+
 def deeper(model_type: str, layers: int) -> dict:
     """Overrides that give ``model_type``'s tiny model ``layers`` layers: its layer pattern repeated (how the cost
     of a decode step's host work grows with depth)."""
     base = TINY_CONFIGS[model_type]
     if "text_config" in base:
         raise ValueError(f"{model_type}: a composite model; deepen its text_config instead")
-    overrides = {key: [base[key][i % len(base[key])] for i in range(layers)] for key in PER_LAYER_KEYS if key in base}
-    return {**overrides, "num_hidden_layers": layers}
+    return repeat_layers({**COMMON, **base}, layers)
 
 
 def slow_heads(model, decay_rate: float = 1e-3):

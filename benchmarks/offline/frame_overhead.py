@@ -149,8 +149,7 @@ def measure(model_type: str, blocks: int = 20, per_block: int = 200, through: st
     for arm, step in steps.items():
         call, check = min(calls[arm]), min(checks[arm])
         rows.append({"model": model_type, "arm": arm, "through": through, "layers": layers, "call_us": call,
-                     "guard_check_us": check,
-                     "rest_us": call - check, **step["graph"]})
+                     "guard_check_us": check, "rest_us": call - check, **step["graph"]})
     return rows
 
 

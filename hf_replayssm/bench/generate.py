@@ -50,7 +50,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..tiny import PER_LAYER_KEYS
+from ..tiny import repeat_layers
 from .attention import SDPA_CHOICES, sdpa_backend
 from .compiles import JitCompiles, describe
 from .step import _sync
@@ -115,11 +115,7 @@ def layer_overrides(name: str, layers: int, overrides: dict) -> dict:
     repeated when asked for more (every per-layer list alike)."""
     from .shapes import SHAPES
 
-    spec = {**SHAPES[name], **overrides}
-    cut = {key: [spec[key][i % len(spec[key])] for i in range(layers)] for key in PER_LAYER_KEYS if key in spec}
-    if "num_hidden_layers" in spec:
-        cut["num_hidden_layers"] = layers
-    return cut
+    return repeat_layers({**SHAPES[name], **overrides}, layers)
 
 
 def model_overrides(name: str, tiny: bool = False, layers: int | None = None) -> dict:

@@ -248,3 +248,22 @@ def test_sdpa_fused_pins_make_transformers_repeat_kv_heads():
     assert sdpa_attention.use_gqa_in_sdpa(None, k, v) is True
     with sdpa_backend("math"):  # the math kernel takes grouped-query inputs: left alone
         assert sdpa_attention.use_gqa_in_sdpa(None, k, v) is True
+
+
+def test_time_forwards_keeps_the_forward_signature(tmp_path):
+    """generate() checks its keyword arguments against ``model.forward``'s signature; the timed forward keeps the
+    model's, so a model whose cache keyword is ``cache`` (transformers 5.25's Nemotron-H) still runs with
+    --time-forwards (a bare wrapper made generate() refuse ``cache`` as unused)."""
+    import inspect
+
+    from hf_replayssm.bench.speculative import ForwardClock, _load
+
+    model = _load("small-mamba2", "cpu", None, True)[0]
+    before = inspect.signature(model.forward)
+    with ForwardClock(model):
+        assert inspect.signature(model.forward) == before
+    out = tmp_path / "spec.json"
+    speculative.main(["--models", "small-mamba2", "--batches", "1", "--prompt", "24", "--new", "4", "--lookup", "3",
+                      "--repeats", "1", "--device", "cpu", "--time-forwards", "--out", str(out)])
+    entry = json.loads(out.read_text())["results"][0]
+    assert entry["forwards"]["calls"] == entry["verify_forwards"] + 1

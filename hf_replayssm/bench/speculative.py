@@ -25,6 +25,7 @@ decode-step kernels.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import time
 from collections.abc import Sequence
@@ -131,6 +132,7 @@ class ForwardClock:
     def __enter__(self):
         original, device = self.model.forward, next(self.model.parameters()).device
 
+        @functools.wraps(original)  # generate() checks its kwargs against forward's signature (``cache=`` on 5.25)
         def timed(*args, **kwargs):
             ids = kwargs.get("input_ids", args[0] if args else None)
             width = int(ids.shape[-1]) if isinstance(ids, torch.Tensor) else 0

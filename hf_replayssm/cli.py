@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--no-progress", action="store_true", help="no progress bars")
     check.set_defaults(run=_precision_check)
 
-    bench = commands.add_parser("bench", help="benchmarks on a GPU: memory, kernels (--help after the name)")
+    bench = commands.add_parser("bench", help="benchmarks: memory, step, generate, speculative, kernels "
+                                  "(--help after the name; on the GPU where there is one, else on the CPU)")
     bench.add_argument("bench", choices=sorted(BENCHES))
     bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="the benchmark's own arguments")
     bench.set_defaults(run=_bench)

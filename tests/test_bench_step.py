@@ -60,3 +60,26 @@ def test_bench_step_cli_writes_both_profiles(tmp_path, monkeypatch):
     for arm in ("stock", "replay-torch"):
         assert "Self CPU" in (tmp_path / "ops" / f"qwen3_5_b1_{arm}.txt").read_text()
         assert "cProfile" in (tmp_path / "host" / f"qwen3_5_b1_{arm}.txt").read_text()
+
+
+def test_benches_run_on_the_cpu_by_default_without_a_gpu(monkeypatch, capsys):
+    """Without a GPU the benches' --device defaults to the CPU (it was "cuda", an AssertionError from torch on a CPU
+    machine): `bench step` and `bench memory` with no --device run the tiny model on the CPU."""
+    import torch
+
+    from hf_replayssm.bench import memory, shapes, step
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    placed = []
+
+    def tiny(name, device, dtype=None):
+        placed.append(device)
+        return get_model("qwen3_5_text")
+
+    monkeypatch.setattr(shapes, "shaped_model", tiny)
+    assert step.main(["--models", "qwen3_5", "--batches", "1", "--prompt", "6", "--steps", "2", "--arms",
+                      "stock,replay-torch", "--repeats", "1", "--dtype", "float32"]) == 0
+    memory.main(["--models", "qwen3_5", "--batch", "1", "--prompt", "8", "--new-tokens", "2", "--piece", "4",
+                 "--policies", "fp32"])
+    assert placed == ["cpu", "cpu"]
+    assert "fp32" in capsys.readouterr().out

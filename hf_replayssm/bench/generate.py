@@ -51,6 +51,7 @@ from dataclasses import dataclass
 import torch
 
 from ..tiny import repeat_layers
+from . import default_device
 from .attention import SDPA_CHOICES, sdpa_backend
 from .compiles import JitCompiles, describe
 from .step import _sync
@@ -758,7 +759,8 @@ def build_parser():
 
     parser = argparse.ArgumentParser(prog="hf-replayssm bench generate", description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="qwen3_5,nemotron_h,kimi_linear",
-                        help=f"comma-separated, from {sorted(SHAPES)}")
+                        help=f"comma-separated: shaped random-weight models {sorted(SHAPES)}, a bundled model "
+                        "(e.g. tiny-gdn-copy) or a saved model's folder")
     parser.add_argument("--batches", default="1,64,256")
     parser.add_argument("--prompt", type=int, default=512, help="prompt tokens")
     parser.add_argument("--new", type=int, default=256, help="new tokens per sequence")
@@ -777,7 +779,7 @@ def build_parser():
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--sdpa", default="default", choices=SDPA_CHOICES,
                         help="pin attention to one SDPA backend for the whole run (efficient: no cuDNN graph builds)")
-    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--device", default=default_device(), help="default: cuda where there is a GPU, else cpu")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--speculative", action="store_true", help="batch 1 speculative decoding instead (greedy vs "
                         "prompt lookup vs a draft model, repetitive prompts)")

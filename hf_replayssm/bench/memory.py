@@ -2,7 +2,7 @@
 
 ``memory()`` reports what the cache keeps alive; this benchmark also measures what the device allocator holds
 after the run (the two must agree) and the peak allocation during the prefill, for the stock ``DynamicCache`` and
-each precision policy, interleaved on one model and one input. On a GPU use ``hf-replayssm bench memory``.
+each precision policy, interleaved on one model and one input (``--device cpu`` for a smoke run).
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ import json
 from collections.abc import Sequence
 
 import torch
+
+from . import default_device
 
 
 def _storages(tensors) -> int:
@@ -116,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--new-tokens", type=int, default=20)
     parser.add_argument("--piece", type=int, help="prefill forwards of this many tokens (default: per model)")
     parser.add_argument("--policies", default="fp32,separated-fp8,separated-nvfp4,bf16")
-    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--device", default=default_device(), help="default: cuda where there is a GPU, else cpu")
     parser.add_argument("--out", help="write the results as JSON here")
     args = parser.parse_args(argv)
     everything = {"device": torch.cuda.get_device_name() if args.device == "cuda" else args.device,

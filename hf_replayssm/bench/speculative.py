@@ -33,6 +33,7 @@ from collections.abc import Sequence
 import torch
 
 from ..batched import DRAFT_SCHEDULES, stop_tokens, until_stop
+from . import default_device
 from .attention import SDPA_CHOICES, sdpa_backend
 from .compiles import JitCompiles, describe
 from .step import _sync
@@ -366,7 +367,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lookup", type=int, default=10, help="drafts per row and round")
     parser.add_argument("--buffer-len", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=1)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default=default_device(), help="default: cuda where there is a GPU, else cpu")
     parser.add_argument("--dtype", default=None, help="default: bfloat16 on CUDA, float32 elsewhere")
     parser.add_argument("--tiny", action="store_true", help="shaped models cut down (CPU smoke runs)")
     parser.add_argument("--drafts", default=None,

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 
 import torch
 
+from . import default_device
+
 ARMS = ("stock", "replay-torch", "replay-triton")
 
 
@@ -175,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--buffer-len", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--device", default=default_device(), help="default: cuda where there is a GPU, else cpu")
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--profile", help="also write a torch.profiler operator table per model, batch and arm "
                         "(16 decode steps, after the timed runs) into this folder")

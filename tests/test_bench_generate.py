@@ -221,3 +221,35 @@ def test_paired_median_ratio_pairs_repeats_and_refuses_unequal_counts():
     assert bench.paired_median_ratio([50.0, 88.0, 300.0], reference) == pytest.approx(1.1)  # the median pair
     with pytest.raises(ValueError, match="same number of repeats"):
         bench.paired_median_ratio([1.0, 2.0], reference)
+
+
+def test_speculative_divergences_name_near_ties_and_only_them():
+    """An arm whose tokens part from plain greedy's gets the place and greedy's margin there in ulps: its runner-up
+    token there reads as a near-tie only if greedy's top two logits are that close, and its least likely token reads
+    ``false`` (a wrong token is never called a tie)."""
+    from conftest import get_model
+
+    model = get_model("qwen3_5_text")
+    ids = torch.randint(0, model.config.vocab_size, (1, 10), generator=torch.Generator().manual_seed(3))
+    new, position = 6, 2
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
+                             eos_token_id=None, output_logits=True, return_dict_in_generate=True)
+    plain = out.sequences[:, ids.shape[1]:].cpu()
+    scores = out.logits[position][0].float()
+    runner_up, worst = scores.topk(2).indices[1].item(), scores.argmin().item()
+    entries, runs = [], {}
+    for arm, token in (("near", runner_up), ("wrong", worst)):
+        tokens = plain.clone()
+        tokens[0, position] = token
+        runs[arm] = [dict(seconds=1.0, tokens=tokens)]
+        entries.append(dict(arm=arm, identical=False))
+    entries.append(dict(arm="same", identical=True))
+    bench._label_divergences(model, ids, new, "greedy-stock", plain, entries, runs)
+    near, wrong, same = entries
+    ulp = torch.finfo(torch.float32).eps * 2.0 ** torch.floor(torch.log2(scores.max().abs()))
+    assert near["divergences"][0]["position"] == position == wrong["divergences"][0]["position"]
+    assert near["divergences"][0]["ulps"] == pytest.approx(float((scores.max() - scores[runner_up]) / ulp))
+    assert wrong["divergences"][0]["ulps"] > 1e4 and bench._identical(wrong) == "false"
+    assert bench._identical(near).startswith("ties 1r<=") or bench._identical(near) == "false"
+    assert "divergences" not in same and bench._identical(same) == "true"

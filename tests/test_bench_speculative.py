@@ -158,6 +158,7 @@ def test_first_divergences_measure_greedys_margin_in_ulps():
     entry = dict(identical=False, divergences=found[:1])
     assert speculative._identity_label(entry) == "ties 1r<=1ulp"
     assert speculative._identity_label(dict(identical=False, divergences=found)) == "False"
+    assert speculative._identity_label(dict(identical=False, divergences=found[1:2])) == "False"  # 128 ulps: no tie
     assert speculative._identity_label(dict(identical=True)) == "True"
     # The run that made the logits parted from the timed greedy run before row 1's divergence (another near-tie
     # rounded another way): its logits there belong to another prefix, so no margin for that row.

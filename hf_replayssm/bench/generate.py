@@ -633,10 +633,44 @@ def _speculative_entry(arm: str, runs: list[dict], new_tokens: int, reference) -
 
 def _plain_greedy_tokens(runs: dict[str, list[dict]]):
     """The reference for ``identical``: plain greedy with the stock cache, else with a ReplayCache."""
+    reference = _plain_greedy_arm(runs)
+    return None if reference is None else runs[reference][0]["tokens"]
+
+
+def _plain_greedy_arm(runs: dict[str, list[dict]]) -> str | None:
     for arm in ("greedy-stock", "greedy-replay"):
         if runs.get(arm) and "tokens" in runs[arm][0]:
-            return runs[arm][0]["tokens"]
+            return arm
     return None
+
+
+def _label_divergences(model, ids: torch.Tensor, new_tokens: int, reference_arm: str, plain: torch.Tensor,
+                       entries: list[dict], runs: dict[str, list[dict]]) -> None:
+    """For each entry whose tokens differ from plain greedy's: where they part and greedy's margin there in ulps of the
+    model's dtype (``divergences``, ``identity``: ``ties 1r<=1ulp`` when the arm only took the other side of a
+    near-tie, as bf16 rounding in another order can). Greedy's logits come from one more untimed run of the
+    reference arm's cache."""
+    from .speculative import _identity_label, first_divergences
+
+    differing = [e for e in entries if e.get("identical") is False]
+    if not differing:
+        return
+    kwargs = {}
+    if reference_arm == "greedy-replay":
+        from ..cache import ReplayCache, cache_argument
+
+        kwargs[cache_argument(model)] = ReplayCache()
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new_tokens,
+                             eos_token_id=None, output_logits=True, return_dict_in_generate=True, **kwargs)
+    logits = torch.stack(out.logits, dim=1)
+    rerun = out.sequences[:, ids.shape[1] :].cpu().tolist()
+    dtype = next(model.parameters()).dtype
+    for entry in differing:
+        best = min(runs[entry["arm"]], key=lambda r: r["seconds"])
+        entry["divergences"] = first_divergences(plain.tolist(), best["tokens"].tolist(), logits, dtype,
+                                                 reference=rerun)
+        entry["identity"] = _identity_label(entry)
 
 
 def speculative_prompt(kind: str, vocab: int, length: int, seed: int = 0, tokenizer=None) -> torch.Tensor:
@@ -678,10 +712,12 @@ def measure_speculative(model, draft, prompt: int = 512, new_tokens: int = 256, 
                 if arm not in failed:
                     runs[arm].append(_speculative_run(model, draft, ids, arm, new_tokens, settings, lookup))
         plain = _plain_greedy_tokens(runs)
-        for arm in arms:
-            entry = _speculative_entry(arm, runs[arm], new_tokens, plain)
-            results.append(dict(prompt_kind=kind, batch=1, prompt=prompt, new_tokens=new_tokens,
-                                lookup_tokens=lookup if arm.startswith("lookup") else None, **entry))
+        entries = [dict(prompt_kind=kind, batch=1, prompt=prompt, new_tokens=new_tokens,
+                        lookup_tokens=lookup if arm.startswith("lookup") else None,
+                        **_speculative_entry(arm, runs[arm], new_tokens, plain)) for arm in arms]
+        if plain is not None:
+            _label_divergences(model, ids, new_tokens, _plain_greedy_arm(runs), plain, entries, runs)
+        results.extend(entries)
     return results
 
 
@@ -733,9 +769,15 @@ def table(entries: Sequence[dict], title: str = "") -> str:
     return "\n".join(lines)
 
 
+def _identical(entry: dict) -> str:
+    """true / false, or ``ties 1r<=1ulp`` where the tokens part only at a near-tie of greedy's logits."""
+    label = entry.get("identity", str(entry.get("identical", "-")))
+    return label.lower() if label in ("True", "False") else label
+
+
 def speculative_table(entries: Sequence[dict], title: str = "") -> str:
     lines = [title, f"{'prompt':<10} {'arm':<22} {'tok/s':>8} {'ms/token':>9} {'acceptance':>10} {'drafted':>8} "
-             f"{'identical':>9} {'compiled':>8}"]
+             f"{'identical':>13} {'compiled':>8}"]
     for e in entries:
         if "tokens_per_s" not in e:
             lines.append(f"{e['prompt_kind']:<10} {e['arm']:<22} {_status(e)}")
@@ -745,7 +787,7 @@ def speculative_table(entries: Sequence[dict], title: str = "") -> str:
         if e.get("dynamo_frames_timed"):
             compiled += f" (+{e['dynamo_frames_timed']} frames timed)"
         lines.append(f"{e['prompt_kind']:<10} {e['arm']:<22} {e['tokens_per_s']:>8.1f} {e['ms_per_token']:>9.2f} "
-                     f"{acceptance:>10} {e['drafted']:>8} {str(e.get('identical', '-')).lower():>9} {compiled:>8}")
+                     f"{acceptance:>10} {e['drafted']:>8} {_identical(e):>13} {compiled:>8}")
     return "\n".join(lines)
 
 

@@ -113,7 +113,8 @@ def batched_prompt_lookup(model, input_ids: torch.Tensor, attention_mask: torch.
         input_ids: [B, S] prompts, left-padded where ``attention_mask`` [B, S] has zeros.
         max_new_tokens: new tokens per row (fewer for a row that emits an end-of-sequence token).
         eos_token_id: the end-of-sequence token, or several (as in a generation config's list): a row stops after
-            the first of them it emits.
+            the first of them it emits. Default None: no row stops early (unlike ``generate()``, which reads the
+            model's generation config; pass ``model.generation_config.eos_token_id`` for its stops).
         num_draft_tokens: drafts per row and round (the verify window is one more token).
         cache: a ``ReplayCache`` (default: ``ReplayCache()``); it must be empty.
         drafter: ``drafter(row, tokens, n)`` -> up to n draft tokens following ``tokens`` (the row's prompt and

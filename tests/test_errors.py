@@ -34,7 +34,8 @@ def test_unknown_precision_lists_presets():
 def test_supported_model_types_lists_every_family():
     types = supported_model_types()
     for name in ["nemotron_h", "falcon_h1", "bamba", "granitemoehybrid", "zamba2", "mamba2", "qwen3_next", "qwen3_5",
-                 "qwen3_5_text", "qwen3_5_moe", "olmo_hybrid", "kimi_linear", "bailing_hybrid", "glm5_next"]:
+                 "qwen3_5_text", "qwen3_5_moe", "olmo_hybrid", "kimi_linear", "bailing_hybrid", "glm5_next", "lfm2",
+                 "lfm2_vl", "lfm3_vl"]:
         assert name in types
 
 

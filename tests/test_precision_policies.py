@@ -106,6 +106,11 @@ def test_per_row_policies_in_one_batch_match_separate_runs():
         torch.testing.assert_close(together[row], alone[0], atol=1e-4, rtol=0)
     with pytest.raises(ValueError, match="3 per-row precision policies for a batch of 2"):
         model(tokens[:, :4].expand(2, -1), past_key_values=ReplayCache(precision=policies), use_cache=True)
+    with pytest.raises(ValueError, match="3 per-row precision policies for a batch of 2"):  # even when they agree
+        model(tokens[:, :4].expand(2, -1), past_key_values=ReplayCache(precision=["fp32"] * 3), use_cache=True)
+    one = decode(model, tokens, 8, ReplayCache(buffer_len=4, precision=["shared-nvfp4"]))  # a list of one: one policy
+    torch.testing.assert_close(one, decode(model, tokens, 8, ReplayCache(buffer_len=4, precision="shared-nvfp4")),
+                               atol=0, rtol=0)
 
 
 def _run_rounds(model, cache, prompt, rounds, reject_seed):

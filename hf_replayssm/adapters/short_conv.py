@@ -79,9 +79,9 @@ ADAPTER = FamilyAdapter(
     name="short_conv",
     recurrence=ShortConvRecurrence,
     mixers={
-        "Lfm2ShortConv": ("lfm2",),
+        "Lfm2ShortConv": ("lfm2", "lfm2_vl"),  # LFM2-VL: LFM2 under a vision tower
         "Lfm2MoeShortConv": ("lfm2_moe",),
-        "Lfm3ShortConv": ("lfm3",),
+        "Lfm3ShortConv": ("lfm3", "lfm3_vl"),
     },
     interceptors={"causal_conv1d_fn": _conv},
 )

@@ -128,13 +128,13 @@ class CheckpointStore:
     def allocate(self, shape: tuple[int, ...], device: torch.device) -> None:
         batch = shape[0]
         distinct = list(dict.fromkeys(self.policies))
-        if len(distinct) == 1:
-            groups = [(distinct[0], None)]
-        elif len(self.policies) != batch:
+        if len(self.policies) > 1 and len(self.policies) != batch:  # even when they agree: a list names the rows
             raise ValueError(
                 f"{len(self.policies)} per-row precision policies for a batch of {batch}: give one policy, or one "
                 "per batch row"
             )
+        if len(distinct) == 1:
+            groups = [(distinct[0], None)]
         else:
             groups = [
                 (p, torch.tensor([i for i, q in enumerate(self.policies) if q == p], device=device)) for p in distinct

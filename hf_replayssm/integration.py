@@ -109,10 +109,12 @@ def _check_early_exit(model, kwargs: dict) -> None:
     config.num_hidden_layers = int(exit_layer)
     held = len(DynamicCache(config=config).layers)
     if max(find_mixers(model), default=-1) >= held:
+        mtp = getattr(model.config.get_text_config(), "num_mtp_layers", None) is not None
         raise ValueError(
             "assistant_early_exit (self-speculation) is not supported with a ReplayCache on this transformers "
             f"version: it sizes the early-exit draft's cache to its first {exit_layer} layers, which cannot hold "
-            "the model's deeper SSM layers. Use prompt_lookup_num_tokens=, a separate assistant_model= or use_mtp."
+            "the model's deeper SSM layers. Use prompt_lookup_num_tokens= or a separate assistant_model="
+            + (", or use_mtp=True (this model has multi-token-prediction layers)." if mtp else ".")
         )
 
 

@@ -83,10 +83,11 @@ class PackedSlot:
 
 class DecodePack:
     """The packed operands of the SSM layers ``layers`` ({layer index: ReplayLayer}) of one cache; see the module
-    docstring. ``slots[layer index]``: the layer's row in the packed tensors as a string (None: not packed)."""
+    docstring. ``slots[layer index]``: the layer's row in the packed tensors (None: not packed); ``rows``: the same as
+    strings, which a trace reads."""
 
-    __slots__ = ("__weakref__", "_layers", "buffer_len", "conv", "fields", "phase", "positions", "slots", "state",
-                 "step_fn", "token_name")
+    __slots__ = ("__weakref__", "_layers", "buffer_len", "conv", "fields", "phase", "positions", "rows", "slots",
+                 "state", "step_fn", "token_name")
 
     def __init__(self, layers: Mapping[int, object], num_layers: int, state: torch.Tensor, fields: dict,
                  conv: torch.Tensor | None, positions: torch.Tensor):
@@ -95,11 +96,13 @@ class DecodePack:
         self.state, self.fields, self.conv, self.positions = state, fields, conv, positions
         self.step_fn, self.buffer_len, self.token_name = first.step_fn, first.buffer_len, first.token_name
         order = {idx: slot for slot, idx in enumerate(layers)}
-        # as strings: Dynamo makes an int attribute symbolic once it sees it change between compiles of one frame
-        # (another model's pack compiled before in the process, or ``dynamic=True``), and a packed tensor sliced at a
-        # symbolic row reached the decode-step ops at the wrong offset under Inductor (every layer read one layer's
-        # state: falcon_h1 after kimi_linear, found on an H100, run 239). A string stays a constant (guarded by value).
-        self.slots = tuple(None if order.get(idx) is None else str(order[idx]) for idx in range(num_layers))
+        # ``rows``: the slots as strings. Dynamo makes an int attribute symbolic once it sees it change between
+        # compiles of one frame (another model's pack compiled before in the process, or ``dynamic=True``), and a
+        # packed tensor sliced at a symbolic row reached the decode-step ops at the wrong offset under Inductor (every
+        # layer read one layer's state: falcon_h1 after kimi_linear, found on an H100, run 239). A string stays a
+        # constant (guarded by value).
+        self.slots = tuple(order.get(idx) for idx in range(num_layers))
+        self.rows = tuple(None if slot is None else str(slot) for slot in self.slots)  # what a trace reads
         self._layers = {idx: weakref.ref(layer) for idx, layer in layers.items()}
 
     @staticmethod
@@ -215,7 +218,7 @@ class DecodePack:
 
     def slot_for(self, layer_idx: int) -> int | None:
         """The layer's row while the pack is active (plain steps), else None."""
-        if self.phase != STEP or layer_idx >= len(self.slots):
+        if self.phase != STEP or layer_idx >= len(self.rows):
             return None
-        slot = self.slots[layer_idx]
-        return None if slot is None else int(slot)  # a constant in a trace (see __init__)
+        row = self.rows[layer_idx]
+        return None if row is None else int(row)  # a constant in a trace (see __init__)

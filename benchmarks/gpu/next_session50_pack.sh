@@ -3,6 +3,8 @@
 # steps read every SSM layer's operands from one tensor per kind; graph inputs from the SSM layers 6 per layer -> 6 in
 # all; guards on the cache of the tiny Nemotron-H-like model 67 -> 55, tensors 15 -> 9) against issue 8's batch-1
 # "never slower" (runs 237 / 238: Nemotron-H-like 0.997x, Kimi-Linear-like 0.98x, Qwen3.5-like 1.03x).
+# Fifty-second session: run 239 (H100) ran STAGE=1 (batch 1 paired: 0.998x / 1.02x / 1.01x); its tests stopped at
+# falcon_h1 (fixed since: the pack's rows as strings). Next: STAGE=T (the CUDA-graph tests, about 5 minutes), then 2.
 # Call: run(command="STAGE=1 bash benchmarks/gpu/next_session50_pack.sh", timeout_s=600) (transformers 5.17, the
 # image's); STAGE=2 with carry=[".whl/tf525"] (its speculation tests on 5.25, which compiles the verify forwards).
 # STAGE=1 (about 6 minutes): the CUDA-graph tests that run a static cache compiled (equal to eager / stock, one
@@ -20,6 +22,12 @@ if [ "$STAGE" = 1 ]; then
   pack; show_tests
   for model in nemotron_h kimi_linear ${QWEN:+qwen3_5}; do paired_b1_job 125 $model 8; done
   grep -h -A 3 "^batch\|paired\|^arm" "$RES"/generate_*.txt
+fi
+if [ "$STAGE" = T ]; then  # (fifty-second session) the CUDA-graph tests alone, with time to finish: run 239's
+  # 130 s cut them after falcon_h1 failed (the decode pack's rows, fixed since) and before zamba2, speculation, read copies
+  test_job 420 test_compiled_static_cuda_all -rs tests/test_gpu.py \
+    -k "compiled_static_cache or decode_compiles_once or static_cache_speculation or static_cache_with_a_read_copy"
+  pack; show_tests
 fi
 if [ "$STAGE" = 2 ]; then
   carried_wheels tf525 && TEST_PYTHONPATH=/tmp/tf525:/tmp/site test_job 200 test_compiled_static_cuda_tf525 -rs \

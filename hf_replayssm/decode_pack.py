@@ -83,11 +83,11 @@ class PackedSlot:
 
 class DecodePack:
     """The packed operands of the SSM layers ``layers`` ({layer index: ReplayLayer}) of one cache; see the module
-    docstring. ``slots[layer index]``: the layer's row in the packed tensors (None: not packed); ``rows``: the same as
-    strings, which a trace reads."""
+    docstring. ``rows[layer index]``: the layer's row in the packed tensors as a string, which a trace reads (None:
+    not packed); ``slots``: the same as ints."""
 
-    __slots__ = ("__weakref__", "_layers", "buffer_len", "conv", "fields", "phase", "positions", "rows", "slots",
-                 "state", "step_fn", "token_name")
+    __slots__ = ("__weakref__", "_layers", "buffer_len", "conv", "fields", "phase", "positions", "rows", "state",
+                 "step_fn", "token_name")
 
     def __init__(self, layers: Mapping[int, object], num_layers: int, state: torch.Tensor, fields: dict,
                  conv: torch.Tensor | None, positions: torch.Tensor):
@@ -101,9 +101,12 @@ class DecodePack:
         # packed tensor sliced at a symbolic row reached the decode-step ops at the wrong offset under Inductor (every
         # layer read one layer's state: falcon_h1 after kimi_linear, found on an H100, run 239). A string stays a
         # constant (guarded by value).
-        self.slots = tuple(order.get(idx) for idx in range(num_layers))
-        self.rows = tuple(None if slot is None else str(slot) for slot in self.slots)  # what a trace reads
+        self.rows = tuple(None if order.get(idx) is None else str(order[idx]) for idx in range(num_layers))
         self._layers = {idx: weakref.ref(layer) for idx, layer in layers.items()}
+
+    @property
+    def slots(self) -> tuple[int | None, ...]:
+        return tuple(None if row is None else int(row) for row in self.rows)
 
     @staticmethod
     def packable(layers: Mapping[int, object]) -> bool:

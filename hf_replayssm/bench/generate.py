@@ -631,13 +631,8 @@ def _speculative_entry(arm: str, runs: list[dict], new_tokens: int, reference) -
     return entry
 
 
-def _plain_greedy_tokens(runs: dict[str, list[dict]]):
-    """The reference for ``identical``: plain greedy with the stock cache, else with a ReplayCache."""
-    reference = _plain_greedy_arm(runs)
-    return None if reference is None else runs[reference][0]["tokens"]
-
-
 def _plain_greedy_arm(runs: dict[str, list[dict]]) -> str | None:
+    """The reference for ``identical``: plain greedy with the stock cache, else with a ReplayCache."""
     for arm in ("greedy-stock", "greedy-replay"):
         if runs.get(arm) and "tokens" in runs[arm][0]:
             return arm
@@ -711,12 +706,13 @@ def measure_speculative(model, draft, prompt: int = 512, new_tokens: int = 256, 
             for arm in arms:
                 if arm not in failed:
                     runs[arm].append(_speculative_run(model, draft, ids, arm, new_tokens, settings, lookup))
-        plain = _plain_greedy_tokens(runs)
+        reference = _plain_greedy_arm(runs)
+        plain = None if reference is None else runs[reference][0]["tokens"]
         entries = [dict(prompt_kind=kind, batch=1, prompt=prompt, new_tokens=new_tokens,
                         lookup_tokens=lookup if arm.startswith("lookup") else None,
                         **_speculative_entry(arm, runs[arm], new_tokens, plain)) for arm in arms]
         if plain is not None:
-            _label_divergences(model, ids, new_tokens, _plain_greedy_arm(runs), plain, entries, runs)
+            _label_divergences(model, ids, new_tokens, reference, plain, entries, runs)
         results.extend(entries)
     return results
 
